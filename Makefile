@@ -1,0 +1,33 @@
+# Two commands do everything on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test lint bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	# CPU build of torch first: plain `torch` would pull several GB of CUDA packages.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	PYTHONPATH=. $(PY) examples/federated_canary_audit.py
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+
+test: $(STAMP)
+	$(PY) -m ruff check .
+	PYTHONPATH=. $(PY) -m pytest -q
+
+bench: $(STAMP)
+	PYTHONPATH=. $(PY) benchmarks/gaussian_one_shot.py
+	PYTHONPATH=. $(PY) benchmarks/canary_overhead.py
+
+clean:
+	rm -rf $(VENV) lightning_logs .pytest_cache
