@@ -1,0 +1,59 @@
+"""The JSON summary a callback writes at fit end."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+from collections.abc import Mapping
+from dataclasses import is_dataclass
+from importlib import metadata
+from typing import Any
+
+import numpy as np
+
+__all__ = ["versions", "to_jsonable", "write_summary"]
+
+_PACKAGES = ("audit-callbacks", "torch", "lightning", "opacus", "torchmetrics", "numpy", "scipy")
+
+
+def versions() -> dict[str, str]:
+    """Versions of Python and of the packages an estimate depends on."""
+    out = {"python": platform.python_version()}
+    for name in _PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Dataclasses, numpy and torch values to plain JSON (non-finite floats become None)."""
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return to_jsonable(obj.to_dict() if hasattr(obj, "to_dict") else vars(obj))
+    if isinstance(obj, Mapping):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if hasattr(obj, "detach"):  # torch tensor
+        obj = obj.detach().cpu().numpy()
+    if isinstance(obj, np.ndarray):
+        return to_jsonable(obj.tolist())
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        return float(obj) if math.isfinite(obj) else None
+    return obj
+
+
+def write_summary(directory: str, filename: str, summary: Mapping[str, Any]) -> str:
+    """Write ``summary`` (with versions added) as indented JSON; returns the path."""
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, filename)
+    payload = dict(summary)
+    payload.setdefault("versions", versions())
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(to_jsonable(payload), fh, indent=2, allow_nan=False)
+    return path

@@ -1,0 +1,117 @@
+"""TensorBoard extras for the audit callbacks: custom-scalars layout, histograms, figures.
+
+Everything here is a no-op unless a Lightning ``TensorBoardLogger`` is attached, and runs on
+rank zero only. Plain scalars go through every attached logger (see :func:`log_scalars`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_only
+
+__all__ = [
+    "tensorboard_writer", "log_scalars", "add_custom_scalars_layout", "add_histograms",
+    "add_density_figure", "log_dir",
+]
+
+
+def tensorboard_writer(trainer: pl.Trainer) -> Any | None:
+    """The ``SummaryWriter`` of the first ``TensorBoardLogger``, or None (also off rank zero)."""
+    if rank_zero_only.rank != 0:
+        return None
+    for logger in trainer.loggers:
+        if isinstance(logger, TensorBoardLogger):
+            return logger.experiment
+    return None
+
+
+def log_dir(trainer: pl.Trainer) -> str:
+    """Where a summary file goes: the first logger's ``log_dir``, else ``default_root_dir``."""
+    for logger in trainer.loggers:
+        path = getattr(logger, "log_dir", None)
+        if path:
+            return str(path)
+    return str(trainer.default_root_dir)
+
+
+def log_scalars(trainer: pl.Trainer, metrics: Mapping[str, float], step: int) -> None:
+    """Log finite scalars through every attached logger (as ``LearningRateMonitor`` does)."""
+    clean = {k: float(v) for k, v in metrics.items() if v is not None and np.isfinite(v)}
+    if not clean or rank_zero_only.rank != 0:
+        return
+    for logger in trainer.loggers:
+        logger.log_metrics(clean, step=step)
+
+
+def add_custom_scalars_layout(trainer: pl.Trainer, layout: dict[str, dict[str, Sequence]]) -> None:
+    """Write a custom-scalars layout ``{category: {chart: ["Multiline", [tags]]}}``."""
+    writer = tensorboard_writer(trainer)
+    if writer is not None:
+        writer.add_custom_scalars(layout)
+
+
+def add_histograms(trainer: pl.Trainer, values: Mapping[str, np.ndarray], step: int) -> None:
+    """Histograms of non-empty finite arrays, one tag each."""
+    writer = tensorboard_writer(trainer)
+    if writer is None:
+        return
+    for tag, arr in values.items():
+        arr = np.asarray(arr, dtype=np.float64)
+        arr = arr[np.isfinite(arr)]
+        if arr.size:
+            writer.add_histogram(tag, arr, global_step=step)
+
+
+def add_density_figure(
+    trainer: pl.Trainer, tag: str, samples: Mapping[str, np.ndarray], step: int, *,
+    title: str = "", null_pdf: tuple[np.ndarray, np.ndarray] | None = None,
+) -> None:
+    """A density plot of several samples (paper 003 Figure 1 style), as a TensorBoard figure.
+
+    Args:
+        samples: ``{label: values}``; each drawn as a normalised histogram outline.
+        null_pdf: optional ``(t, pdf)`` of the exact null drawn as a line.
+    """
+    writer = tensorboard_writer(trainer)
+    if writer is None:
+        return
+    fig = density_figure(samples, title=title, null_pdf=null_pdf)
+    writer.add_figure(tag, fig, global_step=step, close=True)
+
+
+def density_figure(
+    samples: Mapping[str, np.ndarray], *, title: str = "",
+    null_pdf: tuple[np.ndarray, np.ndarray] | None = None,
+) -> Any:
+    """The matplotlib figure behind :func:`add_density_figure` (Agg backend, not shown)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6, 3.5))
+    ax = fig.add_subplot(1, 1, 1)
+    finite = [np.asarray(v, float)[np.isfinite(v)] for v in samples.values()]
+    finite = [v for v in finite if v.size]
+    if finite:
+        lo = min(v.min() for v in finite)
+        hi = max(v.max() for v in finite)
+        if null_pdf is not None:
+            lo, hi = min(lo, float(null_pdf[0].min())), max(hi, float(null_pdf[0].max()))
+        bins = np.linspace(lo, hi if hi > lo else lo + 1e-6, 50)
+        for label, vals in samples.items():
+            vals = np.asarray(vals, float)
+            vals = vals[np.isfinite(vals)]
+            if vals.size:
+                ax.hist(vals, bins=bins, density=True, histtype="step", linewidth=1.5, label=label)
+    if null_pdf is not None:
+        ax.plot(null_pdf[0], null_pdf[1], "k--", linewidth=1, label="null (exact)")
+    ax.set_xlabel("cosine")
+    ax.set_ylabel("density")
+    if title:
+        ax.set_title(title)
+    ax.legend(loc="best", fontsize="small")
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,168 @@
+"""Seeded random canaries, regenerated chunk by chunk (paper 003 §3; METHODS A2, A8).
+
+A canary is a unit vector drawn uniformly from the sphere S^{d-1}: a standard normal vector
+divided by its norm. Canary ``j`` of a :class:`CanarySet` is a pure function of
+``(seed, j)``: it is regenerated whenever it is needed and never stored alongside the others,
+so memory stays O(d) (times a small chunk) whatever the number of canaries k.
+
+The generator is torch's CPU Mersenne Twister, re-seeded per canary from a
+:class:`numpy.random.SeedSequence` of ``(seed, j)``; canaries are generated on the CPU (so a run
+on a GPU sees the same canaries) and moved to the target device chunk by chunk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import torch
+
+__all__ = ["CanarySet", "canary_seed"]
+
+_DEFAULT_CHUNK_ELEMENTS = 1 << 22  # 4M floats (16 MiB in float32) per generated chunk
+
+
+def canary_seed(seed: int, index: int) -> int:
+    """The 63-bit generator seed of canary ``index`` in the set seeded with ``seed``.
+
+    Distinct ``(seed, index)`` pairs give statistically independent streams (SeedSequence
+    hashing); the value is stable across processes and platforms.
+    """
+    if seed < 0 or index < 0:
+        raise ValueError(f"seed and index must be non-negative, got seed={seed}, index={index}")
+    state = np.random.SeedSequence([int(seed), int(index)]).generate_state(2, np.uint32)
+    return int((int(state[0]) << 31) ^ int(state[1])) & ((1 << 63) - 1)
+
+
+class CanarySet:
+    """``num_canaries`` unit canaries of dimension ``dim``, regenerated from ``seed``.
+
+    Args:
+        seed: the set's seed (non-negative int). Canary j is a function of (seed, j) only.
+        dim: the dimension d (number of model parameters); at least 2.
+        num_canaries: k, the number of canaries.
+        chunk_elements: at most this many floats are generated at once (chunk of
+            ``max(1, chunk_elements // dim)`` canaries), which bounds the extra memory.
+
+    Example:
+        >>> cs = CanarySet(seed=0, dim=1000, num_canaries=10)
+        >>> v = torch.randn(1000)
+        >>> cs.cosines(v).shape
+        torch.Size([10])
+    """
+
+    def __init__(
+        self,
+        seed: int,
+        dim: int,
+        num_canaries: int,
+        *,
+        chunk_elements: int = _DEFAULT_CHUNK_ELEMENTS,
+    ) -> None:
+        if dim < 2:
+            raise ValueError(f"canaries need dim >= 2 (the cosine null is undefined), got {dim}")
+        if num_canaries < 0:
+            raise ValueError(f"num_canaries must be >= 0, got {num_canaries}")
+        if chunk_elements < 1:
+            raise ValueError(f"chunk_elements must be >= 1, got {chunk_elements}")
+        self.seed = int(seed)
+        self.dim = int(dim)
+        self.num_canaries = int(num_canaries)
+        self.chunk_size = max(1, int(chunk_elements) // self.dim)
+
+    def __len__(self) -> int:
+        return self.num_canaries
+
+    def _fill(self, index: int, out: torch.Tensor) -> None:
+        if not 0 <= index < self.num_canaries:
+            raise IndexError(f"canary index {index} out of range [0, {self.num_canaries})")
+        gen = torch.Generator(device="cpu")
+        gen.manual_seed(canary_seed(self.seed, index))
+        torch.randn(self.dim, generator=gen, out=out)
+        out.div_(torch.linalg.vector_norm(out))
+
+    def canary(
+        self, index: int, *, device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> torch.Tensor:
+        """Canary ``index`` as a unit vector of shape ``[dim]``."""
+        out = torch.empty(self.dim, dtype=torch.float32)
+        self._fill(index, out)
+        return out.to(device=device, dtype=dtype)
+
+    def chunks(
+        self, indices: Sequence[int] | None = None, *, device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> Iterator[tuple[list[int], torch.Tensor]]:
+        """Yield ``(indices_chunk, canaries [b, dim])`` over ``indices`` (default: all)."""
+        idx = list(range(self.num_canaries)) if indices is None else [int(i) for i in indices]
+        buf = torch.empty(min(self.chunk_size, max(1, len(idx))), self.dim, dtype=torch.float32)
+        for start in range(0, len(idx), self.chunk_size):
+            part = idx[start:start + self.chunk_size]
+            for row, j in enumerate(part):
+                self._fill(j, buf[row])
+            yield part, buf[: len(part)].to(device=device, dtype=dtype)
+
+    def dots(
+        self, vectors: torch.Tensor | Sequence[torch.Tensor], indices: Sequence[int] | None = None,
+    ) -> torch.Tensor:
+        """Dot products ``<c_j, v_m>``.
+
+        Args:
+            vectors: one ``[dim]`` vector, an ``[M, dim]`` matrix, or a sequence of M ``[dim]``
+                vectors (not stacked: no copy is made). Any device, float.
+            indices: canaries to use (default: all).
+
+        Returns:
+            ``[n]`` for a single vector, ``[n, M]`` otherwise (float64 on the vectors' device),
+            n = number of canaries used. Each column is its own matrix-vector product, so a
+            result does not depend on which other vectors share the pass (a resumed run matches
+            an uninterrupted one bit for bit).
+        """
+        single = isinstance(vectors, torch.Tensor) and vectors.dim() == 1
+        cols = [vectors] if single else list(vectors)
+        if not cols:
+            raise ValueError("no vectors given")
+        for v in cols:
+            if v.dim() != 1 or v.numel() != self.dim:
+                raise ValueError(f"vectors must have {self.dim} entries, got {tuple(v.shape)}")
+        device = cols[0].device
+        n = self.num_canaries if indices is None else len(indices)
+        out = torch.empty(n, len(cols), dtype=torch.float64, device=device)
+        pos = 0
+        for part, block in self.chunks(indices, device=device):
+            for m, v in enumerate(cols):
+                out[pos:pos + len(part), m] = torch.mv(block, v.to(torch.float32))
+            pos += len(part)
+        return out[:, 0] if single else out
+
+    def cosines(
+        self, vectors: torch.Tensor | Sequence[torch.Tensor], indices: Sequence[int] | None = None,
+    ) -> torch.Tensor:
+        """Cosines ``cos(c_j, v_m)``; arguments and shapes as :meth:`dots`.
+
+        A zero vector gives cosine 0. Raises ``ValueError`` for a vector with NaN or inf.
+        """
+        single = isinstance(vectors, torch.Tensor) and vectors.dim() == 1
+        cols = [vectors] if single else list(vectors)
+        norms = torch.stack([torch.linalg.vector_norm(v.to(torch.float64)) for v in cols])
+        if not torch.isfinite(norms).all():
+            raise ValueError("cannot take cosines against a vector with NaN or inf entries")
+        dots = self.dots(cols, indices)
+        safe = torch.where(norms > 0, norms, torch.ones_like(norms)).to(dots.device)
+        cos = (dots / safe.unsqueeze(0)).clamp_(-1.0, 1.0)
+        return cos[:, 0] if single else cos
+
+    def sum(self, indices: Sequence[int] | None = None, *, weights: torch.Tensor | None = None,
+            device: torch.device | str | None = None) -> torch.Tensor:
+        """``sum_j w_j c_j`` over ``indices`` as a ``[dim]`` float32 vector (memory O(dim))."""
+        total = torch.zeros(self.dim, dtype=torch.float32, device=device)
+        pos = 0
+        for part, block in self.chunks(indices, device=device):
+            if weights is None:
+                total += block.sum(0)
+            else:
+                w = weights[pos:pos + len(part)].to(device=block.device, dtype=block.dtype)
+                total += w @ block
+            pos += len(part)
+        return total

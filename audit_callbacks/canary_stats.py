@@ -1,0 +1,154 @@
+"""Running canary statistics for the two threat models (paper 003 Alg. 2 and 3; METHODS A4, A5).
+
+Torch only, no Lightning. :class:`CanaryStatistics` holds, for k observed and k' unobserved
+canaries of one :class:`~audit_callbacks.canaries.CanarySet`:
+
+* ``final_model``: ``cos(c_j, sign * (theta_now - theta_0))`` for every canary (A4);
+* ``all_iterates``: the running ``max_t cos(c_j, sign * Delta_t)`` over every round's model delta
+  ``Delta_t = theta_t - theta_{t-1}`` (A5).
+
+``sign`` is +1 when a canary is added to the update the model moves along (DP-FedAvg client
+updates) and -1 when it is added to a gradient the model moves against (DP-SGD, METHODS A7).
+
+Deltas are buffered (at most ``max_buffered`` of them, plus the final-model column) and folded
+into the running maxima in one pass over the canaries, so each pass regenerates every canary
+once whatever the number of buffered rounds. Memory: O((max_buffered + chunk) * d).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from audit_callbacks.canaries import CanarySet
+
+__all__ = ["CanaryStatistics"]
+
+
+class CanaryStatistics:
+    """Cosine statistics of observed and unobserved canaries.
+
+    Args:
+        canaries: the set; indices ``0..num_observed-1`` are observed (inserted), the next
+            ``num_unobserved`` are never inserted.
+        num_observed: k.
+        num_unobserved: k'.
+        sign: +1 (updates) or -1 (gradients), see the module docstring.
+        max_buffered: rounds buffered before a pass over the canaries.
+    """
+
+    def __init__(
+        self, canaries: CanarySet, num_observed: int, num_unobserved: int, *, sign: float = 1.0,
+        max_buffered: int = 32,
+    ) -> None:
+        if num_observed + num_unobserved > len(canaries):
+            raise ValueError("the canary set is smaller than num_observed + num_unobserved")
+        if sign not in (1.0, -1.0):
+            raise ValueError(f"sign must be +1 or -1, got {sign}")
+        self.canaries = canaries
+        self.num_observed = int(num_observed)
+        self.num_unobserved = int(num_unobserved)
+        self.sign = float(sign)
+        self.max_buffered = max(1, int(max_buffered))
+        total = self.num_observed + self.num_unobserved
+        self.max_cos = torch.full((total,), -math.inf, dtype=torch.float64)
+        self.theta0: torch.Tensor | None = None
+        self.rounds_seen = 0
+        self.rounds_skipped = 0
+        self._buffer: list[torch.Tensor] = []
+
+    @property
+    def dim(self) -> int:
+        return self.canaries.dim
+
+    def set_initial(self, theta0: torch.Tensor) -> None:
+        """Record ``theta_0`` (flat ``[d]``), the model before training."""
+        self._check(theta0)
+        self.theta0 = theta0.detach().to("cpu", torch.float32).clone()
+
+    def _check(self, vec: torch.Tensor) -> None:
+        if vec.dim() != 1 or vec.numel() != self.dim:
+            raise ValueError(f"expected a flat vector of {self.dim} entries, got {tuple(vec.shape)}")
+
+    def add_delta(self, delta: torch.Tensor) -> bool:
+        """Buffer one round's model delta ``[d]``. Returns False (and skips it) if non-finite."""
+        self._check(delta)
+        if not bool(torch.isfinite(delta).all()):
+            self.rounds_skipped += 1
+            return False
+        self._buffer.append(delta.detach().to("cpu", torch.float32).clone())
+        self.rounds_seen += 1
+        if len(self._buffer) >= self.max_buffered:
+            self._pass(None)
+        return True
+
+    def flush(self) -> None:
+        """Fold the buffered deltas into the running maxima."""
+        if self._buffer:
+            self._pass(None)
+
+    def _pass(self, final: torch.Tensor | None) -> torch.Tensor | None:
+        cols = list(self._buffer)
+        if final is not None:
+            cols.append(final)
+        if not cols:
+            return None
+        cos = self.canaries.cosines(cols, indices=range(self.max_cos.numel()))  # [k+k', M]
+        if self.sign < 0:
+            cos = cos.neg_()
+        n_deltas = len(self._buffer)
+        if n_deltas:
+            self.max_cos = torch.maximum(self.max_cos, cos[:, :n_deltas].max(dim=1).values)
+        self._buffer.clear()
+        return cos[:, -1] if final is not None else None
+
+    def compute(self, theta_now: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Flush and return the statistics (float64, CPU).
+
+        Returns:
+            ``{"final_observed" [k], "final_unobserved" [k'], "all_observed" [k],
+            "all_unobserved" [k']}``; the all-iterates entries are empty before any round.
+        """
+        if self.theta0 is None:
+            raise RuntimeError("set_initial(theta0) must be called before compute()")
+        self._check(theta_now)
+        diff = theta_now.detach().to("cpu", torch.float32) - self.theta0
+        final = self._pass(diff)
+        assert final is not None
+        k = self.num_observed
+        have_all = self.rounds_seen > 0
+        empty = torch.empty(0, dtype=torch.float64)
+        return {
+            "final_observed": final[:k].clone(),
+            "final_unobserved": final[k:].clone(),
+            "all_observed": self.max_cos[:k].clone() if have_all else empty,
+            "all_unobserved": self.max_cos[k:].clone() if have_all else empty,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        self.flush()
+        return {
+            "seed": self.canaries.seed,
+            "dim": self.dim,
+            "num_observed": self.num_observed,
+            "num_unobserved": self.num_unobserved,
+            "sign": self.sign,
+            "max_cos": self.max_cos.clone(),
+            "theta0": None if self.theta0 is None else self.theta0.clone(),
+            "rounds_seen": self.rounds_seen,
+            "rounds_skipped": self.rounds_skipped,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        mine = (self.canaries.seed, self.dim, self.num_observed, self.num_unobserved, self.sign)
+        theirs = (state["seed"], state["dim"], state["num_observed"], state["num_unobserved"],
+                  state["sign"])
+        if mine != theirs:
+            raise ValueError(f"checkpointed canary statistics {theirs} do not match this run {mine}")
+        self.max_cos = state["max_cos"].clone().to(torch.float64)
+        self.theta0 = None if state["theta0"] is None else state["theta0"].clone()
+        self.rounds_seen = int(state["rounds_seen"])
+        self.rounds_skipped = int(state["rounds_skipped"])
+        self._buffer.clear()

@@ -1,0 +1,62 @@
+"""Pure numpy/scipy estimators: epsilon of Gaussian pairs, the cosine null, canary estimates,
+eps_lo lower bounds, binomial confidence intervals and error-rate epsilons.
+
+Sources: paper 003 (Andrew et al., one-shot empirical privacy estimation) and METHODS.md
+sections A and D; Balle & Wang (2018) for the analytic Gaussian mechanism.
+"""
+
+from .canary_epsilon import epsilon_from_cosines, estimate_epsilon_from_cosines
+from .cosine_null import (
+    cosine_null_cdf,
+    cosine_null_logcdf,
+    cosine_null_logsf,
+    cosine_null_sample,
+    cosine_null_sf,
+)
+from .error_rates import epsilon_from_error_rates, epsilon_from_error_rates_array
+from .estimate import Estimate
+from .gaussian import (
+    epsilon_two_gaussians,
+    gaussian_delta,
+    gaussian_epsilon,
+    gaussian_mu,
+    two_gaussians_delta,
+)
+from .intervals import (
+    clopper_pearson_interval,
+    clopper_pearson_lower,
+    clopper_pearson_upper,
+    jeffreys_interval,
+    jeffreys_lower,
+    jeffreys_upper,
+)
+from .lower_bound import (
+    epsilon_lower_bound_from_cosines,
+    estimate_epsilon_lower_bound_from_cosines,
+)
+
+__all__ = [
+    "Estimate",
+    "clopper_pearson_interval",
+    "clopper_pearson_lower",
+    "clopper_pearson_upper",
+    "cosine_null_cdf",
+    "cosine_null_logcdf",
+    "cosine_null_logsf",
+    "cosine_null_sample",
+    "cosine_null_sf",
+    "epsilon_from_cosines",
+    "epsilon_from_error_rates",
+    "epsilon_from_error_rates_array",
+    "epsilon_lower_bound_from_cosines",
+    "epsilon_two_gaussians",
+    "estimate_epsilon_from_cosines",
+    "estimate_epsilon_lower_bound_from_cosines",
+    "gaussian_delta",
+    "gaussian_epsilon",
+    "gaussian_mu",
+    "jeffreys_interval",
+    "jeffreys_lower",
+    "jeffreys_upper",
+    "two_gaussians_delta",
+]

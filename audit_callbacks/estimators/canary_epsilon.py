@@ -1,0 +1,248 @@
+"""One-shot epsilon estimate from canary cosines: fit Gaussians, compare them (paper 003).
+
+Final model (Alg. 1/2): the observed cosines t_j = cos(c_j, release) are fitted by
+N(mean, var) (sample mean, sample variance with ddof=1) and compared with the null N(0, 1/dim)
+of METHODS A1. All iterates (Alg. 3): the statistics of k' unobserved canaries are fitted by a
+Gaussian too and serve as the null. The epsilon of the pair at the target delta is
+:func:`~audit_callbacks.estimators.gaussian.epsilon_two_gaussians` (METHODS A3).
+
+Source: paper 003 §3 (Alg. 1, Thm 3.3), §4 (Alg. 2), §4.1 (Alg. 3); METHODS A2, A4, A5.
+
+Finiteness: the estimate is always finite because both fitted sds must be > 0 (a sample with
+zero variance raises ValueError instead: a point mass against a density has infinite epsilon).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from ._validation import check_alpha, check_cosines, check_count, check_delta, check_dim
+from .estimate import Estimate
+from .gaussian import _epsilon_standardized_array, _epsilon_standardized_scalar, _standardize
+
+__all__ = ["epsilon_from_cosines", "estimate_epsilon_from_cosines"]
+
+Fit = Literal["unequal", "equal"]
+
+
+def _threat_inputs(
+    observed: ArrayLike,
+    dim: int | None,
+    unobserved: ArrayLike | None,
+    min_size: int,
+) -> tuple[np.ndarray, int | None, np.ndarray | None]:
+    """Validate the (observed, dim | unobserved) pair; exactly one of dim, unobserved."""
+    if (dim is None) == (unobserved is None):
+        raise ValueError(
+            "give exactly one of dim (final model: exact cosine null) or unobserved "
+            "(all iterates: empirical null from unobserved canaries)"
+        )
+    obs = check_cosines(observed, "observed", min_size)
+    if dim is not None:
+        return obs, check_dim(dim), None
+    unobs = check_cosines(unobserved, "unobserved", min_size)
+    return obs, None, unobs
+
+
+def _sd(x: np.ndarray, name: str) -> float:
+    s = float(np.std(x, ddof=1))
+    # identical values can leave a rounding residue of a few ulps: treat that as zero too
+    scale = float(np.max(np.abs(x)))
+    if not s > 16.0 * np.finfo(float).eps * scale:
+        raise ValueError(
+            f"{name} has zero sample variance: a point mass against a continuous null has "
+            "infinite epsilon, so no finite estimate exists"
+        )
+    return s
+
+
+def _fit_pair(
+    obs: np.ndarray, dim: int | None, unobs: np.ndarray | None, fit: str
+) -> tuple[float, float, float, float]:
+    """(mu_observed, sigma_observed, mu_null, sigma_null) under the chosen fit."""
+    if fit not in ("unequal", "equal"):
+        raise ValueError(f"fit must be 'unequal' or 'equal', got {fit!r}")
+    if dim is not None:
+        mu0, s0 = 0.0, 1.0 / math.sqrt(dim)
+    else:
+        assert unobs is not None
+        mu0, s0 = float(np.mean(unobs)), _sd(unobs, "unobserved")
+    mu1 = float(np.mean(obs))
+    s1 = s0 if fit == "equal" else _sd(obs, "observed")
+    return mu1, s1, mu0, s0
+
+
+def epsilon_from_cosines(
+    observed: ArrayLike,
+    delta: float,
+    *,
+    dim: int | None = None,
+    unobserved: ArrayLike | None = None,
+) -> float:
+    """Paper 003's one-shot epsilon estimate from canary cosines (unequal-variance fit).
+
+    Final model (``dim`` given): eps(N(mean, var) || N(0, 1/dim); delta) where mean, var are the
+    sample mean and variance (ddof=1) of ``observed``. All iterates (``unobserved`` given): the
+    null is N(mean', var') fitted the same way to ``unobserved``.
+
+    Args:
+        observed: shape (k,), k >= 2, cosines in [-1, 1] of the inserted canaries
+            (max-over-rounds cosines for all iterates).
+        delta: target delta in (0, 1).
+        dim: model dimension d >= 2 (final-model threat model; exact null of METHODS A1).
+        unobserved: shape (k',), k' >= 2, statistics of never-inserted canaries (all iterates).
+
+    Returns:
+        eps >= 0 (nats), always finite.
+
+    Raises:
+        ValueError: both or neither of dim / unobserved; NaN/inf, |cos| > 1 or fewer than 2
+            values; a sample with zero variance; delta not in (0, 1); dim < 2.
+
+    Source: paper 003 Alg. 1-3, §3.2; METHODS A2, A3, A4, A5.
+    """
+    obs, d, unobs = _threat_inputs(observed, dim, unobserved, 2)
+    dl = check_delta(delta)
+    mu1, s1, mu0, s0 = _fit_pair(obs, d, unobs, "unequal")
+    m, r = _standardize(mu1, s1, mu0, s0)
+    return _epsilon_standardized_scalar(m, r, dl)
+
+
+def estimate_epsilon_from_cosines(
+    observed: ArrayLike,
+    delta: float,
+    *,
+    dim: int | None = None,
+    unobserved: ArrayLike | None = None,
+    fit: Fit = "unequal",
+    bootstrap: int = 0,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> Estimate:
+    """One-shot epsilon estimate from canary cosines, with an optional bootstrap interval.
+
+    fit="unequal": observed ~ N(mean, var) (ddof=1), as :func:`epsilon_from_cosines`.
+    fit="equal": the observed sd is fixed to the null's sd (1/sqrt(dim), or the sample sd of
+    ``unobserved``); only the mean shift is estimated, i.e. the analytic Gaussian mechanism with
+    Delta = |mean - null mean| / null sd. Paper 003 Thm 3.3 (d * var -> 1) justifies this; it is
+    much less variable than the unequal fit, whose small sd mismatches are amplified at small
+    delta. With bootstrap = B > 0, the percentile interval of B resamples (observed, and
+    unobserved when given, resampled with replacement by ``numpy.random.default_rng(seed)``;
+    each replicate refitted the same way) is returned as [lower, upper]. Replicates whose
+    resample has zero variance are dropped and counted in ``extras["bootstrap_dropped"]``.
+
+    Args:
+        observed: shape (k,), k >= 2, cosines in [-1, 1].
+        delta: target delta in (0, 1).
+        dim: model dimension d >= 2 (final model) -- exactly one of dim / unobserved.
+        unobserved: shape (k',), k' >= 2 (all iterates).
+        fit: "unequal" (paper 003 Alg. 1-3) or "equal".
+        bootstrap: number of bootstrap resamples B >= 0 (0: no interval).
+        confidence: level of the percentile interval, in (0, 1).
+        seed: seed of the numpy Generator used for resampling.
+
+    Returns:
+        Estimate with value = eps (nats, finite), lower/upper = bootstrap percentiles (None when
+        bootstrap = 0), n = k, method "two_gaussians_unequal" / "two_gaussians_equal",
+        threat_model "final_model" / "all_iterates", delta, confidence (None without bootstrap),
+        extras: mu_observed, sigma_observed, mu_null, sigma_null (cosine units), shift
+        ((mu_obs - mu_null)/sigma_null), sd_ratio (sigma_obs/sigma_null), fit, k_unobserved,
+        dim, bootstrap, bootstrap_dropped.
+
+    Raises:
+        ValueError: as :func:`epsilon_from_cosines`; fit not in {"unequal", "equal"};
+            bootstrap < 0; confidence not in (0, 1); every bootstrap replicate degenerate.
+
+    Source: paper 003 §3-4, Thm 3.3; METHODS A2-A5.
+    """
+    obs, d, unobs = _threat_inputs(observed, dim, unobserved, 2)
+    dl = check_delta(delta)
+    b = check_count(bootstrap, "bootstrap", minimum=0)
+    conf = check_alpha(confidence, "confidence")
+    mu1, s1, mu0, s0 = _fit_pair(obs, d, unobs, fit)
+    m, r = _standardize(mu1, s1, mu0, s0)
+    value = _epsilon_standardized_scalar(m, r, dl)
+
+    lower = upper = None
+    dropped = 0
+    if b > 0:
+        reps, dropped = _bootstrap_standardized(obs, d, unobs, fit, b, seed)
+        if reps[0].size == 0:
+            raise ValueError("every bootstrap replicate had zero variance")
+        eps_b = _epsilon_standardized_array(reps[0], reps[1], dl)
+        q = (1.0 - conf) / 2.0
+        lower, upper = (float(v) for v in np.quantile(eps_b, [q, 1.0 - q]))
+
+    return Estimate(
+        value=value,
+        lower=lower,
+        upper=upper,
+        n=int(obs.size),
+        method=f"two_gaussians_{fit}",
+        threat_model="final_model" if d is not None else "all_iterates",
+        delta=dl,
+        confidence=conf if b > 0 else None,
+        extras={
+            "mu_observed": mu1,
+            "sigma_observed": s1,
+            "mu_null": mu0,
+            "sigma_null": s0,
+            "shift": m,
+            "sd_ratio": r,
+            "fit": fit,
+            "dim": d,
+            "k_unobserved": None if unobs is None else int(unobs.size),
+            "bootstrap": b,
+            "bootstrap_dropped": dropped,
+        },
+    )
+
+
+def _row_mean_sd(x: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    s = x[idx]
+    return s.mean(axis=1), s.std(axis=1, ddof=1)
+
+
+def _bootstrap_standardized(
+    obs: np.ndarray,
+    dim: int | None,
+    unobs: np.ndarray | None,
+    fit: str,
+    b: int,
+    seed: int,
+) -> tuple[tuple[np.ndarray, np.ndarray], int]:
+    """Standardized (shift, sd ratio) of B resampled fits, degenerate replicates dropped."""
+    rng = np.random.default_rng(seed)
+    k = obs.size
+    kk = 0 if unobs is None else unobs.size
+    chunk = max(1, int(2_000_000 // max(k + kk, 1)))
+    ms, rs = [], []
+    done = 0
+    while done < b:
+        n = min(chunk, b - done)
+        mu1, s1 = _row_mean_sd(obs, rng.integers(0, k, size=(n, k)))
+        if unobs is None:
+            assert dim is not None
+            mu0 = np.zeros(n)
+            s0 = np.full(n, 1.0 / math.sqrt(dim))
+        else:
+            mu0, s0 = _row_mean_sd(unobs, rng.integers(0, kk, size=(n, kk)))
+        # zero variance up to a rounding residue (as in _sd) makes a replicate degenerate
+        tiny = 16.0 * np.finfo(float).eps
+        ok = s0 > 0.0
+        if unobs is not None:
+            ok &= s0 > tiny * np.max(np.abs(unobs))
+        if fit == "equal":
+            s1 = s0
+        else:
+            ok &= s1 > tiny * np.max(np.abs(obs))
+        ms.append((mu1[ok] - mu0[ok]) / s0[ok])
+        rs.append(s1[ok] / s0[ok])
+        done += n
+    m = np.concatenate(ms)
+    r = np.concatenate(rs)
+    return (m, r), b - m.size

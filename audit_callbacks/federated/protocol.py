@@ -1,0 +1,84 @@
+"""The audit protocol that :class:`~audit_callbacks.federated.DPFedAvg` calls on callbacks.
+
+A Lightning callback takes part by implementing any of the methods of
+:class:`FederatedAuditHooks`; the module looks each one up on every callback of the trainer and
+skips those that do not define it. All tensors are flat parameter vectors of dimension
+``d = pl_module.num_parameters`` (trainable parameters, in ``model.parameters()`` order).
+
+Virtual clients (canaries) are registered with
+:meth:`DPFedAvg.register_virtual_clients <audit_callbacks.federated.DPFedAvg.register_virtual_clients>`
+from the callback's ``setup`` or ``on_fit_start``. A virtual client joins the population and is
+sampled by exactly the same rule as a real client (paper 003 §4, Alg. 2); when it is sampled the
+module asks its owner for its update. An owner may also give a ``schedule`` that forces some of its
+clients into chosen rounds, outside the sampling (repeated canary presentations, paper 003 §5.2).
+
+Order within one round ``t`` (1-based, ``t = pl_module.round``):
+
+1. ``on_federated_round_start(trainer, pl_module, round_idx, cohort)``
+2. ``federated_client_update(trainer, pl_module, index, round_idx, clip_norm)`` for each sampled
+   virtual client of this owner (``index`` is the owner's local index, ``0..count-1``)
+3. ``on_federated_client_updates(trainer, pl_module, round_idx, client_ids, updates)``:
+   ``updates`` ``[m, d]`` are the clipped updates before noise (read-only)
+4. ``on_federated_round_end(trainer, pl_module, round_idx, model_delta)``: ``model_delta`` ``[d]`` is
+   ``theta_t - theta_{t-1}`` after the server optimizer step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:  # pragma: no cover
+    import lightning.pytorch as pl
+
+__all__ = ["Cohort", "FederatedAuditHooks"]
+
+
+@dataclass(frozen=True)
+class Cohort:
+    """The clients of one round.
+
+    Attributes:
+        round_idx: the round, 1-based.
+        real_ids: sorted ids of the real clients (indices into ``client_datasets``).
+        virtual: ``{owner_name: local indices}`` of the virtual clients in the round, sampled
+            and scheduled together.
+        size: the number of clients in the round (real + virtual).
+        divisor: what the noisy sum is divided by (the fixed cohort size m).
+    """
+
+    round_idx: int
+    real_ids: np.ndarray
+    virtual: dict[str, np.ndarray]
+    size: int
+    divisor: int
+
+
+@runtime_checkable
+class FederatedAuditHooks(Protocol):
+    """Optional methods a callback implements to audit DP-FedAvg (see the module docstring)."""
+
+    def federated_client_update(
+        self, trainer: pl.Trainer, pl_module: Any, index: int, round_idx: int, clip_norm: float,
+    ) -> torch.Tensor:  # pragma: no cover - protocol
+        """The update ``[d]`` of this owner's virtual client ``index`` in round ``round_idx``."""
+        ...
+
+    def on_federated_round_start(
+        self, trainer: pl.Trainer, pl_module: Any, round_idx: int, cohort: Cohort,
+    ) -> None:  # pragma: no cover - protocol
+        ...
+
+    def on_federated_client_updates(
+        self, trainer: pl.Trainer, pl_module: Any, round_idx: int, client_ids: list[str],
+        updates: torch.Tensor,
+    ) -> None:  # pragma: no cover - protocol
+        ...
+
+    def on_federated_round_end(
+        self, trainer: pl.Trainer, pl_module: Any, round_idx: int, model_delta: torch.Tensor,
+    ) -> None:  # pragma: no cover - protocol
+        ...

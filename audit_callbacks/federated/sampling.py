@@ -1,0 +1,114 @@
+"""Cohort sampling for DP-FedAvg rounds (paper 003 §4: canaries are sampled like real clients).
+
+Three rules over a population of N client ids ``0..N-1``:
+
+* ``"uniform"``: each round, a cohort of exactly m ids uniformly without replacement.
+* ``"shuffle"``: shuffled passes over the population; each pass is a fresh random permutation
+  cut into cohorts of m, so every client participates once per pass. When N is not a multiple of
+  m a cohort takes the tail of one permutation and the head of the next (never the same id twice).
+* ``"poisson"``: each id joins independently with probability m / N (variable cohort size).
+
+The sampler owns a seeded :class:`numpy.random.Generator`; ``state_dict``/``load_state_dict``
+restore it exactly, so a resumed run samples the same cohorts as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["SAMPLING_RULES", "CohortSampler"]
+
+SAMPLING_RULES = ("uniform", "shuffle", "poisson")
+
+
+def _plain(obj: Any) -> Any:
+    """numpy scalars to Python ones, so checkpoints load with ``weights_only=True``."""
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, np.generic):
+        return obj.item()
+    return obj
+
+
+class CohortSampler:
+    """Samples the cohort of each round.
+
+    Args:
+        population: N, the number of client ids (real and virtual).
+        cohort_size: m, the (expected, for Poisson) number of clients per round; 1 <= m <= N.
+        rule: one of ``"uniform"``, ``"shuffle"``, ``"poisson"``.
+        seed: seed of the sampler's generator.
+
+    Raises:
+        ValueError: for an unknown rule, or a cohort larger than the population.
+    """
+
+    def __init__(self, population: int, cohort_size: int, rule: str = "uniform", seed: int = 0):
+        if rule not in SAMPLING_RULES:
+            raise ValueError(f"sampling must be one of {SAMPLING_RULES}, got {rule!r}")
+        if cohort_size < 1:
+            raise ValueError(f"clients_per_round must be >= 1, got {cohort_size}")
+        if population < cohort_size:
+            raise ValueError(
+                f"the population ({population} clients, canaries included) is smaller than the "
+                f"cohort ({cohort_size} clients per round): lower clients_per_round or add clients"
+            )
+        self.population = int(population)
+        self.cohort_size = int(cohort_size)
+        self.rule = rule
+        self._rng = np.random.default_rng(seed)
+        self._queue: list[int] = []
+
+    @property
+    def sampling_rate(self) -> float:
+        """q = m / N, the per-round inclusion probability of any one client."""
+        return self.cohort_size / self.population
+
+    def sample(self) -> np.ndarray:
+        """The next cohort: a sorted int64 array of distinct client ids."""
+        if self.rule == "uniform":
+            ids = self._rng.choice(self.population, size=self.cohort_size, replace=False)
+        elif self.rule == "poisson":
+            ids = np.flatnonzero(self._rng.random(self.population) < self.sampling_rate)
+        else:
+            ids = self._next_shuffled()
+        return np.sort(np.asarray(ids, dtype=np.int64))
+
+    def _next_shuffled(self) -> np.ndarray:
+        chosen: list[int] = []
+        deferred: list[int] = []
+        seen: set[int] = set()
+        while len(chosen) < self.cohort_size:
+            if not self._queue:
+                self._queue = self._rng.permutation(self.population).tolist()[::-1]
+            cid = self._queue.pop()
+            if cid in seen:  # only possible across a permutation boundary
+                deferred.append(cid)
+                continue
+            seen.add(cid)
+            chosen.append(cid)
+        self._queue.extend(reversed(deferred))
+        return np.asarray(chosen, dtype=np.int64)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "population": self.population,
+            "cohort_size": self.cohort_size,
+            "rule": self.rule,
+            "rng": _plain(self._rng.bit_generator.state),
+            "queue": list(self._queue),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if (state["population"], state["cohort_size"], state["rule"]) != (
+            self.population, self.cohort_size, self.rule,
+        ):
+            raise ValueError(
+                "checkpointed sampler does not match this run: "
+                f"{(state['population'], state['cohort_size'], state['rule'])} vs "
+                f"{(self.population, self.cohort_size, self.rule)}"
+            )
+        self._rng.bit_generator.state = state["rng"]
+        self._queue = list(state["queue"])

@@ -1,0 +1,132 @@
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from audit_callbacks.canaries import CanarySet, canary_seed
+from audit_callbacks.canary_stats import CanaryStatistics
+from audit_callbacks.estimators import cosine_null_cdf
+
+
+def test_canaries_are_unit_and_regenerated_from_seed():
+    a = CanarySet(seed=3, dim=500, num_canaries=20)
+    b = CanarySet(seed=3, dim=500, num_canaries=20, chunk_elements=500 * 3)
+    for j in (0, 7, 19):
+        c = a.canary(j)
+        assert c.shape == (500,)
+        assert torch.linalg.vector_norm(c).item() == pytest.approx(1.0, abs=1e-6)
+        assert torch.equal(c, b.canary(j))
+    assert not torch.equal(a.canary(0), a.canary(1))
+    assert not torch.equal(a.canary(0), CanarySet(seed=4, dim=500, num_canaries=20).canary(0))
+
+
+def test_canary_seed_is_stable_and_validated():
+    assert canary_seed(0, 1) == canary_seed(0, 1)
+    assert canary_seed(0, 1) != canary_seed(1, 0)
+    with pytest.raises(ValueError):
+        canary_seed(-1, 0)
+    with pytest.raises(ValueError):
+        CanarySet(0, 1, 3)
+    with pytest.raises(IndexError):
+        CanarySet(0, 10, 3).canary(3)
+
+
+def test_chunks_bound_memory_and_cover_all():
+    cs = CanarySet(seed=1, dim=1000, num_canaries=25, chunk_elements=4000)
+    assert cs.chunk_size == 4
+    seen = []
+    for part, block in cs.chunks():
+        assert block.shape[0] <= 4 and block.shape[1] == 1000
+        seen.extend(part)
+    assert seen == list(range(25))
+
+
+def test_dots_cosines_and_sum_match_brute_force():
+    torch.manual_seed(0)
+    cs = CanarySet(seed=2, dim=300, num_canaries=13, chunk_elements=900)
+    full = torch.stack([cs.canary(j) for j in range(13)]).double()
+    v = torch.randn(4, 300)
+    assert torch.allclose(cs.dots(v), full @ v.double().t(), atol=1e-10)
+    cos = cs.cosines(v)
+    expect = (full @ v.double().t()) / torch.linalg.vector_norm(v.double(), dim=1)
+    assert torch.allclose(cos, expect, atol=1e-10)
+    assert torch.allclose(cs.cosines(v[0]), expect[:, 0], atol=1e-10)
+    assert torch.allclose(cs.sum().double(), full.sum(0), atol=1e-5)
+    w = torch.arange(13, dtype=torch.float32)
+    assert torch.allclose(cs.sum(weights=w).double(), w.double() @ full, atol=1e-4)
+    sub = [5, 1, 12]
+    assert torch.allclose(cs.dots(v, indices=sub), full[sub] @ v.double().t(), atol=1e-10)
+    with pytest.raises(ValueError):
+        cs.cosines(torch.full((300,), float("nan")))
+    assert torch.all(cs.cosines(torch.zeros(300)) == 0)
+
+
+def test_canary_cosines_follow_the_exact_null():
+    # Canaries are uniform on the sphere: cosines with a fixed vector follow METHODS A1.
+    dim = 20
+    cs = CanarySet(seed=11, dim=dim, num_canaries=4000)
+    cos = cs.cosines(torch.ones(dim)).numpy()
+    res = stats.kstest(cos, lambda t: cosine_null_cdf(t, dim))
+    assert res.pvalue > 1e-3
+
+
+def test_statistics_max_over_rounds_and_final_model():
+    torch.manual_seed(1)
+    dim, k, ku = 200, 6, 4
+    cs = CanarySet(seed=5, dim=dim, num_canaries=k + ku)
+    full = torch.stack([cs.canary(j) for j in range(k + ku)]).double()
+    st = CanaryStatistics(cs, k, ku, max_buffered=3)
+    theta0 = torch.randn(dim)
+    st.set_initial(theta0)
+    deltas = [torch.randn(dim) for _ in range(7)]
+    for dlt in deltas:
+        assert st.add_delta(dlt)
+    assert not st.add_delta(torch.full((dim,), float("inf")))
+    assert st.rounds_skipped == 1 and st.rounds_seen == 7
+    theta = theta0 + sum(deltas)
+    out = st.compute(theta)
+    D = torch.stack(deltas).double()
+    cos = (full @ D.t()) / torch.linalg.vector_norm(D, dim=1)
+    best = cos.max(dim=1).values
+    assert torch.allclose(out["all_observed"], best[:k], atol=1e-9)
+    assert torch.allclose(out["all_unobserved"], best[k:], atol=1e-9)
+    diff = (theta - theta0).double()
+    fin = full @ diff / torch.linalg.vector_norm(diff)
+    assert torch.allclose(out["final_observed"], fin[:k], atol=1e-6)
+    # sign -1: the model moves against canary gradients (METHODS A7)
+    neg = CanaryStatistics(cs, k, ku, sign=-1.0)
+    neg.set_initial(theta0)
+    assert torch.allclose(neg.compute(theta)["final_observed"], -fin[:k], atol=1e-6)
+
+
+def test_statistics_state_roundtrip_equals_uninterrupted():
+    torch.manual_seed(2)
+    dim = 64
+    cs = CanarySet(seed=9, dim=dim, num_canaries=10)
+    deltas = [torch.randn(dim) for _ in range(9)]
+    a = CanaryStatistics(cs, 5, 5, max_buffered=4)
+    a.set_initial(torch.zeros(dim))
+    for dlt in deltas:
+        a.add_delta(dlt)
+    b = CanaryStatistics(cs, 5, 5, max_buffered=2)
+    b.set_initial(torch.zeros(dim))
+    for dlt in deltas[:5]:
+        b.add_delta(dlt)
+    c = CanaryStatistics(cs, 5, 5, max_buffered=2)
+    c.load_state_dict(b.state_dict())
+    for dlt in deltas[5:]:
+        c.add_delta(dlt)
+    theta = sum(deltas)
+    ra, rc = a.compute(theta), c.compute(theta)
+    for key in ra:
+        assert torch.equal(ra[key], rc[key]), key
+    with pytest.raises(ValueError):
+        CanaryStatistics(CanarySet(seed=8, dim=dim, num_canaries=10), 5, 5).load_state_dict(b.state_dict())
+
+
+def test_memory_is_independent_of_the_number_of_canaries():
+    # The set stores no canary: its size does not grow with k.
+    small = CanarySet(seed=0, dim=10_000, num_canaries=10)
+    large = CanarySet(seed=0, dim=10_000, num_canaries=100_000)
+    assert vars(small).keys() == vars(large).keys()
+    assert all(not isinstance(v, (torch.Tensor, np.ndarray)) for v in vars(large).values())

@@ -1,0 +1,192 @@
+import json
+import math
+import os
+
+import lightning.pytorch as pl
+import numpy as np
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import TensorBoardLogger
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch import nn
+
+from audit_callbacks.callbacks import CanaryAudit
+from audit_callbacks.federated import DPFedAvg
+from datamodules import FederatedDataModule
+from models import MLP
+
+EXPECTED_TAGS = {
+    "audit/epsilon_final_model",
+    "audit/epsilon_lo_final_model",
+    "audit/epsilon_all_iterates",
+    "audit/epsilon_lo_all_iterates",
+    "audit/epsilon_lo_max_final_model",
+    "audit/epsilon_lo_max_all_iterates",
+    "audit/epsilon_analytic",
+    "audit/num_canaries",
+    "val/accuracy",
+    "privacy/epsilon_analytic",
+}
+
+
+def make(noise=0.5, seed=0, clients=40, per_round=10, rounds_per_epoch=4):
+    dm = FederatedDataModule("digits", num_clients=clients, rounds_per_epoch=rounds_per_epoch, seed=seed)
+    dm.setup("fit")
+    torch.manual_seed(seed)
+    module = DPFedAvg(MLP(64, 10, hidden=(32,)), clients_per_round=per_round, noise_multiplier=noise,
+                      clip_norm=1.0, local_lr=0.1, local_batch_size=8, sampling="shuffle", seed=seed,
+                      delta=1e-5)
+    return dm, module
+
+
+def fit(dm, module, callbacks, steps, tmp_path, logger=True, ckpt_path=None, name="run"):
+    log = TensorBoardLogger(str(tmp_path), name=name, version=0) if logger else False
+    trainer = pl.Trainer(max_steps=steps, max_epochs=-1, logger=log, callbacks=callbacks,
+                         accelerator="cpu", enable_progress_bar=False, enable_model_summary=False,
+                         enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
+                         num_sanity_val_steps=0, log_every_n_steps=1, default_root_dir=str(tmp_path))
+    trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
+    return trainer
+
+
+def test_end_to_end_tensorboard_tags_and_summary(tmp_path):
+    dm, module = make()
+    audit = CanaryAudit(30, 30, seed=1)
+    fit(dm, module, [audit], 12, tmp_path)
+    run_dir = os.path.join(str(tmp_path), "run", "version_0")
+    acc = EventAccumulator(run_dir, size_guidance={"scalars": 0, "histograms": 0, "images": 0})
+    acc.Reload()
+    tags = acc.Tags()
+    assert EXPECTED_TAGS <= set(tags["scalars"]), set(tags["scalars"])
+    assert {"audit/cosine_final_observed", "audit/cosine_final_null",
+            "audit/cosine_all_observed", "audit/cosine_all_unobserved"} <= set(tags["histograms"])
+    assert "audit/cosine_density_final_model" in tags["images"]
+    # the custom-scalars layout is stored as a summary of the custom_scalars plugin
+    from tensorboard.plugins.custom_scalar import layout_pb2
+    from tensorboard.plugins.custom_scalar import metadata as cs_meta
+    layout_events = acc.Tensors(cs_meta.CONFIG_SUMMARY_TAG)
+    layout = layout_pb2.Layout()
+    layout.ParseFromString(layout_events[0].tensor_proto.string_val[0])
+    charts = {c.title: list(c.multiline.tag) for cat in layout.category for c in cat.chart}
+    assert charts["epsilon (final model)"] == [
+        "audit/epsilon_final_model", "audit/epsilon_lo_final_model", "audit/epsilon_analytic"]
+    assert charts["accuracy"] == ["val/accuracy"]
+    # logged once per validation epoch (3) and at fit end
+    final_events = acc.Scalars("audit/epsilon_final_model")
+    assert len(final_events) >= 3
+    for tag in EXPECTED_TAGS:
+        assert all(math.isfinite(e.value) for e in acc.Scalars(tag))
+    # every lower bound stays below the analytic epsilon
+    analytic = {e.step: e.value for e in acc.Scalars("audit/epsilon_analytic")}
+    for tag in ("audit/epsilon_lo_final_model", "audit/epsilon_lo_all_iterates",
+                "audit/epsilon_lo_max_final_model", "audit/epsilon_lo_max_all_iterates"):
+        for e in acc.Scalars(tag):
+            assert e.value <= analytic[e.step] + 1e-9
+
+    with open(os.path.join(run_dir, "audit_summary.json"), encoding="utf-8") as fh:
+        summary = json.load(fh)
+    assert summary["inputs"]["num_canaries"] == 30 and summary["inputs"]["dim"] == module.num_parameters
+    for key in ("final_model", "final_model_equal_variance", "final_model_lower_bound",
+                "final_model_lower_bound_heldout", "all_iterates", "all_iterates_lower_bound",
+                "all_iterates_lower_bound_heldout"):
+        assert math.isfinite(summary["estimates"][key]["value"]), key
+    assert summary["estimates"]["final_model"]["threat_model"] == "final_model"
+    assert summary["versions"]["torch"] == torch.__version__.split("+")[0] or summary["versions"]["torch"]
+    assert summary["analytic_epsilon"] > 0
+
+
+def test_resume_gives_the_same_estimate(tmp_path):
+    dm, module = make(seed=3)
+    full = CanaryAudit(20, 20, seed=5)
+    fit(dm, module, [full], 8, tmp_path / "a", logger=False)
+    expected = full.last_report["estimates"]
+
+    dm, module = make(seed=3)
+    ckpt = ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), save_last=True, every_n_train_steps=4)
+    first = CanaryAudit(20, 20, seed=5)
+    fit(dm, module, [first, ckpt], 4, tmp_path / "b", logger=False)
+    dm, module = make(seed=3)
+    second = CanaryAudit(20, 20, seed=5)
+    fit(dm, module, [second, ModelCheckpoint(dirpath=str(tmp_path / "ckpt2"))], 8, tmp_path / "c",
+        logger=False, ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
+    got = second.last_report["estimates"]
+    assert set(got) == set(expected)
+    for key in expected:
+        assert got[key].value == expected[key].value, key
+    assert np.array_equal(second.participations, full.participations)
+
+
+def test_repeated_presentations_schedule(tmp_path):
+    dm, module = make(clients=20, per_round=5)
+    audit = CanaryAudit(10, 10, repeats=3, seed=2)
+    fit(dm, module, [audit], 9, tmp_path, logger=False)
+    assert audit.participations.tolist() == [3] * 10
+    assert audit.last_report["max_participations"] == 3
+
+
+def test_estimate_tracks_the_noise(tmp_path):
+    # Loud noise: observed canaries look like the null, and the lower bound is ~0.
+    dm, module = make(noise=50.0, seed=4)
+    loud = CanaryAudit(40, 40, seed=0)
+    fit(dm, module, [loud], 8, tmp_path / "loud", logger=False)
+    # Clipping only: the canaries stand out.
+    dm, module = make(noise=0.0, seed=4)
+    quiet = CanaryAudit(40, 40, seed=0)
+    fit(dm, module, [quiet], 8, tmp_path / "quiet", logger=False)
+    e_loud, e_quiet = loud.last_report["estimates"], quiet.last_report["estimates"]
+    assert e_loud["final_model_lower_bound"].value < 0.5
+    assert e_quiet["final_model_lower_bound"].value > 1.0
+    assert e_quiet["all_iterates_lower_bound"].value > 1.0
+    assert e_quiet["final_model"].value > e_loud["final_model"].value
+
+
+def test_bad_inputs(tmp_path):
+    with pytest.raises(ValueError, match="num_canaries"):
+        CanaryAudit(0)
+    with pytest.raises(ValueError, match="delta"):
+        CanaryAudit(10, delta=0.0)
+
+    class Plain(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(2, 2)
+
+        def training_step(self, batch, idx):
+            return self.lin(batch).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader(torch.randn(4, 2), batch_size=2)
+
+    with pytest.raises(TypeError, match="DPFedAvg"):
+        fit(None, Plain(), [CanaryAudit(5)], 1, tmp_path, logger=False)
+
+    dm, _ = make(clients=10, per_round=5)
+    tiny = DPFedAvg(nn.Linear(1, 1, bias=False), clients_per_round=2)
+    with pytest.raises(ValueError, match="d >= 2"):
+        fit(dm, tiny, [CanaryAudit(5)], 1, tmp_path, logger=False)
+
+
+def test_no_logger_warns_and_still_writes_summary(tmp_path):
+    dm, module = make(clients=20, per_round=5)
+    audit = CanaryAudit(10, 10)
+    with pytest.warns(UserWarning, match="no logger"):
+        fit(dm, module, [audit], 4, tmp_path, logger=False)
+    assert os.path.exists(os.path.join(str(tmp_path), "audit_summary.json"))
+
+
+def test_nan_delta_is_skipped_with_a_warning(tmp_path):
+    dm, module = make(clients=20, per_round=5)
+    audit = CanaryAudit(10, 10)
+    fit(dm, module, [audit], 4, tmp_path, logger=False)
+    seen = audit.stats.rounds_seen
+    bad = torch.full((module.num_parameters,), float("nan"))
+    with pytest.warns(UserWarning, match="NaN or inf"):
+        audit.on_federated_round_end(None, module, 5, bad)
+    assert audit.stats.rounds_skipped == 1 and audit.stats.rounds_seen == seen
+    report = audit.compute(module)
+    for est in report["estimates"].values():
+        assert math.isfinite(est.value)
