@@ -68,7 +68,8 @@ class CanaryAudit(Callback):
             the sampled cohort (paper 003 §5.2). Needs ``max_steps`` or a finite epoch count.
         delta: the delta of every epsilon (default: the module's ``delta``).
         alpha: 1 - confidence of the lower bounds (A6).
-        bootstrap: number of bootstrap resamples for the estimates' intervals (0: none).
+        bootstrap: bootstrap resamples for the estimates' percentile intervals, computed at fit
+            end for the summary JSON (0: none).
         seed: the canaries' seed; canary j is regenerated from (seed, j).
         every_n_epochs: estimate and log every n validation epochs (always at fit end).
         max_buffered_rounds: model deltas kept before a pass over the canaries (memory
@@ -89,7 +90,7 @@ class CanaryAudit(Callback):
         repeats: int | None = None,
         delta: float | None = None,
         alpha: float = 0.05,
-        bootstrap: int = 0,
+        bootstrap: int = 200,
         seed: int = 0,
         every_n_epochs: int = 1,
         max_buffered_rounds: int | None = None,
@@ -107,6 +108,8 @@ class CanaryAudit(Callback):
             raise ValueError(f"delta must be in (0, 1), got {delta}")
         if not 0 < alpha < 1:
             raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+        if bootstrap < 0:
+            raise ValueError(f"bootstrap must be >= 0, got {bootstrap}")
         if every_n_epochs < 1:
             raise ValueError(f"every_n_epochs must be >= 1, got {every_n_epochs}")
         self.requested_canaries = num_canaries
@@ -231,8 +234,14 @@ class CanaryAudit(Callback):
             )
 
     # ------------------------------------------------------------------ estimates
-    def compute(self, pl_module: pl.LightningModule) -> dict[str, Any] | None:
-        """Flush the statistics and compute every estimate; None until 2 canaries took part."""
+    def compute(self, pl_module: pl.LightningModule, *, bootstrap: int = 0) -> dict[str, Any] | None:
+        """Flush the statistics and compute every estimate; None until 2 canaries took part.
+
+        Returns a dict with ``estimates`` (name -> :class:`Estimate`, see
+        :func:`~audit_callbacks.estimators.canary_report.canary_report`), ``skipped``,
+        ``analytic_epsilon``, ``max_participations``, ``num_canaries_participated`` and the raw
+        ``statistics``.
+        """
         assert self.stats is not None
         theta = pl_module.flat_parameters()
         if not bool(torch.isfinite(theta).all()):
@@ -253,7 +262,7 @@ class CanaryAudit(Callback):
             observed_all=observed_all,
             unobserved_all=stats["all_unobserved"] if self.num_unobserved >= 2 else None,
             alpha=self.alpha,
-            bootstrap=self.bootstrap,
+            bootstrap=bootstrap,
             seed=self.seed,
         )
         max_part = int(self.participations.max(initial=0))
@@ -314,11 +323,14 @@ class CanaryAudit(Callback):
                 )
 
     def _estimate_and_log(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *, use_module_log: bool) -> None:
-        report = self.compute(pl_module)
+        report = self.compute(pl_module, bootstrap=0 if use_module_log else self.bootstrap)
         if report is None:
             return
         metrics = self._metrics(report)
         step = int(trainer.global_step)
+        current = int(getattr(pl_module, "round", step))
+        if not use_module_log and current == self._last_logged_round:
+            metrics = {}  # fit end right after a validation: the scalars are already logged
         if use_module_log:
             for name, value in metrics.items():
                 if value is not None and math.isfinite(value):
@@ -326,7 +338,7 @@ class CanaryAudit(Callback):
         else:
             tb.log_scalars(trainer, metrics, step)
         self._log_extras(trainer, report, step, figure=not use_module_log)
-        self._last_logged_round = int(getattr(pl_module, "round", step))
+        self._last_logged_round = current
 
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking or self.stats is None:
