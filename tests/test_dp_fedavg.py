@@ -193,3 +193,38 @@ def test_seeded_runs_are_reproducible():
 
     assert torch.equal(run(), run())
     assert np.isfinite(run().numpy()).all()
+
+
+def test_local_randomizer_plugin_is_debiased_by_the_server():
+    class Doubler:
+        """Releases 2x; the server's debias halves it, so training equals the plain run."""
+
+        def __init__(self):
+            self.released = []
+
+        def randomize(self, x, generator=None):
+            assert isinstance(generator, torch.Generator)
+            return 2 * x
+
+        def debias(self, y):
+            return y / 2
+
+    class Spy(pl.Callback):
+        def __init__(self):
+            self.rows = []
+
+        def on_federated_randomized_updates(self, trainer, pl_module, round_idx, ids, released):
+            self.rows.append(released.shape)
+
+    def run(randomizer, callbacks=()):
+        torch.manual_seed(0)
+        module = DPFedAvg(nn.Linear(4, 3), clients_per_round=2, noise_multiplier=0.0, seed=1,
+                          randomizer=randomizer)
+        trainer(3, callbacks).fit(module, datamodule=Ticks(make_clients(4)))
+        return module.flat_parameters()
+
+    spy = Spy()
+    assert torch.allclose(run(Doubler(), [spy]), run(None), atol=1e-6)
+    assert spy.rows == [torch.Size([2, 15])] * 3
+    with pytest.raises(TypeError, match="randomizer"):
+        DPFedAvg(nn.Linear(4, 3), randomizer=object())

@@ -13,6 +13,11 @@ The algorithm (McMahan et al. 2018, as run in paper 003 §4 / Alg. 2):
 5. the server optimizer (SGD, ``server_lr``, ``server_momentum``) takes the negated average as
    its gradient.
 
+Local DP (papers 000-002): with a ``randomizer`` (an
+:class:`~audit_callbacks.mechanisms.LocalRandomizer`), every clipped client update is randomized
+on the client before aggregation, and the server sums ``randomizer.debias(...)`` of the released
+rows (unbiased for the clipped updates) before dividing by m. Central noise may still be added.
+
 Analytic reference (METHODS D, paper 003 footnote 5): if the adversary knows in which rounds a
 client took part, a client that took part r times is sqrt(r)/z-GDP (z = noise_multiplier): the
 module logs ``privacy/epsilon_analytic`` at ``delta`` for the largest r of any real client.
@@ -61,6 +66,8 @@ class DPFedAvg(pl.LightningModule):
             sum is always divided by m.
         noise_multiplier: z; the noise std on the sum is ``z * clip_norm``. 0 means clipping only.
         clip_norm: C, the L2 bound of each client's update.
+        randomizer: optional local randomizer applied to each client's clipped update (LDP);
+            it must offer ``randomize(x [B, d], generator)`` and ``debias(y [B, d])``.
         local_epochs, local_lr, local_batch_size: the clients' local SGD.
         server_lr, server_momentum: the server's SGD.
         sampling: ``"uniform"`` (default), ``"shuffle"`` or ``"poisson"`` (see
@@ -93,6 +100,7 @@ class DPFedAvg(pl.LightningModule):
         delta: float = 1e-6,
         num_classes: int | None = None,
         client_datasets: Sequence[torch.utils.data.Dataset] | None = None,
+        randomizer: Any | None = None,
         seed: int = 0,
     ) -> None:
         super().__init__()
@@ -106,7 +114,12 @@ class DPFedAvg(pl.LightningModule):
             raise ValueError("local_epochs >= 0, local_batch_size >= 1, local_lr >= 0 required")
         if not 0 < delta < 1:
             raise ValueError(f"delta must be in (0, 1), got {delta}")
-        self.save_hyperparameters(ignore=["model", "loss_fn", "client_datasets"])
+        if randomizer is not None and not (
+            callable(getattr(randomizer, "randomize", None)) and callable(getattr(randomizer, "debias", None))
+        ):
+            raise TypeError("randomizer must have randomize(x, generator) and debias(y) methods")
+        self.save_hyperparameters(ignore=["model", "loss_fn", "client_datasets", "randomizer"])
+        self.randomizer = randomizer
         self.automatic_optimization = False
         self.model = model
         self.loss_fn = loss_fn or F.cross_entropy
@@ -129,6 +142,7 @@ class DPFedAvg(pl.LightningModule):
         self._pending_state: dict[str, Any] | None = None
         self._participations: np.ndarray | None = None
         self._noise_gen: torch.Generator | None = None
+        self._ldp_gen: torch.Generator | None = None
         self._local_gen = torch.Generator(device="cpu")
         self._local_gen.manual_seed(self.seed + 1)
         self._worker: list[nn.Module] = []  # not a registered submodule
@@ -356,7 +370,13 @@ class DPFedAvg(pl.LightningModule):
         for hook in self._hooks("on_federated_client_updates"):
             hook(self.trainer, self, round_idx, labels, updates)
 
-        total = updates.sum(0)
+        if self.randomizer is not None:
+            released = self.randomizer.randomize(updates, generator=self._ldp_generator(updates))
+            for hook in self._hooks("on_federated_randomized_updates"):
+                hook(self.trainer, self, round_idx, labels, released)
+            total = self.randomizer.debias(released).sum(0)
+        else:
+            total = updates.sum(0)
         if self.noise_multiplier > 0:
             total.add_(self._noise(d, total), alpha=self.noise_multiplier * self.clip_norm)
         average = total / cohort.divisor
@@ -394,6 +414,13 @@ class DPFedAvg(pl.LightningModule):
                 gen.set_state(self._noise_gen.get_state())
             self._noise_gen = gen
         return torch.randn(d, generator=self._noise_gen, device=like.device, dtype=like.dtype)
+
+    def _ldp_generator(self, like: torch.Tensor) -> torch.Generator:
+        if self._ldp_gen is None:
+            gen = torch.Generator(device=like.device)
+            gen.manual_seed(self.seed + 3)
+            self._ldp_gen = gen
+        return self._ldp_gen
 
     def participations(self) -> np.ndarray:
         """Rounds each population id took part in so far (real clients first), ``[N]``."""
@@ -442,6 +469,8 @@ class DPFedAvg(pl.LightningModule):
             state["participations"] = self._participations.tolist()
         if self._noise_gen is not None:
             state["noise_gen"] = self._noise_gen.get_state()
+        if self._ldp_gen is not None:
+            state["ldp_gen"] = self._ldp_gen.get_state()
         checkpoint["dp_fedavg"] = state
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -462,3 +491,7 @@ class DPFedAvg(pl.LightningModule):
             gen = torch.Generator(device="cpu")
             gen.set_state(state["noise_gen"])
             self._noise_gen = gen
+        if "ldp_gen" in state:
+            gen = torch.Generator(device="cpu")
+            gen.set_state(state["ldp_gen"])
+            self._ldp_gen = gen

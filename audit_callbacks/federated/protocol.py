@@ -19,7 +19,9 @@ Order within one round ``t`` (1-based, ``t = pl_module.round``):
    virtual client of this owner (``index`` is the owner's local index, ``0..count-1``)
 3. ``on_federated_client_updates(trainer, pl_module, round_idx, client_ids, updates)``:
    ``updates`` ``[m, d]`` are the clipped updates before noise (read-only)
-4. ``on_federated_round_end(trainer, pl_module, round_idx, model_delta)``: ``model_delta`` ``[d]`` is
+4. ``on_federated_randomized_updates(trainer, pl_module, round_idx, client_ids, released)``: only
+   with a local randomizer (LDP): the rows ``[m, d]`` the clients release (read-only)
+5. ``on_federated_round_end(trainer, pl_module, round_idx, model_delta)``: ``model_delta`` ``[d]`` is
    ``theta_t - theta_{t-1}`` after the server optimizer step.
 """
 
@@ -75,6 +77,12 @@ class FederatedAuditHooks(Protocol):
     def on_federated_client_updates(
         self, trainer: pl.Trainer, pl_module: Any, round_idx: int, client_ids: list[str],
         updates: torch.Tensor,
+    ) -> None:  # pragma: no cover - protocol
+        ...
+
+    def on_federated_randomized_updates(
+        self, trainer: pl.Trainer, pl_module: Any, round_idx: int, client_ids: list[str],
+        released: torch.Tensor,
     ) -> None:  # pragma: no cover - protocol
         ...
 
