@@ -34,6 +34,12 @@ from .lower_bound import (
     epsilon_lower_bound_from_cosines,
     estimate_epsilon_lower_bound_from_cosines,
 )
+from .shuffle import (
+    min_clients_for_shuffling,
+    shuffle_amplification_bound,
+    shuffle_dummy_exact_epsilon,
+    shuffle_test,
+)
 
 __all__ = [
     "Estimate",
@@ -58,5 +64,9 @@ __all__ = [
     "jeffreys_interval",
     "jeffreys_lower",
     "jeffreys_upper",
+    "min_clients_for_shuffling",
+    "shuffle_amplification_bound",
+    "shuffle_dummy_exact_epsilon",
+    "shuffle_test",
     "two_gaussians_delta",
 ]

@@ -1,0 +1,55 @@
+"""Attacks (torch, no Lightning): the empirical eps0 test of local randomizers and its crafting
+adversaries (paper 000 Alg. 2 and Table 2; METHODS C2-C3), and the inference attack on LDP-FL's
+two-point mechanism (paper 002 §3.1; METHODS C5).
+
+The shuffle-model references and the error-count statistics are numpy-only and live in
+:mod:`audit_callbacks.estimators.shuffle`.
+"""
+
+from .adversaries import (
+    ADVERSARIES,
+    CraftedPair,
+    benign_pair,
+    collusion_pair,
+    craft_pair,
+    dummy_pair,
+    flat_gradient,
+    gradient_flip_pair,
+    label_flip_pair,
+)
+from .ldp_fl_inference import InferencePrediction, LDPFLInferenceAttack, two_point_prediction
+from .ldp_test import (
+    LDPTestResult,
+    PairGeometry,
+    ldp_epsilon_test,
+    ldp_sgd_error_rates,
+    ldp_sgd_test_epsilon,
+    ldp_test_statistics,
+    measurable_ceiling,
+    paper_measurable_ceiling,
+    supports_fast_path,
+)
+
+__all__ = [
+    "ADVERSARIES",
+    "CraftedPair",
+    "InferencePrediction",
+    "LDPFLInferenceAttack",
+    "LDPTestResult",
+    "PairGeometry",
+    "benign_pair",
+    "collusion_pair",
+    "craft_pair",
+    "dummy_pair",
+    "flat_gradient",
+    "gradient_flip_pair",
+    "label_flip_pair",
+    "ldp_epsilon_test",
+    "ldp_sgd_error_rates",
+    "ldp_sgd_test_epsilon",
+    "ldp_test_statistics",
+    "measurable_ceiling",
+    "paper_measurable_ceiling",
+    "supports_fast_path",
+    "two_point_prediction",
+]

@@ -1,0 +1,617 @@
+"""The empirical epsilon0 test of a local randomizer (paper 000 Alg. 2, METHODS C2 / C3).
+
+Game (paper 000 §4.1-4.3, Alg. 2): for each of K trials draw b in {1, 2} uniformly, release
+M(g_b), guess 1 iff cos(M(g_b), g1) >= cos(M(g_b), g2) (eq. 4). Counts (Alg. 2): TN = b = 1
+guessed 1, FP = b = 1 guessed 2, TP = b = 2 guessed 2, FN = b = 2 guessed 1; FPR = FP/(FP + TN),
+FNR = FN/(FN + TP); eps_hat = max(log((1 - FPR)/FNR), log((1 - FNR)/FPR)) (eq. 3).
+The statistics (point estimate capped at the ceiling when a rate is 0, the one-sided (1 - alpha)
+lower bound from Clopper-Pearson upper bounds at alpha/2 per rate, the upper bound and the
+ceiling) are computed by :func:`audit_callbacks.estimators.shuffle.epsilon_from_counts`, whose
+docstring states exactly how (and why the ceiling is 4.91 / 11.82 for 10^3 / 10^6 trials, not
+the 5.6 / 12.5 of paper 000 §4.1, which :func:`paper_measurable_ceiling` reproduces).
+
+Two paths, identical in distribution (tests/test_ldp_test.py checks it with KS and chi-square
+tests):
+
+* ``"batched"`` (any :class:`LocalRandomizer`): rows g_b stacked in batches [B, d], randomized
+  by ``mechanism.randomize(rows, generator)`` (torch), both cosines computed per row. O(d) per
+  trial.
+* ``"fast"`` (LDP-SGD only, METHODS C3): the guess depends on the uniform direction v of
+  LDP-SGD (C1) only through its coordinates in an orthonormal basis (e1, e2) of span(g1, g2)
+  (Gram-Schmidt: e1 = u1 = g1/|g1|, e2 = (u2 - c u1)/s, c = <u1, u2>, s = |u2 - c u1|). They are
+  (Z1, Z2)/sqrt(Z1^2 + Z2^2 + S), Z_i ~ N(0, 1), S ~ chi2(d - 2). When g2 = -k g1 (k > 0: the
+  gradient-flip, collusion and dummy pairs) the span is one-dimensional: V1 = Z1/sqrt(Z1^2 + S),
+  S ~ chi2(d - 1). With r_b = min(|g_b|, L) the LDP-SGD steps become
+  sigma = +1 w.p. 1/2 + r_b/(2L) (z = sigma L u_b), rho = +1 w.p. e^eps0/(1 + e^eps0) (the
+  randomized-response flip), output direction s v with s = rho sigma sgn<u_b, v>, and the
+  released statistic cos(out, g1) - cos(out, g2) = s (<v, u1> - <v, u2>) =
+  s ((1 - c) V1 - s V2). O(1) per trial, numpy, vectorised over chunks of trials. (The sign of
+  the statistic does not depend on S, so the counts would not need it; S is drawn so that the
+  statistic itself has the exact distribution.) Pairs with s <= 1e-9 are treated as exactly
+  collinear (angle error below 1e-9 rad).
+
+``path="auto"`` uses the fast path when the mechanism is LDP-SGD with the reference randomize:
+an instance of ``audit_callbacks.mechanisms.LDPSGD`` whose class does not override
+``randomize``, or (when that class is not importable, or for stand-ins) any object whose
+``name == "ldp_sgd"`` with finite positive ``epsilon0`` and ``clip_norm`` attributes. Anything
+else uses the batched path. A subclass that overrides ``randomize`` is therefore tested through
+its own code.
+
+Closed form for LDP-SGD (derived here, checked against both paths in the tests): with phi the
+angle between g1 and g2 and t = tanh(eps0/2) (= 2p - 1),
+    FPR = 1/2 - t (r1/L) phi/(2 pi),   FNR = 1/2 - t (r2/L) phi/(2 pi),
+independent of d (P(sgn<a, v> = sgn<b, v>) = 1 - angle(a, b)/pi for uniform v). For the dummy
+pair (r = L, phi = pi) FPR = FNR = 1/(1 + e^eps0) and eq. 3 equals eps0 (paper 000 Prop. 3.1);
+for gradient flip with |g| < L it is 2 artanh(tanh(eps0/2) |g|/L) < eps0.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from audit_callbacks.estimators import Estimate, epsilon_from_error_rates
+from audit_callbacks.estimators.shuffle import (
+    epsilon_from_counts,
+    measurable_ceiling,
+    paper_measurable_ceiling,
+)
+
+__all__ = [
+    "LDPTestResult",
+    "PairGeometry",
+    "ldp_epsilon_test",
+    "ldp_sgd_error_rates",
+    "ldp_sgd_test_epsilon",
+    "ldp_test_statistics",
+    "measurable_ceiling",
+    "paper_measurable_ceiling",
+    "supports_fast_path",
+]
+
+Path = Literal["auto", "fast", "batched"]
+
+_COLLINEAR_TOL = 1e-9
+_DEFAULT_CHUNK = 1 << 20
+_BATCH_ELEMENTS = 1 << 24  # default batch: about 2^24 entries per [B, d] tensor
+
+
+# --------------------------------------------------------------------------------------------
+# Inputs
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PairGeometry:
+    """Geometry of (g1, g2) that the fast path and the closed form need (float64).
+
+    Attributes:
+        dim: d, number of entries of each vector.
+        norm_g1, norm_g2: Euclidean norms (> 0).
+        cosine: c = <u1, u2>, in [-1, 1].
+        sine: |u2 - c u1| (the Gram-Schmidt residual), 0 when collinear.
+        collinear: sine <= 1e-9 (then g2 = -k g1 with k > 0; positive collinearity is rejected).
+    """
+
+    dim: int
+    norm_g1: float
+    norm_g2: float
+    cosine: float
+    sine: float
+    collinear: bool
+
+    @property
+    def angle(self) -> float:
+        """phi in [0, pi], the angle between g1 and g2 (radians)."""
+        return math.pi if self.collinear else math.atan2(self.sine, self.cosine)
+
+
+def _as_flat_tensor(g: Any, name: str) -> torch.Tensor:
+    if isinstance(g, torch.Tensor):
+        t = g.detach()
+    else:
+        try:
+            t = torch.as_tensor(np.asarray(g))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{name} must be a tensor or array of numbers") from exc
+    if t.dtype == torch.bool or t.is_complex():
+        raise ValueError(f"{name} must be real-valued, got dtype {t.dtype}")
+    if not t.is_floating_point() or t.dtype in (torch.float16, torch.bfloat16):
+        t = t.to(torch.float32)
+    return t
+
+
+def _check_pair(g1: Any, g2: Any) -> tuple[torch.Tensor, torch.Tensor, PairGeometry]:
+    t1, t2 = _as_flat_tensor(g1, "g1"), _as_flat_tensor(g2, "g2")
+    if t1.shape != t2.shape:
+        raise ValueError(
+            f"g1 and g2 must have the same shape, got {tuple(t1.shape)} and {tuple(t2.shape)}"
+        )
+    if t1.numel() == 0:
+        raise ValueError("g1 and g2 are empty")
+    t1, t2 = t1.reshape(-1), t2.reshape(-1)
+    if t1.dtype != t2.dtype:
+        dt = torch.promote_types(t1.dtype, t2.dtype)
+        t1, t2 = t1.to(dt), t2.to(dt)
+    a1 = t1.to("cpu", torch.float64).numpy()
+    a2 = t2.to("cpu", torch.float64).numpy()
+    for name, a in (("g1", a1), ("g2", a2)):
+        if not np.all(np.isfinite(a)):
+            raise ValueError(f"{name} contains NaN or inf")
+    n1, n2 = float(np.linalg.norm(a1)), float(np.linalg.norm(a2))
+    if n1 == 0.0 or n2 == 0.0:
+        raise ValueError(
+            "g1 and g2 must be non-zero (LDP-SGD normalises x/|x|; the cosine "
+            "of a zero vector is undefined)"
+        )
+    if np.array_equal(a1, a2):
+        raise ValueError("g1 == g2: the two inputs are identical, there is nothing to distinguish")
+    u1, u2 = a1 / n1, a2 / n2
+    c = float(np.clip(np.dot(u1, u2), -1.0, 1.0))
+    s = float(np.linalg.norm(u2 - c * u1))
+    collinear = s <= _COLLINEAR_TOL
+    if collinear and c > 0:
+        raise ValueError(
+            "g1 and g2 point in the same direction: cos(out, g1) = cos(out, g2) for "
+            "every output, so the cosine test of eq. 4 cannot distinguish them"
+        )
+    if collinear:
+        c, s = -1.0, 0.0
+    geom = PairGeometry(
+        dim=int(a1.size), norm_g1=n1, norm_g2=n2, cosine=c, sine=s, collinear=collinear
+    )
+    return t1, t2, geom
+
+
+def _check_trials(trials: Any) -> int:
+    if isinstance(trials, bool) or not isinstance(trials, (int, np.integer)):
+        if isinstance(trials, float) and trials.is_integer():
+            trials = int(trials)
+        else:
+            raise ValueError(f"trials must be an integer >= 1, got {trials!r}")
+    if int(trials) < 1:
+        raise ValueError(f"trials must be >= 1, got {trials}")
+    return int(trials)
+
+
+def _check_alpha(alpha: Any) -> float:
+    a = float(alpha)
+    if not (0.0 < a < 1.0):
+        raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
+    return a
+
+
+def _check_positive_int(x: Any, name: str) -> int:
+    if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or int(x) < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {x!r}")
+    return int(x)
+
+
+# --------------------------------------------------------------------------------------------
+# Fast path (LDP-SGD, METHODS C3)
+# --------------------------------------------------------------------------------------------
+
+
+def _ldp_sgd_params(mechanism: Any) -> tuple[float, float] | None:
+    eps0 = getattr(mechanism, "epsilon0", None)
+    clip = getattr(mechanism, "clip_norm", None)
+    try:
+        e, c = float(eps0), float(clip)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    if not (math.isfinite(e) and e > 0 and math.isfinite(c) and c > 0):
+        return None
+    return e, c
+
+
+def supports_fast_path(mechanism: Any) -> bool:
+    """Whether ``path="auto"`` runs the exact O(1) LDP-SGD simulation for ``mechanism``.
+
+    True for an ``audit_callbacks.mechanisms.LDPSGD`` instance whose class keeps LDPSGD's own
+    ``randomize`` (a subclass overriding it is tested through its code), or, for objects that are
+    not LDPSGD instances, ``name == "ldp_sgd"``; in both cases ``epsilon0`` and ``clip_norm`` must
+    be finite and > 0.
+    """
+    try:
+        from audit_callbacks.mechanisms import LDPSGD  # lazy: written alongside this module
+    except ImportError:
+        LDPSGD = None  # noqa: N806
+    if LDPSGD is not None and isinstance(mechanism, LDPSGD):
+        if getattr(type(mechanism), "randomize", None) is not LDPSGD.randomize:
+            return False
+    elif getattr(mechanism, "name", None) != "ldp_sgd":
+        return False
+    return _ldp_sgd_params(mechanism) is not None
+
+
+def _p_rr(epsilon0: float) -> float:
+    return 1.0 / (1.0 + math.exp(-epsilon0))
+
+
+def _fast_chunks(
+    geom: PairGeometry, epsilon0: float, clip_norm: float, trials: int, seed: int, chunk: int
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Yield (b_is_2 [m] bool, statistic [m] float64) per chunk; statistic = cos1 - cos2."""
+    # two independent streams: S (whose gamma sampler consumes a d-dependent number of draws)
+    # has its own, so the guesses (which do not depend on S) are the same for every d
+    main_ss, aux_ss = np.random.SeedSequence(seed).spawn(2)
+    rng, rng_s = np.random.default_rng(main_ss), np.random.default_rng(aux_ss)
+    p = _p_rr(epsilon0)
+    q1 = 0.5 + min(geom.norm_g1, clip_norm) / (2.0 * clip_norm)
+    q2 = 0.5 + min(geom.norm_g2, clip_norm) / (2.0 * clip_norm)
+    c, s, d = geom.cosine, geom.sine, geom.dim
+    done = 0
+    while done < trials:
+        m = min(chunk, trials - done)
+        b2 = rng.random(m) < 0.5
+        z1 = rng.standard_normal(m)
+        if geom.collinear:
+            rest = rng_s.chisquare(d - 1, m) if d > 1 else np.zeros(m)
+            v1 = z1 / np.sqrt(z1 * z1 + rest)
+            proj_b = np.where(b2, -v1, v1)  # <u_b, v>, u2 = -u1
+            diff = 2.0 * v1  # <v, u1 - u2>
+        else:
+            z2 = rng.standard_normal(m)
+            rest = rng_s.chisquare(d - 2, m) if d > 2 else np.zeros(m)
+            r = np.sqrt(z1 * z1 + z2 * z2 + rest)
+            v1, v2 = z1 / r, z2 / r
+            proj2 = c * v1 + s * v2
+            proj_b = np.where(b2, proj2, v1)
+            diff = v1 - proj2
+        sigma = np.where(rng.random(m) < np.where(b2, q2, q1), 1.0, -1.0)
+        rho = np.where(rng.random(m) < p, 1.0, -1.0)
+        sign = np.where(proj_b >= 0.0, 1.0, -1.0)
+        yield b2, sigma * rho * sign * diff
+        done += m
+
+
+# --------------------------------------------------------------------------------------------
+# Batched path (any LocalRandomizer)
+# --------------------------------------------------------------------------------------------
+
+
+def _batched_chunks(
+    mechanism: Any, t1: torch.Tensor, t2: torch.Tensor, trials: int, seed: int, batch: int
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    device = t1.device
+    gen = torch.Generator(device=device)
+    gen.manual_seed(int(seed))
+    d = t1.numel()
+    units: torch.Tensor | None = None
+    done = 0
+    while done < trials:
+        m = min(batch, trials - done)
+        b2 = torch.rand(m, generator=gen, device=device) < 0.5
+        rows = torch.where(b2[:, None], t2[None, :], t1[None, :])
+        with torch.no_grad():
+            out = mechanism.randomize(rows, generator=gen)
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != (m, d):
+            raise ValueError(
+                f"mechanism.randomize returned shape "
+                f"{getattr(out, 'shape', type(out))}, expected {(m, d)}"
+            )
+        if not out.is_floating_point():
+            out = out.to(t1.dtype)
+        if units is None or units.dtype != out.dtype:
+            units = torch.stack([t1 / t1.norm(), t2 / t2.norm()], dim=1).to(out.dtype)  # [d, 2]
+        norm_out = torch.linalg.vector_norm(out, dim=1)  # inf/NaN iff a row has inf/NaN
+        if not bool(torch.isfinite(norm_out).all()):
+            raise ValueError("mechanism.randomize returned NaN or inf")
+        cos = (out @ units) / norm_out.clamp_min(torch.finfo(out.dtype).tiny)[:, None]
+        yield b2.cpu().numpy(), (cos[:, 0] - cos[:, 1]).to("cpu", torch.float64).numpy()
+        done += m
+
+
+def _default_batch(d: int) -> int:
+    return int(max(1, min(4096, _BATCH_ELEMENTS // max(d, 1))))
+
+
+def _resolve_path(mechanism: Any, path: str) -> str:
+    if path not in ("auto", "fast", "batched"):
+        raise ValueError(f"path must be 'auto', 'fast' or 'batched', got {path!r}")
+    if path == "auto" and supports_fast_path(mechanism):
+        return "fast"
+    if path == "fast":
+        if _ldp_sgd_params(mechanism) is None:
+            raise ValueError(
+                "path='fast' simulates LDP-SGD exactly and needs a mechanism with "
+                "finite positive epsilon0 and clip_norm attributes"
+            )
+        return "fast"
+    if not callable(getattr(mechanism, "randomize", None)):
+        raise TypeError("the batched path needs mechanism.randomize(x, generator)")
+    return "batched"
+
+
+def _chunks(
+    mechanism: Any,
+    t1: torch.Tensor,
+    t2: torch.Tensor,
+    geom: PairGeometry,
+    trials: int,
+    seed: int,
+    method: str,
+    batch_size: int | None,
+    chunk_size: int,
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    if method == "fast":
+        params = _ldp_sgd_params(mechanism)
+        assert params is not None
+        return _fast_chunks(geom, params[0], params[1], trials, seed, chunk_size)
+    batch = _default_batch(geom.dim) if batch_size is None else batch_size
+    return _batched_chunks(mechanism, t1, t2, trials, seed, batch)
+
+
+# --------------------------------------------------------------------------------------------
+# Public API
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LDPTestResult:
+    """Outcome of :func:`ldp_epsilon_test` (paper 000 Alg. 2; METHODS C2).
+
+    Attributes:
+        tp, fn, fp, tn: counts (TP = b = 2 guessed 2, FN = b = 2 guessed 1, FP = b = 1 guessed
+            2, TN = b = 1 guessed 1).
+        fpr, fnr: FP/(FP + TN), FN/(FN + TP); ``None`` if that group had no trial.
+        epsilon: eq. 3 point estimate (nats); when a rate is 0 it is infinite and reported as
+            ``ceiling`` with ``epsilon_capped = True``; never NaN or inf.
+        epsilon_capped: see ``epsilon``.
+        epsilon_lower_bound: one-sided (1 - alpha) lower bound on the mechanism's epsilon
+            (Clopper-Pearson upper bounds on FPR and FNR at alpha/2 each, union bound).
+        epsilon_upper_bound: one-sided (1 - alpha) upper bound on this game's eq.-3 value (not on
+            the mechanism's epsilon); ``math.inf`` when FP = 0 or FN = 0.
+        ceiling: the largest lower bound these group sizes allow (zero errors).
+        trials: K.
+        alpha: significance level.
+        method: ``"fast"`` or ``"batched"``.
+        mechanism: the mechanism's ``name`` (or class name).
+        claimed_epsilon: ``mechanism.epsilon_for_dim(dim)`` when available (else its
+            ``epsilon0``, else ``None``): what the mechanism claims for one whole-row release.
+        expected_epsilon: eq. 3 at the closed-form LDP-SGD rates (:func:`ldp_sgd_error_rates`)
+            when the mechanism is LDP-SGD, else ``None``.
+        dim, norm_g1, norm_g2, cosine_g1_g2: geometry of the pair.
+        seed: the seed used; elapsed_s: wall time of the trials (seconds).
+    """
+
+    tp: int
+    fn: int
+    fp: int
+    tn: int
+    fpr: float | None
+    fnr: float | None
+    epsilon: float
+    epsilon_capped: bool
+    epsilon_lower_bound: float
+    epsilon_upper_bound: float
+    ceiling: float
+    trials: int
+    alpha: float
+    method: str
+    mechanism: str
+    claimed_epsilon: float | None
+    expected_epsilon: float | None
+    dim: int
+    norm_g1: float
+    norm_g2: float
+    cosine_g1_g2: float
+    seed: int
+    elapsed_s: float
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {"tp": self.tp, "fn": self.fn, "fp": self.fp, "tn": self.tn}
+
+    @property
+    def trials_per_second(self) -> float:
+        return self.trials / self.elapsed_s if self.elapsed_s > 0 else math.inf
+
+    def to_estimate(self) -> Estimate:
+        """As :class:`~audit_callbacks.estimators.Estimate` (threat model ``"local"``, delta 0).
+
+        ``value`` = ``epsilon``; ``lower`` = ``epsilon_lower_bound``; ``upper`` =
+        ``epsilon_upper_bound`` or ``None`` when infinite. Each end is a one-sided (1 - alpha)
+        bound, so ``confidence`` is the two-sided level 1 - 2 alpha (1 - alpha when ``upper`` is
+        ``None``); ``extras["lower_confidence"]`` = 1 - alpha. The other fields go to extras.
+        """
+        upper = self.epsilon_upper_bound if math.isfinite(self.epsilon_upper_bound) else None
+        extras = {
+            k: v
+            for k, v in asdict(self).items()
+            if k not in ("epsilon", "epsilon_lower_bound", "trials")
+        }
+        extras["epsilon_upper_bound"] = upper
+        extras["lower_confidence"] = 1.0 - self.alpha
+        extras["paper_ceiling"] = paper_measurable_ceiling(self.trials, self.alpha)
+        return Estimate(
+            value=self.epsilon,
+            lower=self.epsilon_lower_bound,
+            upper=upper,
+            n=self.trials,
+            method=f"ldp_test_{self.method}",
+            threat_model="local",
+            delta=0.0,
+            confidence=1.0 - (2.0 if upper is not None else 1.0) * self.alpha,
+            extras=extras,
+        )
+
+
+def ldp_sgd_error_rates(epsilon0: float, clip_norm: float, g1: Any, g2: Any) -> tuple[float, float]:
+    """Closed-form (FPR, FNR) of the cosine test of eq. 4 against LDP-SGD (METHODS C1).
+
+    FPR = 1/2 - tanh(eps0/2) (min(|g1|, L)/L) phi/(2 pi), FNR likewise with g2, phi = angle
+    between g1 and g2 (module docstring). Independent of d.
+
+    Args:
+        epsilon0: > 0 (nats). clip_norm: L > 0.
+        g1, g2: [d] tensors/arrays (same shape, finite, non-zero, not positively collinear).
+
+    Raises:
+        ValueError: invalid arguments (as :func:`ldp_epsilon_test`).
+    """
+    e, L = float(epsilon0), float(clip_norm)
+    if not (math.isfinite(e) and e > 0 and math.isfinite(L) and L > 0):
+        raise ValueError(
+            f"epsilon0 and clip_norm must be finite and > 0, got {epsilon0!r}, {clip_norm!r}"
+        )
+    _, _, geom = _check_pair(g1, g2)
+    return _closed_form_rates(geom, e, L)
+
+
+def _closed_form_rates(geom: PairGeometry, e: float, L: float) -> tuple[float, float]:
+    t = math.tanh(e / 2.0) * geom.angle / (2.0 * math.pi)
+    return (0.5 - t * min(geom.norm_g1, L) / L, 0.5 - t * min(geom.norm_g2, L) / L)
+
+
+def ldp_sgd_test_epsilon(epsilon0: float, clip_norm: float, g1: Any, g2: Any) -> float:
+    """eq. 3 of paper 000 at the closed-form rates of :func:`ldp_sgd_error_rates` (nats).
+
+    What the test converges to for this pair against LDP-SGD: eps0 for the dummy pair (and any
+    g2 = -k g1 with |g1|, |g2| >= L), 2 artanh(tanh(eps0/2) |g|/L) for gradient flip with
+    |g| < L.
+    """
+    fpr, fnr = ldp_sgd_error_rates(epsilon0, clip_norm, g1, g2)
+    return float(epsilon_from_error_rates(fpr, fnr))
+
+
+def _mechanism_name(mechanism: Any) -> str:
+    name = getattr(mechanism, "name", None)
+    return str(name) if name is not None else type(mechanism).__name__
+
+
+def _claimed_epsilon(mechanism: Any, d: int) -> float | None:
+    fn = getattr(mechanism, "epsilon_for_dim", None)
+    try:
+        v = float(fn(d)) if callable(fn) else float(mechanism.epsilon0)
+    except Exception:  # noqa: BLE001 - optional metadata only
+        return None
+    return v
+
+
+def ldp_test_statistics(
+    mechanism: Any,
+    g1: Any,
+    g2: Any,
+    *,
+    trials: int,
+    seed: int = 0,
+    path: Path = "auto",
+    batch_size: int | None = None,
+    chunk_size: int = _DEFAULT_CHUNK,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-trial (b, cos(out, g1) - cos(out, g2)) of the game, for diagnostics and tests.
+
+    Same randomness as :func:`ldp_epsilon_test` with the same arguments (the guess is 1 iff the
+    statistic is >= 0).
+
+    Returns:
+        (b [trials] int8 in {1, 2}, statistic [trials] float64 in [-2, 2]).
+
+    Raises:
+        as :func:`ldp_epsilon_test`.
+    """
+    k = _check_trials(trials)
+    t1, t2, geom = _check_pair(g1, g2)
+    method = _resolve_path(mechanism, path)
+    bs = None if batch_size is None else _check_positive_int(batch_size, "batch_size")
+    cs = _check_positive_int(chunk_size, "chunk_size")
+    bs_list, st_list = [], []
+    for b2, stat in _chunks(mechanism, t1, t2, geom, k, seed, method, bs, cs):
+        bs_list.append(np.where(b2, 2, 1).astype(np.int8))
+        st_list.append(stat)
+    return np.concatenate(bs_list), np.concatenate(st_list)
+
+
+def ldp_epsilon_test(
+    mechanism: Any,
+    g1: Any,
+    g2: Any,
+    *,
+    trials: int,
+    alpha: float = 0.05,
+    seed: int = 0,
+    batch_size: int | None = None,
+    path: Path = "auto",
+    chunk_size: int = _DEFAULT_CHUNK,
+) -> LDPTestResult:
+    """Empirical epsilon0 of a local randomizer from K trials of the game of paper 000 Alg. 2.
+
+    Args:
+        mechanism: a ``LocalRandomizer`` (``randomize(x [B, d], generator) -> [B, d]``); for the
+            fast path, LDP-SGD with ``epsilon0`` and ``clip_norm`` (see module docstring).
+        g1, g2: the crafted pair, tensors or arrays of the same shape (flattened to [d]); finite,
+            non-zero, not identical and not pointing in the same direction.
+        trials: K >= 1.
+        alpha: in (0, 1); the lower bound is one-sided 1 - alpha (alpha/2 per rate).
+        seed: seeds ``numpy.random.SeedSequence`` (fast path) or a ``torch.Generator`` on the
+            device of g1 (batched path: b and the mechanism's randomness).
+        batch_size: rows per ``randomize`` call on the batched path (default: about 2^24 / d,
+            at most 4096).
+        path: ``"auto"`` (fast for LDP-SGD, else batched), ``"fast"`` or ``"batched"``.
+        chunk_size: trials per vectorised chunk on the fast path.
+
+    Returns:
+        :class:`LDPTestResult` (``to_estimate()`` for an :class:`Estimate`).
+
+    Raises:
+        ValueError: trials < 1 or not an integer, alpha not in (0, 1), shape mismatch, empty,
+            NaN/inf, zero, identical or positively collinear g1/g2, ``path="fast"`` without
+            LDP-SGD parameters, a mechanism returning the wrong shape or NaN.
+        TypeError: ``path="batched"`` with no callable ``mechanism.randomize``.
+
+    Source: paper 000 Alg. 2, eqs. 3-4, §4.1; METHODS C2-C3.
+    """
+    k = _check_trials(trials)
+    a = _check_alpha(alpha)
+    t1, t2, geom = _check_pair(g1, g2)
+    method = _resolve_path(mechanism, path)
+    bs = None if batch_size is None else _check_positive_int(batch_size, "batch_size")
+    cs = _check_positive_int(chunk_size, "chunk_size")
+    tp = fn = fp = tn = 0
+    start = time.perf_counter()
+    for b2, stat in _chunks(mechanism, t1, t2, geom, k, seed, method, bs, cs):
+        guess1 = stat >= 0.0
+        fp += int(np.count_nonzero(~b2 & ~guess1))
+        tn += int(np.count_nonzero(~b2 & guess1))
+        fn += int(np.count_nonzero(b2 & guess1))
+        tp += int(np.count_nonzero(b2 & ~guess1))
+    elapsed = time.perf_counter() - start
+    ce = epsilon_from_counts(tp, fn, fp, tn, a)
+    params = _ldp_sgd_params(mechanism) if supports_fast_path(mechanism) else None
+    expected = (
+        float(epsilon_from_error_rates(*_closed_form_rates(geom, *params)))
+        if params is not None
+        else None
+    )
+    return LDPTestResult(
+        tp=ce.tp,
+        fn=ce.fn,
+        fp=ce.fp,
+        tn=ce.tn,
+        fpr=ce.fpr,
+        fnr=ce.fnr,
+        epsilon=ce.epsilon,
+        epsilon_capped=ce.epsilon_capped,
+        epsilon_lower_bound=ce.epsilon_lower_bound,
+        epsilon_upper_bound=ce.epsilon_upper_bound,
+        ceiling=ce.ceiling,
+        trials=k,
+        alpha=a,
+        method=method,
+        mechanism=_mechanism_name(mechanism),
+        claimed_epsilon=_claimed_epsilon(mechanism, geom.dim),
+        expected_epsilon=expected,
+        dim=geom.dim,
+        norm_g1=geom.norm_g1,
+        norm_g2=geom.norm_g2,
+        cosine_g1_g2=geom.cosine,
+        seed=int(seed),
+        elapsed_s=elapsed,
+    )

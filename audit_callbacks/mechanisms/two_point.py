@@ -1,0 +1,100 @@
+"""LDP-FL two-point mechanism (Sun et al. 2021; eq. 1 of paper 002; METHODS C5)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from audit_callbacks.mechanisms.base import (
+    PerCoordinateRandomizer,
+    _as_inputs,
+    _check_finite,
+    _check_positive,
+    _uniform,
+)
+
+__all__ = ["TwoPoint"]
+
+
+class TwoPoint(PerCoordinateRandomizer):
+    """Two-point LDP-FL mechanism, per coordinate; unbiased; epsilon-LDP per coordinate.
+
+    Each coordinate w is clipped to ``[c - r, c + r]`` and released as (eq. 1 of 002)::
+
+        c + B  w.p.  ((w - c)(e^eps - 1) + r(e^eps + 1)) / (2r(e^eps + 1)),
+        c - B  otherwise,                       B = r (e^eps + 1) / (e^eps - 1).
+
+    ``E[M(w)] = w`` for clipped w, so :meth:`debias` is the identity. The high-output
+    probability runs from ``1/(1 + e^eps)`` (w = c - r) to ``e^eps/(1 + e^eps)`` (w = c + r):
+    the ratio is exactly e^eps, the exact epsilon of one coordinate. It is computed as
+    ``(sigma(eps)(1 + s) + sigma(-eps)(1 - s)) / 2`` with ``s = (w - c)/r`` and
+    ``sigma(t) = 1/(1 + e^-t)``, algebraically eq. 1 and exact at both ends.
+
+    Args:
+        epsilon: per-coordinate epsilon, > 0.
+        center: c (finite).
+        radius: r > 0.
+        dim: optional row length (see :class:`PerCoordinateRandomizer`).
+    """
+
+    name = "two_point"
+
+    def __init__(
+        self, epsilon: float, center: float = 0.0, radius: float = 1.0, dim: int | None = None
+    ) -> None:
+        super().__init__(epsilon, dim)
+        self.center: float = _check_finite(center, "center")
+        self.radius: float = _check_positive(radius, "radius")
+        eps = self.epsilon_per_coordinate
+        self.output_magnitude: float = self.radius / math.tanh(eps / 2.0)  # B
+        self._p_top = 1.0 / (1.0 + math.exp(-eps))  # e^eps / (1 + e^eps)
+        self._p_bottom = 1.0 / (1.0 + math.exp(eps))  # 1 / (1 + e^eps)
+
+    @property
+    def outputs(self) -> tuple[float, float]:
+        """The two output values ``(c - B, c + B)``."""
+        return (self.center - self.output_magnitude, self.center + self.output_magnitude)
+
+    def project(self, x: Tensor) -> Tensor:
+        """Clip each coordinate to ``[c - r, c + r]``."""
+        self._check_input(x)
+        return x.clamp(self.center - self.radius, self.center + self.radius)
+
+    def high_probability(self, w: Tensor) -> Tensor:
+        """P(output = c + B) for (clipped) inputs w, float64, same shape."""
+        s = ((w.to(torch.float64) - self.center) / self.radius).clamp(-1.0, 1.0)
+        return 0.5 * (self._p_top * (1.0 + s) + self._p_bottom * (1.0 - s))
+
+    def randomize(self, x: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """``x [B, d] -> [B, d]`` with entries in ``{c - B, c + B}``; coordinates independent."""
+        w = self.project(x)
+        high = _uniform(w.shape, w, generator) < self.high_probability(w)
+        lo, hi = self.outputs
+        return torch.where(
+            high,
+            torch.tensor(hi, dtype=x.dtype, device=x.device),
+            torch.tensor(lo, dtype=x.dtype, device=x.device),
+        )
+
+    def default_inputs(self) -> Tensor:
+        """The two ends ``[c - r, c + r]`` (they attain the exact epsilon)."""
+        return torch.tensor(
+            [self.center - self.radius, self.center + self.radius], dtype=torch.float64
+        )
+
+    def output_distribution(self, inputs: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """``values = [c - B, c + B]``, ``probs [n, 2]`` (float64) for the clipped inputs."""
+        xs = self.default_inputs() if inputs is None else _as_inputs(inputs)
+        s = ((xs - self.center) / self.radius).clamp(-1.0, 1.0)
+        p_hi = 0.5 * (self._p_top * (1.0 + s) + self._p_bottom * (1.0 - s))
+        p_lo = 0.5 * (self._p_bottom * (1.0 + s) + self._p_top * (1.0 - s))  # = 1 - p_hi
+        values = torch.tensor(self.outputs, dtype=torch.float64)
+        return values, torch.stack([p_lo, p_hi], dim=1)
+
+    def __repr__(self) -> str:
+        return (
+            f"TwoPoint(epsilon={self.epsilon_per_coordinate!r}, center={self.center!r}, "
+            f"radius={self.radius!r}, dim={self.dim!r})"
+        )
