@@ -1,0 +1,91 @@
+"""Shared helpers of the benchmark scripts: machine info, peak RSS, JSON output.
+
+Not part of the library; imported by the scripts in this folder only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process so far, in MiB (``ru_maxrss``).
+
+    Linux reports ``ru_maxrss`` in KiB, macOS in bytes.
+    """
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    scale = 1.0 if sys.platform == "darwin" else 1024.0
+    return rss * scale / 2**20
+
+
+def _version(name: str) -> str | None:
+    try:
+        module = __import__(name)
+    except Exception:  # noqa: BLE001 - an optional package may be missing or broken
+        return None
+    return str(getattr(module, "__version__", "unknown"))
+
+
+def load_average() -> list[float] | None:
+    """The 1, 5 and 15 minute load averages (other processes compete for the CPUs)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU count, torch threads, load average and library versions, for every result file."""
+    import torch
+
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        affinity = None
+    return {
+        "cpu_count": os.cpu_count(),
+        "cpu_affinity": affinity,
+        "torch_num_threads": torch.get_num_threads(),
+        "load_average_1_5_15": load_average(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "versions": {
+            name: _version(name)
+            for name in ("torch", "numpy", "scipy", "lightning", "tensorboard", "matplotlib")
+        },
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def _clean(obj: Any) -> Any:
+    """JSON-safe copy: numpy scalars/arrays to Python, non-finite floats to None."""
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if hasattr(obj, "tolist") and not isinstance(obj, (str, bytes)):
+        return _clean(obj.tolist())
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def write_json(name: str, payload: dict[str, Any]) -> Path:
+    """Write ``payload`` to ``benchmarks/results/<name>`` (pretty, sorted keys kept in order)."""
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / name
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(_clean(payload), fh, indent=2)
+        fh.write("\n")
+    return path
