@@ -69,6 +69,7 @@ class CanarySet:
         self.dim = int(dim)
         self.num_canaries = int(num_canaries)
         self.chunk_size = max(1, int(chunk_elements) // self.dim)
+        self._seeds: dict[int, int] = {}  # canary_seed cache: one int a canary, never k x d
 
     def __len__(self) -> int:
         return self.num_canaries
@@ -76,8 +77,11 @@ class CanarySet:
     def _fill(self, index: int, out: torch.Tensor) -> None:
         if not 0 <= index < self.num_canaries:
             raise IndexError(f"canary index {index} out of range [0, {self.num_canaries})")
+        seed = self._seeds.get(index)
+        if seed is None:  # SeedSequence hashing costs ~50 us: once per canary, not per use
+            seed = self._seeds[index] = canary_seed(self.seed, index)
         gen = torch.Generator(device="cpu")
-        gen.manual_seed(canary_seed(self.seed, index))
+        gen.manual_seed(seed)
         torch.randn(self.dim, generator=gen, out=out)
         out.div_(torch.linalg.vector_norm(out))
 

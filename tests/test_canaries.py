@@ -130,3 +130,29 @@ def test_memory_is_independent_of_the_number_of_canaries():
     large = CanarySet(seed=0, dim=10_000, num_canaries=100_000)
     assert vars(small).keys() == vars(large).keys()
     assert all(not isinstance(v, (torch.Tensor, np.ndarray)) for v in vars(large).values())
+
+
+def test_compute_reuses_the_pass_when_nothing_changed(monkeypatch):
+    # Fit end right after a validation at the same round: no second pass over the canaries,
+    # and the statistics are identical; a new round or a new model forces a fresh pass.
+    torch.manual_seed(3)
+    dim = 50
+    cs = CanarySet(seed=4, dim=dim, num_canaries=8)
+    st = CanaryStatistics(cs, 4, 4)
+    st.set_initial(torch.zeros(dim))
+    st.add_delta(torch.randn(dim))
+    theta = torch.randn(dim)
+    calls = []
+    original = cs._fill
+    monkeypatch.setattr(cs, "_fill", lambda j, out: (calls.append(j), original(j, out)))
+    first = st.compute(theta)
+    assert len(calls) == 8
+    again = st.compute(theta.clone())
+    assert len(calls) == 8
+    for key in first:
+        assert torch.equal(first[key], again[key]), key
+    moved = st.compute(theta + 1e-3)
+    assert len(calls) == 16 and not torch.equal(moved["final_observed"], first["final_observed"])
+    st.add_delta(torch.randn(dim))
+    st.compute(theta + 1e-3)
+    assert len(calls) == 24
