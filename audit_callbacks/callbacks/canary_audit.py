@@ -1,8 +1,18 @@
-"""``CanaryAudit``: one-shot empirical epsilon for DP-FedAvg, in the training run itself.
+"""``CanaryAudit``: one-shot empirical epsilon for DP-FedAvg or Opacus DP-SGD, in the run itself.
 
 Paper 003 (Andrew et al., ICLR 2024), Alg. 2 (final model) and Alg. 3 (all iterates); METHODS
-A4-A6. Random canary clients join the population and are sampled like real clients; each returns
-``clip_norm * c_j`` when sampled. The callback logs, at every validation epoch end and at fit end:
+A4-A7. The callback detects which training it is attached to:
+
+* DP-FedAvg (:class:`~audit_callbacks.federated.DPFedAvg`): random canary clients join the
+  population and are sampled like real clients; each returns ``clip_norm * c_j`` when sampled.
+* Opacus DP-SGD (a ``DPOptimizer`` returned by ``configure_optimizers``, e.g. from
+  ``PrivacyEngine.make_private``): example-level gradient canaries (METHODS A7) join every
+  logical step with the sampling rate of a real example and add ``max_grad_norm * c_j`` to the
+  sum of clipped gradients before the noise. The model moves against gradients, so the
+  statistics are ``cos(c_j, theta_0 - theta_t)`` and ``max_t cos(c_j, theta_{t-1} - theta_t)``.
+  The analytic epsilon is the run's own Opacus accountant's (RDP and PRV are logged beside it).
+
+It logs, at every validation epoch end and at fit end:
 
 * ``audit/epsilon_final_model`` - epsilon from the cosines ``cos(c_j, theta_t - theta_0)`` of the
   canaries that took part so far, against the exact null of a random direction (A1, A4);
@@ -14,8 +24,9 @@ A4-A6. Random canary clients join the population and are sampled like real clien
   bound, maximised over thresholds on all canaries. It is tighter but NOT a valid 95% bound when
   the true epsilon is small (measured: exceeds the true epsilon in 33% of runs at epsilon 0.1,
   7-10% at epsilon 1; tests/test_estimators_lower_bound.py), so it is logged beside, not instead;
-* ``audit/epsilon_analytic`` - the Gaussian mechanism if the adversary knows the rounds (METHODS D),
-  for the largest participation count of a canary;
+* ``audit/epsilon_analytic`` - DP-FedAvg: the Gaussian mechanism if the adversary knows the
+  rounds (METHODS D), for the largest participation count of a canary; DP-SGD: the run's
+  accountant, with ``audit/epsilon_analytic_rdp`` and ``audit/epsilon_analytic_prv`` beside it;
 * ``audit/num_canaries`` - observed canaries that took part.
 """
 
@@ -35,6 +46,13 @@ from audit_callbacks.callbacks import tensorboard as tb
 from audit_callbacks.callbacks.summary import write_summary
 from audit_callbacks.canaries import CanarySet
 from audit_callbacks.canary_stats import CanaryStatistics
+from audit_callbacks.dpsgd import (
+    GradientCanaryInjector,
+    analytic_epsilons,
+    find_accountant,
+    find_dp_optimizer,
+    flat_parameters,
+)
 from audit_callbacks.estimators.canary_report import canary_report, cosine_null_pdf
 
 __all__ = ["CanaryAudit"]
@@ -49,23 +67,27 @@ TAGS = {
     "all_lo": "audit/epsilon_lo_all_iterates",
     "all_lo_max": "audit/epsilon_lo_max_all_iterates",
     "analytic": "audit/epsilon_analytic",
+    "analytic_rdp": "audit/epsilon_analytic_rdp",
+    "analytic_prv": "audit/epsilon_analytic_prv",
     "n": "audit/num_canaries",
 }
 
 
 class CanaryAudit(Callback):
-    """Insert canary clients into DP-FedAvg and estimate epsilon from their cosines.
+    """Insert canaries into DP-FedAvg or Opacus DP-SGD and estimate epsilon from their cosines.
 
-    Attach it to a ``Trainer`` that fits a :class:`~audit_callbacks.federated.DPFedAvg`.
+    Attach it to a ``Trainer`` that fits a :class:`~audit_callbacks.federated.DPFedAvg`, or a
+    LightningModule whose ``configure_optimizers`` returns an Opacus ``DPOptimizer``.
 
     Args:
-        num_canaries: k observed canary clients. Default: 1000, capped at the number of real
-            clients (so canaries are never most of the population).
+        num_canaries: k observed canaries (clients, or gradient canaries in DP-SGD). Default:
+            1000, capped at the number of real clients (DP-FedAvg) or training examples (DP-SGD).
         num_unobserved: k' canaries never inserted, the empirical null of the all-iterates test
             (default: equal to k; 0 disables the all-iterates estimate).
         repeats: if set, canaries are not sampled: each is presented ``repeats`` times, once in a
             uniformly chosen round of each of ``repeats`` equal periods of training, on top of
             the sampled cohort (paper 003 §5.2). Needs ``max_steps`` or a finite epoch count.
+            DP-FedAvg only.
         delta: the delta of every epsilon (default: the module's ``delta``).
         alpha: 1 - confidence of the lower bounds (A6).
         bootstrap: bootstrap resamples for the estimates' percentile intervals, computed at fit
@@ -76,10 +98,15 @@ class CanaryAudit(Callback):
             ``max_buffered_rounds * d`` floats); default: as many as fit in 32 MiB, at least 1.
         log_histograms, log_figures: TensorBoard extras (need a ``TensorBoardLogger``).
         summary_filename: the JSON written at fit end in the logger's directory.
+        sample_rate: DP-SGD only: the Poisson rate at which a canary joins a step. Default: the
+            rate the Opacus accountant is charged (read from its step hook), else
+            ``1 / len(train_dataloader)`` as ``make_private`` computes it.
 
     Raises:
-        TypeError: if the module is not a DP-FedAvg module (no ``register_virtual_clients``).
-        ValueError: bad arguments, a model with fewer than 2 parameters, no canaries.
+        TypeError: neither a DP-FedAvg module (no ``register_virtual_clients``) nor an Opacus
+            ``DPOptimizer`` among the trainer's optimizers (raised at fit start).
+        ValueError: bad arguments, a model with fewer than 2 parameters, no canaries,
+            ``repeats`` with DP-SGD.
     """
 
     def __init__(
@@ -97,6 +124,7 @@ class CanaryAudit(Callback):
         log_histograms: bool = True,
         log_figures: bool = True,
         summary_filename: str = "audit_summary.json",
+        sample_rate: float | None = None,
     ) -> None:
         if num_canaries is not None and num_canaries < 1:
             raise ValueError(f"num_canaries must be >= 1 (there is nothing to audit), got {num_canaries}")
@@ -112,6 +140,8 @@ class CanaryAudit(Callback):
             raise ValueError(f"bootstrap must be >= 0, got {bootstrap}")
         if every_n_epochs < 1:
             raise ValueError(f"every_n_epochs must be >= 1, got {every_n_epochs}")
+        if sample_rate is not None and not 0 < sample_rate <= 1:
+            raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate}")
         self.requested_canaries = num_canaries
         self.requested_unobserved = num_unobserved
         self.repeats = repeats
@@ -124,6 +154,13 @@ class CanaryAudit(Callback):
         self.log_histograms = log_histograms
         self.log_figures = log_figures
         self.summary_filename = summary_filename
+        self.sample_rate = sample_rate
+        self.mode: str | None = None  # "fedavg" or "dpsgd", known at setup / fit start
+        self.injector: GradientCanaryInjector | None = None
+        self._accountant: Any = None
+        self._theta_prev: torch.Tensor | None = None
+        self._steps_seen = 0
+        self._pending_state: dict[str, Any] | None = None
 
         self.num_canaries = 0
         self.num_unobserved = 0
@@ -151,10 +188,13 @@ class CanaryAudit(Callback):
         if stage != "fit":
             return
         if not callable(getattr(pl_module, "register_virtual_clients", None)):
-            raise TypeError(
-                "CanaryAudit audits DP-FedAvg: fit an audit_callbacks.federated.DPFedAvg module "
-                f"(got {type(pl_module).__name__}, which cannot take canary clients)"
-            )
+            # Opacus DP-SGD: the DPOptimizer exists only after configure_optimizers, which
+            # Lightning calls after setup; on_fit_start finds it (or raises TypeError).
+            if self.repeats is not None:
+                raise ValueError("CanaryAudit(repeats=...) is for DP-FedAvg; DP-SGD canaries are sampled")
+            self.mode = "dpsgd"
+            return
+        self.mode = "fedavg"
         dim = int(pl_module.num_parameters)
         if dim < 2:
             raise ValueError(f"the model has {dim} trainable parameter(s); canaries need d >= 2")
@@ -199,18 +239,98 @@ class CanaryAudit(Callback):
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._trainer_ref = trainer
+        if self.mode == "dpsgd":
+            self._setup_dpsgd(trainer, pl_module)
         assert self.stats is not None
         if self.stats.theta0 is None:
-            self.stats.set_initial(pl_module.flat_parameters())
+            self.stats.set_initial(self._flat(pl_module))
         if not self._layout_written:
+            analytic = [TAGS["analytic"]]
+            if self.mode == "dpsgd":
+                analytic += [TAGS["analytic_rdp"], TAGS["analytic_prv"]]
             tb.add_custom_scalars_layout(trainer, {
                 "privacy audit": {
-                    "epsilon (final model)": ["Multiline", [TAGS["final"], TAGS["final_lo"], TAGS["analytic"]]],
-                    "epsilon (all iterates)": ["Multiline", [TAGS["all"], TAGS["all_lo"], TAGS["analytic"]]],
-                    "accuracy": ["Multiline", ["val/accuracy"]],
+                    "epsilon (final model)": ["Multiline", [TAGS["final"], TAGS["final_lo"], *analytic]],
+                    "epsilon (all iterates)": ["Multiline", [TAGS["all"], TAGS["all_lo"], *analytic]],
+                    # DPFedAvg logs val/accuracy; a user's DP-SGD module may log any val*acc* tag
+                    # (custom-scalars tags are regular expressions)
+                    "accuracy": ["Multiline", ["val/accuracy" if self.mode == "fedavg" else r"val.*acc.*"]],
                 },
             })
             self._layout_written = True
+
+    def _flat(self, pl_module: pl.LightningModule) -> torch.Tensor:
+        if self.mode == "dpsgd":
+            assert self.injector is not None
+            return flat_parameters(self.injector.optimizer.params)
+        return pl_module.flat_parameters()
+
+    def _setup_dpsgd(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Find the DPOptimizer, its accountant and rate; wrap its add_noise (METHODS A7)."""
+        opt = find_dp_optimizer(trainer.optimizers)
+        if opt is None:
+            raise TypeError(
+                "CanaryAudit audits DP-FedAvg (audit_callbacks.federated.DPFedAvg) or Opacus DP-SGD, "
+                f"but {type(pl_module).__name__} is neither: return the optimizer of "
+                "PrivacyEngine().make_private(...) from configure_optimizers"
+            )
+        if self.injector is not None:
+            self.injector.detach()
+        self._accountant, rate = find_accountant(opt)
+        if self.sample_rate is not None:
+            rate = self.sample_rate
+        n_examples = _num_examples(trainer)
+        if rate is None:
+            loader_len = _num_batches(trainer)
+            if loader_len is None:
+                raise ValueError(
+                    "CanaryAudit: cannot tell the DP-SGD sampling rate (no Opacus accountant hook "
+                    "and no sized train dataloader); pass CanaryAudit(sample_rate=...)"
+                )
+            rate = 1.0 / loader_len
+            self._warn_once("rate", f"CanaryAudit: no Opacus accountant found on the optimizer's step hook; "
+                            f"canaries join with rate 1/len(train_dataloader) = {rate:.4g}")
+        if self._accountant is None:
+            self._warn_once("acc", "CanaryAudit: no Opacus accountant found on the optimizer's step hook; "
+                            "the analytic epsilon is computed from the steps this callback counts")
+        params = opt.params
+        dim = int(sum(p.numel() for p in params))
+        if dim < 2:
+            raise ValueError(f"the model has {dim} trainable parameter(s); canaries need d >= 2")
+        if self.requested_canaries is None:
+            k = min(_DEFAULT_CANARIES, n_examples) if n_examples else _DEFAULT_CANARIES
+        else:
+            k = int(self.requested_canaries)
+        k_un = k if self.requested_unobserved is None else int(self.requested_unobserved)
+        self.num_canaries, self.num_unobserved = k, k_un
+        buffered = max(1, (32 << 20) // (4 * dim)) if self.max_buffered_rounds is None else max(1, int(self.max_buffered_rounds))
+        canaries = CanarySet(self.seed, dim, k + k_un)
+        self.stats = CanaryStatistics(canaries, k, k_un, sign=-1.0, max_buffered=buffered)
+        self.injector = GradientCanaryInjector(opt, canaries, k, rate, seed=self.seed)
+        self.participations = self.injector.participations
+        if self._pending_state is not None:
+            state, self._pending_state = self._pending_state, None
+            self._load(state)
+        self._theta_prev = self._flat(pl_module)
+        self._steps_seen = self.injector.steps
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        """DP-SGD: after a logical step, fold the parameter delta into the all-steps maxima."""
+        if self.mode != "dpsgd" or self.injector is None or self.stats is None:
+            return
+        steps = self.injector.steps
+        if steps == self._steps_seen:
+            return  # gradient accumulation / BatchMemoryManager: no step was taken
+        theta = self._flat(pl_module)
+        if not self.stats.add_delta(theta - self._theta_prev):
+            self._warn_once("nan", f"CanaryAudit: step {steps} produced a parameter delta with NaN or inf; "
+                            "that step is skipped by the all-iterates statistic")
+        self._theta_prev = theta
+        self._steps_seen = steps
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self.injector is not None:
+            self.injector.detach()
 
     # ------------------------------------------------------------------ protocol
     def federated_client_update(
@@ -243,7 +363,7 @@ class CanaryAudit(Callback):
         ``statistics``.
         """
         assert self.stats is not None
-        theta = pl_module.flat_parameters()
+        theta = self._flat(pl_module)
         if not bool(torch.isfinite(theta).all()):
             self._warn_once("theta", "CanaryAudit: the model has NaN or inf parameters; no estimate")
             return None
@@ -252,7 +372,7 @@ class CanaryAudit(Callback):
         if int(took_part.sum()) < 2:
             self._warn_once("few", "CanaryAudit: fewer than 2 canaries have taken part; no estimate yet")
             return None
-        delta = self.delta if self.delta is not None else float(getattr(pl_module, "delta", 1e-6))
+        delta = self._delta(pl_module)
         observed_final = stats["final_observed"][took_part]
         observed_all = stats["all_observed"][took_part] if stats["all_observed"].size else None
         report = canary_report(
@@ -267,7 +387,10 @@ class CanaryAudit(Callback):
         )
         max_part = int(self.participations.max(initial=0))
         analytic = None
-        if hasattr(pl_module, "analytic_epsilon"):
+        if self.mode == "dpsgd":
+            report["analytic_epsilons"] = self._dpsgd_analytic(delta)
+            analytic = report["analytic_epsilons"]["accountant"]
+        elif hasattr(pl_module, "analytic_epsilon"):
             analytic = pl_module.analytic_epsilon(max_part)
         report["analytic_epsilon"] = analytic
         report["max_participations"] = max_part
@@ -276,6 +399,33 @@ class CanaryAudit(Callback):
         report["took_part"] = took_part
         self.last_report = report
         return report
+
+    def _delta(self, pl_module: pl.LightningModule) -> float:
+        if self.delta is not None:
+            return self.delta
+        own = getattr(pl_module, "delta", None)
+        if own is not None:
+            return float(own)
+        return 1e-5 if self.mode == "dpsgd" else 1e-6  # Opacus examples' delta; DPFedAvg's default
+
+    def _dpsgd_analytic(self, delta: float) -> dict[str, float | None]:
+        """The run's accountant's epsilon, and Opacus RDP and PRV from the same history."""
+        assert self.injector is not None
+        acc = self._accountant
+        history = list(getattr(acc, "history", None) or [])
+        if not history and self.injector.steps:
+            opt = self.injector.optimizer
+            history = [(float(opt.noise_multiplier), self.injector.sample_rate, self.injector.steps)]
+        out = analytic_epsilons(history, delta)
+        own = None
+        if acc is not None and history:
+            try:
+                own = float(acc.get_epsilon(delta=delta))
+            except (ValueError, RuntimeError, OverflowError, ZeroDivisionError, FloatingPointError):
+                own = None
+        if own is None or not math.isfinite(own):
+            own = out["rdp"]
+        return {"accountant": own, "mechanism": getattr(acc, "mechanism", lambda: None)() if acc else None, **out}
 
     def _metrics(self, report: dict[str, Any]) -> dict[str, float | None]:
         est = report["estimates"]
@@ -293,6 +443,8 @@ class CanaryAudit(Callback):
             TAGS["all_lo_max"]: val("all_iterates_lower_bound"),
             TAGS["analytic"]: report["analytic_epsilon"],
             TAGS["n"]: float(report["num_canaries_participated"]),
+            **({TAGS["analytic_rdp"]: report["analytic_epsilons"]["rdp"],
+                TAGS["analytic_prv"]: report["analytic_epsilons"]["prv"]} if "analytic_epsilons" in report else {}),
         }
 
     def _log_extras(self, trainer: pl.Trainer, report: dict[str, Any], step: int, figure: bool) -> None:
@@ -328,7 +480,7 @@ class CanaryAudit(Callback):
             return
         metrics = self._metrics(report)
         step = int(trainer.global_step)
-        current = int(getattr(pl_module, "round", step))
+        current = self._progress(trainer, pl_module)
         if not use_module_log and current == self._last_logged_round:
             metrics = {}  # fit end right after a validation: the scalars are already logged
         if use_module_log:
@@ -339,6 +491,12 @@ class CanaryAudit(Callback):
             tb.log_scalars(trainer, metrics, step)
         self._log_extras(trainer, report, step, figure=not use_module_log)
         self._last_logged_round = current
+
+    def _progress(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> int:
+        """Rounds (DP-FedAvg) or logical DP-SGD steps taken so far."""
+        if self.mode == "dpsgd" and self.injector is not None:
+            return int(self.injector.steps)
+        return int(getattr(pl_module, "round", trainer.global_step))
 
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking or self.stats is None:
@@ -357,22 +515,35 @@ class CanaryAudit(Callback):
             return
         self._estimate_and_log(trainer, pl_module, use_module_log=False)
         report = self.last_report
-        summary: dict[str, Any] = {
-            "callback": "CanaryAudit",
-            "paper": "Andrew et al., One-shot Empirical Privacy Estimation for Federated Learning "
-                     "(ICLR 2024), Alg. 2 and 3",
-            "threat_models": {
-                "final_model": "the adversary sees only theta_T; statistic cos(c_j, theta_T - theta_0)",
-                "all_iterates": "the adversary sees every round's model; statistic max_t cos(c_j, Delta_t)",
-            },
-            "inputs": {
-                "num_canaries": self.num_canaries,
-                "num_unobserved": self.num_unobserved,
+        inputs: dict[str, Any] = {
+            "training": "Opacus DP-SGD" if self.mode == "dpsgd" else "DP-FedAvg",
+            "num_canaries": self.num_canaries,
+            "num_unobserved": self.num_unobserved,
+            "dim": self.stats.dim,
+            "delta": self._delta(pl_module),
+            "alpha": self.alpha,
+            "seed": self.seed,
+            "participations_histogram": np.bincount(self.participations).tolist(),
+        }
+        if self.mode == "dpsgd":
+            assert self.injector is not None
+            opt = self.injector.optimizer
+            inputs.update({
+                "steps": self.injector.steps,
+                "steps_skipped_non_finite": self.stats.rounds_skipped,
+                "noise_multiplier": float(opt.noise_multiplier),
+                "max_grad_norm": float(opt.max_grad_norm),
+                "expected_batch_size": opt.expected_batch_size,
+                "sample_rate": self.injector.sample_rate,
+                "accountant": None if self._accountant is None else type(self._accountant).__name__,
+            })
+            threat_models = {
+                "final_model": "the adversary sees only theta_T; statistic cos(c_j, theta_0 - theta_T)",
+                "all_iterates": "the adversary sees every step's model; statistic max_t cos(c_j, theta_{t-1} - theta_t)",
+            }
+        else:
+            inputs.update({
                 "repeats": self.repeats,
-                "dim": self.stats.dim,
-                "delta": self.delta if self.delta is not None else getattr(pl_module, "delta", None),
-                "alpha": self.alpha,
-                "seed": self.seed,
                 "rounds": int(getattr(pl_module, "round", trainer.global_step)),
                 "rounds_skipped_non_finite": self.stats.rounds_skipped,
                 "noise_multiplier": getattr(pl_module, "noise_multiplier", None),
@@ -380,8 +551,17 @@ class CanaryAudit(Callback):
                 "clients_per_round": getattr(pl_module, "clients_per_round", None),
                 "sampling": getattr(pl_module, "sampling", None),
                 "num_real_clients": getattr(pl_module, "num_real_clients", None),
-                "participations_histogram": np.bincount(self.participations).tolist(),
-            },
+            })
+            threat_models = {
+                "final_model": "the adversary sees only theta_T; statistic cos(c_j, theta_T - theta_0)",
+                "all_iterates": "the adversary sees every round's model; statistic max_t cos(c_j, Delta_t)",
+            }
+        summary: dict[str, Any] = {
+            "callback": "CanaryAudit",
+            "paper": "Andrew et al., One-shot Empirical Privacy Estimation for Federated Learning "
+                     "(ICLR 2024), Alg. 2 and 3" + ("; example-level canaries: METHODS A7" if self.mode == "dpsgd" else ""),
+            "threat_models": threat_models,
+            "inputs": inputs,
         }
         if report is None:
             summary["estimates"] = None
@@ -389,6 +569,8 @@ class CanaryAudit(Callback):
         else:
             summary["estimates"] = report["estimates"]
             summary["analytic_epsilon"] = report["analytic_epsilon"]
+            if "analytic_epsilons" in report:
+                summary["analytic_epsilons"] = report["analytic_epsilons"]
             summary["max_participations"] = report["max_participations"]
             summary["num_canaries_participated"] = report["num_canaries_participated"]
             summary["fits"] = report.get("fits", {})
@@ -399,22 +581,56 @@ class CanaryAudit(Callback):
     def state_dict(self) -> dict[str, Any]:
         if self.stats is None:
             return {}
-        return {
+        state = {
             "stats": self.stats.state_dict(),
             "participations": self.participations.tolist(),
             "num_canaries": self.num_canaries,
             "num_unobserved": self.num_unobserved,
         }
+        if self.injector is not None:
+            state["steps"] = int(self.injector.steps)
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not state_dict:
             return
         if self.stats is None:
+            if self.mode == "dpsgd":  # restored before configure_optimizers: apply at fit start
+                self._pending_state = state_dict
+                return
             warnings.warn("CanaryAudit: state loaded before setup; ignored", stacklevel=2)
             return
+        self._load(state_dict)
+
+    def _load(self, state_dict: dict[str, Any]) -> None:
+        assert self.stats is not None
         self.stats.load_state_dict(state_dict["stats"])
-        self.participations = np.asarray(state_dict["participations"], dtype=np.int64).copy()
+        saved = np.asarray(state_dict["participations"], dtype=np.int64)
+        if self.injector is not None:
+            if saved.shape != self.participations.shape:
+                raise ValueError("checkpointed canary participations do not match this run's canaries")
+            self.participations[:] = saved  # shared with the injector
+            self.injector.steps = int(state_dict.get("steps", 0))
+        else:
+            self.participations = saved.copy()
         self._restored = True
+
+
+def _num_batches(trainer: pl.Trainer) -> int | None:
+    loader = trainer.train_dataloader
+    try:
+        n = len(loader)
+    except TypeError:
+        return None
+    return int(n) if n else None
+
+
+def _num_examples(trainer: pl.Trainer) -> int | None:
+    loader = trainer.train_dataloader
+    try:
+        return int(len(loader.dataset))
+    except (TypeError, AttributeError):
+        return None
 
 
 def _total_rounds(trainer: pl.Trainer | None) -> int:

@@ -1,0 +1,215 @@
+"""Opacus DP-SGD glue (torch + Opacus, no Lightning): find the run's ``DPOptimizer``, its
+accountant and sampling rate, chain its step hook, and add gradient canaries before the noise.
+
+Everything here works on the objects Opacus' ``PrivacyEngine.make_private`` returns; nothing is
+replaced that Opacus relies on:
+
+* the accountant keeps its single ``step_hook`` slot: :func:`chain_step_hook` installs a hook that
+  calls the previous one first (``previous`` stays reachable for :func:`find_accountant`);
+* gradient canaries (METHODS A7) go in through :class:`GradientCanaryInjector`, which wraps the
+  optimizer's ``add_noise`` on the instance, so they are added to the sum of clipped per-example
+  gradients once per logical step (Opacus calls ``add_noise`` only when a step is taken, after
+  ``BatchMemoryManager`` or gradient accumulation has gathered the whole logical batch) and
+  receive the same noise and the same ``1 / expected_batch_size`` scaling as real examples.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from opacus.accountants import IAccountant, PRVAccountant, RDPAccountant
+from opacus.optimizers import DPOptimizer
+
+from audit_callbacks.canaries import CanarySet
+
+__all__ = [
+    "GradientCanaryInjector",
+    "analytic_epsilons",
+    "chain_step_hook",
+    "find_accountant",
+    "find_dp_optimizer",
+    "flat_parameters",
+    "unchain_step_hook",
+]
+
+
+def find_dp_optimizer(optimizers: Iterable[Any]) -> DPOptimizer | None:
+    """The first Opacus ``DPOptimizer`` among ``optimizers`` (e.g. ``trainer.optimizers``)."""
+    for opt in optimizers:
+        inner = getattr(opt, "optimizer", opt)  # LightningOptimizer wraps the real one
+        for candidate in (opt, inner):
+            if isinstance(candidate, DPOptimizer):
+                return candidate
+    return None
+
+
+def _hook_closure(hook: Callable[..., Any] | None) -> dict[str, Any]:
+    if hook is None:
+        return {}
+    try:
+        return dict(inspect.getclosurevars(hook).nonlocals)
+    except (TypeError, ValueError):  # builtins, partials: nothing to read
+        return {}
+
+
+def find_accountant(optimizer: DPOptimizer) -> tuple[IAccountant | None, float | None]:
+    """The accountant and the sampling rate the optimizer's step hook reports to.
+
+    ``PrivacyEngine.make_private`` attaches ``accountant.get_optimizer_hook_fn(sample_rate)``, a
+    closure over the accountant (``self``) and ``sample_rate`` (Opacus 1.x). Hooks chained by
+    :func:`chain_step_hook` are followed through their ``previous`` hook.
+
+    Returns:
+        ``(accountant, sample_rate)``; either is None when the hook does not reveal it.
+    """
+    hook = optimizer.step_hook
+    for _ in range(32):  # chained hooks, each holding the previous one
+        if hook is None:
+            break
+        cells = _hook_closure(hook)
+        acc = next((v for v in cells.values() if isinstance(v, IAccountant)), None)
+        if acc is not None:
+            rate = cells.get("sample_rate")
+            return acc, (float(rate) if isinstance(rate, (int, float)) else None)
+        hook = getattr(hook, "previous", None)
+    return None, None
+
+
+def chain_step_hook(optimizer: DPOptimizer, fn: Callable[[DPOptimizer], None]) -> Callable[[DPOptimizer], None]:
+    """Install ``fn`` in the optimizer's single ``step_hook`` slot, after the existing hook.
+
+    The installed hook calls the previous hook (the accountant's, usually) and then ``fn``; it
+    runs after clipping, noise and scaling, before the parameters move, so ``p.grad`` is the
+    privatized gradient. Returns the installed hook (pass it to :func:`unchain_step_hook`).
+    """
+    previous = optimizer.step_hook
+
+    def hook(optim: DPOptimizer) -> None:
+        if previous is not None:
+            previous(optim)
+        fn(optim)
+
+    hook.previous = previous  # type: ignore[attr-defined]
+    hook.audit_fn = fn  # type: ignore[attr-defined]
+    optimizer.step_hook = hook
+    return hook
+
+
+def unchain_step_hook(optimizer: DPOptimizer, installed: Callable[[DPOptimizer], None]) -> None:
+    """Remove a hook installed by :func:`chain_step_hook`, keeping every other hook in place."""
+    parent, hook = None, optimizer.step_hook
+    while hook is not None:
+        if hook is installed:
+            prev = getattr(hook, "previous", None)
+            if parent is None:
+                optimizer.step_hook = prev
+            else:
+                parent.previous = prev  # type: ignore[attr-defined]
+            return
+        parent, hook = hook, getattr(hook, "previous", None)
+
+
+def flat_parameters(params: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The optimizer's parameters, flattened and concatenated (float32, CPU): ``[d]``."""
+    return torch.cat([p.detach().reshape(-1).to("cpu", torch.float32) for p in params])
+
+
+def analytic_epsilons(history: Sequence[tuple[float, float, int]], delta: float) -> dict[str, float | None]:
+    """Epsilon of a DP-SGD run from its accountant history, with Opacus' RDP and PRV accountants.
+
+    Args:
+        history: ``[(noise_multiplier, sample_rate, num_steps), ...]`` as kept by Opacus'
+            accountants (``accountant.history``).
+        delta: target delta in (0, 1).
+
+    Returns:
+        ``{"rdp": eps, "prv": eps}``; None where the accountant cannot answer (no steps yet, or
+        the PRV accountant's numerical domain is exceeded).
+
+    Source: METHODS D (the Opacus accountants give epsilon(delta) after t steps at rate q).
+    """
+    out: dict[str, float | None] = {"rdp": None, "prv": None}
+    if not history:
+        return out
+    for name, cls in (("rdp", RDPAccountant), ("prv", PRVAccountant)):
+        acc = cls()
+        acc.history = [tuple(h) for h in history]
+        try:
+            eps = float(acc.get_epsilon(delta=delta))
+        except (ValueError, RuntimeError, OverflowError, ZeroDivisionError, FloatingPointError):
+            eps = None
+        out[name] = eps if eps is not None and np.isfinite(eps) else None
+    return out
+
+
+class GradientCanaryInjector:
+    """Add example-level gradient canaries to a ``DPOptimizer``'s clipped sum (METHODS A7).
+
+    At every logical step each observed canary ``j < num_observed`` joins independently with
+    probability ``q = min(1, sample_rate * optimizer.accumulated_iterations)``, the rate the
+    accountant is charged for (Poisson sampling of a real example); when it joins,
+    ``max_grad_norm * c_j`` is added to the sum of clipped per-example gradients before
+    ``add_noise`` (so the canary is a clipped "example" whose gradient is the unit vector c_j).
+    The draws of step ``t`` come from ``numpy.random.default_rng([seed, 0xA7, t])``, so the only
+    state is the step counter and the participation counts.
+
+    Args:
+        optimizer: the run's ``DPOptimizer``; its ``add_noise`` is wrapped on the instance.
+        canaries: the canary set, dimension = total number of the optimizer's parameters.
+        num_observed: k, canaries ``0..k-1`` may join; the rest are never inserted.
+        sample_rate: Poisson sampling rate of one example per physical batch.
+        seed: the seed of the join draws.
+
+    Raises:
+        ValueError: the canary dimension does not match the parameters, a rate not in (0, 1].
+    """
+
+    def __init__(
+        self, optimizer: DPOptimizer, canaries: CanarySet, num_observed: int, sample_rate: float,
+        *, seed: int = 0,
+    ) -> None:
+        dim = sum(p.numel() for p in optimizer.params)
+        if dim != canaries.dim:
+            raise ValueError(f"canaries have dimension {canaries.dim}, the optimizer's parameters {dim}")
+        if not 0 < sample_rate <= 1:
+            raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate}")
+        self.optimizer = optimizer
+        self.canaries = canaries
+        self.num_observed = int(num_observed)
+        self.sample_rate = float(sample_rate)
+        self.seed = int(seed)
+        self.steps = 0
+        self.participations = np.zeros(self.num_observed, dtype=np.int64)
+        self._original = optimizer.add_noise
+        optimizer.add_noise = self._add_noise  # instance attribute: the class is untouched
+
+    def joined(self, step: int, rate: float) -> np.ndarray:
+        """Indices of the canaries that join logical step ``step`` at rate ``rate``."""
+        draws = np.random.default_rng([self.seed, 0xA7, int(step)]).random(self.num_observed)
+        return np.flatnonzero(draws < rate)
+
+    def _add_noise(self) -> None:
+        opt = self.optimizer
+        rate = min(1.0, self.sample_rate * opt.accumulated_iterations)
+        idx = self.joined(self.steps, rate)
+        if idx.size:
+            params = opt.params
+            device = params[0].summed_grad.device
+            total = self.canaries.sum(idx.tolist(), device=device).mul_(float(opt.max_grad_norm))
+            offset = 0
+            for p in params:
+                n = p.numel()
+                p.summed_grad.add_(total[offset:offset + n].view_as(p.summed_grad).to(p.summed_grad.dtype))
+                offset += n
+            np.add.at(self.participations, idx, 1)
+        self.steps += 1
+        self._original()
+
+    def detach(self) -> None:
+        """Restore the optimizer's own ``add_noise``."""
+        if self.optimizer.__dict__.get("add_noise") == self._add_noise:
+            del self.optimizer.add_noise

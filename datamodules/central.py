@@ -1,0 +1,84 @@
+"""A LightningDataModule for central (non-federated) training on the offline sklearn data sets."""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+from opacus.data_loader import DPDataLoader
+from sklearn.model_selection import train_test_split
+from torch.utils.data import DataLoader, TensorDataset
+
+from .breast_cancer import BREAST_CANCER_NUM_CLASSES, load_breast_cancer_tensors, zscore
+from .digits import DIGITS_NUM_CLASSES, load_digits_tensors
+
+__all__ = ["CentralDataModule"]
+
+_SETS = {"breast_cancer": BREAST_CANCER_NUM_CLASSES, "digits": DIGITS_NUM_CLASSES}
+
+
+class CentralDataModule(L.LightningDataModule):
+    """Train/validation split of breast cancer (569 x 30, binary) or digits (1797 x 64, 10 classes).
+
+    Features are z-scored with training-split statistics; the split is stratified and seeded.
+
+    Args:
+        dataset: "breast_cancer" or "digits".
+        batch_size: the (expected) training batch size.
+        poisson: if True the training loader is Opacus' ``DPDataLoader`` (Poisson sampling with
+            rate ``batch_size / N``, the sampling DP-SGD's accountant assumes); else a shuffled
+            (``shuffle=True``) or ordered loader of fixed-size batches.
+        shuffle: shuffle the fixed-size batches (``poisson=False`` only).
+        val_fraction: share held out for validation.
+        seed: split and sampling seed.
+    """
+
+    def __init__(
+        self, dataset: str = "breast_cancer", *, batch_size: int = 64, poisson: bool = True,
+        shuffle: bool = True, val_fraction: float = 0.2, seed: int = 0, eval_batch_size: int = 512,
+    ) -> None:
+        super().__init__()
+        if dataset not in _SETS:
+            raise ValueError(f"dataset must be one of {sorted(_SETS)}, got {dataset!r}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.dataset = dataset
+        self.num_classes = _SETS[dataset]
+        self.batch_size = int(batch_size)
+        self.poisson = bool(poisson)
+        self.shuffle = bool(shuffle)
+        self.val_fraction = float(val_fraction)
+        self.seed = int(seed)
+        self.eval_batch_size = int(eval_batch_size)
+        self.train_set: TensorDataset | None = None
+        self.val_set: TensorDataset | None = None
+
+    @property
+    def num_features(self) -> int:
+        return 30 if self.dataset == "breast_cancer" else 64
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is not None:
+            return
+        if self.dataset == "breast_cancer":
+            x, y = load_breast_cancer_tensors(standardize=False)
+        else:
+            x, y = load_digits_tensors(flatten=True)
+        idx = torch.arange(len(y))
+        tr, va = train_test_split(idx.numpy(), test_size=self.val_fraction, stratify=y.numpy(),
+                                  random_state=self.seed)
+        x_tr, x_va = zscore(x[tr], x[va])
+        self.train_set = TensorDataset(x_tr, y[tr])
+        self.val_set = TensorDataset(x_va, y[va])
+
+    def train_dataloader(self) -> DataLoader:
+        assert self.train_set is not None
+        gen = torch.Generator().manual_seed(self.seed)
+        base = DataLoader(self.train_set, batch_size=self.batch_size, shuffle=self.shuffle and not self.poisson,
+                          generator=gen)
+        if self.poisson:
+            return DPDataLoader.from_data_loader(base, generator=gen)
+        return base
+
+    def val_dataloader(self) -> DataLoader:
+        assert self.val_set is not None
+        return DataLoader(self.val_set, batch_size=self.eval_batch_size)

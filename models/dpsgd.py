@@ -1,0 +1,98 @@
+"""A LightningModule trained with Opacus DP-SGD, ``make_private`` in ``configure_optimizers``
+(the usual Lightning pattern, as in Opacus' own Lightning example)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from opacus import PrivacyEngine
+from torch import nn
+from torchmetrics.classification import BinaryAccuracy, MulticlassAccuracy
+
+__all__ = ["DPSGDClassifier"]
+
+
+class DPSGDClassifier(L.LightningModule):
+    """Classifier trained with DP-SGD. One logit (``num_classes`` 1 or 2 with ``binary=True``)
+    uses a sigmoid and log-loss (paper 004's setting); otherwise softmax cross-entropy.
+
+    Args:
+        model: the network, ``[N, D] -> [N, K]`` logits (K = 1 for binary).
+        lr: SGD learning rate.
+        noise_multiplier: sigma; 0 gives clipping only.
+        max_grad_norm: per-example clip norm C.
+        delta: the delta of the logged epsilon.
+        accountant: "rdp" or "prv" (Opacus).
+        dp: False trains without Opacus (plain SGD), for baselines.
+        poisson: tell ``make_private`` the loader already samples Poisson batches.
+        noise_seed: seed of Opacus' noise generator (None: torch's global generator).
+
+    Logs ``train/loss``, ``val/loss``, ``val/accuracy`` (torchmetrics) and ``privacy/epsilon``.
+    """
+
+    def __init__(
+        self, model: nn.Module, *, lr: float = 0.1, noise_multiplier: float = 1.0,
+        max_grad_norm: float = 1.0, delta: float = 1e-5, accountant: str = "rdp", dp: bool = True,
+        noise_seed: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.model = model
+        self.lr = float(lr)
+        self.noise_multiplier = float(noise_multiplier)
+        self.max_grad_norm = float(max_grad_norm)
+        self.delta = float(delta)
+        self.accountant_name = accountant
+        self.dp_enabled = bool(dp)
+        self.noise_seed = noise_seed
+        out = [m for m in model.modules() if isinstance(m, nn.Linear)][-1].out_features
+        self.binary = out == 1
+        self.val_acc = BinaryAccuracy() if self.binary else MulticlassAccuracy(num_classes=out, average="micro")
+        self.privacy_engine: PrivacyEngine | None = None
+        self._dp: dict[str, Any] = {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)
+
+    def _loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if self.binary:
+            return F.binary_cross_entropy_with_logits(logits.squeeze(-1), y.float())
+        return F.cross_entropy(logits, y)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = self._loss(self(x), y)
+        self.log("train/loss", loss, on_step=False, on_epoch=True, batch_size=max(1, len(y)))
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        logits = self(x)
+        self.log("val/loss", self._loss(logits, y), batch_size=len(y))
+        pred = logits.squeeze(-1) if self.binary else logits
+        self.val_acc(pred, y)
+        self.log("val/accuracy", self.val_acc, batch_size=len(y))
+
+    def on_train_epoch_end(self) -> None:
+        if self.privacy_engine is not None and self.privacy_engine.accountant.history:
+            self.log("privacy/epsilon", float(self.privacy_engine.get_epsilon(self.delta)))
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        optimizer = torch.optim.SGD(self.model.parameters(), lr=self.lr)
+        if not self.dp_enabled:
+            return optimizer
+        self.trainer.fit_loop.setup_data()
+        loader = self.trainer.train_dataloader
+        if "model" in self._dp:  # configure_optimizers called again (a new fit): one set of hooks
+            self._dp["model"].remove_hooks()
+        self.privacy_engine = PrivacyEngine(accountant=self.accountant_name)
+        gen = None if self.noise_seed is None else torch.Generator().manual_seed(self.noise_seed)
+        dp_model, optimizer, _ = self.privacy_engine.make_private(
+            module=self.model, optimizer=optimizer, data_loader=loader,
+            noise_multiplier=self.noise_multiplier, max_grad_norm=self.max_grad_norm,
+            poisson_sampling=False, noise_generator=gen,
+        )
+        self._dp["model"] = dp_model  # in a dict: not registered as a submodule
+        return optimizer

@@ -1,0 +1,196 @@
+"""CanaryAudit on Opacus DP-SGD (METHODS A7): gradient canaries before the noise, the accountant
+left intact, make_private in configure_optimizers, BatchMemoryManager, resume."""
+
+import json
+import math
+import os
+
+import lightning.pytorch as pl
+import numpy as np
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import TensorBoardLogger
+from opacus import PrivacyEngine
+from opacus.utils.batch_memory_manager import BatchMemoryManager
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from audit_callbacks.callbacks import CanaryAudit
+from audit_callbacks.canaries import CanarySet
+from audit_callbacks.dpsgd import (
+    GradientCanaryInjector,
+    chain_step_hook,
+    find_accountant,
+    unchain_step_hook,
+)
+from datamodules.breast_cancer import load_breast_cancer_tensors
+from datamodules.central import CentralDataModule
+from models import MLP
+from models.dpsgd import DPSGDClassifier
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*(backward hook|does not have many workers|secure RNG).*")
+
+
+def _private(model, x, y, batch_size, noise=0.0, clip=1.0, poisson=False):
+    loader = DataLoader(TensorDataset(x, y), batch_size=batch_size)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    engine = PrivacyEngine()
+    model, opt, loader = engine.make_private(module=model, optimizer=opt, data_loader=loader,
+                                             noise_multiplier=noise, max_grad_norm=clip,
+                                             poisson_sampling=poisson)
+    return engine, model, opt, loader
+
+
+def test_canaries_are_added_to_the_clipped_sum_before_noise():
+    torch.manual_seed(0)
+    x, y = load_breast_cancer_tensors()
+    x, y = x[:16], y[:16].float()
+    net = nn.Sequential(nn.Linear(30, 4), nn.ReLU(), nn.Linear(4, 1))
+    ref = [p.detach().clone() for p in net.parameters()]
+    engine, model, opt, _ = _private(net, x, y, batch_size=16, clip=0.7)
+    dim = sum(p.numel() for p in net.parameters())
+    cs = CanarySet(3, dim, 10)
+    inj = GradientCanaryInjector(opt, cs, 6, sample_rate=0.5, seed=11)
+    loss = nn.functional.binary_cross_entropy_with_logits(model(x).squeeze(-1), y)
+    loss.backward()
+    opt.step()
+    # direct recomputation: per-example gradients, clipped over all parameters, summed
+    total = torch.zeros(dim)
+    for i in range(16):
+        clone = nn.Sequential(nn.Linear(30, 4), nn.ReLU(), nn.Linear(4, 1))
+        for p, r in zip(clone.parameters(), ref, strict=True):
+            p.data.copy_(r)
+        li = nn.functional.binary_cross_entropy_with_logits(clone(x[i:i + 1]).squeeze(-1), y[i:i + 1])
+        g = torch.cat([t.reshape(-1) for t in torch.autograd.grad(li, list(clone.parameters()))])
+        total += g * min(1.0, 0.7 / (float(g.norm()) + 1e-6))
+    joined = inj.joined(0, 0.5)
+    assert 0 < joined.size < 6
+    total += 0.7 * sum(cs.canary(int(j)) for j in joined)
+    expected = total / opt.expected_batch_size
+    got = torch.cat([p.grad.reshape(-1) for p in net.parameters()])
+    assert torch.allclose(got, expected, atol=1e-5)
+    assert inj.steps == 1 and inj.participations[joined].tolist() == [1] * joined.size
+    assert engine.accountant.history == [(0.0, 1.0, 1)]  # the accountant still counted the step
+    inj.detach()
+    assert "add_noise" not in opt.__dict__
+
+
+def test_one_injection_per_logical_step_with_batch_memory_manager():
+    torch.manual_seed(1)
+    x, y = load_breast_cancer_tensors()
+    net = nn.Sequential(nn.Linear(30, 8), nn.ReLU(), nn.Linear(8, 1))
+    engine, model, opt, loader = _private(net, x, y.float(), batch_size=64, noise=1.0, poisson=True)
+    dim = sum(p.numel() for p in net.parameters())
+    acc, rate = find_accountant(opt)
+    assert acc is engine.accountant and rate == pytest.approx(1 / len(loader))
+    inj = GradientCanaryInjector(opt, CanarySet(0, dim, 20), 20, sample_rate=rate, seed=0)
+    seen = []
+    hook = chain_step_hook(opt, lambda o: seen.append(float(o.params[0].grad.norm())))
+    physical = 0
+    with BatchMemoryManager(data_loader=loader, max_physical_batch_size=8, optimizer=opt) as mem:
+        for xb, yb in mem:
+            physical += 1
+            opt.zero_grad()
+            nn.functional.binary_cross_entropy_with_logits(model(xb).squeeze(-1), yb).backward()
+            opt.step()
+    steps = sum(h[2] for h in engine.accountant.history)
+    assert inj.steps == steps == len(seen) == len(loader)
+    assert physical > steps  # several physical batches per logical step
+    assert find_accountant(opt)[0] is engine.accountant  # found through the chained hook
+    unchain_step_hook(opt, hook)
+    assert opt.step_hook is not hook and find_accountant(opt)[0] is engine.accountant
+
+
+def _fit(tmp_path, callbacks, *, epochs=3, seed=0, noise=1.0, name="run", poisson=True, ckpt_path=None,
+         logger=True):
+    pl.seed_everything(seed, verbose=False)
+    dm = CentralDataModule("breast_cancer", batch_size=64, poisson=poisson, shuffle=False, seed=seed)
+    module = DPSGDClassifier(MLP(30, 1, hidden=(16, 16)), lr=0.5, noise_multiplier=noise,
+                             max_grad_norm=1.0, noise_seed=seed)
+    log = TensorBoardLogger(str(tmp_path), name=name, version=0) if logger else False
+    trainer = pl.Trainer(max_epochs=epochs, logger=log, callbacks=callbacks, accelerator="cpu",
+                         enable_progress_bar=False, enable_model_summary=False,
+                         enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
+                         num_sanity_val_steps=0, log_every_n_steps=1, default_root_dir=str(tmp_path))
+    trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
+    return trainer, module
+
+
+def test_lightning_make_private_tags_accountant_and_join_rate(tmp_path):
+    _, plain = _fit(tmp_path, [], name="plain", logger=False)
+    audit = CanaryAudit(150, 150, seed=2, bootstrap=20)
+    trainer, module = _fit(tmp_path, [audit])
+    # the accountant is untouched: same history, same epsilon as the run without the callback
+    assert module.privacy_engine.accountant.history == plain.privacy_engine.accountant.history
+    eps = module.privacy_engine.get_epsilon(1e-5)
+    assert eps == plain.privacy_engine.get_epsilon(1e-5)
+    report = audit.last_report
+    assert report["analytic_epsilon"] == pytest.approx(eps)
+    assert report["analytic_epsilons"]["prv"] is not None and 0 < report["analytic_epsilons"]["prv"] < eps * 1.2
+    # canaries join at the example's rate: participations ~ Binomial(steps, q) per canary
+    steps, q = audit.injector.steps, audit.injector.sample_rate
+    assert steps == sum(h[2] for h in module.privacy_engine.accountant.history)
+    mean, sd = steps * q, math.sqrt(steps * q * (1 - q) / 150)
+    assert abs(audit.participations.mean() - mean) < 4 * sd
+    # TensorBoard: the estimates, bounds and both analytic epsilons, finite
+    acc = EventAccumulator(os.path.join(str(tmp_path), "run", "version_0"), size_guidance={"scalars": 0})
+    acc.Reload()
+    want = {"audit/epsilon_final_model", "audit/epsilon_lo_final_model", "audit/epsilon_all_iterates",
+            "audit/epsilon_lo_all_iterates", "audit/epsilon_analytic", "audit/epsilon_analytic_rdp",
+            "audit/epsilon_analytic_prv", "audit/num_canaries", "val/accuracy"}
+    assert want <= set(acc.Tags()["scalars"])
+    for tag in want:
+        assert all(math.isfinite(e.value) for e in acc.Scalars(tag)), tag
+    summary = json.load(open(audit.summary_path))
+    assert summary["inputs"]["training"] == "Opacus DP-SGD"
+    assert summary["inputs"]["steps"] == steps and summary["inputs"]["accountant"] == "RDPAccountant"
+    assert summary["analytic_epsilons"]["rdp"] == pytest.approx(eps)
+    for est in report["estimates"].values():
+        assert est is None or (math.isfinite(est.value) and est.value <= 50)
+
+
+def test_estimate_separates_loud_from_quiet_noise(tmp_path):
+    loud = CanaryAudit(150, 150, seed=0, bootstrap=0)
+    _fit(tmp_path, [loud], noise=30.0, logger=False, name="loud")
+    quiet = CanaryAudit(150, 150, seed=0, bootstrap=0)
+    _fit(tmp_path, [quiet], noise=0.3, logger=False, name="quiet")
+    # all steps seen: the canary steps stand out at sigma 0.3 (analytic ~66), not at sigma 30
+    lo_loud = loud.last_report["estimates"]["all_iterates_lower_bound_heldout"].value
+    lo_quiet = quiet.last_report["estimates"]["all_iterates_lower_bound_heldout"].value
+    assert lo_loud < 0.5 < 1.5 < lo_quiet
+    assert lo_quiet <= quiet.last_report["analytic_epsilon"]
+    assert loud.last_report["estimates"]["final_model_lower_bound_heldout"].value <= loud.last_report["analytic_epsilon"]
+
+
+def test_resume_gives_the_same_estimate(tmp_path):
+    # Deterministic training (fixed batches, no noise) so the two runs follow the same path.
+    full = CanaryAudit(40, 40, seed=5, bootstrap=0)
+    _fit(tmp_path / "a", [full], epochs=4, noise=0.0, poisson=False, logger=False)
+    first = CanaryAudit(40, 40, seed=5, bootstrap=0)
+    ckpt = ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), save_last=True)
+    _fit(tmp_path / "b", [first, ckpt], epochs=2, noise=0.0, poisson=False, logger=False)
+    second = CanaryAudit(40, 40, seed=5, bootstrap=0)
+    _fit(tmp_path / "c", [second, ModelCheckpoint(dirpath=str(tmp_path / "ckpt2"))], epochs=4, noise=0.0,
+         poisson=False, logger=False, ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
+    assert second.injector.steps == full.injector.steps
+    assert np.array_equal(second.participations, full.participations)
+    for key, est in full.last_report["estimates"].items():
+        got = second.last_report["estimates"][key]
+        assert (est is None) == (got is None), key
+        if est is not None:
+            assert got.value == pytest.approx(est.value, rel=1e-6, abs=1e-9), key
+
+
+def test_no_dp_optimizer_is_a_type_error(tmp_path):
+    pl.seed_everything(0, verbose=False)
+    dm = CentralDataModule("breast_cancer", batch_size=64, poisson=False)
+    module = DPSGDClassifier(MLP(30, 1, hidden=(8,)), dp=False)
+    trainer = pl.Trainer(max_epochs=1, logger=False, callbacks=[CanaryAudit(10)], enable_progress_bar=False,
+                         enable_checkpointing=False, enable_model_summary=False)
+    with pytest.raises(TypeError, match="make_private"):
+        trainer.fit(module, datamodule=dm)
+    with pytest.raises(ValueError, match="repeats"):
+        pl.Trainer(max_epochs=1, logger=False, callbacks=[CanaryAudit(10, repeats=2)], enable_progress_bar=False,
+                   enable_checkpointing=False).fit(module, datamodule=dm)
