@@ -192,3 +192,15 @@ def test_gaussian_epsilon_decreasing_in_noise() -> None:
 def test_bad_input_raises(call) -> None:
     with pytest.raises(ValueError):
         call()
+
+
+def test_gaussian_epsilon_array_matches_the_scalar_root():
+    from audit_callbacks.estimators.gaussian import gaussian_epsilon_array
+
+    mu = np.array([[0.0, 1e-4, 0.01, 0.3], [1.0, 2.5, 40.0, 400.0]])
+    got = gaussian_epsilon_array(mu, 1e-5)
+    want = np.array([[gaussian_epsilon(1.0, 1e-5, sensitivity=m) for m in row] for row in mu])
+    assert got.shape == mu.shape
+    assert np.allclose(got, want, rtol=1e-8, atol=1e-12)
+    with pytest.raises(ValueError):
+        gaussian_epsilon_array([-1.0], 1e-5)

@@ -17,6 +17,14 @@ from .adversaries import (
     gradient_flip_pair,
     label_flip_pair,
 )
+from .label_reconstruction import (
+    SignAmbiguousLabels,
+    craft_malicious_features,
+    label_attack_statistic,
+    reconstruct_labels,
+    reconstruct_labels_malicious_input_layer,
+    reconstruct_labels_second_last_layer,
+)
 from .ldp_fl_inference import InferencePrediction, LDPFLInferenceAttack, two_point_prediction
 from .ldp_test import (
     LDPTestResult,
@@ -32,24 +40,30 @@ from .ldp_test import (
 
 __all__ = [
     "ADVERSARIES",
-    "CraftedPair",
-    "InferencePrediction",
-    "LDPFLInferenceAttack",
-    "LDPTestResult",
-    "PairGeometry",
     "benign_pair",
     "collusion_pair",
+    "craft_malicious_features",
     "craft_pair",
+    "CraftedPair",
     "dummy_pair",
     "flat_gradient",
     "gradient_flip_pair",
+    "InferencePrediction",
+    "label_attack_statistic",
     "label_flip_pair",
     "ldp_epsilon_test",
     "ldp_sgd_error_rates",
     "ldp_sgd_test_epsilon",
     "ldp_test_statistics",
+    "LDPFLInferenceAttack",
+    "LDPTestResult",
     "measurable_ceiling",
+    "PairGeometry",
     "paper_measurable_ceiling",
+    "reconstruct_labels",
+    "reconstruct_labels_malicious_input_layer",
+    "reconstruct_labels_second_last_layer",
+    "SignAmbiguousLabels",
     "supports_fast_path",
     "two_point_prediction",
 ]

@@ -1,5 +1,15 @@
 """Lightning callbacks: the glue between training and the estimators."""
 
 from audit_callbacks.callbacks.canary_audit import CanaryAudit
+from audit_callbacks.callbacks.label_audit import LabelDPLowerBound, LabelReconstructionAttack
+from audit_callbacks.callbacks.ldp_audit import BrokenRandomizerWarning, LDPAudit
+from audit_callbacks.callbacks.ldp_inference import LDPInferenceAudit
 
-__all__ = ["CanaryAudit"]
+__all__ = [
+    "BrokenRandomizerWarning",
+    "CanaryAudit",
+    "LDPAudit",
+    "LDPInferenceAudit",
+    "LabelDPLowerBound",
+    "LabelReconstructionAttack",
+]

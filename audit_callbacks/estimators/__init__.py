@@ -19,6 +19,7 @@ from .gaussian import (
     epsilon_two_gaussians,
     gaussian_delta,
     gaussian_epsilon,
+    gaussian_epsilon_array,
     gaussian_mu,
     two_gaussians_delta,
 )
@@ -29,6 +30,14 @@ from .intervals import (
     jeffreys_interval,
     jeffreys_lower,
     jeffreys_upper,
+)
+from .label_dp import (
+    LabelDPBounds,
+    extrapolate_lower_bound,
+    extrapolation_factor,
+    flipped_clip_factors,
+    label_dp_lower_bound,
+    last_layer_gram_inverse_diag,
 )
 from .lower_bound import (
     epsilon_lower_bound_from_cosines,
@@ -42,7 +51,6 @@ from .shuffle import (
 )
 
 __all__ = [
-    "Estimate",
     "clopper_pearson_interval",
     "clopper_pearson_lower",
     "clopper_pearson_upper",
@@ -56,14 +64,22 @@ __all__ = [
     "epsilon_from_error_rates_array",
     "epsilon_lower_bound_from_cosines",
     "epsilon_two_gaussians",
+    "Estimate",
     "estimate_epsilon_from_cosines",
     "estimate_epsilon_lower_bound_from_cosines",
+    "extrapolate_lower_bound",
+    "extrapolation_factor",
+    "flipped_clip_factors",
     "gaussian_delta",
     "gaussian_epsilon",
+    "gaussian_epsilon_array",
     "gaussian_mu",
     "jeffreys_interval",
     "jeffreys_lower",
     "jeffreys_upper",
+    "label_dp_lower_bound",
+    "LabelDPBounds",
+    "last_layer_gram_inverse_diag",
     "min_clients_for_shuffling",
     "shuffle_amplification_bound",
     "shuffle_dummy_exact_epsilon",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scipy.optimize import brentq
 from scipy.special import log_ndtr, ndtri
 
@@ -26,6 +27,7 @@ __all__ = [
     "gaussian_mu",
     "two_gaussians_delta",
     "epsilon_two_gaussians",
+    "gaussian_epsilon_array",
 ]
 
 _LN2 = math.log(2.0)
@@ -181,6 +183,37 @@ def gaussian_epsilon(
     else:  # pragma: no cover - the bracket above is provably valid
         raise RuntimeError("could not bracket the Gaussian-mechanism epsilon")
     return float(brentq(f, 0.0, hi, xtol=1e-13, rtol=4 * np.finfo(float).eps, maxiter=500))
+
+
+def gaussian_epsilon_array(mu: ArrayLike, delta: float) -> np.ndarray:
+    """Vectorised tight epsilon of the mu-GDP Gaussian pair N(mu, 1) vs N(0, 1), one per entry.
+
+    The same root as :func:`gaussian_epsilon` with ``noise_multiplier=1, sensitivity=mu``
+    (agrees to ~1e-10 relative), found for all entries at once (bracketed Illinois steps, see
+    :func:`epsilon_two_gaussians`): ~100x faster than a loop of scalar root findings for a
+    batch of per-example bounds.
+
+    Args:
+        mu: array of mu >= 0 (sensitivity / noise sd), any shape, finite.
+        delta: target delta in (0, 1).
+
+    Returns:
+        float64 array of eps >= 0 (nats), same shape as ``mu``.
+
+    Raises:
+        ValueError: a negative or non-finite mu, delta not in (0, 1).
+
+    Source: Balle & Wang (2018) Thm 8; METHODS A2/A3 (the equal-variance pair).
+    """
+    arr = np.asarray(mu, dtype=float)
+    if not np.all(np.isfinite(arr)) or np.any(arr < 0):
+        raise ValueError("mu must be finite and >= 0")
+    d = check_delta(delta)
+    out = np.zeros(arr.shape)
+    pos = arr > 0
+    if pos.any():
+        out[pos] = _epsilon_standardized_array(arr[pos], np.ones(int(pos.sum())), d)
+    return out
 
 
 # --------------------------------------------------------------------------------------------

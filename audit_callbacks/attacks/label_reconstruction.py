@@ -1,0 +1,568 @@
+"""Label reconstruction from aggregated gradients (paper 004, Yuan et al.; METHODS B1-B6).
+
+Key identity (paper 004 eq. 1, METHODS B1): for a binary model with logit Z_r, p_r =
+sigmoid(Z_r) and log-loss, the batch-mean gradient of ANY weight vector W is
+
+    G = (1/N) Cm a,   Cm = [dZ_1/dW ... dZ_N/dW] (dim(W) x N),   a_r = p_r - y_r,
+
+so a = N (Cm^T Cm)^{-1} Cm^T G whenever Cm has full column rank (N <= dim(W)), and
+y_r = 1 iff a_r < 0 (p_r is in (0, 1)). The attacks differ in how the adversary knows Cm:
+
+* last hidden layer (paper 004 Alg. 1 and 3, METHODS B2): dZ_r/dW^L = x~_r, the last hidden
+  activations with a 1 appended for the bias -> :func:`reconstruct_labels`,
+  :func:`label_attack_statistic`. Multi-class softmax (METHODS B4, this project's extension):
+  each row of N (Cm^T Cm)^{-1} Cm^T G^T is s_r - e_{y_r}, whose only negative entry is the true
+  class -> argmin.
+* second-last layer (paper 004 Alg. 4, METHODS B5): for the weights into hidden unit J,
+  dZ_r/dW = W_J^L U_r x_r^{L-1}, U_r = A'(Z_J^L[r]); the sign of W_J^L is unknown ->
+  :func:`reconstruct_labels_second_last_layer`.
+* malicious input layer (paper 004 Alg. 5, METHODS B6): crafted features make every hidden
+  value equal across the batch -> :func:`craft_malicious_features`,
+  :func:`reconstruct_labels_malicious_input_layer`.
+
+Scale and sign conventions. The observed gradient may be the MEAN of the batch (Lightning), the
+Opacus privatized gradient (sum of clipped per-example gradients plus noise, divided by the
+expected batch size), or a sum: these differ by a positive factor, and DP-SGD clipping multiplies
+each a_r by its positive clip factor (METHODS B3), so the SIGNS, and the labels, are unchanged.
+A weight DELTA theta_new - theta_old = -lr G has the opposite sign: pass -delta to
+:func:`reconstruct_labels` (paper 004 Alg. 1 writes I(... Delta W > 0) for that reason). The
+sign-ambiguous attacks (B5, B6) accept either, the sign being resolved by the prior anyway.
+
+All linear algebra runs in float64 through a QR factorisation of Cm (no explicit Gram inverse):
+Cm = Q R, (Cm^T Cm)^{-1} Cm^T G = R^{-1} Q^T G, diag((Cm^T Cm)^{-1}) = row norms^2 of R^{-1}.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "SignAmbiguousLabels",
+    "craft_malicious_features",
+    "label_attack_statistic",
+    "reconstruct_labels",
+    "reconstruct_labels_malicious_input_layer",
+    "reconstruct_labels_second_last_layer",
+]
+
+Activation = Literal["relu", "sigmoid", "tanh", "identity"]
+
+
+# --------------------------------------------------------------------------------------------
+# Inputs and the core solve
+# --------------------------------------------------------------------------------------------
+
+
+def _as_float_tensor(x: Any, name: str) -> Tensor:
+    if isinstance(x, Tensor):
+        t = x.detach()
+    else:
+        try:
+            t = torch.as_tensor(x)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise ValueError(f"{name} must be a tensor or array of real numbers") from exc
+    if t.dtype == torch.bool or t.is_complex():
+        raise ValueError(f"{name} must be real-valued, got dtype {t.dtype}")
+    return t
+
+
+def _eps_of(t: Tensor) -> float:
+    """Machine epsilon of the dtype the data came in (float32 activations -> 1.2e-7)."""
+    return float(torch.finfo(t.dtype).eps) if t.is_floating_point() else 2.0**-52
+
+
+def _check_finite(t: Tensor, name: str) -> None:
+    if not bool(torch.isfinite(t).all()):
+        raise ValueError(f"{name} contains NaN or inf")
+
+
+def _design(features: Tensor, with_bias: bool) -> Tensor:
+    """x~ = [x, 1] ([N, p + 1]) when the layer has a bias, else x; float64."""
+    x = features.to(torch.float64)
+    if with_bias:
+        x = torch.cat([x, torch.ones(x.shape[0], 1, dtype=x.dtype, device=x.device)], dim=1)
+    return x
+
+
+def _qr_solve(design: Tensor, rhs: Tensor, eps: float, what: str) -> tuple[Tensor, Tensor]:
+    """(Cm^T Cm)^{-1} Cm^T rhs and diag((Cm^T Cm)^{-1}) for Cm = design^T.
+
+    Args:
+        design: [N, d] float64, row r = dZ_r/dW (up to a known positive factor).
+        rhs: [d, K] float64.
+        eps: machine epsilon of the input dtype (sets the rank tolerance).
+        what: what d counts, for the error message.
+
+    Returns:
+        ``(coef [N, K], gram_inv_diag [N])``.
+
+    Raises:
+        ValueError: N > d, or Cm numerically rank deficient (smallest singular value <=
+            max(N, d) * eps * largest).
+    """
+    n, d = design.shape
+    if n > d:
+        raise ValueError(
+            f"the batch has N = {n} examples but the attacked layer gives only d = {d} "
+            f"equations ({what}), so Cm^T Cm is singular: use a batch of at most {d} examples "
+            "or a wider layer"
+        )
+    cm = design.T  # [d, N]
+    q, r = torch.linalg.qr(cm, mode="reduced")  # r: [N, N] upper triangular
+    sv = torch.linalg.svdvals(r)
+    tol = max(n, d) * eps * float(sv[0])
+    if float(sv[0]) == 0.0 or float(sv[-1]) <= tol:
+        raise ValueError(
+            "the Gram matrix Cm^T Cm of the per-example derivatives is rank deficient "
+            f"(smallest singular value {float(sv[-1]):.3g}, tolerance {tol:.3g}): duplicate "
+            "examples, or ReLU units that are zero for the whole batch, which lower the usable "
+            "width below the batch size; use a smaller batch or a wider layer"
+        )
+    coef = torch.linalg.solve_triangular(r, q.T @ rhs, upper=True)
+    eye = torch.eye(n, dtype=r.dtype, device=r.device)
+    r_inv = torch.linalg.solve_triangular(r, eye, upper=True)
+    gram_inv_diag = (r_inv * r_inv).sum(dim=1)
+    return coef, gram_inv_diag
+
+
+def _grad_matrix(weight_grad: Tensor, bias_grad: Any, p: int) -> Tensor:
+    """Stack [W_grad, b_grad] into [K, d] float64 (d = p or p + 1)."""
+    w = _as_float_tensor(weight_grad, "weight_grad")
+    if w.ndim == 1:
+        w = w.unsqueeze(0)
+    if w.ndim != 2 or w.shape[1] != p:
+        raise ValueError(
+            f"weight_grad must have shape [K, {p}] (K logits x layer inputs), got "
+            f"{tuple(weight_grad.shape) if isinstance(weight_grad, Tensor) else w.shape}"
+        )
+    _check_finite(w, "weight_grad")
+    w = w.to(torch.float64)
+    if bias_grad is None:
+        return w
+    b = _as_float_tensor(bias_grad, "bias_grad").to(w.device)
+    b = b.reshape(-1)
+    if b.shape[0] != w.shape[0]:
+        raise ValueError(f"bias_grad must have shape [{w.shape[0]}], got {tuple(b.shape)}")
+    _check_finite(b, "bias_grad")
+    return torch.cat([w, b.to(torch.float64).unsqueeze(1)], dim=1)
+
+
+def _check_features(features: Any, name: str = "features") -> Tensor:
+    x = _as_float_tensor(features, name)
+    if x.ndim != 2:
+        raise ValueError(f"{name} must be 2-D [N, p], got shape {tuple(x.shape)}")
+    if x.shape[0] < 1 or x.shape[1] < 1:
+        raise ValueError(f"{name} must be non-empty, got shape {tuple(x.shape)}")
+    _check_finite(x, name)
+    return x
+
+
+# --------------------------------------------------------------------------------------------
+# Last hidden layer (Alg. 1, 3; METHODS B2-B4)
+# --------------------------------------------------------------------------------------------
+
+
+def label_attack_statistic(
+    features: Tensor, weight_grad: Tensor, bias_grad: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """The last-layer attack statistic A = N (Cm^T Cm)^{-1} Cm^T G^T and diag((Cm^T Cm)^{-1}).
+
+    Noise-free and unclipped, A[r] = p_r - y_r (binary) or s_r - e_{y_r} (softmax); with
+    clipping each row is multiplied by its clip factor (> 0); with the Opacus mean gradient by
+    N / expected_batch_size (> 0). With Gaussian noise of sd s per coordinate on G, the noise on
+    A[r, k] has variance N^2 s^2 gram_inv_diag[r] (METHODS B7) -- what the label-DP bounds of
+    :mod:`audit_callbacks.estimators.label_dp` use.
+
+    Args:
+        features: [N, p] inputs of the attacked linear layer (per-example last hidden
+            activations, the "x" of ``nn.Linear``), any float dtype/device.
+        weight_grad: [K, p] gradient of that layer's weight (K = 1: single sigmoid logit;
+            K classes: softmax), or [p] for K = 1. A batch mean, sum or Opacus privatized
+            gradient; NOT a weight delta (pass -delta).
+        bias_grad: [K] gradient of the layer's bias, or None for a layer without bias.
+
+    Returns:
+        ``(a_hat, gram_inv_diag)``: ``a_hat`` float64 [N] when K = 1, [N, K] when K > 1;
+        ``gram_inv_diag`` float64 [N] = [(Cm^T Cm)^{-1}]_rr with Cm = [x~_1 ... x~_N]
+        (x~ = [x, 1] with a bias). Both on the device of ``features``.
+
+    Raises:
+        ValueError: shapes inconsistent, NaN/inf, or N > p (+1 with bias) or a rank-deficient
+            Gram matrix (the message says to use a smaller batch or a wider layer).
+
+    Source: paper 004 eq. 1, Alg. 1 and Alg. 3 (App. A.1.1), Alg. 2 (the variance factor);
+    METHODS B2, B4, B7.
+    """
+    x = _check_features(features)
+    n, p = x.shape
+    gmat = _grad_matrix(weight_grad, bias_grad, p).to(x.device)
+    design = _design(x, bias_grad is not None)
+    what = f"{p} layer inputs" + (" + 1 bias" if bias_grad is not None else "")
+    coef, diag = _qr_solve(design, gmat.T, _eps_of(x), what)
+    a_hat = n * coef
+    if a_hat.shape[1] == 1:
+        a_hat = a_hat[:, 0]
+    return a_hat, diag
+
+
+def reconstruct_labels(
+    features: Tensor, weight_grad: Tensor, bias_grad: Tensor | None = None
+) -> Tensor:
+    """Reconstruct every label of a batch from the last layer's aggregated gradient.
+
+    Binary (K = 1, sigmoid logit): y_r = 1 iff a_hat_r < 0. Multi-class (K >= 2, softmax):
+    y_r = argmin_k A_hat[r, k]. Exact (100%) without noise, also after DP-SGD clipping, and for
+    any positive scaling of the gradient (mean, sum, Opacus' division by the expected batch
+    size). With noise see :func:`label_attack_statistic` and
+    :func:`audit_callbacks.estimators.label_dp.label_dp_lower_bound`.
+
+    Args:
+        features: [N, p] inputs of the attacked linear layer (per-example activations).
+        weight_grad: [K, p] (or [p]) gradient of its weight; not a weight delta (pass -delta).
+        bias_grad: [K] gradient of its bias, or None.
+
+    Returns:
+        int64 [N] labels in {0, 1} (K = 1) or {0, ..., K - 1}, on the device of ``features``.
+
+    Raises:
+        ValueError: as :func:`label_attack_statistic` (notably N > p (+1 with bias): use a
+            smaller batch or a wider layer).
+
+    Source: paper 004 Alg. 1 and Alg. 3 (binary); METHODS B2, B3, B4 (multi-class).
+
+    Example:
+        >>> import torch
+        >>> x = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
+        >>> p = torch.tensor([0.3, 0.6]); y = torch.tensor([1.0, 0.0])
+        >>> g_w = ((p - y)[:, None] * x).mean(0, keepdim=True)  # [1, 2] mean gradient
+        >>> reconstruct_labels(x, g_w, (p - y).mean().reshape(1)).tolist()
+        [1, 0]
+    """
+    a_hat, _ = label_attack_statistic(features, weight_grad, bias_grad)
+    if a_hat.ndim == 1:
+        return (a_hat < 0).to(torch.int64)
+    return torch.argmin(a_hat, dim=1).to(torch.int64)
+
+
+# --------------------------------------------------------------------------------------------
+# Sign-ambiguous attacks (Alg. 4, 5; METHODS B5, B6)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SignAmbiguousLabels:
+    """Labels from an attack that knows Cm only up to an unknown scalar sign (METHODS B5, B6).
+
+    Attributes:
+        labels: int64 [N]; 0/1 for determined examples, -1 where ``undetermined``.
+        undetermined: bool [N]; True where the equation system says nothing about the example
+            (ReLU with U_r = 0 in B5; every example when the observed gradient is 0).
+        statistic: float64 [N], b = N (X^T X)^{-1} X^T G over the determined examples, with
+            X = Cm / (unknown scalar), so b_r = scalar * (p_r - y_r) (times the clip factor);
+            0.0 for undetermined examples.
+        complemented: True when the output is 1 - I(b < 0) (the unknown scalar taken
+            negative), False for I(b < 0).
+        sign_ambiguous: True when the prior could not pick the sign (both candidates have a
+            positive rate of exactly 0.5, or nothing is determined); I(b < 0) is returned.
+        sign_source: "prior" (the positive-rate prior chose) or "given" (the caller's sign).
+    """
+
+    labels: Tensor
+    undetermined: Tensor
+    statistic: Tensor
+    complemented: bool
+    sign_ambiguous: bool
+    sign_source: str
+
+    @property
+    def num_determined(self) -> int:
+        """Number of examples with a reconstructed label."""
+        return int((~self.undetermined).sum())
+
+
+def _resolve_sign(
+    stat: Tensor,
+    determined: Tensor,
+    positive_rate_below_half: bool,
+    known_sign: int | None,
+) -> SignAmbiguousLabels:
+    """Pick I(b < 0) or its complement on the determined examples (METHODS B5 prior)."""
+    n = stat.shape[0]
+    candidate = (stat < 0).to(torch.int64)
+    num_det = int(determined.sum())
+    if known_sign is not None:
+        if known_sign not in (-1, 1):
+            raise ValueError(f"the known sign must be +1 or -1, got {known_sign!r}")
+        complemented, ambiguous, source = known_sign < 0, False, "given"
+    elif num_det == 0:
+        complemented, ambiguous, source = False, True, "prior"
+    else:
+        rate = float(candidate[determined].sum()) / num_det
+        if rate == 0.5:
+            complemented, ambiguous = False, True
+        else:
+            ambiguous = False
+            complemented = (rate < 0.5) != positive_rate_below_half
+        source = "prior"
+    labels = 1 - candidate if complemented else candidate
+    labels = torch.where(
+        determined, labels, torch.full((n,), -1, dtype=torch.int64, device=stat.device)
+    )
+    return SignAmbiguousLabels(
+        labels=labels,
+        undetermined=~determined,
+        statistic=torch.where(determined, stat, torch.zeros_like(stat)),
+        complemented=bool(complemented),
+        sign_ambiguous=bool(ambiguous),
+        sign_source=source,
+    )
+
+
+def _activation_derivative(
+    z: Tensor, activation: Activation | Callable[[Tensor], Tensor]
+) -> Tensor:
+    if callable(activation):
+        u = activation(z)
+        if not isinstance(u, Tensor) or u.shape != z.shape:
+            raise ValueError(
+                "the activation-derivative callable must return a tensor shaped like Z"
+            )
+        return u.to(torch.float64)
+    if activation == "relu":
+        return (z > 0).to(torch.float64)  # torch's ReLU backward uses A'(0) = 0
+    if activation == "sigmoid":
+        s = torch.sigmoid(z)
+        return s * (1.0 - s)
+    if activation == "tanh":
+        return 1.0 - torch.tanh(z) ** 2
+    if activation == "identity":
+        return torch.ones_like(z)
+    raise ValueError(
+        f"activation must be 'relu', 'sigmoid', 'tanh', 'identity' or a callable returning "
+        f"A'(Z), got {activation!r}"
+    )
+
+
+def _vector(x: Any, name: str, n: int) -> Tensor:
+    t = _as_float_tensor(x, name).reshape(-1)
+    if t.shape[0] != n:
+        raise ValueError(f"{name} must have {n} entries, got {t.shape[0]}")
+    _check_finite(t, name)
+    return t.to(torch.float64)
+
+
+def reconstruct_labels_second_last_layer(
+    inputs: Tensor,
+    unit_weight_grad: Tensor,
+    *,
+    pre_activations: Tensor | None = None,
+    activation_derivative: Tensor | None = None,
+    activation: Activation | Callable[[Tensor], Tensor] = "relu",
+    unit_bias_grad: Tensor | float | None = None,
+    positive_rate_below_half: bool = True,
+    output_weight_sign: int | None = None,
+) -> SignAmbiguousLabels:
+    """Second-last layer attack (paper 004 Alg. 4, App. A.1.2; METHODS B5), binary logit.
+
+    The adversary sees the gradient of the weights W_J (and optionally bias) INTO hidden unit J
+    of the last hidden layer, and the inputs x^{L-1} of that layer. dZ_r/dW_J =
+    W_J^L U_r x_r^{L-1} with U_r = A'(Z_J^L[r]); W_J^L (the output weight of unit J) is not
+    seen, so the solve gives b_r = W_J^L (p_r - y_r) (times positive factors) and the labels
+    are I(b < 0) if W_J^L > 0, else its complement. The sign is resolved with the prior of the
+    paper: the candidate whose positive rate (over the determined examples) is below 0.5 when
+    ``positive_rate_below_half`` (rare positives: tumours, fraud, loan default), above 0.5
+    otherwise; ``output_weight_sign`` overrides the prior when the sign is known. If the batch's
+    actual positive rate is on the other side of 0.5 than the prior says, EVERY determined label
+    is flipped: the prior is an assumption of the attack, not something it can check.
+
+    Examples with U_r = 0 (ReLU units that are off) contribute nothing to the gradient: they
+    are reported as ``undetermined`` (label -1), never guessed; the solve uses only the others,
+    so the batch may hold more examples than p' (+1) as long as the determined ones fit.
+
+    Args:
+        inputs: [N, p'] the layer's inputs x^{L-1} (activations of the second-last layer).
+        unit_weight_grad: [p'] gradient of the weights into unit J (a mean, sum, Opacus
+            gradient or a weight delta: the unknown sign absorbs -lr).
+        pre_activations: [N] Z_J^L[r], the pre-activation of unit J; or
+        activation_derivative: [N] U_r = A'(Z_J^L[r]) directly (exactly one of the two).
+        activation: the hidden activation for ``pre_activations``: "relu" (A'(0) = 0, as
+            torch), "sigmoid", "tanh", "identity", or a callable Z -> A'(Z).
+        unit_bias_grad: gradient of unit J's bias (scalar), or None.
+        positive_rate_below_half: the prior (True: positives are the minority).
+        output_weight_sign: +1 / -1 if the sign of W_J^L is known, else None (use the prior).
+
+    Returns:
+        :class:`SignAmbiguousLabels` (labels int64 [N] with -1 for undetermined examples).
+
+    Raises:
+        ValueError: neither or both of ``pre_activations`` / ``activation_derivative``; shapes
+            inconsistent; NaN/inf; more determined examples than p' (+1 with bias) or a
+            rank-deficient system (use a smaller batch or a wider layer).
+
+    Source: paper 004 Alg. 4 and eq. 4; METHODS B5.
+    """
+    x = _check_features(inputs, "inputs")
+    n, p = x.shape
+    if (pre_activations is None) == (activation_derivative is None):
+        raise ValueError(
+            "pass exactly one of pre_activations (Z_J^L) and activation_derivative (U)"
+        )
+    if activation_derivative is not None:
+        u = _vector(activation_derivative, "activation_derivative", n).to(x.device)
+    else:
+        z = _vector(pre_activations, "pre_activations", n).to(x.device)
+        u = _activation_derivative(z, activation)
+        _check_finite(u, "A'(Z)")
+    gmat = _grad_matrix(unit_weight_grad, unit_bias_grad, p).to(x.device)
+    if gmat.shape[0] != 1:
+        raise ValueError("unit_weight_grad must be the [p'] gradient of ONE hidden unit's weights")
+    determined = u != 0
+    stat = torch.zeros(n, dtype=torch.float64, device=x.device)
+    num_det = int(determined.sum())
+    if num_det > 0:
+        design = _design(x, unit_bias_grad is not None) * u.unsqueeze(1)
+        what = f"{p} inputs of the layer" + (" + 1 bias" if unit_bias_grad is not None else "")
+        coef, _ = _qr_solve(design[determined], gmat.T, _eps_of(x), what)
+        stat[determined] = num_det * coef[:, 0]
+    return _resolve_sign(stat, determined, positive_rate_below_half, output_weight_sign)
+
+
+def craft_malicious_features(
+    first_layer_weight: Tensor,
+    batch_size: int,
+    *,
+    target: Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Features for the malicious input-layer attack (paper 004 Alg. 5 steps 1-3; METHODS B6).
+
+    Returns N linearly independent solutions x_r of W x = V (W: the first layer's weight,
+    [p2, p1]): x_r = x_0 + n_r with x_0 = W^+ V (orthogonal to null(W), non-zero) and n_r the
+    first N vectors of an orthonormal basis of null(W) (from the SVD). Every crafted example
+    then has the same first-layer pre-activation W x_r + B = V + B, hence the same value of
+    every hidden unit and of the output p; the input-layer gradient of unit J becomes
+    g_J X^T (p - y) / N with one unknown scalar g_J (METHODS B6).
+
+    Args:
+        first_layer_weight: W, [p2, p1] (``nn.Linear(p1, p2).weight``).
+        batch_size: N, 1 <= N <= p1 - rank(W) (= p1 - p2 for a generic W).
+        target: V, [p2], must lie in the range of W; default: W u for a standard normal u
+            drawn with ``generator``.
+        generator: torch.Generator for V (CPU).
+
+    Returns:
+        float64 [N, p1] features on the device of W (cast to the model's dtype before use).
+
+    Raises:
+        ValueError: W not 2-D or not finite; N > p1 - rank(W) ("pick a smaller batch or a
+            larger feature size"); V not in the range of W, or V = 0 (the crafted rows would
+            not be linearly independent).
+
+    Source: paper 004 Alg. 5 and App. A.1.3; METHODS B6.
+    """
+    w = _as_float_tensor(first_layer_weight, "first_layer_weight")
+    if w.ndim != 2:
+        raise ValueError(f"first_layer_weight must be 2-D [p2, p1], got {tuple(w.shape)}")
+    _check_finite(w, "first_layer_weight")
+    w64 = w.to(torch.float64)
+    p2, p1 = w64.shape
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    u_w, s, vh = torch.linalg.svd(w64, full_matrices=True)
+    tol = max(p1, p2) * _eps_of(w) * (float(s[0]) if s.numel() else 0.0)
+    rank = int((s > tol).sum())
+    null_dim = p1 - rank
+    if batch_size > null_dim:
+        raise ValueError(
+            f"batch_size N = {batch_size} exceeds the dimension p1 - rank(W) = {p1} - {rank} = "
+            f"{null_dim} of the solution space of W x = V (Alg. 5 needs N <= p1 - p2): pick a "
+            "smaller batch or a larger feature size p1"
+        )
+    if target is None:
+        u = torch.randn(p1, generator=generator, dtype=torch.float64).to(w64.device)
+        v = w64 @ u
+    else:
+        v = _vector(target, "target", p2).to(w64.device)
+    # minimum-norm solution x_0 = W^+ V from the SVD (any device, no lstsq driver limits)
+    x0 = vh[:rank].T @ ((u_w[:, :rank].T @ v) / s[:rank])
+    v_norm = float(torch.linalg.vector_norm(v))
+    if v_norm == 0.0 or float(torch.linalg.vector_norm(x0)) == 0.0:
+        raise ValueError("target V must be non-zero (x_0 = 0 makes the crafted rows dependent)")
+    resid = float(torch.linalg.vector_norm(w64 @ x0 - v))
+    if resid > 1e-8 * max(1.0, v_norm):
+        raise ValueError("target V is not in the range of W: W x = V has no solution")
+    null_basis = vh[rank : rank + batch_size]  # [N, p1], orthonormal, orthogonal to x0
+    return x0.unsqueeze(0) + null_basis
+
+
+def reconstruct_labels_malicious_input_layer(
+    features: Tensor,
+    unit_weight_grad: Tensor,
+    *,
+    unit_bias_grad: Tensor | float | None = None,
+    positive_rate_below_half: bool = True,
+    unit_sign: int | None = None,
+) -> SignAmbiguousLabels:
+    """Labels from the input-layer weights of one hidden unit (paper 004 Alg. 5 step 4; B6).
+
+    With features from :func:`craft_malicious_features`, the gradient of the weights into
+    first-layer unit J is g_J X^T (p - y) / N (one unknown scalar g_J, the same for every
+    example), so b = N (X^T X)^{-1} X^T G = g_J (p - y) and the labels are I(b < 0) or the
+    complement, resolved with the positive-rate prior as in
+    :func:`reconstruct_labels_second_last_layer`. Use a smooth activation (the paper's malicious
+    server avoids ReLU): if unit J is off, g_J = 0 and every example is ``undetermined``.
+
+    Args:
+        features: [N, p1] the crafted features actually fed to the model.
+        unit_weight_grad: [p1] gradient (or weight delta, the sign being unknown anyway) of the
+            weights into unit J.
+        unit_bias_grad: gradient of unit J's bias, or None.
+        positive_rate_below_half: the prior (True: positives are the minority).
+        unit_sign: +1 / -1 if the sign of g_J is known, else None.
+
+    Returns:
+        :class:`SignAmbiguousLabels`; all ``undetermined`` when the gradient is exactly zero.
+
+    Raises:
+        ValueError: shapes inconsistent, NaN/inf, N > p1 (+1) or rank-deficient features.
+
+    Source: paper 004 Alg. 5, eq. 6-7; METHODS B6.
+
+    Example (worked, as in tests/test_label_reconstruction.py):
+        >>> import torch
+        >>> from torch import nn
+        >>> _ = torch.manual_seed(0)
+        >>> model = nn.Sequential(nn.Linear(8, 3), nn.Tanh(), nn.Linear(3, 1)).double()
+        >>> x = craft_malicious_features(model[0].weight, 5, generator=torch.Generator().manual_seed(1))
+        >>> x.shape
+        torch.Size([5, 8])
+        >>> h = model[0](x)  # every row of the first hidden layer is the same
+        >>> bool(torch.allclose(h, h[:1].expand_as(h)))
+        True
+        >>> y = torch.tensor([0.0, 1.0, 0.0, 0.0, 1.0])  # 2 positives of 5: the prior holds
+        >>> loss = nn.functional.binary_cross_entropy_with_logits(model(x)[:, 0], y)
+        >>> loss.backward()
+        >>> out = reconstruct_labels_malicious_input_layer(x, model[0].weight.grad[0])
+        >>> out.labels.tolist()
+        [0, 1, 0, 0, 1]
+    """
+    x = _check_features(features)
+    n, p = x.shape
+    gmat = _grad_matrix(unit_weight_grad, unit_bias_grad, p).to(x.device)
+    if gmat.shape[0] != 1:
+        raise ValueError("unit_weight_grad must be the [p1] gradient of ONE hidden unit's weights")
+    if not bool((gmat != 0).any()):
+        determined = torch.zeros(n, dtype=torch.bool, device=x.device)
+        stat = torch.zeros(n, dtype=torch.float64, device=x.device)
+        return _resolve_sign(stat, determined, positive_rate_below_half, unit_sign)
+    design = _design(x, unit_bias_grad is not None)
+    what = f"{p} input features" + (" + 1 bias" if unit_bias_grad is not None else "")
+    coef, _ = _qr_solve(design, gmat.T, _eps_of(x), what)
+    stat = n * coef[:, 0]
+    determined = torch.ones(n, dtype=torch.bool, device=x.device)
+    return _resolve_sign(stat, determined, positive_rate_below_half, unit_sign)

@@ -1,0 +1,503 @@
+"""Label-privacy callbacks for Opacus DP-SGD (paper 004, Yuan et al.; METHODS B1-B10).
+
+* :class:`LabelReconstructionAttack` - the adversary sees the privatized aggregated gradient of
+  one linear layer (default: the last) and the per-example inputs of that layer, and
+  reconstructs the batch's labels (B2-B4). Logs the reconstruction accuracy of the batch and
+  the running accuracy (torchmetrics).
+* :class:`LabelDPLowerBound` - closed-form label-DP lower bounds for one step (B8, B9) from
+  Opacus' per-example gradients, their extrapolation to the run (B10), the single-step upper
+  bound for replacing one label (Gaussian with sensitivity 2/sigma) and the accountant's epsilon,
+  on one TensorBoard chart next to accuracy.
+
+Both read the training through two hooks: a forward hook on the attacked layer (its inputs and
+outputs while a training batch runs) and a hook chained into the ``DPOptimizer``'s single
+``step_hook`` slot (after clipping, noise and scaling, before the parameters move: ``p.grad`` is
+the privatized gradient and ``p.grad_sample`` still holds the per-example gradients). The
+accountant's own hook keeps running first.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_warn
+from torch import nn
+from torchmetrics.classification import BinaryAccuracy, MulticlassAccuracy
+
+from audit_callbacks.attacks.label_reconstruction import reconstruct_labels
+from audit_callbacks.callbacks import tensorboard as tb
+from audit_callbacks.callbacks.summary import write_summary
+from audit_callbacks.dpsgd import (
+    chain_step_hook,
+    find_accountant,
+    find_dp_optimizer,
+    unchain_step_hook,
+)
+from audit_callbacks.estimators.gaussian import gaussian_epsilon
+from audit_callbacks.estimators.label_dp import extrapolation_factor, label_dp_lower_bound
+
+__all__ = ["LabelDPLowerBound", "LabelReconstructionAttack", "second_last_layer_features"]
+
+
+def _default_labels(batch: Any) -> torch.Tensor:
+    if isinstance(batch, (list, tuple)) and len(batch) >= 2:
+        return batch[1]
+    if isinstance(batch, dict) and "label" in batch:
+        return batch["label"]
+    raise ValueError("cannot find the labels in the batch: pass label_fn=lambda batch: ...")
+
+
+def _linear_layers(module: nn.Module) -> list[nn.Linear]:
+    return [m for m in module.modules() if isinstance(m, nn.Linear)]
+
+
+def second_last_layer_features(
+    inputs: torch.Tensor, preactivations: torch.Tensor, last_weight: torch.Tensor, unit: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-example dZ_r/dW for the weights (and bias) into hidden unit J of the last hidden layer.
+
+    dZ_r/dW_J = W^L_J U_r [x_r^{L-1}, 1] with U_r = ReLU'(Z^L_J[r]) (METHODS B5; paper 004
+    Alg. 4). Rows with U_r = 0 carry no information on the label (undetermined) and are dropped.
+
+    Args:
+        inputs: [N, p'] inputs of the second-last linear layer, x^{L-1}.
+        preactivations: [N, H] its outputs Z^L (before the ReLU).
+        last_weight: [1, H] weight of the last (logit) layer.
+        unit: J in [0, H).
+
+    Returns:
+        ``(features [n_det, p' + 1], determined [N] bool)``: the effective features of the
+        determined examples, to pass to :func:`label_dp_lower_bound` with ``bias=False``.
+    """
+    active = preactivations[:, unit] > 0
+    w = float(last_weight.reshape(-1)[unit])
+    ones = torch.ones(inputs.shape[0], 1, dtype=inputs.dtype, device=inputs.device)
+    feats = w * torch.cat([inputs, ones], dim=1)
+    return feats[active], active
+
+
+class _LayerTap:
+    """Forward hooks that keep the inputs/outputs of layers while a training batch runs.
+
+    Between two optimizer steps the captured tensors of every forward pass are concatenated
+    (gradient accumulation), and cleared after each step.
+    """
+
+    def __init__(self, layers: dict[str, nn.Linear]) -> None:
+        self.active = False
+        self.inputs: dict[str, list[torch.Tensor]] = {k: [] for k in layers}
+        self.outputs: dict[str, list[torch.Tensor]] = {k: [] for k in layers}
+        self.labels: list[torch.Tensor] = []
+        self._handles = [layer.register_forward_hook(self._hook(name)) for name, layer in layers.items()]
+
+    def _hook(self, name: str):
+        def fn(module: nn.Module, args: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
+            if self.active and module.training:
+                self.inputs[name].append(args[0].detach().reshape(args[0].shape[0], -1).to("cpu", torch.float64))
+                self.outputs[name].append(output.detach().reshape(output.shape[0], -1).to("cpu", torch.float64))
+        return fn
+
+    def take(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], torch.Tensor] | None:
+        if not self.labels or any(not v for v in self.inputs.values()):
+            self.clear()
+            return None
+        ins = {k: torch.cat(v) for k, v in self.inputs.items()}
+        outs = {k: torch.cat(v) for k, v in self.outputs.items()}
+        labels = torch.cat(self.labels)
+        self.clear()
+        return ins, outs, labels
+
+    def clear(self) -> None:
+        for v in (*self.inputs.values(), *self.outputs.values()):
+            v.clear()
+        self.labels.clear()
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+class _StepAuditCallback(Callback):
+    """Shared glue: find the DPOptimizer and layers, tap them, chain the step hook."""
+
+    name = "label audit"
+
+    def __init__(self, *, every_n_steps: int, label_fn: Any, summary_filename: str | None) -> None:
+        if every_n_steps < 1:
+            raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
+        self.every_n_steps = int(every_n_steps)
+        self.label_fn = label_fn or _default_labels
+        self.summary_filename = summary_filename
+        self.optimizer: Any = None
+        self._tap: _LayerTap | None = None
+        self._hook: Any = None
+        self._pending: dict[str, float] | None = None
+        self._warned: set[str] = set()
+        self.steps = 0
+        self.summary_path: str | None = None
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            rank_zero_warn(message, category=UserWarning)
+
+    def _layers(self, pl_module: pl.LightningModule) -> dict[str, nn.Linear]:
+        raise NotImplementedError
+
+    def _on_step(self, optimizer: Any, data: tuple) -> dict[str, float] | None:
+        raise NotImplementedError
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.optimizer = find_dp_optimizer(trainer.optimizers)
+        if self.optimizer is None:
+            raise TypeError(
+                f"{type(self).__name__} audits Opacus DP-SGD: return the optimizer of "
+                "PrivacyEngine().make_private(...) from configure_optimizers"
+            )
+        self._tap = _LayerTap(self._layers(pl_module))
+        self._hook = chain_step_hook(self.optimizer, self._step_hook)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self._tap is None:
+            return
+        self._tap.active = True
+        self._tap.labels.append(torch.as_tensor(self.label_fn(batch)).detach().reshape(-1).to("cpu"))
+
+    def _step_hook(self, optimizer: Any) -> None:
+        assert self._tap is not None
+        self.steps += 1
+        data = self._tap.take()
+        if data is None or (self.steps - 1) % self.every_n_steps:
+            return
+        self._pending = self._on_step(optimizer, data)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self._tap is not None:
+            self._tap.active = False
+        if self._pending:
+            metrics = {k: v for k, v in self._pending.items() if v is not None and math.isfinite(v)}
+            for name, value in metrics.items():
+                pl_module.log(name, value, on_step=True, on_epoch=False, batch_size=1)
+        self._pending = None
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self._tap is not None:
+            self._tap.remove()
+            self._tap = None
+        if self.optimizer is not None and self._hook is not None:
+            unchain_step_hook(self.optimizer, self._hook)
+            self._hook = None
+
+
+class LabelReconstructionAttack(_StepAuditCallback):
+    """Reconstruct training labels from the privatized aggregated gradient (paper 004 Alg. 1/3).
+
+    Threat model: an honest-but-curious party that sees the gradient DP-SGD releases at a step
+    (clipped, noised, divided by the expected batch size) for one linear layer, and the inputs
+    of that layer for the batch's examples (white-box model, known batch features). Every
+    ``every_n_steps`` logical steps it runs
+    :func:`~audit_callbacks.attacks.label_reconstruction.reconstruct_labels` on
+    ``(inputs [N, p], weight.grad [K, p], bias.grad [K])`` and compares with the true labels.
+
+    Logs ``label_attack/accuracy_batch`` and ``label_attack/accuracy`` (running over every
+    attacked example, torchmetrics); writes ``label_attack_summary.json`` at fit end.
+
+    Args:
+        layer: the attacked ``nn.Linear`` (default: the last linear layer of the module).
+        every_n_steps: attack one logical step in n.
+        label_fn: ``batch -> labels [N]`` (default: ``batch[1]``).
+        summary_filename: JSON written at fit end in the logger's directory (None: none).
+
+    Raises:
+        TypeError: no Opacus ``DPOptimizer`` among the trainer's optimizers (at fit start).
+    Warns once (and skips the step) when the batch is larger than the layer allows
+    (N > p + 1): use a smaller batch or attack a wider layer.
+    """
+
+    name = "label reconstruction"
+
+    def __init__(
+        self, layer: nn.Linear | None = None, *, every_n_steps: int = 1, label_fn: Any = None,
+        summary_filename: str | None = "label_attack_summary.json",
+    ) -> None:
+        super().__init__(every_n_steps=every_n_steps, label_fn=label_fn, summary_filename=summary_filename)
+        self.layer = layer
+        self._acc_batch: Any = None
+        self.history: list[tuple[int, float, int]] = []  # (step, batch accuracy, batch size)
+
+    def _layers(self, pl_module: pl.LightningModule) -> dict[str, nn.Linear]:
+        if self.layer is None:
+            layers = _linear_layers(pl_module)
+            if not layers:
+                raise ValueError("LabelReconstructionAttack: the module has no nn.Linear layer to attack")
+            self.layer = layers[-1]
+        k = self.layer.out_features
+        self._acc_batch = BinaryAccuracy() if k == 1 else MulticlassAccuracy(num_classes=k, average="micro")
+        return {"layer": self.layer}
+
+    def _on_step(self, optimizer: Any, data: tuple) -> dict[str, float] | None:
+        ins, _, labels = data
+        x = ins["layer"]
+        layer = self.layer
+        assert layer is not None
+        if layer.weight.grad is None:
+            return None
+        w_grad = layer.weight.grad.detach().to("cpu", torch.float64)
+        b_grad = None if layer.bias is None else layer.bias.grad.detach().to("cpu", torch.float64)
+        if x.shape[0] > x.shape[1] + (b_grad is not None):
+            self._warn_once("rank", f"LabelReconstructionAttack: a batch of {x.shape[0]} examples is larger than "
+                            f"the attacked layer's {x.shape[1]} inputs allow; such steps are skipped "
+                            "(use a smaller batch or attack a wider layer)")
+            return None
+        try:
+            pred = reconstruct_labels(x, w_grad, b_grad)
+        except ValueError as err:  # rank-deficient features
+            self._warn_once("solve", f"LabelReconstructionAttack: step skipped: {err}")
+            return None
+        batch_acc = float(self._acc_batch(pred, labels.to(pred.dtype)))
+        self._acc_batch.reset()
+        self.history.append((self.steps, batch_acc, int(x.shape[0])))
+        return {"label_attack/accuracy_batch": batch_acc, "label_attack/accuracy": self.accuracy}
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_fit_start(trainer, pl_module)
+        tb.add_custom_scalars_layout(trainer, {"label attack": {
+            "reconstruction accuracy": ["Multiline", ["label_attack/accuracy_batch", "label_attack/accuracy"]],
+            "model accuracy": ["Multiline", [r"val.*acc.*"]],
+        }})
+
+    @property
+    def accuracy(self) -> float | None:
+        """Running reconstruction accuracy over every attacked example (None before any)."""
+        if not self.history:
+            return None
+        # micro average over examples = batch accuracies weighted by batch size (exact)
+        return sum(a * n for _, a, n in self.history) / sum(n for _, _, n in self.history)
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not self.summary_filename or not trainer.is_global_zero:
+            return
+        self.summary_path = write_summary(tb.log_dir(trainer), self.summary_filename, {
+            "callback": "LabelReconstructionAttack",
+            "paper": "Yuan et al., paper 004, Alg. 1 and 3; METHODS B2-B4",
+            "threat_model": "sees the privatized aggregated gradient of one linear layer and the layer's "
+                            "per-example inputs for the batch",
+            "layer": repr(self.layer),
+            "steps": self.steps,
+            "attacked_steps": len(self.history),
+            "accuracy": self.accuracy,
+            "history": [{"step": s, "accuracy": a, "batch_size": n} for s, a, n in self.history],
+        })
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"steps": self.steps, "history": [list(h) for h in self.history]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.steps = int(state_dict.get("steps", 0))
+        self.history = [(int(s), float(a), int(n)) for s, a, n in state_dict.get("history", [])]
+
+
+class LabelDPLowerBound(_StepAuditCallback):
+    """Label-DP lower bounds of each DP-SGD step against the last-layer label attack (paper 004).
+
+    For a binary model with one sigmoid logit (``nn.Linear(p, 1)`` last), every
+    ``every_n_steps`` logical steps it computes, from the batch's last-hidden activations, the
+    sigmoid outputs, the labels and Opacus' per-example gradient norms (``grad_sample``, over
+    all parameters, before clipping),
+    :func:`~audit_callbacks.estimators.label_dp.label_dp_lower_bound` (METHODS B8, B9) and
+    logs, in nats at ``delta``:
+
+    * ``label_dp/epsilon_lo_batch`` - the sign-test bound of this batch (B8, paper Alg. 2);
+    * ``label_dp/epsilon_lo_max`` - its running maximum over the attacked steps;
+    * ``label_dp/epsilon_lo_extrapolated`` - the mean batch bound times
+      ``1 + log M / log N`` (B10; M attacked steps, N the expected batch size);
+    * ``label_dp/epsilon_lo_optimal_test``, ``label_dp/epsilon_pair_layer``,
+      ``label_dp/epsilon_pair_all_params`` - the B9 bounds of this batch (max over examples);
+    * ``label_dp/epsilon_lo_second_last`` - the sign-test bound from the second-last layer
+      (unit with the most active examples, B5), when ``second_last=True``;
+    * ``label_dp/epsilon_single_step`` - the upper bound of one step for replacing one label, the
+      Gaussian with sensitivity 2/sigma (no amplification);
+    * ``label_dp/epsilon_accountant`` - the run's Opacus accountant (amplified, composed).
+
+    Threat model: one release of one step on a batch the adversary knows (white-box). The
+    single-step bound is the analytic ceiling of every per-batch value; the accountant's
+    epsilon is for the whole run under Poisson sampling and add/remove neighbours.
+
+    Args:
+        every_n_steps: compute on one logical step in n.
+        delta: delta of every epsilon (default: the module's ``delta`` or 1e-5).
+        second_last: also bound the second-last layer's attack (needs a ReLU MLP whose last
+            two layers are ``nn.Linear``).
+        label_fn: ``batch -> labels [N]`` in {0, 1} (default: ``batch[1]``).
+        summary_filename: JSON at fit end (None: none).
+
+    Raises:
+        TypeError: no Opacus ``DPOptimizer`` (at fit start).
+        ValueError: the last linear layer has more than one output (the closed forms are for a
+            single sigmoid logit), or ``noise_multiplier`` is 0 (every bound is infinite).
+    Warns once (and skips the step) when the batch is larger than the layer width allows.
+    """
+
+    name = "label-DP lower bound"
+
+    def __init__(
+        self, *, every_n_steps: int = 1, delta: float | None = None, second_last: bool = True,
+        label_fn: Any = None, summary_filename: str | None = "label_dp_summary.json",
+    ) -> None:
+        super().__init__(every_n_steps=every_n_steps, label_fn=label_fn, summary_filename=summary_filename)
+        if delta is not None and not 0 < delta < 1:
+            raise ValueError(f"delta must be in (0, 1), got {delta}")
+        self.delta = delta
+        self.second_last = bool(second_last)
+        self._delta_used = 1e-5
+        self._accountant: Any = None
+        self.records: list[dict[str, float]] = []
+        self.running_max = 0.0
+        self.running_max_second_last = 0.0
+        self._sum = 0.0
+
+    def _layers(self, pl_module: pl.LightningModule) -> dict[str, nn.Linear]:
+        layers = _linear_layers(pl_module)
+        if not layers or layers[-1].out_features != 1:
+            raise ValueError(
+                "LabelDPLowerBound needs a binary model with one sigmoid logit (last layer nn.Linear(p, 1)); "
+                "the closed forms of paper 004 Alg. 2 are for that case"
+            )
+        self._last = layers[-1]
+        out = {"last": layers[-1]}
+        if self.second_last:
+            if len(layers) < 2:
+                self._warn_once("sl", "LabelDPLowerBound: no second-last linear layer; second_last ignored")
+                self.second_last = False
+            else:
+                out["second_last"] = layers[-2]
+        return out
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_fit_start(trainer, pl_module)
+        if float(self.optimizer.noise_multiplier) <= 0:
+            raise ValueError("LabelDPLowerBound: noise_multiplier is 0, so no step is private (every bound is inf)")
+        own = getattr(pl_module, "delta", None)
+        self._delta_used = self.delta if self.delta is not None else (float(own) if own else 1e-5)
+        self._accountant, _ = find_accountant(self.optimizer)
+        lines = ["label_dp/epsilon_lo_batch", "label_dp/epsilon_lo_max", "label_dp/epsilon_lo_extrapolated",
+                 "label_dp/epsilon_single_step", "label_dp/epsilon_accountant"]
+        if self.second_last:
+            lines.insert(3, "label_dp/epsilon_lo_second_last")
+        tb.add_custom_scalars_layout(trainer, {"label privacy (paper 004)": {
+            "label-DP epsilon: lower bounds vs upper bounds": ["Multiline", lines],
+            "B9 bounds (one batch)": ["Multiline", ["label_dp/epsilon_lo_batch", "label_dp/epsilon_lo_optimal_test",
+                                                    "label_dp/epsilon_pair_layer", "label_dp/epsilon_pair_all_params",
+                                                    "label_dp/epsilon_single_step"]],
+            "model accuracy": ["Multiline", [r"val.*acc.*"]],
+        }})
+
+    def _on_step(self, optimizer: Any, data: tuple) -> dict[str, float] | None:
+        ins, outs, labels = data
+        x = ins["last"]
+        n, p = x.shape
+        if n < 1:
+            return None
+        if n > p + 1:
+            self._warn_once("rank", f"LabelDPLowerBound: a batch of {n} examples is larger than the last layer's "
+                            f"{p} inputs (+1 bias) allow; such steps are skipped (use a smaller batch or a wider layer)")
+            return None
+        grads = optimizer.grad_samples
+        norms = torch.stack([g.reshape(g.shape[0], -1).norm(2, dim=1) for g in grads], dim=1).norm(2, dim=1)
+        norms = norms.detach().to("cpu", torch.float64).numpy()
+        probs = torch.sigmoid(outs["last"][:, 0]).clamp(1e-12, 1 - 1e-12).numpy()
+        y = labels.numpy().astype(np.int64)
+        kw = dict(max_grad_norm=float(optimizer.max_grad_norm), noise_multiplier=float(optimizer.noise_multiplier),
+                  expected_batch_size=float(optimizer.expected_batch_size), delta=self._delta_used)
+        try:
+            res = label_dp_lower_bound(x.numpy(), probs, y, norms, **kw)
+        except ValueError as err:
+            self._warn_once("solve", f"LabelDPLowerBound: step skipped: {err}")
+            return None
+        lb = float(res.epsilon_lower_bound)
+        self.running_max = max(self.running_max, lb)
+        self._sum += lb
+        attacked = len(self.records) + 1
+        mean = self._sum / attacked
+        n_e = max(2, int(round(float(optimizer.expected_batch_size))))
+        record = {
+            "step": float(self.steps),
+            "label_dp/epsilon_lo_batch": lb,
+            "label_dp/epsilon_lo_max": self.running_max,
+            "label_dp/epsilon_lo_extrapolated": mean * extrapolation_factor(attacked, n_e),
+            "label_dp/epsilon_lo_optimal_test": float(res.optimal_test_epsilon_max),
+            "label_dp/epsilon_pair_layer": float(res.layer_pair_epsilon_max),
+            "label_dp/epsilon_pair_all_params": float(res.all_params_pair_epsilon_max),
+            "label_dp/epsilon_single_step": float(res.single_step_epsilon),
+        }
+        if self.second_last:
+            sl = self._second_last(ins, outs, probs, y, norms, kw)
+            if sl is not None:
+                self.running_max_second_last = max(self.running_max_second_last, sl)
+                record["label_dp/epsilon_lo_second_last"] = sl
+        if self._accountant is not None and getattr(self._accountant, "history", None):
+            try:
+                record["label_dp/epsilon_accountant"] = float(self._accountant.get_epsilon(delta=self._delta_used))
+            except (ValueError, RuntimeError, OverflowError):
+                pass
+        self.records.append(record)
+        return {k: v for k, v in record.items() if k != "step"}
+
+    def _second_last(self, ins, outs, probs, y, norms, kw) -> float | None:
+        z = outs["second_last"]
+        unit = int((z > 0).sum(0).argmax())
+        feats, active = second_last_layer_features(ins["second_last"], z, self._last.weight.detach().cpu(), unit)
+        if feats.shape[0] < 1 or feats.shape[0] > feats.shape[1]:
+            return None
+        mask = active.numpy()
+        try:
+            res = label_dp_lower_bound(feats.numpy(), probs[mask], y[mask], norms[mask], bias=False, **kw)
+        except ValueError:
+            return None
+        return float(res.epsilon_lower_bound)
+
+    @property
+    def single_step_epsilon(self) -> float | None:
+        if self.optimizer is None:
+            return None
+        return float(gaussian_epsilon(float(self.optimizer.noise_multiplier), self._delta_used, sensitivity=2.0))
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not self.summary_filename or not trainer.is_global_zero:
+            return
+        last = self.records[-1] if self.records else {}
+        self.summary_path = write_summary(tb.log_dir(trainer), self.summary_filename, {
+            "callback": "LabelDPLowerBound",
+            "paper": "Yuan et al., paper 004, Alg. 2 and App. A.3.1; METHODS B7-B10",
+            "threat_model": "one release of one DP-SGD step on a known batch; the adversary runs the "
+                            "last-layer (and second-last-layer) label attack",
+            "delta": self._delta_used,
+            "noise_multiplier": float(self.optimizer.noise_multiplier) if self.optimizer is not None else None,
+            "max_grad_norm": float(self.optimizer.max_grad_norm) if self.optimizer is not None else None,
+            "expected_batch_size": self.optimizer.expected_batch_size if self.optimizer is not None else None,
+            "steps": self.steps,
+            "attacked_steps": len(self.records),
+            "epsilon_lower_bound_max": self.running_max,
+            "epsilon_lower_bound_second_last_max": self.running_max_second_last if self.second_last else None,
+            "epsilon_lower_bound_extrapolated": last.get("label_dp/epsilon_lo_extrapolated"),
+            "epsilon_single_step": self.single_step_epsilon,
+            "epsilon_accountant": last.get("label_dp/epsilon_accountant"),
+            "records": self.records,
+        })
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"steps": self.steps, "records": [dict(r) for r in self.records], "running_max": self.running_max,
+                "running_max_second_last": self.running_max_second_last, "sum": self._sum}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.steps = int(state_dict.get("steps", 0))
+        self.records = [dict(r) for r in state_dict.get("records", [])]
+        self.running_max = float(state_dict.get("running_max", 0.0))
+        self.running_max_second_last = float(state_dict.get("running_max_second_last", 0.0))
+        self._sum = float(state_dict.get("sum", 0.0))

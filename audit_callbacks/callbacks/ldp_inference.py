@@ -1,0 +1,308 @@
+"""``LDPInferenceAudit``: the LDP-FL inference attack of paper 002 (§3.1), round by round.
+
+Paper 002 §3.1 (steps 1-4, eq. 2 and eq. 10) and its appendix; METHODS C5. Attach it to a
+``Trainer`` that fits :class:`~audit_callbacks.federated.DPFedAvg` with a per-coordinate
+randomizer that has a domain ``[c - r, c + r]`` (:class:`~audit_callbacks.mechanisms.TwoPoint`,
+:class:`~audit_callbacks.mechanisms.Staircase`, :class:`~audit_callbacks.mechanisms.GRR`, ...).
+Every round it plays the honest-but-curious server: it stores the rows the clients release
+(``on_federated_randomized_updates``), predicts every coordinate of the clients' mean input over
+the rounds so far with :class:`~audit_callbacks.attacks.LDPFLInferenceAttack`, and scores it.
+
+What is attacked. DP-FedAvg randomizes each client's clipped update (not its weights, as in 002);
+the attack's target is therefore the mean, over every row released so far, of what the mechanism
+saw: ``randomizer.project(update)`` (clipped to the domain and, for grid mechanisms with
+``rounding="nearest"``, rounded to the grid). Error metric (002 §3.2): ``|w_hat - w_mean| / (2r)``
+per coordinate; the callback logs its mean and median over coordinates. Confidence (eq. 10):
+``CS = 1 / (0.01 + |w_hat_2 - w_hat_1| / (2r))`` from two random halves of the history, in
+(0, 100], mean over coordinates (from the second round on).
+
+Modes (how the attacker turns released values into a prediction; both are logged by default):
+
+* ``"debiased"``: the attack averages the server's own debiased values ``randomizer.debias(y)``.
+  For the two-point mechanism debias is the identity and this is exactly eq. 2 (the mean of the
+  released values). For GRR it is the affine inverse of the mean. For SRR (Staircase) the raw
+  mean is biased towards the centre by an amount that depends on the unknown weight (002 §5,
+  "Mitigating the risks"); but the bias is a fixed linear map of the output distribution, and
+  ``Staircase.debias`` inverts it exactly (a per-value table) for every input outside the two
+  edge blocks, so an attacker who knows the mechanism (as LDP assumes) still gets an unbiased
+  prediction, at a higher variance. This is the attack we consider the right one.
+* ``"raw"``: the plain mean of the released values (002's reading for SRR: the attacker applies
+  eq. 2's "mean of outputs" without the mechanism's inverse). For the two-point mechanism it
+  coincides with ``"debiased"``.
+
+Logged (step = the round), per mode: ``ldp_inference/error_<mode>`` (mean over coordinates),
+``ldp_inference/error_median_<mode>``, ``ldp_inference/confidence_<mode>`` (mean CS); one
+custom-scalars chart of the errors, one of the confidences. A summary JSON at fit end.
+``state_dict`` holds the attack's history, so a resumed run ends with the same numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from audit_callbacks.attacks import LDPFLInferenceAttack
+from audit_callbacks.callbacks import tensorboard as tb
+from audit_callbacks.callbacks.summary import write_summary
+from audit_callbacks.federated import DPFedAvg
+
+__all__ = ["INFERENCE_MODES", "LDPInferenceAudit"]
+
+INFERENCE_MODES: tuple[str, ...] = ("debiased", "raw")
+
+
+class _ResumableAttack(LDPFLInferenceAttack):
+    """:class:`LDPFLInferenceAttack` with a plain-Python state (for Lightning checkpoints)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "sums": [s.tolist() for s in self._sums],
+            "counts": [c.tolist() for c in self._counts],
+            "rng": _plain(self._rng.bit_generator.state),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._sums = [np.asarray(s, dtype=float) for s in state["sums"]]
+        self._counts = [np.asarray(c, dtype=float) for c in state["counts"]]
+        self._rng.bit_generator.state = state["rng"]
+
+
+def _plain(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, np.generic):
+        return obj.item()
+    return obj
+
+
+class LDPInferenceAudit(Callback):
+    """Per-round prediction error and confidence of the LDP-FL inference attack (paper 002 §3.1).
+
+    Args:
+        center, radius: the domain ``[c - r, c + r]`` the error is relative to (default: the
+            randomizer's ``center`` and ``radius``).
+        modes: any of :data:`INFERENCE_MODES` (module docstring); default both.
+        weights: indices of the coordinates to attack (default: all d). Memory: two
+            ``rounds x len(weights)`` float64 arrays per mode.
+        every_n_rounds: predict and log every n rounds (every round is observed regardless).
+        seed: seed of the random halves (eq. 10).
+        summary_filename: the JSON written at fit end in the logger's directory.
+
+    Raises:
+        ValueError: bad arguments (at construction).
+        TypeError: at ``setup``: the module is not a ``DPFedAvg``, has no randomizer, or the
+            randomizer has no ``center``/``radius`` and none were given.
+
+    Attributes: ``history`` (one dict per logged round), ``last`` (``{mode:``
+    :class:`~audit_callbacks.attacks.InferencePrediction` ``}`` of the last prediction).
+    """
+
+    def __init__(
+        self,
+        *,
+        center: float | None = None,
+        radius: float | None = None,
+        modes: Sequence[str] = INFERENCE_MODES,
+        weights: Sequence[int] | None = None,
+        every_n_rounds: int = 1,
+        seed: int = 0,
+        summary_filename: str = "ldp_inference_summary.json",
+    ) -> None:
+        if isinstance(modes, str):
+            modes = (modes,)
+        modes = tuple(modes)
+        if not modes or any(m not in INFERENCE_MODES for m in modes) or len(set(modes)) != len(modes):
+            raise ValueError(f"modes must be distinct names from {INFERENCE_MODES}, got {modes!r}")
+        if radius is not None and not (math.isfinite(radius) and radius > 0):
+            raise ValueError(f"radius must be finite and > 0, got {radius!r}")
+        if center is not None and not math.isfinite(center):
+            raise ValueError(f"center must be finite, got {center!r}")
+        if int(every_n_rounds) < 1:
+            raise ValueError(f"every_n_rounds must be >= 1, got {every_n_rounds!r}")
+        self.center = center
+        self.radius = radius
+        self.modes = modes
+        self.weights = None if weights is None else np.asarray(weights, dtype=np.int64).reshape(-1)
+        if self.weights is not None and (self.weights.size == 0 or self.weights.min() < 0):
+            raise ValueError("weights must be non-empty, non-negative indices")
+        self.every_n_rounds = int(every_n_rounds)
+        self.seed = int(seed)
+        self.summary_filename = summary_filename
+
+        self.attacks: dict[str, _ResumableAttack] = {}
+        self.history: list[dict[str, Any]] = []
+        self.last: dict[str, Any] = {}
+        self.summary_path: str | None = None
+        self._target_sum: np.ndarray | None = None
+        self._target_count = 0
+        self._pending: tuple[int, np.ndarray, int] | None = None
+        self._pending_state: dict[str, Any] | None = None
+        self._layout_written = False
+
+    @property
+    def state_key(self) -> str:
+        return self._generate_state_key(seed=self.seed, modes=self.modes)
+
+    # ------------------------------------------------------------------ set-up
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        if not isinstance(pl_module, DPFedAvg):
+            raise TypeError(
+                "LDPInferenceAudit attacks the randomized updates of DP-FedAvg: fit an "
+                f"audit_callbacks.federated.DPFedAvg module (got {type(pl_module).__name__})"
+            )
+        rnd = pl_module.randomizer
+        if rnd is None:
+            raise TypeError(
+                "LDPInferenceAudit needs a local randomizer: build DPFedAvg(..., randomizer=...) "
+                "with e.g. audit_callbacks.mechanisms.TwoPoint(epsilon, center, radius)"
+            )
+        c = self.center if self.center is not None else getattr(rnd, "center", None)
+        r = self.radius if self.radius is not None else getattr(rnd, "radius", None)
+        if c is None or r is None:
+            raise TypeError(
+                f"LDPInferenceAudit needs the domain [c - r, c + r] of the randomizer; "
+                f"{type(rnd).__name__} has no center/radius (the attack applies to per-coordinate "
+                "mechanisms such as TwoPoint, Staircase, GRR): pass center= and radius="
+            )
+        d = int(pl_module.num_parameters)
+        if self.weights is not None and int(self.weights.max()) >= d:
+            raise ValueError(f"weights index {int(self.weights.max())} >= d = {d}")
+        self._c, self._r = float(c), float(r)
+        if not self.attacks:
+            for i, mode in enumerate(self.modes):
+                self.attacks[mode] = _ResumableAttack(self._c, self._r, seed=self.seed + i)
+        if self._pending_state is not None:
+            self._restore(self._pending_state)
+            self._pending_state = None
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not self._layout_written:
+            tb.add_custom_scalars_layout(trainer, {
+                "LDP-FL inference attack": {
+                    "prediction error / domain": ["Multiline", [
+                        t for m in self.modes
+                        for t in (f"ldp_inference/error_{m}", f"ldp_inference/error_median_{m}")
+                    ]],
+                    "confidence score": ["Multiline", [f"ldp_inference/confidence_{m}" for m in self.modes]],
+                },
+            })
+            self._layout_written = True
+
+    # ------------------------------------------------------------------ protocol hooks
+    def _select(self, rows: torch.Tensor) -> np.ndarray:
+        arr = rows.detach().to("cpu", torch.float64).numpy()
+        return arr if self.weights is None else arr[:, self.weights]
+
+    def on_federated_client_updates(self, trainer, pl_module, round_idx, client_ids, updates) -> None:
+        """The attack's target: what the mechanism sees (``project``) of every released row."""
+        rnd = pl_module.randomizer
+        if rnd is None:
+            return
+        seen = rnd.project(updates) if callable(getattr(rnd, "project", None)) else updates.clamp(
+            self._c - self._r, self._c + self._r)
+        arr = self._select(seen)
+        self._pending = (int(round_idx), arr.sum(0), int(arr.shape[0]))
+
+    def on_federated_randomized_updates(self, trainer, pl_module, round_idx, client_ids, released) -> None:
+        rnd = pl_module.randomizer
+        if self._pending is None or self._pending[0] != int(round_idx):
+            raise RuntimeError(
+                f"LDPInferenceAudit: round {round_idx}'s randomized updates came without its "
+                "client updates (on_federated_client_updates)"
+            )
+        _, target_sum, count = self._pending
+        self._pending = None
+        self._target_sum = target_sum if self._target_sum is None else self._target_sum + target_sum
+        self._target_count += count
+        for mode, attack in self.attacks.items():
+            values = rnd.debias(released) if mode == "debiased" else released
+            attack.observe(self._select(values))
+        if int(round_idx) % self.every_n_rounds == 0:
+            self._predict_and_log(trainer, int(round_idx))
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not self.attacks:
+            return
+        rounds = next(iter(self.attacks.values())).rounds
+        if rounds and (not self.history or self.history[-1]["round"] != int(pl_module.round)):
+            self._predict_and_log(trainer, int(pl_module.round))
+        if trainer.is_global_zero:
+            self.summary_path = write_summary(tb.log_dir(trainer), self.summary_filename, {
+                "callback": "LDPInferenceAudit",
+                "paper": "paper 002 §3.1 (inference attack on LDP-FL), eq. 2 and eq. 10; METHODS C5",
+                "inputs": {
+                    "randomizer": repr(pl_module.randomizer),
+                    "center": self._c, "radius": self._r, "modes": list(self.modes),
+                    "weights": None if self.weights is None else int(self.weights.size),
+                    "dim": int(pl_module.num_parameters), "seed": self.seed,
+                    "rounds": int(pl_module.round),
+                },
+                "target": "mean over all released rows of randomizer.project(clipped update)",
+                "final": self.history[-1] if self.history else None,
+                "history": self.history,
+            })
+
+    # ------------------------------------------------------------------ prediction
+    def target(self) -> np.ndarray:
+        """The mean projected input ``[len(weights)]`` over every row observed so far."""
+        if self._target_sum is None or self._target_count == 0:
+            raise RuntimeError("no round observed yet")
+        return self._target_sum / self._target_count
+
+    def _predict_and_log(self, trainer: pl.Trainer | None, round_idx: int) -> dict[str, Any]:
+        target = self.target()
+        rec: dict[str, Any] = {"round": round_idx}
+        metrics: dict[str, float | None] = {}
+        for mode, attack in self.attacks.items():
+            pred = attack.predict(target=target)
+            self.last[mode] = pred
+            err = pred.error
+            rec[f"error_{mode}"] = float(np.mean(err))
+            rec[f"error_median_{mode}"] = float(np.median(err))
+            rec[f"error_max_{mode}"] = float(np.max(err))
+            rec[f"confidence_{mode}"] = (
+                None if pred.confidence is None else float(np.mean(pred.confidence))
+            )
+            for key in ("error", "error_median", "confidence"):
+                metrics[f"ldp_inference/{key}_{mode}"] = rec[f"{key}_{mode}"]
+        rec["rows"] = self._target_count
+        self.history.append(rec)
+        if trainer is not None:
+            tb.log_scalars(trainer, metrics, round_idx)
+        return rec
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        if not self.attacks:
+            return {}
+        return {
+            "attacks": {m: a.state_dict() for m, a in self.attacks.items()},
+            "target_sum": None if self._target_sum is None else self._target_sum.tolist(),
+            "target_count": self._target_count,
+            "history": [dict(h) for h in self.history],
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if not state_dict:
+            return
+        if self.attacks:
+            self._restore(state_dict)
+        else:  # loaded before setup built the attacks
+            self._pending_state = state_dict
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        for mode, st in state["attacks"].items():
+            if mode in self.attacks:
+                self.attacks[mode].load_state_dict(st)
+        ts = state["target_sum"]
+        self._target_sum = None if ts is None else np.asarray(ts, dtype=float)
+        self._target_count = int(state["target_count"])
+        self.history = [dict(h) for h in state["history"]]

@@ -1,0 +1,109 @@
+"""LabelReconstructionAttack and LabelDPLowerBound on a real Lightning + Opacus run (paper 004)."""
+
+import json
+import math
+import os
+
+import lightning.pytorch as pl
+import numpy as np
+import pytest
+from lightning.pytorch.loggers import TensorBoardLogger
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from audit_callbacks.callbacks.label_audit import LabelDPLowerBound, LabelReconstructionAttack
+from audit_callbacks.estimators.gaussian import gaussian_epsilon
+from audit_callbacks.estimators.label_dp import extrapolation_factor
+from datamodules.central import CentralDataModule
+from models import MLP
+from models.dpsgd import DPSGDClassifier
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*(backward hook|does not have many workers|secure RNG).*")
+
+
+def _fit(tmp_path, callbacks, *, dataset="breast_cancer", noise=1.0, hidden=(64, 64), epochs=2, batch=32,
+         logger=False, accumulate=1, classes=1, poisson=True):
+    pl.seed_everything(0, verbose=False)
+    dm = CentralDataModule(dataset, batch_size=batch, poisson=poisson, seed=0)
+    inputs = 30 if dataset == "breast_cancer" else 64
+    module = DPSGDClassifier(MLP(inputs, classes, hidden=hidden), lr=0.3, noise_multiplier=noise,
+                             max_grad_norm=1.0, noise_seed=0)
+    log = TensorBoardLogger(str(tmp_path), name="run", version=0) if logger else False
+    trainer = pl.Trainer(max_epochs=epochs, logger=log, callbacks=callbacks, enable_progress_bar=False,
+                         enable_checkpointing=False, enable_model_summary=False, num_sanity_val_steps=0,
+                         log_every_n_steps=1, accumulate_grad_batches=accumulate, default_root_dir=str(tmp_path))
+    trainer.fit(module, datamodule=dm)
+    return module
+
+
+@pytest.mark.parametrize("dataset,classes", [("breast_cancer", 1), ("digits", 10)])
+def test_noise_free_reconstruction_is_exact_through_the_callback(tmp_path, dataset, classes):
+    attack = LabelReconstructionAttack()
+    _fit(tmp_path, [attack], dataset=dataset, classes=classes, noise=0.0, epochs=1)
+    assert len(attack.history) >= 5
+    assert attack.accuracy == 1.0 and all(a == 1.0 for _, a, _ in attack.history)
+
+
+def test_gradient_accumulation_attacks_the_logical_batch(tmp_path):
+    attack = LabelReconstructionAttack()
+    _fit(tmp_path, [attack], noise=0.0, epochs=1, batch=16, accumulate=2, poisson=False)
+    sizes = [n for _, _, n in attack.history]
+    assert attack.accuracy == 1.0 and max(sizes) == 32  # two physical batches of 16 per step
+
+
+def test_bounds_tags_and_attack_accuracy_match_the_closed_form(tmp_path):
+    attack, bound = LabelReconstructionAttack(), LabelDPLowerBound(delta=1e-5)
+    module = _fit(tmp_path, [attack, bound], noise=1.0, epochs=3, logger=True)
+    recs = bound.records
+    assert len(recs) == len(attack.history) == bound.steps >= 20
+    single = gaussian_epsilon(1.0, 1e-5, sensitivity=2.0)
+    lbs = [r["label_dp/epsilon_lo_batch"] for r in recs]
+    for r in recs:
+        assert r["label_dp/epsilon_single_step"] == pytest.approx(single)
+        order = [r["label_dp/epsilon_lo_batch"], r["label_dp/epsilon_lo_optimal_test"],
+                 r["label_dp/epsilon_pair_layer"], r["label_dp/epsilon_pair_all_params"], single]
+        assert all(a <= b * (1 + 1e-9) + 1e-12 for a, b in zip(order, order[1:], strict=False)), order
+        assert r.get("label_dp/epsilon_lo_second_last", 0.0) <= single
+    assert bound.running_max == max(lbs)
+    m, n_e = len(recs), round(module._dp["model"] is not None and 455 * (1 / 15))  # noqa: F841
+    exp = float(np.mean(lbs)) * extrapolation_factor(len(recs), 30)
+    assert recs[-1]["label_dp/epsilon_lo_extrapolated"] == pytest.approx(exp, rel=0.1)
+    assert recs[-1]["label_dp/epsilon_accountant"] == pytest.approx(module.privacy_engine.get_epsilon(1e-5))
+    # TensorBoard: every bound on the chart, finite
+    acc = EventAccumulator(os.path.join(str(tmp_path), "run", "version_0"), size_guidance={"scalars": 0})
+    acc.Reload()
+    want = {"label_dp/epsilon_lo_batch", "label_dp/epsilon_lo_max", "label_dp/epsilon_lo_extrapolated",
+            "label_dp/epsilon_single_step", "label_dp/epsilon_accountant", "label_dp/epsilon_lo_second_last",
+            "label_attack/accuracy_batch", "label_attack/accuracy", "val/accuracy"}
+    assert want <= set(acc.Tags()["scalars"]), set(acc.Tags()["scalars"])
+    for tag in want:
+        assert all(math.isfinite(e.value) for e in acc.Scalars(tag)), tag
+    summary = json.load(open(bound.summary_path))
+    assert summary["epsilon_lower_bound_max"] == bound.running_max
+    assert json.load(open(attack.summary_path))["accuracy"] == pytest.approx(attack.accuracy)
+
+
+def test_running_accuracy_is_the_example_weighted_mean(tmp_path):
+    attack = LabelReconstructionAttack(every_n_steps=2)
+    _fit(tmp_path, [attack], noise=2.0, epochs=2)
+    steps = [s for s, _, _ in attack.history]
+    assert steps == list(range(1, attack.steps + 1, 2))
+    total = sum(n for _, _, n in attack.history)
+    assert attack.accuracy == pytest.approx(sum(a * n for _, a, n in attack.history) / total)
+    assert 0.3 < attack.accuracy < 1.0  # noisy: neither exact nor meaningless
+
+
+def test_bad_input_is_reported(tmp_path):
+    with pytest.warns(UserWarning, match="larger than"):
+        attack = LabelReconstructionAttack()
+        _fit(tmp_path, [attack], hidden=(8, 8), batch=64, epochs=1)
+    assert attack.history == []
+    with pytest.raises(ValueError, match="one sigmoid logit"):
+        _fit(tmp_path, [LabelDPLowerBound()], dataset="digits", classes=10, epochs=1)
+    with pytest.raises(ValueError, match="noise_multiplier is 0"):
+        _fit(tmp_path, [LabelDPLowerBound()], noise=0.0, epochs=1)
+    pl.seed_everything(0, verbose=False)
+    module = DPSGDClassifier(MLP(30, 1, hidden=(8,)), dp=False)
+    trainer = pl.Trainer(max_epochs=1, logger=False, callbacks=[LabelReconstructionAttack()],
+                         enable_progress_bar=False, enable_checkpointing=False)
+    with pytest.raises(TypeError, match="make_private"):
+        trainer.fit(module, datamodule=CentralDataModule(poisson=False))

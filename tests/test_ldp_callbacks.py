@@ -1,0 +1,331 @@
+import json
+import math
+import os
+import warnings
+
+import lightning.pytorch as pl
+import numpy as np
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import TensorBoardLogger
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch import nn
+
+from audit_callbacks.attacks import LDPFLInferenceAttack, measurable_ceiling
+from audit_callbacks.callbacks.ldp_audit import (
+    ADVERSARY_NAMES,
+    BrokenRandomizerWarning,
+    LDPAudit,
+    familywise_alpha,
+    flag_lower_bound,
+)
+from audit_callbacks.callbacks.ldp_inference import LDPInferenceAudit
+from audit_callbacks.estimators.shuffle import epsilon_from_counts
+from audit_callbacks.federated import DPFedAvg
+from audit_callbacks.mechanisms import LDPSGD, BrokenStaircase, Staircase, TwoPoint
+from datamodules import FederatedDataModule
+from models import MLP
+
+
+def make(randomizer, seed=0, clients=20, per_round=5, rounds_per_epoch=4, local_lr=0.5):
+    dm = FederatedDataModule("digits", num_clients=clients, rounds_per_epoch=rounds_per_epoch, seed=seed)
+    dm.setup("fit")
+    torch.manual_seed(seed)
+    module = DPFedAvg(MLP(64, 10, hidden=()), clients_per_round=per_round, noise_multiplier=0.0,
+                      clip_norm=1.0, local_lr=local_lr, local_batch_size=64, server_lr=0.1,
+                      server_momentum=0.0, seed=seed, randomizer=randomizer,
+                      client_datasets=dm.client_datasets)
+    return dm, module
+
+
+def fit(dm, module, callbacks, steps, tmp_path, logger=True, ckpt_path=None, name="run"):
+    log = TensorBoardLogger(str(tmp_path), name=name, version=0) if logger else False
+    trainer = pl.Trainer(max_steps=steps, max_epochs=-1, logger=log, callbacks=callbacks,
+                         accelerator="cpu", enable_progress_bar=False, enable_model_summary=False,
+                         enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
+                         num_sanity_val_steps=0, log_every_n_steps=1, default_root_dir=str(tmp_path))
+    trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
+    return trainer
+
+
+class LyingLDPSGD(LDPSGD):
+    """Randomizes with epsilon0 = `real` but claims `claimed` (a broken randomizer)."""
+
+    def __init__(self, claimed, real, clip_norm):
+        super().__init__(real, clip_norm)
+        self.epsilon0 = claimed
+
+    def randomize(self, x, generator=None):  # overridden: the audit must test this code
+        return super().randomize(x, generator)
+
+
+def broken_warnings(caught):
+    return [w for w in caught if issubclass(w.category, BrokenRandomizerWarning)]
+
+
+# ------------------------------------------------------------------------------ pure numerics
+def test_familywise_alpha_sums_to_alpha_and_flag_bound_matches_the_test():
+    total = sum(familywise_alpha(0.05, k, 5) * 5 for k in range(1, 200_001))
+    assert total == pytest.approx(0.05 * (1 - 1 / 200_001), rel=1e-9)
+    assert familywise_alpha(0.05, 1, 5) == pytest.approx(0.005)
+    # delta = 0: the lower bound of the game (epsilon_from_counts, log-domain implementation)
+    for counts in [(4800, 200, 150, 4850), (30, 20, 25, 25), (500, 0, 3, 497)]:
+        assert flag_lower_bound(*counts, 0.05) == pytest.approx(
+            epsilon_from_counts(*counts, 0.05).epsilon_lower_bound, rel=1e-9, abs=1e-12)
+    # delta > 0 lowers it; a smaller alpha lowers it
+    c = (4800, 200, 150, 4850)
+    assert flag_lower_bound(*c, 0.05, delta=0.01) < flag_lower_bound(*c, 0.05)
+    assert flag_lower_bound(*c, 0.001) < flag_lower_bound(*c, 0.05)
+    assert flag_lower_bound(0, 0, 10, 10, 0.05) == 0.0
+    with pytest.raises(ValueError):
+        familywise_alpha(0.05, 0, 5)
+    with pytest.raises(ValueError):
+        flag_lower_bound(-1, 0, 1, 1, 0.05)
+
+
+# ------------------------------------------------------------------------------ LDPAudit
+def test_end_to_end_tags_layout_summary_and_values(tmp_path):
+    dm, module = make(LDPSGD(2.0, 1.0))
+    audit = LDPAudit(trials=4000, every_n_rounds=3, seed=1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit(dm, module, [audit], 8, tmp_path)
+    assert not broken_warnings(caught)
+    run_dir = os.path.join(str(tmp_path), "run", "version_0")
+    acc = EventAccumulator(run_dir, size_guidance={"scalars": 0})
+    acc.Reload()
+    expected = {"ldp/epsilon0_claimed", "ldp/epsilon0_ceiling", "ldp/clip_norm",
+                "ldp/client_updates_at_clip", "val/accuracy"}
+    for name in ADVERSARY_NAMES:
+        expected |= {f"ldp/epsilon0_{name}", f"ldp/epsilon0_lo_{name}"}
+    for name in ("benign", "label_flip", "gradient_flip", "collusion"):
+        expected.add(f"ldp/gradient_norm_{name}")
+    assert expected <= set(acc.Tags()["scalars"])
+    for tag in expected:
+        assert all(math.isfinite(e.value) for e in acc.Scalars(tag)), tag
+    # audits after rounds 3 and 6, and at fit end (round 8)
+    assert [e.step for e in acc.Scalars("ldp/epsilon0_dummy")] == [3, 6, 8]
+    assert [r["round"] for r in audit.history if r["adversary"] == "dummy"] == [3, 6, 8]
+    # the logged values are the recorded ones, next to the claim and the ceiling
+    logged = {e.step: e.value for e in acc.Scalars("ldp/epsilon0_lo_gradient_flip")}
+    for rec in audit.history:
+        if rec["adversary"] == "gradient_flip":
+            assert logged[rec["round"]] == pytest.approx(rec["epsilon_lower_bound"], rel=1e-6)
+    assert {e.value for e in acc.Scalars("ldp/epsilon0_claimed")} == {2.0}
+    ceiling = measurable_ceiling(4000, 0.05)
+    assert acc.Scalars("ldp/epsilon0_ceiling")[0].value == pytest.approx(ceiling, rel=1e-6)
+    for rec in audit.history:
+        assert rec["method"] == "fast"
+        assert 0 <= rec["epsilon_lower_bound"] <= rec["epsilon"] <= ceiling + 1e-12
+        if rec["adversary"] in ("dummy", "collusion"):
+            assert rec["norm_g1"] >= 1.0 - 1e-6 and rec["expected_epsilon"] == pytest.approx(2.0)
+            assert rec["epsilon_lower_bound"] <= 2.0 <= rec["epsilon_upper_bound"]
+    # one chart: estimates + lower bounds + claimed eps0 + ceiling; accuracy; norms
+    from tensorboard.plugins.custom_scalar import layout_pb2
+    from tensorboard.plugins.custom_scalar import metadata as cs_meta
+    layout = layout_pb2.Layout()
+    layout.ParseFromString(acc.Tensors(cs_meta.CONFIG_SUMMARY_TAG)[0].tensor_proto.string_val[0])
+    charts = {c.title: list(c.multiline.tag) for cat in layout.category for c in cat.chart}
+    main = charts["epsilon0 (estimates, lower bounds, claimed)"]
+    assert {"ldp/epsilon0_dummy", "ldp/epsilon0_lo_dummy", "ldp/epsilon0_claimed"} <= set(main)
+    assert charts["accuracy"] == ["val/accuracy"]
+    assert "ldp/clip_norm" in charts["gradient norms vs clip norm"]
+
+    with open(os.path.join(run_dir, "ldp_audit_summary.json"), encoding="utf-8") as fh:
+        summary = json.load(fh)
+    assert summary["flagged"] is False and summary["flags"] == []
+    assert summary["inputs"]["claimed_epsilon"] == 2.0 and summary["inputs"]["dim"] == 650
+    assert summary["exact_audit"] is None  # LDP-SGD is not a discrete per-coordinate mechanism
+    assert set(summary["adversaries"]) == set(ADVERSARY_NAMES)
+    assert summary["adversaries"]["dummy"]["audits"] == 3
+    assert len(summary["history"]) == 15
+    norms = summary["client_update_norms"]
+    assert norms["count"] == 8 * 5 and 0 <= norms["share_at_clip"] <= 1 and norms["max"] <= 1 + 1e-5
+
+
+def test_correct_randomizer_is_never_flagged_across_many_audits():
+    # 300 audits of a correct LDP-SGD, worst-case adversaries: the per-test 95% lower bound
+    # exceeds the true eps0 now and then (so flagging on it would flag correct randomizers),
+    # the family-wise flag never fires.
+    dm, module = make(LDPSGD(1.0, 1.0), clients=10)
+    audit = LDPAudit(trials=1000, adversaries=("gradient_flip", "dummy"), every_n_rounds=1, seed=3)
+    audit._dim = module.num_parameters
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for round_idx in range(1, 301):
+            audit.audit(None, module, round_idx)
+    assert not broken_warnings(caught) and audit.flags == []
+    assert not any(r["flagged"] for r in audit.history)
+    exceed = [r["exceeds_claimed_per_test"] for r in audit.history]
+    assert 0 < np.mean(exceed) <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / len(exceed))
+    # both pairs have |g1| = L and g2 = -g1: the test's value is eps0 (paper 000 Prop. 3.1);
+    # pooled over the 300 audits (1.5e5 trials per rate) the interval still holds eps0
+    for name in ("gradient_flip", "dummy"):
+        recs = [r for r in audit.history if r["adversary"] == name]
+        pooled = epsilon_from_counts(*(sum(r[k] for r in recs) for k in ("tp", "fn", "fp", "tn")))
+        assert pooled.epsilon_lower_bound <= 1.0 <= pooled.epsilon_upper_bound
+        assert pooled.epsilon == pytest.approx(1.0, abs=0.03)
+
+
+def test_broken_ldp_sgd_is_flagged_once_per_adversary(tmp_path):
+    dm, module = make(LyingLDPSGD(claimed=0.5, real=4.0, clip_norm=1.0))
+    audit = LDPAudit(trials=2000, adversaries=("gradient_flip", "dummy"), every_n_rounds=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit(dm, module, [audit], 4, tmp_path, logger=False)
+    flagged = broken_warnings(caught)
+    assert len(flagged) == 2  # two adversaries, two audits each: warned once per adversary
+    assert all("BROKEN RANDOMIZER" in str(w.message) for w in flagged)
+    assert {f["adversary"] for f in audit.flags} == {"gradient_flip", "dummy"}
+    assert len(audit.flags) == 4
+    for rec in audit.history:
+        assert rec["method"] == "batched"  # the overriding randomize was tested, not the claim
+        assert rec["flag_lower_bound"] > 0.5 and rec["epsilon"] > 3.0
+    with open(os.path.join(str(tmp_path), "ldp_audit_summary.json"), encoding="utf-8") as fh:
+        assert json.load(fh)["flagged"] is True
+
+
+def test_exact_audit_flags_the_broken_staircase_only(tmp_path):
+    kwargs = dict(center=0.0, radius=0.5, precision=2, groups=4)
+    results = {}
+    for name, mech in (("correct", Staircase(2.0, **kwargs)),
+                       ("broken", BrokenStaircase(2.0, defect="per_group", **kwargs))):
+        dm, module = make(mech)
+        audit = LDPAudit(trials=200, adversaries=("dummy",), every_n_rounds=2)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fit(dm, module, [audit], 2, tmp_path / name, logger=False)
+        results[name] = (audit, broken_warnings(caught))
+    good, good_warn = results["correct"]
+    assert good.exact["epsilon_per_coordinate"] == pytest.approx(2.0, rel=1e-9)
+    assert not good.exact["flagged"] and not good_warn and good.flags == []
+    bad, bad_warn = results["broken"]
+    # per_group defect: eps + log(n_m / n_1) > eps (mechanisms/staircase.py)
+    sizes = bad.exact and BrokenStaircase(2.0, defect="per_group", **kwargs).group_sizes
+    assert bad.exact["epsilon_per_coordinate"] == pytest.approx(2.0 + math.log(sizes[-1] / sizes[0]), rel=1e-9)
+    assert bad.exact["flagged"] and len(bad_warn) == 1 and "exact audit" in str(bad_warn[0].message)
+    # the whole-row cosine test cannot see it: the claim for d = 650 coordinates is 1300
+    assert bad.history[0]["claimed_epsilon"] == pytest.approx(1300.0) and not bad.history[0]["flagged"]
+
+
+def test_resume_gives_identical_final_numbers(tmp_path):
+    def callbacks():
+        return [LDPAudit(trials=2000, every_n_rounds=3, seed=5), LDPInferenceAudit(seed=2)]
+
+    def two_point():
+        return TwoPoint(3.0, center=0.0, radius=0.2)
+
+    dm, module = make(two_point(), seed=3)
+    full = callbacks()
+    fit(dm, module, full, 8, tmp_path / "a", logger=False)
+
+    dm, module = make(two_point(), seed=3)
+    ckpt = ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), save_last=True, every_n_train_steps=4)
+    fit(dm, module, [*callbacks(), ckpt], 4, tmp_path / "b", logger=False)
+    dm, module = make(two_point(), seed=3)
+    resumed = callbacks()
+    fit(dm, module, [*resumed, ModelCheckpoint(dirpath=str(tmp_path / "ckpt2"))], 8, tmp_path / "c",
+        logger=False, ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
+    assert [r["round"] for r in full[0].history if r["adversary"] == "dummy"] == [3, 6, 8]
+    assert resumed[0].history == full[0].history
+    assert resumed[0].update_norms == full[0].update_norms
+    assert resumed[1].history == full[1].history
+    assert len(full[1].history) == 8
+
+
+def test_wrong_module_or_no_randomizer_raises_type_error(tmp_path):
+    with pytest.raises(ValueError, match="adversaries"):
+        LDPAudit(adversaries=("dummy", "nope"))
+    with pytest.raises(ValueError, match="trials"):
+        LDPAudit(trials=1)
+    with pytest.raises(ValueError, match="modes"):
+        LDPInferenceAudit(modes=("exact",))
+
+    class Plain(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(2, 2)
+
+        def training_step(self, batch, idx):
+            return self.lin(batch).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader(torch.randn(4, 2), batch_size=2)
+
+    for cb in (LDPAudit(), LDPInferenceAudit()):
+        with pytest.raises(TypeError, match="DPFedAvg"):
+            fit(None, Plain(), [cb], 1, tmp_path, logger=False)
+        dm, module = make(None)
+        with pytest.raises(TypeError, match="randomizer"):
+            fit(dm, module, [cb], 1, tmp_path, logger=False)
+    dm, module = make(LDPSGD(1.0, 1.0))
+    with pytest.raises(TypeError, match="center"):
+        fit(dm, module, [LDPInferenceAudit()], 1, tmp_path, logger=False)
+
+
+# ------------------------------------------------------------------------------ inference
+class Spy(pl.Callback):
+    def __init__(self):
+        self.updates, self.released = [], []
+
+    def on_federated_client_updates(self, trainer, pl_module, round_idx, ids, updates):
+        self.updates.append(updates.clone())
+
+    def on_federated_randomized_updates(self, trainer, pl_module, round_idx, ids, released):
+        self.released.append(released.clone())
+
+
+@pytest.mark.parametrize("mech", [TwoPoint(2.0, center=0.0, radius=0.2),
+                                  Staircase(2.0, center=0.0, radius=0.2, precision=2, groups=4)],
+                         ids=["two_point", "staircase"])
+def test_inference_callback_matches_the_attack(tmp_path, mech):
+    dm, module = make(mech)
+    inf, spy = LDPInferenceAudit(seed=7), Spy()
+    fit(dm, module, [inf, spy], 5, tmp_path)
+    assert [h["round"] for h in inf.history] == [1, 2, 3, 4, 5]
+    for i, mode in enumerate(("debiased", "raw")):
+        attack = LDPFLInferenceAttack(mech.center, mech.radius, seed=7 + i)
+        seen = []
+        for upd, rel in zip(spy.updates, spy.released, strict=True):
+            seen.append(mech.project(upd).double().numpy())
+            values = mech.debias(rel) if mode == "debiased" else rel
+            attack.observe(values.double().numpy())
+            pred = attack.predict(target=np.concatenate(seen).mean(0))
+        assert np.allclose(pred.error, inf.last[mode].error, rtol=1e-12, atol=1e-15)
+        assert np.allclose(pred.confidence, inf.last[mode].confidence, rtol=1e-12)
+        assert inf.history[-1][f"error_{mode}"] == pytest.approx(float(np.mean(pred.error)), rel=1e-12)
+        assert 0 < inf.history[-1][f"confidence_{mode}"] <= 100
+    last = inf.history[-1]
+    if isinstance(mech, TwoPoint):  # debias is the identity: eq. 2 either way
+        assert last["error_raw"] == last["error_debiased"]
+    else:  # SRR: the raw mean is shrunk to the centre, the debiased one is not
+        assert last["error_raw"] != last["error_debiased"]
+    run_dir = os.path.join(str(tmp_path), "run", "version_0")
+    acc = EventAccumulator(run_dir, size_guidance={"scalars": 0})
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {"ldp_inference/error_debiased", "ldp_inference/error_raw",
+            "ldp_inference/confidence_debiased", "ldp_inference/error_median_raw"} <= tags
+    assert [e.step for e in acc.Scalars("ldp_inference/confidence_raw")] == [2, 3, 4, 5]
+    assert os.path.exists(os.path.join(run_dir, "ldp_inference_summary.json"))
+
+
+def test_inference_error_falls_with_epsilon_as_its_sampling_law_says(tmp_path):
+    # Eq. 2 is the mean of N two-point outputs c +- B (B = r / tanh(eps / 2)); with inputs w
+    # near c its error per coordinate is half-normal: E|err| ~ sqrt(2/pi) B / sqrt(N) / (2r).
+    r, n_rounds, per_round = 1.0, 6, 5
+    errors = {}
+    for eps in (0.5, 4.0):
+        dm, module = make(TwoPoint(eps, center=0.0, radius=r))
+        inf = LDPInferenceAudit(modes=("debiased",), seed=1)
+        fit(dm, module, [inf], n_rounds, tmp_path / str(eps), logger=False)
+        errors[eps] = inf.history[-1]["error_debiased"]
+        big = r / math.tanh(eps / 2)
+        expected = math.sqrt(2 / math.pi) * big / math.sqrt(n_rounds * per_round) / (2 * r)
+        # mean over 650 coordinates: relative sd about 0.76 / sqrt(650) = 3%
+        assert errors[eps] == pytest.approx(expected, rel=0.12)
+    assert errors[4.0] < errors[0.5] / 3
