@@ -15,6 +15,7 @@ replaced that Opacus relies on:
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -22,17 +23,20 @@ from typing import Any
 import numpy as np
 import torch
 from opacus.accountants import IAccountant, PRVAccountant, RDPAccountant
+from opacus.accountants.analysis import rdp as rdp_analysis
 from opacus.optimizers import DPOptimizer
 
 from audit_callbacks.canaries import CanarySet
 
 __all__ = [
     "GradientCanaryInjector",
+    "accountant_epsilon",
     "analytic_epsilons",
     "chain_step_hook",
     "find_accountant",
     "find_dp_optimizer",
     "flat_parameters",
+    "rdp_epsilon",
     "unchain_step_hook",
 ]
 
@@ -118,6 +122,51 @@ def flat_parameters(params: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1).to("cpu", torch.float32) for p in params])
 
 
+@functools.lru_cache(maxsize=64)
+def _rdp_one_step(sample_rate: float, noise_multiplier: float, orders: tuple[float, ...]) -> np.ndarray:
+    out = rdp_analysis.compute_rdp(q=sample_rate, noise_multiplier=noise_multiplier, steps=1, orders=list(orders))
+    out.setflags(write=False)
+    return out
+
+
+def rdp_epsilon(history: Sequence[tuple[float, float, int]], delta: float) -> float:
+    """Opacus ``RDPAccountant(history).get_epsilon(delta)``, bit for bit, at a fraction of the cost.
+
+    RDP composes additively and Opacus computes ``compute_rdp(q, sigma, steps) = steps *
+    rdp(q, sigma)``; the per-step vector over the accountant's default orders (the expensive
+    part: fractional orders are series sums, ~0.3 s) is cached per ``(q, sigma)``, so logging
+    the accountant's epsilon every epoch costs microseconds after the first call.
+
+    Args:
+        history: ``[(noise_multiplier, sample_rate, num_steps), ...]`` (Opacus' ``history``).
+        delta: target delta in (0, 1).
+
+    Returns:
+        epsilon (0.0 for an empty history, as Opacus).
+    """
+    if not history:
+        return 0.0
+    orders = tuple(RDPAccountant.DEFAULT_ALPHAS)
+    rdp = sum([_rdp_one_step(float(q), float(nm), orders) * steps for nm, q, steps in history])
+    eps, _ = rdp_analysis.get_privacy_spent(orders=list(orders), rdp=rdp, delta=delta)
+    return float(eps)
+
+
+def accountant_epsilon(accountant: IAccountant | None, delta: float) -> float | None:
+    """The accountant's epsilon at ``delta`` (None if unknown or not finite); RDP accountants
+    go through the cached :func:`rdp_epsilon`, others through ``get_epsilon``."""
+    if accountant is None or not getattr(accountant, "history", None):
+        return None
+    try:
+        if type(accountant) is RDPAccountant:
+            eps = rdp_epsilon(accountant.history, delta)
+        else:
+            eps = float(accountant.get_epsilon(delta=delta))
+    except (ValueError, RuntimeError, OverflowError, ZeroDivisionError, FloatingPointError):
+        return None
+    return eps if np.isfinite(eps) else None
+
+
 def analytic_epsilons(history: Sequence[tuple[float, float, int]], delta: float) -> dict[str, float | None]:
     """Epsilon of a DP-SGD run from its accountant history, with Opacus' RDP and PRV accountants.
 
@@ -138,11 +187,7 @@ def analytic_epsilons(history: Sequence[tuple[float, float, int]], delta: float)
     for name, cls in (("rdp", RDPAccountant), ("prv", PRVAccountant)):
         acc = cls()
         acc.history = [tuple(h) for h in history]
-        try:
-            eps = float(acc.get_epsilon(delta=delta))
-        except (ValueError, RuntimeError, OverflowError, ZeroDivisionError, FloatingPointError):
-            eps = None
-        out[name] = eps if eps is not None and np.isfinite(eps) else None
+        out[name] = accountant_epsilon(acc, delta)
     return out
 
 

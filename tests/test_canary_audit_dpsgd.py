@@ -194,3 +194,16 @@ def test_no_dp_optimizer_is_a_type_error(tmp_path):
     with pytest.raises(ValueError, match="repeats"):
         pl.Trainer(max_epochs=1, logger=False, callbacks=[CanaryAudit(10, repeats=2)], enable_progress_bar=False,
                    enable_checkpointing=False).fit(module, datamodule=dm)
+
+
+def test_cached_rdp_epsilon_equals_the_opacus_accountant():
+    from opacus.accountants import RDPAccountant
+
+    from audit_callbacks.dpsgd import accountant_epsilon, rdp_epsilon
+
+    for history in ([(1.0, 64 / 455, 32)], [(0.5, 0.01, 1000), (2.0, 0.2, 7)], [(30.0, 0.5, 3)]):
+        acc = RDPAccountant()
+        acc.history = list(history)
+        assert rdp_epsilon(history, 1e-5) == acc.get_epsilon(1e-5)
+        assert accountant_epsilon(acc, 1e-6) == acc.get_epsilon(1e-6)
+    assert accountant_epsilon(RDPAccountant(), 1e-5) is None and rdp_epsilon([], 1e-5) == 0.0

@@ -48,6 +48,7 @@ from audit_callbacks.canaries import CanarySet
 from audit_callbacks.canary_stats import CanaryStatistics
 from audit_callbacks.dpsgd import (
     GradientCanaryInjector,
+    accountant_epsilon,
     analytic_epsilons,
     find_accountant,
     find_dp_optimizer,
@@ -417,13 +418,8 @@ class CanaryAudit(Callback):
             opt = self.injector.optimizer
             history = [(float(opt.noise_multiplier), self.injector.sample_rate, self.injector.steps)]
         out = analytic_epsilons(history, delta)
-        own = None
-        if acc is not None and history:
-            try:
-                own = float(acc.get_epsilon(delta=delta))
-            except (ValueError, RuntimeError, OverflowError, ZeroDivisionError, FloatingPointError):
-                own = None
-        if own is None or not math.isfinite(own):
+        own = accountant_epsilon(acc, delta) if history else None
+        if own is None:
             own = out["rdp"]
         return {"accountant": own, "mechanism": getattr(acc, "mechanism", lambda: None)() if acc else None, **out}
 

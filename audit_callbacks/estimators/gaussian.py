@@ -13,6 +13,7 @@ Everything is computed in the log domain with :func:`scipy.special.log_ndtr`, so
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -210,9 +211,30 @@ def gaussian_epsilon_array(mu: ArrayLike, delta: float) -> np.ndarray:
         raise ValueError("mu must be finite and >= 0")
     d = check_delta(delta)
     out = np.zeros(arr.shape)
-    pos = arr > 0
-    if pos.any():
-        out[pos] = _epsilon_standardized_array(arr[pos], np.ones(int(pos.sum())), d)
+    log_target = math.log(d)
+    floor = log_target - 700.0
+    mu_pos = arr[arr > 0]
+
+    def f(eps: np.ndarray, mu: np.ndarray) -> np.ndarray:
+        return np.maximum(_log_gaussian_delta(eps, mu), floor) - log_target
+
+    need = f(np.zeros(mu_pos.shape), mu_pos) > 0.0  # else eps = 0
+    mu = mu_pos[need]
+    if mu.size:
+        # at the right end Phi(mu/2 - eps/mu) = delta, so delta(eps) <= delta (as the scalar path)
+        hi = np.maximum(mu * mu / 2.0 - mu * float(ndtri(d)), 1e-12)
+        lo = np.zeros(mu.shape)
+        f_hi = f(hi, mu)
+        for _ in range(200):  # safety net, as the scalar path (the bracket is valid)
+            bad = f_hi > 0.0
+            if not bad.any():
+                break
+            hi = np.where(bad, 2.0 * hi + 1.0, hi)
+            f_hi = f(hi, mu)
+        lo, hi = _illinois(lambda x: f(x, mu), lo, hi, f(lo, mu), f_hi)
+        eps_pos = np.zeros(mu_pos.shape)
+        eps_pos[need] = 0.5 * (lo + hi)
+        out[arr > 0] = eps_pos
     return out
 
 
@@ -454,6 +476,43 @@ def _epsilon_standardized_scalar(m: float, r: float, delta: float) -> float:
     return float(brentq(f, 0.0, hi, xtol=1e-12, rtol=4 * np.finfo(float).eps, maxiter=500))
 
 
+def _illinois(
+    f: Any, lo: np.ndarray, hi: np.ndarray, f_lo: np.ndarray, f_hi: np.ndarray, max_iter: int = 200
+) -> tuple[np.ndarray, np.ndarray]:
+    """Vectorised bracketing root finder for decreasing f with f(lo) > 0 >= f(hi).
+
+    Illinois (modified regula falsi) steps with a bisection fallback whenever the secant step
+    leaves the bracket; stops at a bracket width of 1e-11 relative. Returns the final bracket.
+    """
+    side = np.zeros(lo.shape, dtype=int)  # which end was kept last: -1 lo, +1 hi
+    for _ in range(max_iter):
+        width = hi - lo
+        done = width <= 1e-11 * np.maximum(1.0, hi)
+        if done.all():
+            break
+        with np.errstate(divide="ignore", invalid="ignore"):
+            x = hi - f_hi * width / (f_hi - f_lo)
+        inside = np.isfinite(x) & (x > lo) & (x < hi)
+        x = np.where(inside, x, 0.5 * (lo + hi))
+        x = np.where(done, lo, x)
+        fx = f(x)
+        exact = (np.abs(fx) <= 1e-13) & ~done  # |relative error of delta| <= 1e-13: stop
+        lo = np.where(exact, x, lo)
+        hi = np.where(exact, x, hi)
+        done = done | exact
+        go_lo = (fx > 0.0) & ~done  # root lies above x
+        go_hi = (fx <= 0.0) & ~done
+        # Illinois: halve the f of the end kept twice in a row
+        f_hi = np.where(go_lo & (side == -1), 0.5 * f_hi, f_hi)
+        f_lo = np.where(go_hi & (side == 1), 0.5 * f_lo, f_lo)
+        lo = np.where(go_lo, x, lo)
+        f_lo = np.where(go_lo, fx, f_lo)
+        hi = np.where(go_hi, x, hi)
+        f_hi = np.where(go_hi, fx, f_hi)
+        side = np.where(go_lo, -1, np.where(go_hi, 1, side))
+    return lo, hi
+
+
 def _epsilon_standardized_array(
     m: np.ndarray, r: np.ndarray, delta: float, max_iter: int = 200
 ) -> np.ndarray:
@@ -491,31 +550,6 @@ def _epsilon_standardized_array(
             break
         hi = np.where(bad, 2.0 * hi, hi)
         f_hi = np.where(bad, f(hi, m, r), f_hi)
-    side = np.zeros(m.shape, dtype=int)  # which end was kept last: -1 lo, +1 hi
-    for _ in range(max_iter):
-        width = hi - lo
-        done = width <= 1e-11 * np.maximum(1.0, hi)
-        if done.all():
-            break
-        with np.errstate(divide="ignore", invalid="ignore"):
-            x = hi - f_hi * width / (f_hi - f_lo)
-        inside = np.isfinite(x) & (x > lo) & (x < hi)
-        x = np.where(inside, x, 0.5 * (lo + hi))
-        x = np.where(done, lo, x)
-        fx = f(x, m, r)
-        exact = (np.abs(fx) <= 1e-13) & ~done  # |relative error of delta| <= 1e-13: stop
-        lo = np.where(exact, x, lo)
-        hi = np.where(exact, x, hi)
-        done = done | exact
-        go_lo = (fx > 0.0) & ~done  # root lies above x
-        go_hi = (fx <= 0.0) & ~done
-        # Illinois: halve the f of the end kept twice in a row
-        f_hi = np.where(go_lo & (side == -1), 0.5 * f_hi, f_hi)
-        f_lo = np.where(go_hi & (side == 1), 0.5 * f_lo, f_lo)
-        lo = np.where(go_lo, x, lo)
-        f_lo = np.where(go_lo, fx, f_lo)
-        hi = np.where(go_hi, x, hi)
-        f_hi = np.where(go_hi, fx, f_hi)
-        side = np.where(go_lo, -1, np.where(go_hi, 1, side))
+    lo, hi = _illinois(lambda x: f(x, m, r), lo, hi, f_lo, f_hi, max_iter)
     out[idx] = 0.5 * (lo + hi)
     return out.reshape(shape)
