@@ -559,3 +559,40 @@ def test_bad_inputs(x):
     ]:
         with pytest.raises(ValueError):
             mech.randomize(x)
+
+
+# ------------------------------------------------------------------ shared staircase pieces
+def test_staircase_alphas_domain_size_and_reference_normalisation():
+    sizes = staircase_group_sizes(151, 5, 5)
+    assert torch.equal(staircase_alphas(1.0, sizes, 151), staircase_alphas(1.0, sizes))
+    # the reference code's sizes (sum 149 != D = 151), eq. 8 with the true D: per-value ratio
+    # still e^eps, total mass below 1 (BrokenStaircase adds the rest to group 1)
+    ref = reference_group_sizes(151, 4, 4)
+    a = staircase_alphas(1.0, ref, 151)
+    k, m = math.e, 4
+    weighted = sum((j - 1) * n for j, n in enumerate(ref, start=1))
+    alpha_min = (m - 1) / ((m - 1) * 151 * k - (k - 1) * weighted)
+    expected = [alpha_min + (m - j) * alpha_min * (k - 1) / (m - 1) for j in range(1, m + 1)]
+    assert torch.allclose(a, torch.tensor(expected, dtype=torch.float64), rtol=1e-14, atol=0)
+    assert float(a[0] / a[-1]) == pytest.approx(math.e, rel=1e-14)
+    assert float((a * torch.tensor(ref, dtype=torch.float64)).sum()) < 1.0
+    with pytest.raises(ValueError):
+        staircase_alphas(1.0, ref, 0)
+
+
+def test_grr_probabilities():
+    mech = GRR(1.3, 0.0, 0.5, 1)  # D = 11
+    p, q = mech.keep_probability, mech.other_probability
+    assert p / q == pytest.approx(math.exp(1.3), rel=1e-14)
+    assert p + (mech.domain_size - 1) * q == pytest.approx(1.0, abs=1e-15)
+
+
+def test_broken_staircase_shares_the_group_sampler():
+    # the sorted defect with the reference's sizes equal to ours (m = 2, D = 41: 21 + 20) is the
+    # correct mechanism: the same seeded draws give the same outputs
+    ok = BrokenStaircase(1.0, 0.0, 2.0, 1, groups=2, delta_d=0, defect="sorted")
+    good = Staircase(1.0, 0.0, 2.0, 1, 2, 0)
+    assert ok.group_sizes == good.group_sizes == (21, 20)
+    x = torch.linspace(-2.5, 2.5, 40).reshape(4, 10)
+    assert torch.equal(ok.randomize(x, _gen(3)), good.randomize(x, _gen(3)))
+    assert torch.allclose(ok.group_masses, good.group_masses, rtol=1e-13, atol=0)

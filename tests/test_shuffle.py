@@ -221,3 +221,44 @@ def test_lower_bound_precision_at_many_trials():
     ce = epsilon_from_counts(500_000, 0, 0, 500_000)
     assert ce.epsilon_lower_bound == pytest.approx(11.81704, abs=1e-5)
     assert ce.epsilon_lower_bound == pytest.approx(measurable_ceiling(10**6), rel=1e-12)
+
+
+# --------------------------------------------------------------------------------------------
+# the shared game statistics (estimators.error_rates): counting, fields, estimate
+# --------------------------------------------------------------------------------------------
+
+
+def test_confusion_counts_conventions():
+    from audit_callbacks.estimators.error_rates import confusion_counts
+
+    rng = np.random.default_rng(5)
+    b2 = rng.random(1001) < 0.5
+    g2 = rng.random(1001) < 0.3
+    tp, fn, fp, tn = confusion_counts(b2, g2)
+    assert tp == sum(b and g for b, g in zip(b2, g2, strict=True))  # b = 2 guessed 2
+    assert fn == sum(b and not g for b, g in zip(b2, g2, strict=True))  # b = 2 guessed 1
+    assert fp == sum(not b and g for b, g in zip(b2, g2, strict=True))  # b = 1 guessed 2
+    assert tp + fn + fp + tn == 1001 and all(isinstance(c, int) for c in (tp, fn, fp, tn))
+    assert confusion_counts(np.zeros(0, bool), np.zeros(0, bool)) == (0, 0, 0, 0)
+    with pytest.raises(ValueError, match="boolean"):
+        confusion_counts(np.array([0, 1]), np.array([True, False]))
+    with pytest.raises(ValueError, match="shape"):
+        confusion_counts(np.array([True]), np.array([True, False]))
+
+
+def test_game_results_share_the_count_statistics():
+    from dataclasses import fields
+
+    from audit_callbacks.attacks import LDPTestResult
+    from audit_callbacks.estimators.error_rates import CountEpsilon, GameStatistics
+
+    names = [f.name for f in fields(GameStatistics)]
+    for cls in (CountEpsilon, ShuffleTestResult, LDPTestResult):
+        assert issubclass(cls, GameStatistics)
+        assert [f.name for f in fields(cls)][: len(names)] == names  # same order, first
+    res = shuffle_test(1.0, 200, 3000, seed=4)
+    ce = epsilon_from_counts(res.tp, res.fn, res.fp, res.tn, res.alpha)
+    assert res.game_fields() == ce.game_fields()
+    est = res.to_estimate()
+    assert (est.value, est.lower, est.n) == (res.epsilon, res.epsilon_lower_bound, 3000)
+    assert est.extras["tau"] == res.tau and "trials" not in est.extras

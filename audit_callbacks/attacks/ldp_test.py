@@ -6,8 +6,8 @@ guessed 1, FP = b = 1 guessed 2, TP = b = 2 guessed 2, FN = b = 2 guessed 1; FPR
 FNR = FN/(FN + TP); eps_hat = max(log((1 - FPR)/FNR), log((1 - FNR)/FPR)) (eq. 3).
 The statistics (point estimate capped at the ceiling when a rate is 0, the one-sided (1 - alpha)
 lower bound from Clopper-Pearson upper bounds at alpha/2 per rate, the upper bound and the
-ceiling) are computed by :func:`audit_callbacks.estimators.shuffle.epsilon_from_counts`, whose
-docstring states exactly how (and why the ceiling is 4.91 / 11.82 for 10^3 / 10^6 trials, not
+ceiling) are computed by :func:`audit_callbacks.estimators.error_rates.epsilon_from_counts`,
+whose module docstring states exactly how (and why the ceiling is 4.91 / 11.82 for 10^3 / 10^6 trials, not
 the 5.6 / 12.5 of paper 000 §4.1, which :func:`paper_measurable_ceiling` reproduces).
 
 Two paths, identical in distribution (tests/test_ldp_test.py checks it with KS and chi-square
@@ -50,14 +50,16 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 import torch
 
 from audit_callbacks.estimators import Estimate, epsilon_from_error_rates
-from audit_callbacks.estimators.shuffle import (
+from audit_callbacks.estimators.error_rates import (
+    GameStatistics,
+    confusion_counts,
     epsilon_from_counts,
     measurable_ceiling,
     paper_measurable_ceiling,
@@ -354,7 +356,7 @@ def _chunks(
 
 
 @dataclass(frozen=True)
-class LDPTestResult:
+class LDPTestResult(GameStatistics):
     """Outcome of :func:`ldp_epsilon_test` (paper 000 Alg. 2; METHODS C2).
 
     Attributes:
@@ -381,17 +383,6 @@ class LDPTestResult:
         seed: the seed used; elapsed_s: wall time of the trials (seconds).
     """
 
-    tp: int
-    fn: int
-    fp: int
-    tn: int
-    fpr: float | None
-    fnr: float | None
-    epsilon: float
-    epsilon_capped: bool
-    epsilon_lower_bound: float
-    epsilon_upper_bound: float
-    ceiling: float
     trials: int
     alpha: float
     method: str
@@ -406,10 +397,6 @@ class LDPTestResult:
     elapsed_s: float
 
     @property
-    def counts(self) -> dict[str, int]:
-        return {"tp": self.tp, "fn": self.fn, "fp": self.fp, "tn": self.tn}
-
-    @property
     def trials_per_second(self) -> float:
         return self.trials / self.elapsed_s if self.elapsed_s > 0 else math.inf
 
@@ -421,25 +408,12 @@ class LDPTestResult:
         bound, so ``confidence`` is the two-sided level 1 - 2 alpha (1 - alpha when ``upper`` is
         ``None``); ``extras["lower_confidence"]`` = 1 - alpha. The other fields go to extras.
         """
-        upper = self.epsilon_upper_bound if math.isfinite(self.epsilon_upper_bound) else None
-        extras = {
-            k: v
-            for k, v in asdict(self).items()
-            if k not in ("epsilon", "epsilon_lower_bound", "trials")
-        }
-        extras["epsilon_upper_bound"] = upper
-        extras["lower_confidence"] = 1.0 - self.alpha
-        extras["paper_ceiling"] = paper_measurable_ceiling(self.trials, self.alpha)
-        return Estimate(
-            value=self.epsilon,
-            lower=self.epsilon_lower_bound,
-            upper=upper,
+        return self._game_estimate(
             n=self.trials,
+            alpha=self.alpha,
             method=f"ldp_test_{self.method}",
             threat_model="local",
-            delta=0.0,
-            confidence=1.0 - (2.0 if upper is not None else 1.0) * self.alpha,
-            extras=extras,
+            paper_ceiling=paper_measurable_ceiling(self.trials, self.alpha),
         )
 
 
@@ -574,16 +548,12 @@ def ldp_epsilon_test(
     method = _resolve_path(mechanism, path)
     bs = None if batch_size is None else _check_positive_int(batch_size, "batch_size")
     cs = _check_positive_int(chunk_size, "chunk_size")
-    tp = fn = fp = tn = 0
+    tally = np.zeros(4, dtype=np.int64)  # tp, fn, fp, tn
     start = time.perf_counter()
     for b2, stat in _chunks(mechanism, t1, t2, geom, k, seed, method, bs, cs):
-        guess1 = stat >= 0.0
-        fp += int(np.count_nonzero(~b2 & ~guess1))
-        tn += int(np.count_nonzero(~b2 & guess1))
-        fn += int(np.count_nonzero(b2 & guess1))
-        tp += int(np.count_nonzero(b2 & ~guess1))
+        tally += confusion_counts(b2, stat < 0.0)  # guess 1 iff the statistic is >= 0 (eq. 4)
     elapsed = time.perf_counter() - start
-    ce = epsilon_from_counts(tp, fn, fp, tn, a)
+    ce = epsilon_from_counts(*(int(c) for c in tally), a)
     params = _ldp_sgd_params(mechanism) if supports_fast_path(mechanism) else None
     expected = (
         float(epsilon_from_error_rates(*_closed_form_rates(geom, *params)))
@@ -591,17 +561,7 @@ def ldp_epsilon_test(
         else None
     )
     return LDPTestResult(
-        tp=ce.tp,
-        fn=ce.fn,
-        fp=ce.fp,
-        tn=ce.tn,
-        fpr=ce.fpr,
-        fnr=ce.fnr,
-        epsilon=ce.epsilon,
-        epsilon_capped=ce.epsilon_capped,
-        epsilon_lower_bound=ce.epsilon_lower_bound,
-        epsilon_upper_bound=ce.epsilon_upper_bound,
-        ceiling=ce.ceiling,
+        **ce.game_fields(),
         trials=k,
         alpha=a,
         method=method,

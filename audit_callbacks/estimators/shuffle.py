@@ -1,44 +1,10 @@
-"""Shuffle-model references and the error-count epsilon of a distinguishing game (numpy/scipy).
+"""Shuffle-model references and the empirical shuffle test (numpy/scipy).
 
 Paper 000 (§2.3 eq. 1, §5 eqs. 5-6, Table 3) and METHODS C2 / C4.
 
-Error-count epsilon (METHODS C2, paper 000 Alg. 2 and eq. 3)
--------------------------------------------------------------
-A game of K trials draws b in {1, 2} uniformly, releases M(input_b) and guesses. With the
-counts of Alg. 2 (b = 1 plays the null, b = 2 the alternative)
-
-    TN: b = 1 guessed 1,  FP: b = 1 guessed 2,  TP: b = 2 guessed 2,  FN: b = 2 guessed 1,
-    FPR = FP / (FP + TN),  FNR = FN / (FN + TP),
-
-the point estimate is eq. 3, eps_hat = max(log((1 - FPR)/FNR), log((1 - FNR)/FPR)) (floored at
-0, via :func:`~audit_callbacks.estimators.epsilon_from_error_rates`). Its confident version
-(:func:`epsilon_from_counts`):
-
-* lower bound: eq. 3 evaluated at one-sided Clopper-Pearson UPPER bounds FPR_hi, FNR_hi, each at
-  level alpha/2. eq. 3 is decreasing in both rates, so on the event {FPR <= FPR_hi and
-  FNR <= FNR_hi} the bound is below the test's true eq.-3 value, which is below the mechanism's
-  epsilon (Kairouz et al. 2015). The union bound gives that event probability >= 1 - alpha:
-  **alpha is split, alpha/2 per rate**, so the lower bound is a valid one-sided (1 - alpha)
-  statement. (Using alpha for each rate, as a literal reading of METHODS C2 suggests, would give
-  only 1 - 2 alpha.)
-* upper bound (of the test's own eq.-3 value, not of the mechanism's epsilon): eq. 3 at the
-  one-sided Clopper-Pearson LOWER bounds at alpha/2 each; infinite when FP = 0 or FN = 0.
-* ceiling: the lower bound the game could show with zero errors, i.e. the value above with
-  FP = FN = 0 and the realised group sizes n1 = FP + TN, n2 = FN + TP:
-  u_i = 1 - (alpha/2)^(1/n_i), ceiling = max(log((1 - u1)/u2), log((1 - u2)/u1)).
-  :func:`measurable_ceiling` evaluates it for the nominal split n1 = K//2, n2 = K - K//2:
-  4.91 for K = 1000 and 11.82 for K = 10^6 at alpha = 0.05.
-* When a rate is 0 the point estimate is infinite; it is then reported as the ceiling with
-  ``epsilon_capped = True`` (never inf, never NaN).
-
-Paper 000 §4.1 quotes a different ceiling, 5.6 for 1000 trials and 12.5 for 10^6
-(METHODS C2): it pools all K trials into one success count, takes the lower end of the
-TWO-sided 95% Clopper-Pearson interval at K successes out of K, p_lo = (alpha/2)^(1/K)
-(0.99632 for K = 1000), and reads epsilon off p = e^eps/(1 + e^eps):
-ceiling = log(p_lo / (1 - p_lo)). :func:`paper_measurable_ceiling` reproduces it. It is the
-zero-error value of an accuracy-based bound (accuracy <= e^eps/(1 + e^eps) for a balanced
-game), not of the per-rate bound above, which splits the trials into two halves and alpha into
-two halves and therefore tops out lower.
+The error-count statistics of a distinguishing game (:class:`CountEpsilon`,
+:func:`epsilon_from_counts`, :func:`measurable_ceiling`, :func:`paper_measurable_ceiling`) live
+in :mod:`audit_callbacks.estimators.error_rates`; they are re-exported here.
 
 Shuffle model (METHODS C4, paper 000 §5)
 ----------------------------------------
@@ -70,15 +36,21 @@ pair 0.203, 0.127, 0.329, 0.323, 0.411, 0.315; population eq.-3 value of the tau
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import betaincinv, logsumexp
+from scipy.special import logsumexp
 from scipy.stats import binom
 
 from ._validation import check_alpha, check_count, check_delta, check_positive_finite
-from .error_rates import epsilon_from_error_rates
+from .error_rates import (
+    CountEpsilon,
+    GameStatistics,
+    confusion_counts,
+    epsilon_from_counts,
+    measurable_ceiling,
+    paper_measurable_ceiling,
+)
 from .estimate import Estimate
 
 __all__ = [
@@ -96,185 +68,6 @@ __all__ = [
     "shuffle_test",
     "shuffle_threshold",
 ]
-
-
-# --------------------------------------------------------------------------------------------
-# Error-count epsilon (METHODS C2), shared with audit_callbacks.attacks.ldp_test
-# --------------------------------------------------------------------------------------------
-
-
-def _log_cp_upper(k: int, n: int, q: float) -> tuple[float, float]:
-    """(log U, log(1 - U)) for the one-sided CP upper bound U = Beta(k+1, n-k).ppf(1 - q).
-
-    U = 1 at k = n (log(1 - U) = -inf); an empty group (n = 0) carries no information: U = 1.
-    1 - U is computed as Beta(n-k, k+1).ppf(q) without cancellation.
-    """
-    if n == 0 or k >= n:
-        return 0.0, -math.inf
-    u = float(betaincinv(k + 1.0, float(n - k), 1.0 - q))
-    one_m_u = float(betaincinv(float(n - k), k + 1.0, q))
-    return math.log(u), math.log(one_m_u)
-
-
-def _log_cp_lower(k: int, n: int, q: float) -> tuple[float, float]:
-    """(log l, log(1 - l)) for the one-sided CP lower bound l = Beta(k, n-k+1).ppf(q).
-
-    l = 0 at k = 0 or n = 0 (log l = -inf).
-    """
-    if n == 0 or k <= 0:
-        return -math.inf, 0.0
-    lo = float(betaincinv(float(k), n - k + 1.0, q))
-    one_m_lo = float(betaincinv(n - k + 1.0, float(k), 1.0 - q))
-    return math.log(lo), math.log(one_m_lo)
-
-
-def _eq3_log(log_fpr: float, log_1m_fpr: float, log_fnr: float, log_1m_fnr: float) -> float:
-    """eq. 3 of paper 000 from log rates, floored at 0; inf when a rate is 0 and the other < 1."""
-    terms = []
-    for num, den in ((log_1m_fpr, log_fnr), (log_1m_fnr, log_fpr)):
-        if num == -math.inf:
-            continue  # numerator 0: the term is -inf (or 0/0), ignored as in error_rates.py
-        terms.append(math.inf if den == -math.inf else num - den)
-    return max([0.0, *terms])
-
-
-def _zero_error_bound(n1: int, n2: int, alpha: float) -> float:
-    q = alpha / 2.0
-    lf, l1f = _log_cp_upper(0, n1, q)
-    ln, l1n = _log_cp_upper(0, n2, q)
-    return _eq3_log(lf, l1f, ln, l1n)
-
-
-@dataclass(frozen=True)
-class CountEpsilon:
-    """Epsilon of a distinguishing game from its four counts (paper 000 Alg. 2 / eq. 3).
-
-    Attributes:
-        tp, fn, fp, tn: counts with the conventions of METHODS C2 (b = 2 guessed 2, b = 2
-            guessed 1, b = 1 guessed 2, b = 1 guessed 1).
-        fpr: FP / (FP + TN), or ``None`` when no trial had b = 1.
-        fnr: FN / (FN + TP), or ``None`` when no trial had b = 2.
-        epsilon: eq. 3 point estimate in nats, finite: capped at ``ceiling`` when a rate is 0
-            (then ``epsilon_capped``), 0.0 when a group is empty.
-        epsilon_capped: True when the uncapped point estimate was infinite.
-        epsilon_lower_bound: one-sided (1 - alpha) lower bound (CP upper bounds at alpha/2 per
-            rate, union bound), >= 0.
-        epsilon_upper_bound: one-sided (1 - alpha) upper bound of the game's own eq.-3 value (CP
-            lower bounds at alpha/2 per rate); ``math.inf`` when FP = 0 or FN = 0.
-        ceiling: the lower bound the same group sizes would give with zero errors.
-        alpha: significance level.
-    """
-
-    tp: int
-    fn: int
-    fp: int
-    tn: int
-    fpr: float | None
-    fnr: float | None
-    epsilon: float
-    epsilon_capped: bool
-    epsilon_lower_bound: float
-    epsilon_upper_bound: float
-    ceiling: float
-    alpha: float
-
-    @property
-    def trials(self) -> int:
-        return self.tp + self.fn + self.fp + self.tn
-
-    @property
-    def counts(self) -> dict[str, int]:
-        return {"tp": self.tp, "fn": self.fn, "fp": self.fp, "tn": self.tn}
-
-
-def epsilon_from_counts(tp: int, fn: int, fp: int, tn: int, alpha: float = 0.05) -> CountEpsilon:
-    """Point estimate, confidence bounds and ceiling of eq. 3 of paper 000 from game counts.
-
-    Args:
-        tp, fn, fp, tn: non-negative integer counts (conventions of METHODS C2, see module
-            docstring); at least one must be positive.
-        alpha: in (0, 1); alpha/2 goes to each rate's Clopper-Pearson bound.
-
-    Returns:
-        :class:`CountEpsilon` (all values in nats; never NaN).
-
-    Raises:
-        ValueError: a count is not a non-negative integer, all counts are 0, alpha not in (0, 1).
-
-    Source: paper 000 Alg. 2 and eq. 3; METHODS C2; Clopper & Pearson (1934).
-    """
-    tp_, fn_, fp_, tn_ = (
-        check_count(c, name) for c, name in ((tp, "tp"), (fn, "fn"), (fp, "fp"), (tn, "tn"))
-    )
-    a = check_alpha(alpha)
-    n1, n2 = fp_ + tn_, fn_ + tp_
-    if n1 + n2 == 0:
-        raise ValueError("at least one trial is needed (all counts are 0)")
-    fpr = fp_ / n1 if n1 else None
-    fnr = fn_ / n2 if n2 else None
-    ceiling = _zero_error_bound(n1, n2, a)
-
-    if fpr is None or fnr is None:
-        point, capped = 0.0, False
-    else:
-        point = epsilon_from_error_rates(fpr, fnr)
-        capped = math.isinf(point)
-        if capped:
-            point = ceiling
-
-    q = a / 2.0
-    lo = _eq3_log(*_log_cp_upper(fp_, n1, q), *_log_cp_upper(fn_, n2, q))
-    hi = _eq3_log(*_log_cp_lower(fp_, n1, q), *_log_cp_lower(fn_, n2, q))
-    return CountEpsilon(
-        tp=tp_,
-        fn=fn_,
-        fp=fp_,
-        tn=tn_,
-        fpr=fpr,
-        fnr=fnr,
-        epsilon=float(point),
-        epsilon_capped=bool(capped),
-        epsilon_lower_bound=float(lo),
-        epsilon_upper_bound=float(hi),
-        ceiling=float(ceiling),
-        alpha=a,
-    )
-
-
-def measurable_ceiling(trials: int, alpha: float = 0.05) -> float:
-    """Largest lower bound :func:`epsilon_from_counts` can return for ``trials`` trials.
-
-    Zero errors, nominal split n1 = trials // 2, n2 = trials - n1, CP upper bounds at alpha/2:
-    u_i = 1 - (alpha/2)^(1/n_i), ceiling = max(log((1 - u1)/u2), log((1 - u2)/u1)).
-    4.906 for 1000 trials and 11.817 for 10^6 at alpha = 0.05; 0 for one trial.
-
-    Raises:
-        ValueError: trials < 1, alpha not in (0, 1).
-
-    Source: METHODS C2 (ceiling), module docstring for the difference with
-    :func:`paper_measurable_ceiling`.
-    """
-    k = check_count(trials, "trials", minimum=1)
-    return _zero_error_bound(k // 2, k - k // 2, check_alpha(alpha))
-
-
-def paper_measurable_ceiling(trials: int, alpha: float = 0.05) -> float:
-    """The ceiling of paper 000 §4.1: logit of the two-sided CP lower end at K successes of K.
-
-    p_lo = (alpha/2)^(1/K) (the lower end of the two-sided (1 - alpha) Clopper-Pearson interval
-    for K successes out of K; 0.99632 for K = 1000), ceiling = log(p_lo / (1 - p_lo)):
-    5.6006 for K = 1000 and 12.510 for K = 10^6 at alpha = 0.05 (METHODS C2: 5.6 and 12.5).
-    It pools both kinds of trial into one success count (an accuracy-based bound), so it is
-    higher than :func:`measurable_ceiling`, the ceiling of the per-rate bound this package
-    reports.
-
-    Raises:
-        ValueError: trials < 1, alpha not in (0, 1).
-    """
-    k = check_count(trials, "trials", minimum=1)
-    a = check_alpha(alpha)
-    log_p = math.log(a / 2.0) / k
-    return log_p - math.log(-math.expm1(log_p))
 
 
 # --------------------------------------------------------------------------------------------
@@ -465,25 +258,16 @@ def shuffle_dummy_test_rates(epsilon0: float, n: int) -> tuple[float, float]:
 
 
 @dataclass(frozen=True)
-class ShuffleTestResult:
+class ShuffleTestResult(GameStatistics):
     """Outcome of :func:`shuffle_test` (paper 000 §5, METHODS C4).
 
     Count conventions as METHODS C2 with D as b = 1 and D' as b = 2: TN = D guessed D,
-    FP = D guessed D', TP = D' guessed D', FN = D' guessed D. ``epsilon`` etc. as in
-    :class:`CountEpsilon`; ``tau`` is the threshold of eq. 6, ``n`` the number of clients.
+    FP = D guessed D', TP = D' guessed D', FN = D' guessed D. The fields of
+    :class:`~audit_callbacks.estimators.error_rates.GameStatistics` (``epsilon`` etc. as in
+    :class:`CountEpsilon`), then ``alpha``, ``trials``, ``epsilon0``, ``tau`` (the threshold of
+    eq. 6), ``n`` (the number of clients) and ``seed``.
     """
 
-    tp: int
-    fn: int
-    fp: int
-    tn: int
-    fpr: float | None
-    fnr: float | None
-    epsilon: float
-    epsilon_capped: bool
-    epsilon_lower_bound: float
-    epsilon_upper_bound: float
-    ceiling: float
     alpha: float
     trials: int
     epsilon0: float
@@ -491,34 +275,14 @@ class ShuffleTestResult:
     tau: float
     seed: int
 
-    @property
-    def counts(self) -> dict[str, int]:
-        return {"tp": self.tp, "fn": self.fn, "fp": self.fp, "tn": self.tn}
-
     def to_estimate(self) -> Estimate:
         """As :class:`~audit_callbacks.estimators.Estimate` (threat model ``"shuffle"``).
 
         ``lower``/``upper`` are each one-sided (1 - alpha) bounds, so ``confidence`` is the
         two-sided level 1 - 2 alpha (1 - alpha when the upper bound is infinite and dropped).
         """
-        upper = self.epsilon_upper_bound if math.isfinite(self.epsilon_upper_bound) else None
-        extras: dict[str, Any] = {
-            k: v
-            for k, v in asdict(self).items()
-            if k not in ("epsilon", "epsilon_lower_bound", "trials")
-        }
-        extras["epsilon_upper_bound"] = upper
-        extras["lower_confidence"] = 1.0 - self.alpha
-        return Estimate(
-            value=self.epsilon,
-            lower=self.epsilon_lower_bound,
-            upper=upper,
-            n=self.trials,
-            method="shuffle_dummy_test",
-            threat_model="shuffle",
-            delta=0.0,
-            confidence=1.0 - (2.0 if upper is not None else 1.0) * self.alpha,
-            extras=extras,
+        return self._game_estimate(
+            n=self.trials, alpha=self.alpha, method="shuffle_dummy_test", threat_model="shuffle"
         )
 
 
@@ -559,7 +323,7 @@ def shuffle_test(
     p = _p_keep(e)
     tau = nn * p
     rng = np.random.default_rng(seed)
-    tp = fn = fp = tn = 0
+    tally = np.zeros(4, dtype=np.int64)  # tp, fn, fp, tn
     done = 0
     while done < k:
         m = min(chunk, k - done)
@@ -567,28 +331,9 @@ def shuffle_test(
         count = rng.binomial(nn - 1, p, size=m)
         last = rng.random(m) < np.where(is_dprime, 1.0 - p, p)  # the n-th client's sign
         count = count + last
-        guess_d = count >= tau
-        fp += int(np.count_nonzero(~is_dprime & ~guess_d))
-        tn += int(np.count_nonzero(~is_dprime & guess_d))
-        fn += int(np.count_nonzero(is_dprime & guess_d))
-        tp += int(np.count_nonzero(is_dprime & ~guess_d))
+        tally += confusion_counts(is_dprime, count < tau)  # guess D' iff count < tau
         done += m
-    ce = epsilon_from_counts(tp, fn, fp, tn, a)
-    fields = {
-        f: getattr(ce, f)
-        for f in (
-            "tp",
-            "fn",
-            "fp",
-            "tn",
-            "fpr",
-            "fnr",
-            "epsilon",
-            "epsilon_capped",
-            "epsilon_lower_bound",
-            "epsilon_upper_bound",
-            "ceiling",
-            "alpha",
-        )
-    }
-    return ShuffleTestResult(**fields, trials=k, epsilon0=e, n=nn, tau=tau, seed=int(seed))
+    ce = epsilon_from_counts(*(int(c) for c in tally), a)
+    return ShuffleTestResult(
+        **ce.game_fields(), alpha=a, trials=k, epsilon0=e, n=nn, tau=tau, seed=int(seed)
+    )

@@ -213,22 +213,19 @@ class GRR(GridRandomizer):
 
     name = "grr"
 
-    def __init__(
-        self,
-        epsilon: float,
-        center: float = 0.0,
-        radius: float = 1.0,
-        precision: int = 1,
-        *,
-        rounding: str = "nearest",
-        dim: int | None = None,
-    ) -> None:
-        super().__init__(epsilon, center, radius, precision, rounding=rounding, dim=dim)
-        eps = self.epsilon_per_coordinate
-        denominator = math.exp(eps) + self.domain_size - 1
-        self.keep_probability: float = math.exp(eps) / denominator  # p
-        self.other_probability: float = 1.0 / denominator  # q
-        self._p_minus_q: float = math.expm1(eps) / denominator
+    @property
+    def _denominator(self) -> float:
+        return math.exp(self.epsilon_per_coordinate) + self.domain_size - 1
+
+    @property
+    def keep_probability(self) -> float:
+        """p = e^eps / (e^eps + D - 1), the probability of releasing the grid input itself."""
+        return math.exp(self.epsilon_per_coordinate) / self._denominator
+
+    @property
+    def other_probability(self) -> float:
+        """q = 1 / (e^eps + D - 1), the probability of each of the other D - 1 values."""
+        return 1.0 / self._denominator
 
     def _rows(self, k: Tensor) -> Tensor:
         k = k.reshape(-1).cpu()
@@ -250,7 +247,8 @@ class GRR(GridRandomizer):
         """``(y - q D c) / (p - q)`` elementwise: unbiased for each coordinate's grid input."""
         _check_rows(y, "y")
         shift = self.other_probability * self.domain_size * self.center
-        return (y.to(torch.float64) - shift).div(self._p_minus_q).to(y.dtype)
+        p_minus_q = math.expm1(self.epsilon_per_coordinate) / self._denominator
+        return (y.to(torch.float64) - shift).div(p_minus_q).to(y.dtype)
 
     def __repr__(self) -> str:
         return f"GRR({self._grid_repr()})"

@@ -52,7 +52,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from audit_callbacks.mechanisms.base import _check_int, _check_rows, _uniform
+from audit_callbacks.mechanisms.base import _check_finite, _check_int, _check_rows, _uniform
 from audit_callbacks.mechanisms.grid import GridRandomizer
 
 __all__ = [
@@ -77,11 +77,8 @@ def _check_groups(domain_size: int, groups: int) -> int:
 
 
 def _as_fraction(value: float, name: str) -> Fraction:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a real number, got {value!r}") from None
-    if not math.isfinite(v) or v < 0:
+    v = _check_finite(value, name)
+    if v < 0:
         raise ValueError(f"{name} must be >= 0 and finite, got {value!r}")
     return Fraction(v)
 
@@ -124,16 +121,29 @@ def staircase_group_sizes(domain_size: int, groups: int, delta_d: float) -> tupl
     return sizes
 
 
-def staircase_alphas(epsilon: float, sizes: tuple[int, ...] | list[int]) -> Tensor:
+def staircase_alphas(
+    epsilon: float, sizes: tuple[int, ...] | list[int], domain_size: int | None = None
+) -> Tensor:
     """Per-value probabilities ``alpha_1..alpha_m`` (float64 ``[m]``) of eq. 7-8 of 002.
 
-    ``alpha_j = alpha_m (e^eps (m - j) + (j - 1)) / (m - 1)`` with ``alpha_m`` normalising
-    ``sum_j sizes_j alpha_j = 1``; ``alpha_1 / alpha_m = e^eps``. D = sum(sizes).
+    ``alpha_j = alpha_m (e^eps (m - j) + (j - 1)) / (m - 1)`` with
+    ``alpha_m = (m-1) / ((m-1) D e^eps - (e^eps - 1) sum_{j>=2} (j-1) n_j)``;
+    ``alpha_1 / alpha_m = e^eps``.
+
+    Args:
+        epsilon: per-coordinate epsilon, > 0.
+        sizes: group sizes ``n_1..n_m``, m >= 2, each >= 1.
+        domain_size: D in ``alpha_m``; default ``sum(sizes)``, which makes
+            ``sum_j n_j alpha_j = 1``. Another D (the public reference code passes the true D
+            with sizes that need not sum to it; :class:`BrokenStaircase`) does not normalise.
+
+    Raises:
+        ValueError: fewer than 2 groups, an empty group, or ``domain_size`` < 1.
     """
     m = len(sizes)
     if m < 2 or min(sizes) < 1:
         raise ValueError(f"need >= 2 groups of size >= 1, got {tuple(sizes)}")
-    d = sum(sizes)
+    d = sum(sizes) if domain_size is None else _check_int(domain_size, "domain_size", 1)
     k = math.exp(epsilon)
     weighted = sum((j - 1) * n for j, n in enumerate(sizes, start=1))
     alpha_m = (m - 1) / ((m - 1) * d * k - math.expm1(epsilon) * weighted)
@@ -205,8 +215,84 @@ def _min_norm_solution(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.linalg.lstsq(a, b, rcond=None)[0]
 
 
+# ------------------------------------------------------------------------ grouped grid base
+class _StaircaseGroups(GridRandomizer):
+    """Grid mechanisms that release one of m groups of values ranked by distance from the input.
+
+    Shared by :class:`Staircase` and :class:`BrokenStaircase`: the group count and step, the
+    distance ranking (:meth:`rank`, :meth:`group_of`) and the O(1) sampler (draw the group j
+    w.p. ``group_masses[j]``, the same for every input, then a uniform position inside it).
+    Subclasses call :meth:`_set_groups` with their sizes and group masses.
+
+    Args:
+        epsilon, center, radius, precision, rounding, dim: as :class:`~.grid.GridRandomizer`.
+        groups: m >= 2 (<= D).
+        delta_d: the group-size step Delta_d (real); default ``floor(D / (m (m - 1)))``.
+    """
+
+    def __init__(
+        self,
+        epsilon: float,
+        center: float,
+        radius: float,
+        precision: int,
+        groups: int,
+        delta_d: float | None,
+        *,
+        rounding: str,
+        dim: int | None,
+    ) -> None:
+        super().__init__(epsilon, center, radius, precision, rounding=rounding, dim=dim)
+        self.groups: int = _check_groups(self.domain_size, groups)
+        self.delta_d: float = float(
+            default_delta(self.domain_size, self.groups) if delta_d is None else delta_d
+        )
+
+    def _set_groups(self, sizes: tuple[int, ...], masses: Tensor) -> None:
+        """Store the sizes ``n_j`` and masses ``P(group j)`` (float64 ``[m]``, sum 1)."""
+        self.group_sizes: tuple[int, ...] = tuple(sizes)
+        self.group_masses: Tensor = masses
+        self._sizes = torch.tensor(self.group_sizes, dtype=torch.int64)
+        self._cum_sizes = torch.cumsum(self._sizes, 0)  # C_j: ranks < C_j lie in G_1..G_j
+        self._mass_cdf = torch.cumsum(masses, 0)
+
+    def rank(self, i: Tensor, k: Tensor) -> Tensor:
+        """Rank of grid index k in input index i's distance ranking (int64, broadcast)."""
+        return _rank_of(torch.as_tensor(i), torch.as_tensor(k), self.domain_size)
+
+    def group_of(self, i: Tensor, k: Tensor) -> Tensor:
+        """0-based group (0 = G_1) of grid index k for input index i (int64, broadcast).
+
+        Ranks past the last group (sizes summing to less than D) give ``m``.
+        """
+        r = self.rank(i, k)
+        return torch.searchsorted(self._cum_sizes.to(r.device), r, right=True)
+
+    def _all_groups(self, k: Tensor) -> Tensor:
+        """``group_of(k_i, every grid index)``: int64 ``[n, D]`` for input indices ``k [n]``."""
+        return self.group_of(k.reshape(-1, 1).cpu(), torch.arange(self.domain_size).reshape(1, -1))
+
+    def _draw_group_position(
+        self, k: Tensor, generator: torch.Generator | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """(group j, size n_j, position in 0..n_j - 1), int64 like ``k``, one per input."""
+        cdf = self._mass_cdf.to(k.device)
+        j = torch.searchsorted(cdf, _uniform(k.shape, k, generator), right=True).clamp(
+            max=self.groups - 1
+        )
+        sizes = self._sizes.to(k.device)[j]
+        pos = torch.floor(_uniform(k.shape, k, generator) * sizes.to(torch.float64)).to(torch.int64)
+        return j, sizes, torch.minimum(pos, sizes - 1)
+
+    def _sample_sorted(self, k: Tensor, generator: torch.Generator | None) -> Tensor:
+        """The grid index at rank ``C_j - n_j + position`` of input k's distance ranking."""
+        j, sizes, pos = self._draw_group_position(k, generator)
+        rank = self._cum_sizes.to(k.device)[j] - sizes + pos
+        return _index_at_rank(k, rank, self.domain_size)
+
+
 # -------------------------------------------------------------------------------- Staircase
-class Staircase(GridRandomizer):
+class Staircase(_StaircaseGroups):
     """Staircase randomized response (SRR-FL, 002 §4.3-4.4), per coordinate, eps-LDP each.
 
     See the module docstring for the exact construction (grid, integer group sizes, groups by
@@ -258,20 +344,13 @@ class Staircase(GridRandomizer):
         max_debias_domain: int = 4001,
         dim: int | None = None,
     ) -> None:
-        super().__init__(epsilon, center, radius, precision, rounding=rounding, dim=dim)
-        self.groups: int = _check_groups(self.domain_size, groups)
-        self.delta_d: float = float(
-            default_delta(self.domain_size, self.groups) if delta_d is None else delta_d
+        super().__init__(
+            epsilon, center, radius, precision, groups, delta_d, rounding=rounding, dim=dim
         )
-        self.group_sizes: tuple[int, ...] = staircase_group_sizes(
-            self.domain_size, self.groups, self.delta_d
-        )
-        self.alphas: Tensor = staircase_alphas(self.epsilon_per_coordinate, self.group_sizes)
-        sizes = torch.tensor(self.group_sizes, dtype=torch.int64)
-        self._sizes = sizes
-        self._cum_sizes = torch.cumsum(sizes, 0)  # C_j: ranks < C_j lie in G_1..G_j
-        self.group_masses: Tensor = self.alphas * sizes.to(torch.float64)  # P(group j), any input
-        self._mass_cdf = torch.cumsum(self.group_masses, 0)
+        sizes = staircase_group_sizes(self.domain_size, self.groups, self.delta_d)
+        self.alphas: Tensor = staircase_alphas(self.epsilon_per_coordinate, sizes)
+        # P(group j) = n_j alpha_j, the same for every input
+        self._set_groups(sizes, self.alphas * torch.tensor(sizes, dtype=torch.float64))
         if debias_method not in _DEBIAS_METHODS:
             raise ValueError(
                 f"debias_method must be one of {_DEBIAS_METHODS}, got {debias_method!r}"
@@ -283,32 +362,11 @@ class Staircase(GridRandomizer):
         self._blocks: tuple[int, int] | None = None
 
     # ------------------------------------------------------------------ groups
-    def rank(self, i: Tensor, k: Tensor) -> Tensor:
-        """Rank of grid index k in input index i's distance ranking (int64, broadcast)."""
-        return _rank_of(torch.as_tensor(i), torch.as_tensor(k), self.domain_size)
-
-    def group_of(self, i: Tensor, k: Tensor) -> Tensor:
-        """0-based group (0 = G_1) of grid index k for input index i (int64, broadcast)."""
-        r = self.rank(i, k)
-        return torch.searchsorted(self._cum_sizes.to(r.device), r, right=True)
-
     def _rows(self, k: Tensor) -> Tensor:
-        k = k.reshape(-1, 1).cpu()
-        group = self.group_of(k, torch.arange(self.domain_size).reshape(1, -1))
-        return self.alphas[group]
+        return self.alphas[self._all_groups(k)]
 
     def _sample(self, k: Tensor, generator: torch.Generator | None) -> Tensor:
-        cdf = self._mass_cdf.to(k.device)
-        j = torch.searchsorted(cdf, _uniform(k.shape, k, generator), right=True).clamp(
-            max=self.groups - 1
-        )
-        sizes = self._sizes.to(k.device)[j]
-        start = self._cum_sizes.to(k.device)[j] - sizes
-        offset = torch.floor(_uniform(k.shape, k, generator) * sizes.to(torch.float64)).to(
-            torch.int64
-        )
-        rank = start + torch.minimum(offset, sizes - 1)
-        return _index_at_rank(k, rank, self.domain_size)
+        return self._sample_sorted(k, generator)
 
     # ---------------------------------------------------------------- debias
     def _solve_debias(self) -> None:
@@ -372,7 +430,7 @@ class Staircase(GridRandomizer):
 
 
 # -------------------------------------------------------------------------- broken variant
-class BrokenStaircase(GridRandomizer):
+class BrokenStaircase(_StaircaseGroups):
     """Deliberately defective staircase mechanisms that an exact audit must flag.
 
     ``defect="interval"`` and ``"sorted"`` reproduce, in exact arithmetic, the staircase of the
@@ -423,15 +481,13 @@ class BrokenStaircase(GridRandomizer):
         defect: str = "interval",
         dim: int | None = None,
     ) -> None:
-        super().__init__(epsilon, center, radius, precision, rounding="nearest", dim=dim)
         if defect not in _DEFECTS:
             raise ValueError(f"defect must be one of {_DEFECTS}, got {defect!r}")
+        super().__init__(
+            epsilon, center, radius, precision, groups, delta_d, rounding="nearest", dim=dim
+        )
         self.defect: str = defect
-        d = self.domain_size
-        self.groups: int = _check_groups(d, groups)
-        m = self.groups
-        self.delta_d: float = float(default_delta(d, m) if delta_d is None else delta_d)
-        eps = self.epsilon_per_coordinate
+        d, m, eps = self.domain_size, self.groups, self.epsilon_per_coordinate
         if defect == "per_group":
             sizes = staircase_group_sizes(d, m, self.delta_d)
             alphas = staircase_alphas(eps, sizes)
@@ -443,22 +499,12 @@ class BrokenStaircase(GridRandomizer):
                     f"reference group sizes {sizes} sum to {sum(sizes)} > D = {d}: the reference "
                     "code indexes past the sorted domain (IndexError) for these parameters"
                 )
-            k = math.exp(eps)
-            weighted = sum((j - 1) * n for j, n in enumerate(sizes, start=1))
-            alpha_min = (m - 1) / ((m - 1) * d * k - (k - 1) * weighted)
-            step = alpha_min * (k - 1) / (m - 1)
-            alphas = torch.tensor(
-                [alpha_min + (m - j) * step for j in range(1, m + 1)], dtype=torch.float64
-            )
-            masses = alphas * torch.tensor(sizes, dtype=torch.float64)
+            # eq. 8 with the true D although the sizes need not sum to it, then the fix-up
+            masses = staircase_alphas(eps, sizes, d) * torch.tensor(sizes, dtype=torch.float64)
             masses[0] += 1.0 - float(masses.sum())
             if float(masses[0]) <= 0:
                 raise ValueError("the reference's probability fix-up leaves group 1 a mass <= 0")
-        self.group_sizes: tuple[int, ...] = tuple(sizes)
-        self.group_masses: Tensor = masses
-        self._sizes = torch.tensor(sizes, dtype=torch.int64)
-        self._cum_sizes = torch.cumsum(self._sizes, 0)
-        self._mass_cdf = torch.cumsum(masses, 0)
+        self._set_groups(sizes, masses)
         self._per_value = masses / self._sizes.to(torch.float64)
         if defect == "interval":
             self._build_interval_tables()
@@ -538,15 +584,9 @@ class BrokenStaircase(GridRandomizer):
         k = k.reshape(-1).cpu()
         n_in = k.numel()
         if self.defect == "per_group":
-            rank = _rank_of(
-                k.reshape(-1, 1), torch.arange(self.domain_size).reshape(1, -1), self.domain_size
-            )
-            return self._per_value[torch.searchsorted(self._cum_sizes, rank, right=True)]
+            return self._per_value[self._all_groups(k)]
         if self.defect == "sorted":
-            rank = _rank_of(
-                k.reshape(-1, 1), torch.arange(self.domain_size).reshape(1, -1), self.domain_size
-            )
-            group = torch.searchsorted(self._cum_sizes, rank, right=True)
+            group = self._all_groups(k)
             covered = group < self.groups
             per_value = torch.cat([self._per_value, torch.zeros(1, dtype=torch.float64)])
             return torch.where(covered, per_value[group.clamp(max=self.groups)], 0.0)
@@ -564,19 +604,10 @@ class BrokenStaircase(GridRandomizer):
         return probs
 
     def _sample(self, k: Tensor, generator: torch.Generator | None) -> Tensor:
-        cdf = self._mass_cdf.to(k.device)
-        j = torch.searchsorted(cdf, _uniform(k.shape, k, generator), right=True).clamp(
-            max=self.groups - 1
-        )
-        sizes = self._sizes.to(k.device)[j]
-        pos = torch.minimum(
-            torch.floor(_uniform(k.shape, k, generator) * sizes.to(torch.float64)).to(torch.int64),
-            sizes - 1,
-        )
-        if self.defect == "interval":
-            return self._interval_output(j, k, pos) - self._h_min
-        rank = self._cum_sizes.to(k.device)[j] - sizes + pos
-        return _index_at_rank(k, rank, self.domain_size)
+        if self.defect != "interval":
+            return self._sample_sorted(k, generator)
+        j, _, pos = self._draw_group_position(k, generator)
+        return self._interval_output(j, k, pos) - self._h_min
 
     def debias(self, y: Tensor) -> Tensor:
         """Identity (the reference server averages the raw outputs)."""
