@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo examples test lint bench clean
 
 install: $(STAMP)
 
@@ -18,6 +18,12 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	PYTHONPATH=. $(PY) examples/federated_canary_audit.py
 
+examples: $(STAMP)
+	PYTHONPATH=. $(PY) examples/federated_canary_audit.py
+	PYTHONPATH=. $(PY) examples/dpsgd_label_audit.py
+	PYTHONPATH=. $(PY) examples/ldp_audit.py
+	PYTHONPATH=. $(PY) examples/srr_vs_two_point.py
+
 lint: $(STAMP)
 	$(PY) -m ruff check .
 
@@ -28,6 +34,8 @@ test: $(STAMP)
 bench: $(STAMP)
 	PYTHONPATH=. $(PY) benchmarks/gaussian_one_shot.py
 	PYTHONPATH=. $(PY) benchmarks/canary_overhead.py
+	PYTHONPATH=. $(PY) benchmarks/label_audit_overhead.py
+	PYTHONPATH=. $(PY) benchmarks/ldp_trials.py
 
 clean:
 	rm -rf $(VENV) lightning_logs .pytest_cache

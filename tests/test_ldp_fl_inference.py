@@ -64,3 +64,25 @@ def test_confidence_rises_with_rounds_and_bad_input():
         attack.observe(np.array([np.nan]))
     with pytest.raises(ValueError):
         LDPFLInferenceAttack(0.0, 0.0)
+
+
+def test_attack_state_roundtrip_equals_uninterrupted():
+    import numpy as np
+
+    from audit_callbacks.attacks import LDPFLInferenceAttack
+
+    rng = np.random.default_rng(0)
+    rows = [rng.uniform(-1, 1, size=(5, 7)) for _ in range(6)]
+    full = LDPFLInferenceAttack(0.0, 1.0, seed=3)
+    for r in rows:
+        full.observe(r)
+    half = LDPFLInferenceAttack(0.0, 1.0, seed=3)
+    for r in rows[:3]:
+        half.observe(r)
+    resumed = LDPFLInferenceAttack(0.0, 1.0, seed=3)
+    resumed.load_state_dict(half.state_dict())
+    for r in rows[3:]:
+        resumed.observe(r)
+    a, b = full.predict(), resumed.predict()
+    assert np.array_equal(a.prediction, b.prediction) and np.array_equal(a.confidence, b.confidence)
+    assert np.array_equal(a.prediction_1, b.prediction_1)  # the random halves too (rng state)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -88,6 +89,20 @@ class LDPFLInferenceAttack:
     def rounds(self) -> int:
         return len(self._sums)
 
+    def state_dict(self) -> dict[str, Any]:
+        """Plain-Python state (lists and ints: loadable by Lightning's weights-only checkpoints)."""
+        return {
+            "sums": [v.tolist() for v in self._sums],
+            "counts": [v.tolist() for v in self._counts],
+            "rng": _plain(self._rng.bit_generator.state),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`; the next prediction equals an uninterrupted run's."""
+        self._sums = [np.asarray(v, dtype=float) for v in state["sums"]]
+        self._counts = [np.asarray(v, dtype=float) for v in state["counts"]]
+        self._rng.bit_generator.state = state["rng"]
+
     def observe(self, released: ArrayLike) -> None:
         """Store one round: ``released`` is ``[n]`` (one weight) or ``[n, d]`` (n clients)."""
         arr = np.asarray(released, dtype=float)
@@ -131,3 +146,11 @@ class LDPFLInferenceAttack:
         if target is not None:
             error = np.abs(prediction - np.asarray(target, dtype=float)) / (2.0 * self.radius)
         return InferencePrediction(n, prediction, p1, p2, conf, error)
+
+
+def _plain(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, np.generic):
+        return obj.item()
+    return obj

@@ -364,7 +364,7 @@ class LDPAudit(Callback):
         base = np.random.SeedSequence([self.seed, int(round_idx)])
         client_ss, *adv_ss = base.spawn(1 + len(ADVERSARY_NAMES))
         cid = int(np.random.default_rng(client_ss).integers(pl_module.num_real_clients))
-        x, y = pl_module._client_data(cid)  # DP-FedAvg's tensors of real client `cid`
+        x, y = pl_module.client_data(cid)  # DP-FedAvg's tensors of real client `cid`
         x, y = x.to(pl_module.device), y.to(pl_module.device)
         n_classes = self._num_classes(trainer, pl_module, x)
         records: list[dict[str, Any]] = []

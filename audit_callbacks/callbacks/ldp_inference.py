@@ -57,30 +57,6 @@ __all__ = ["INFERENCE_MODES", "LDPInferenceAudit"]
 INFERENCE_MODES: tuple[str, ...] = ("debiased", "raw")
 
 
-class _ResumableAttack(LDPFLInferenceAttack):
-    """:class:`LDPFLInferenceAttack` with a plain-Python state (for Lightning checkpoints)."""
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "sums": [s.tolist() for s in self._sums],
-            "counts": [c.tolist() for c in self._counts],
-            "rng": _plain(self._rng.bit_generator.state),
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._sums = [np.asarray(s, dtype=float) for s in state["sums"]]
-        self._counts = [np.asarray(c, dtype=float) for c in state["counts"]]
-        self._rng.bit_generator.state = state["rng"]
-
-
-def _plain(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {k: _plain(v) for k, v in obj.items()}
-    if isinstance(obj, np.generic):
-        return obj.item()
-    return obj
-
-
 class LDPInferenceAudit(Callback):
     """Per-round prediction error and confidence of the LDP-FL inference attack (paper 002 §3.1).
 
@@ -135,7 +111,7 @@ class LDPInferenceAudit(Callback):
         self.seed = int(seed)
         self.summary_filename = summary_filename
 
-        self.attacks: dict[str, _ResumableAttack] = {}
+        self.attacks: dict[str, LDPFLInferenceAttack] = {}
         self.history: list[dict[str, Any]] = []
         self.last: dict[str, Any] = {}
         self.summary_path: str | None = None
@@ -178,7 +154,7 @@ class LDPInferenceAudit(Callback):
         self._c, self._r = float(c), float(r)
         if not self.attacks:
             for i, mode in enumerate(self.modes):
-                self.attacks[mode] = _ResumableAttack(self._c, self._r, seed=self.seed + i)
+                self.attacks[mode] = LDPFLInferenceAttack(self._c, self._r, seed=self.seed + i)
         if self._pending_state is not None:
             self._restore(self._pending_state)
             self._pending_state = None

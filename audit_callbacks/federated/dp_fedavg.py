@@ -183,6 +183,11 @@ class DPFedAvg(pl.LightningModule):
             raise ValueError("DPFedAvg needs at least one real client")
         return self._client_datasets
 
+    def client_data(self, cid: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Real client ``cid``'s examples as ``(features [n_i, ...], labels [n_i])`` tensors
+        (what an audit that crafts inputs from client data, such as ``LDPAudit``, reads)."""
+        return self._client_data(cid)
+
     def _client_data(self, cid: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self._client_tensors is None:
             tensors = []
