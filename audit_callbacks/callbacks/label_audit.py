@@ -28,7 +28,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 from threadpoolctl import ThreadpoolController
 from torch import nn
-from torchmetrics.classification import BinaryAccuracy, MulticlassAccuracy
+from torchmetrics.functional.classification import binary_accuracy, multiclass_accuracy
 
 from audit_callbacks.attacks.label_reconstruction import reconstruct_labels
 from audit_callbacks.callbacks import tensorboard as tb
@@ -245,7 +245,7 @@ class LabelReconstructionAttack(_StepAuditCallback):
     ) -> None:
         super().__init__(every_n_steps=every_n_steps, label_fn=label_fn, summary_filename=summary_filename)
         self.layer = layer
-        self._acc_batch: Any = None
+        self._num_classes = 1
         self.history: list[tuple[int, float, int]] = []  # (step, batch accuracy, batch size)
 
     def _layers(self, pl_module: pl.LightningModule) -> dict[str, nn.Linear]:
@@ -255,7 +255,7 @@ class LabelReconstructionAttack(_StepAuditCallback):
                 raise ValueError("LabelReconstructionAttack: the module has no nn.Linear layer to attack")
             self.layer = layers[-1]
         k = self.layer.out_features
-        self._acc_batch = BinaryAccuracy() if k == 1 else MulticlassAccuracy(num_classes=k, average="micro")
+        self._num_classes = int(k)
         return {"layer": self.layer}
 
     def _on_step(self, optimizer: Any, data: tuple) -> dict[str, float] | None:
@@ -277,8 +277,12 @@ class LabelReconstructionAttack(_StepAuditCallback):
         except ValueError as err:  # rank-deficient features
             self._warn_once("solve", f"LabelReconstructionAttack: step skipped: {err}")
             return None
-        batch_acc = float(self._acc_batch(pred, labels.to(pred.dtype)))
-        self._acc_batch.reset()
+        target = labels.to(pred.dtype)
+        if self._num_classes == 1:  # torchmetrics' functional form: no metric state to sync per step
+            batch_acc = float(binary_accuracy(pred, target, validate_args=False))
+        else:
+            batch_acc = float(multiclass_accuracy(pred, target, num_classes=self._num_classes, average="micro",
+                                                  validate_args=False))
         self.history.append((self.steps, batch_acc, int(x.shape[0])))
         return {"label_attack/accuracy_batch": batch_acc, "label_attack/accuracy": self.accuracy}
 

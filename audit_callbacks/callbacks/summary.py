@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -19,7 +20,12 @@ _PACKAGES = ("audit-callbacks", "torch", "lightning", "opacus", "torchmetrics", 
 
 
 def versions() -> dict[str, str]:
-    """Versions of Python and of the packages an estimate depends on."""
+    """Versions of Python and of the packages an estimate depends on (read once a process)."""
+    return dict(_versions())
+
+
+@functools.lru_cache(maxsize=1)
+def _versions() -> dict[str, str]:
     out = {"python": platform.python_version()}
     for name in _PACKAGES:
         try:

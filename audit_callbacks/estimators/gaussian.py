@@ -104,6 +104,21 @@ def _log_gaussian_delta(eps: np.ndarray, mu: float) -> np.ndarray:
     return _log_sub(log_a, log_b)
 
 
+def _log1mexp_scalar(x: float) -> float:
+    if x >= 0.0:
+        return -math.inf
+    return math.log(-math.expm1(x)) if x > -_LN2 else math.log1p(-math.exp(x))
+
+
+def _log_gaussian_delta_scalar(eps: float, mu: float) -> float:
+    """:func:`_log_gaussian_delta` for one eps with Python floats (~20x faster per call)."""
+    log_a = float(log_ndtr(mu / 2.0 - eps / mu))
+    log_b = eps + float(log_ndtr(-mu / 2.0 - eps / mu))
+    if not math.isfinite(log_a) or log_b >= log_a:
+        return -math.inf
+    return log_a + _log1mexp_scalar(log_b - log_a)
+
+
 def gaussian_delta(epsilon: float, mu: float) -> float:
     """Tight delta(eps) of the Gaussian mechanism with mu = sensitivity / sigma (mu-GDP).
 
@@ -171,7 +186,7 @@ def gaussian_epsilon(
     floor = log_target - 700.0
 
     def f(eps: float) -> float:
-        return max(float(_log_gaussian_delta(eps, mu)), floor) - log_target
+        return max(_log_gaussian_delta_scalar(eps, mu), floor) - log_target
 
     if f(0.0) <= 0.0:
         return 0.0

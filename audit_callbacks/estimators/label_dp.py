@@ -62,6 +62,7 @@ H_n ~ log n). The paper's factors 1.69 (15 batches) and 2.12 (80 batches) both i
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from dataclasses import dataclass
@@ -134,13 +135,10 @@ class LabelDPBounds:
     epsilon_lower_bound: float
     best_index: int
     optimal_test_mu: np.ndarray
-    optimal_test_epsilon: np.ndarray
     optimal_test_epsilon_max: float
     layer_pair_mu: np.ndarray
-    layer_pair_epsilon: np.ndarray
     layer_pair_epsilon_max: float
     all_params_pair_mu: np.ndarray
-    all_params_pair_epsilon: np.ndarray
     all_params_pair_epsilon_max: float
     single_step_epsilon: float
     statistic_mean0: np.ndarray
@@ -156,6 +154,23 @@ class LabelDPBounds:
     max_grad_norm: float
     expected_batch_size: float
     n: int
+
+    # Per-example B9 epsilons: one vectorised root finding each, on first access (a callback
+    # that logs only the batch maxima, computed with one root each, never pays for them).
+    @functools.cached_property
+    def optimal_test_epsilon(self) -> np.ndarray:
+        """[N] epsilon of the equal-variance pair with ``optimal_test_mu`` (B9)."""
+        return _readonly(_pair_epsilons(self.optimal_test_mu, self.delta))
+
+    @functools.cached_property
+    def layer_pair_epsilon(self) -> np.ndarray:
+        """[N] exact pair epsilon for the observed layer (B9)."""
+        return _readonly(_pair_epsilons(self.layer_pair_mu, self.delta))
+
+    @functools.cached_property
+    def all_params_pair_epsilon(self) -> np.ndarray:
+        """[N] exact pair epsilon for all parameters (B9)."""
+        return _readonly(_pair_epsilons(self.all_params_pair_mu, self.delta))
 
     def to_estimate(self, threat_model: str = "single_step_last_layer") -> Estimate:
         """The batch sign-test bound as an :class:`Estimate` (value = ``epsilon_lower_bound``).
@@ -456,7 +471,9 @@ def label_dp_lower_bound(
     mu_opt = np.abs(m1 - m0) / sd
     mu_layer = np.abs(coef1 - coef0) * xnorm / (sigma * c_max)
     mu_all = np.abs(clip_flip * (-k) - clip) * g / (sigma * c_max)
-    eps_opt, eps_layer, eps_all = np.split(_pair_epsilons(np.concatenate([mu_opt, mu_layer, mu_all]), d), 3)
+    # epsilon is increasing in mu: the batch maxima need one root each (the per-example arrays
+    # are computed on first access, see LabelDPBounds)
+    eps_max = [gaussian_epsilon(1.0, d, sensitivity=float(m.max())) for m in (mu_opt, mu_layer, mu_all)]
     eps_single = gaussian_epsilon(sigma, d, sensitivity=2.0)
 
     for name, arr in (("P_0", log_p0), ("P_1", log_p1), ("mu", mu_all), ("mu", mu_opt)):
@@ -472,14 +489,11 @@ def label_dp_lower_bound(
         epsilon_lower_bound=batch,
         best_index=best,
         optimal_test_mu=_readonly(mu_opt),
-        optimal_test_epsilon=_readonly(eps_opt),
-        optimal_test_epsilon_max=float(eps_opt.max()),
+        optimal_test_epsilon_max=float(eps_max[0]),
         layer_pair_mu=_readonly(mu_layer),
-        layer_pair_epsilon=_readonly(eps_layer),
-        layer_pair_epsilon_max=float(eps_layer.max()),
+        layer_pair_epsilon_max=float(eps_max[1]),
         all_params_pair_mu=_readonly(mu_all),
-        all_params_pair_epsilon=_readonly(eps_all),
-        all_params_pair_epsilon_max=float(eps_all.max()),
+        all_params_pair_epsilon_max=float(eps_max[2]),
         single_step_epsilon=float(eps_single),
         statistic_mean0=_readonly(m0),
         statistic_mean1=_readonly(m1),
