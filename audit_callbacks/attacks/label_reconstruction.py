@@ -89,7 +89,9 @@ def _design(features: Tensor, with_bias: bool) -> Tensor:
     return x
 
 
-def _qr_solve(design: Tensor, rhs: Tensor, eps: float, what: str) -> tuple[Tensor, Tensor]:
+def _qr_solve(
+    design: Tensor, rhs: Tensor, eps: float, what: str, *, with_diag: bool = True,
+) -> tuple[Tensor, Tensor | None]:
     """(Cm^T Cm)^{-1} Cm^T rhs and diag((Cm^T Cm)^{-1}) for Cm = design^T.
 
     Args:
@@ -99,11 +101,12 @@ def _qr_solve(design: Tensor, rhs: Tensor, eps: float, what: str) -> tuple[Tenso
         what: what d counts, for the error message.
 
     Returns:
-        ``(coef [N, K], gram_inv_diag [N])``.
+        ``(coef [N, K], gram_inv_diag [N])`` (None for the diagonal when ``with_diag`` is False).
 
     Raises:
-        ValueError: N > d, or Cm numerically rank deficient (smallest singular value <=
-            max(N, d) * eps * largest).
+        ValueError: N > d, or Cm numerically rank deficient (smallest |R_rr| <=
+            max(N, d) * eps * largest, the same test as
+            :func:`audit_callbacks.estimators.label_dp.last_layer_gram_inverse_diag`).
     """
     n, d = design.shape
     if n > d:
@@ -114,16 +117,18 @@ def _qr_solve(design: Tensor, rhs: Tensor, eps: float, what: str) -> tuple[Tenso
         )
     cm = design.T  # [d, N]
     q, r = torch.linalg.qr(cm, mode="reduced")  # r: [N, N] upper triangular
-    sv = torch.linalg.svdvals(r)
-    tol = max(n, d) * eps * float(sv[0])
-    if float(sv[0]) == 0.0 or float(sv[-1]) <= tol:
+    rd = r.diagonal().abs()
+    tol = max(n, d) * eps * float(rd.max())
+    if float(rd.max()) == 0.0 or float(rd.min()) <= tol:
         raise ValueError(
             "the Gram matrix Cm^T Cm of the per-example derivatives is rank deficient "
-            f"(smallest singular value {float(sv[-1]):.3g}, tolerance {tol:.3g}): duplicate "
+            f"(smallest |R_rr| {float(rd.min()):.3g}, tolerance {tol:.3g}): duplicate "
             "examples, or ReLU units that are zero for the whole batch, which lower the usable "
             "width below the batch size; use a smaller batch or a wider layer"
         )
     coef = torch.linalg.solve_triangular(r, q.T @ rhs, upper=True)
+    if not with_diag:
+        return coef, None
     eye = torch.eye(n, dtype=r.dtype, device=r.device)
     r_inv = torch.linalg.solve_triangular(r, eye, upper=True)
     gram_inv_diag = (r_inv * r_inv).sum(dim=1)
@@ -198,12 +203,20 @@ def label_attack_statistic(
     Source: paper 004 eq. 1, Alg. 1 and Alg. 3 (App. A.1.1), Alg. 2 (the variance factor);
     METHODS B2, B4, B7.
     """
+    a_hat, diag = _statistic(features, weight_grad, bias_grad, with_diag=True)
+    assert diag is not None
+    return a_hat, diag
+
+
+def _statistic(
+    features: Tensor, weight_grad: Tensor, bias_grad: Tensor | None, *, with_diag: bool,
+) -> tuple[Tensor, Tensor | None]:
     x = _check_features(features)
     n, p = x.shape
     gmat = _grad_matrix(weight_grad, bias_grad, p).to(x.device)
     design = _design(x, bias_grad is not None)
     what = f"{p} layer inputs" + (" + 1 bias" if bias_grad is not None else "")
-    coef, diag = _qr_solve(design, gmat.T, _eps_of(x), what)
+    coef, diag = _qr_solve(design, gmat.T, _eps_of(x), what, with_diag=with_diag)
     a_hat = n * coef
     if a_hat.shape[1] == 1:
         a_hat = a_hat[:, 0]
@@ -243,7 +256,7 @@ def reconstruct_labels(
         >>> reconstruct_labels(x, g_w, (p - y).mean().reshape(1)).tolist()
         [1, 0]
     """
-    a_hat, _ = label_attack_statistic(features, weight_grad, bias_grad)
+    a_hat, _ = _statistic(features, weight_grad, bias_grad, with_diag=False)
     if a_hat.ndim == 1:
         return (a_hat < 0).to(torch.int64)
     return torch.argmin(a_hat, dim=1).to(torch.int64)
