@@ -89,3 +89,17 @@ def write_json(name: str, payload: dict[str, Any]) -> Path:
         json.dump(_clean(payload), fh, indent=2)
         fh.write("\n")
     return path
+
+
+def timed_fit(trainer: Any, module: Any, datamodule: Any, profile: Any = None) -> float:
+    """``trainer.fit(module, datamodule=...)`` timed with ``perf_counter`` (seconds), optionally
+    under an enabled ``cProfile.Profile``."""
+    start = time.perf_counter()
+    if profile is not None:
+        profile.enable()
+    try:
+        trainer.fit(module, datamodule=datamodule)
+    finally:
+        if profile is not None:
+            profile.disable()
+    return time.perf_counter() - start

@@ -46,7 +46,7 @@ from typing import Any
 import lightning.pytorch as pl
 import numpy as np
 import torch
-from _common import load_average, machine_info, peak_rss_mb, write_json
+from _common import load_average, machine_info, peak_rss_mb, timed_fit, write_json
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from audit_callbacks.callbacks import CanaryAudit
@@ -163,13 +163,7 @@ def fit_once(
         num_sanity_val_steps=0,
         log_every_n_steps=5,
     )
-    start = time.perf_counter()
-    if profile is not None:
-        profile.enable()
-    trainer.fit(module, datamodule=dm)
-    if profile is not None:
-        profile.disable()
-    elapsed = time.perf_counter() - start
+    elapsed = timed_fit(trainer, module, dm, profile)
     out: dict[str, Any] = {
         "fit_s": elapsed,
         "real_client_updates": local["n"],
