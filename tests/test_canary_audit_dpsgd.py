@@ -207,3 +207,22 @@ def test_cached_rdp_epsilon_equals_the_opacus_accountant():
         assert rdp_epsilon(history, 1e-5) == acc.get_epsilon(1e-5)
         assert accountant_epsilon(acc, 1e-6) == acc.get_epsilon(1e-6)
     assert accountant_epsilon(RDPAccountant(), 1e-5) is None and rdp_epsilon([], 1e-5) == 0.0
+
+
+def test_lightning_gradient_accumulation_charges_canaries_like_the_accountant(tmp_path):
+    # accumulate_grad_batches=2: one logical step per two batches; the accountant is charged
+    # q * accumulated_iterations, and so are the canaries' joins.
+    pl.seed_everything(0, verbose=False)
+    dm = CentralDataModule("breast_cancer", batch_size=32, poisson=False)
+    module = DPSGDClassifier(MLP(30, 1, hidden=(16,)), lr=0.3, noise_multiplier=1.0)
+    audit = CanaryAudit(400, 0, bootstrap=0)
+    trainer = pl.Trainer(max_epochs=2, logger=False, callbacks=[audit], enable_progress_bar=False,
+                         enable_checkpointing=False, enable_model_summary=False, accumulate_grad_batches=2,
+                         default_root_dir=str(tmp_path))
+    trainer.fit(module, datamodule=dm)
+    history = module.privacy_engine.accountant.history
+    assert audit.injector.steps == sum(s for _, _, s in history)
+    expected = sum(s * q for _, q, s in history)  # mean joins per canary
+    var = sum(s * q * (1 - q) for _, q, s in history) / 400
+    assert abs(audit.participations.mean() - expected) < 4 * math.sqrt(var)
+    assert max(q for _, q, _ in history) == pytest.approx(2 * audit.injector.sample_rate)
