@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
@@ -15,6 +14,7 @@ from audit_callbacks.callbacks import CanaryAudit
 from audit_callbacks.federated import DPFedAvg
 from datamodules import FederatedDataModule
 from models import MLP
+from tests._federated import fit
 
 EXPECTED_TAGS = {
     "audit/epsilon_final_model",
@@ -38,16 +38,6 @@ def make(noise=0.5, seed=0, clients=40, per_round=10, rounds_per_epoch=4):
                       clip_norm=1.0, local_lr=0.1, local_batch_size=8, sampling="shuffle", seed=seed,
                       delta=1e-5)
     return dm, module
-
-
-def fit(dm, module, callbacks, steps, tmp_path, logger=True, ckpt_path=None, name="run"):
-    log = TensorBoardLogger(str(tmp_path), name=name, version=0) if logger else False
-    trainer = pl.Trainer(max_steps=steps, max_epochs=-1, logger=log, callbacks=callbacks,
-                         accelerator="cpu", enable_progress_bar=False, enable_model_summary=False,
-                         enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
-                         num_sanity_val_steps=0, log_every_n_steps=1, default_root_dir=str(tmp_path))
-    trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
-    return trainer
 
 
 def test_end_to_end_tensorboard_tags_and_summary(tmp_path):

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
@@ -26,6 +25,7 @@ from audit_callbacks.federated import DPFedAvg
 from audit_callbacks.mechanisms import LDPSGD, BrokenStaircase, Staircase, TwoPoint
 from datamodules import FederatedDataModule
 from models import MLP
+from tests._federated import fit
 
 
 def make(randomizer, seed=0, clients=20, per_round=5, rounds_per_epoch=4, local_lr=0.5):
@@ -37,16 +37,6 @@ def make(randomizer, seed=0, clients=20, per_round=5, rounds_per_epoch=4, local_
                       server_momentum=0.0, seed=seed, randomizer=randomizer,
                       client_datasets=dm.client_datasets)
     return dm, module
-
-
-def fit(dm, module, callbacks, steps, tmp_path, logger=True, ckpt_path=None, name="run"):
-    log = TensorBoardLogger(str(tmp_path), name=name, version=0) if logger else False
-    trainer = pl.Trainer(max_steps=steps, max_epochs=-1, logger=log, callbacks=callbacks,
-                         accelerator="cpu", enable_progress_bar=False, enable_model_summary=False,
-                         enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
-                         num_sanity_val_steps=0, log_every_n_steps=1, default_root_dir=str(tmp_path))
-    trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
-    return trainer
 
 
 class LyingLDPSGD(LDPSGD):
