@@ -107,3 +107,24 @@ def test_bad_input_is_reported(tmp_path):
                          enable_progress_bar=False, enable_checkpointing=False)
     with pytest.raises(TypeError, match="make_private"):
         trainer.fit(module, datamodule=CentralDataModule(poisson=False))
+
+
+def test_the_two_callbacks_factorize_once_per_step_and_match_solo_runs(tmp_path, monkeypatch):
+    """Run together, the attack and the bound share one QR of the last layer per step (and the
+    per-example norms) and give exactly what each gives alone."""
+    from audit_callbacks.callbacks import label_audit
+
+    calls = []
+    real = label_audit.factorize_layer
+    monkeypatch.setattr(label_audit, "factorize_layer", lambda *a, **k: calls.append(1) or real(*a, **k))
+    attack, bound = LabelReconstructionAttack(summary_filename=None), LabelDPLowerBound(summary_filename=None)
+    _fit(tmp_path, [attack, bound], epochs=1)
+    assert bound.steps == attack.steps >= 10 and len(calls) == bound.steps
+    calls.clear()
+    solo_bound = LabelDPLowerBound(summary_filename=None)
+    _fit(tmp_path, [solo_bound], epochs=1)
+    solo_attack = LabelReconstructionAttack(summary_filename=None)
+    _fit(tmp_path, [solo_attack], epochs=1)
+    assert len(calls) == solo_bound.steps + solo_attack.steps
+    assert solo_bound.records == bound.records
+    assert solo_attack.history == attack.history

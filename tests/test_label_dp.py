@@ -260,6 +260,35 @@ def _random_instance(rng: np.random.Generator):
     return (x, probs, labels, norms), kw
 
 
+def test_precomputed_gram_diagonal_gives_the_same_bounds(batch):
+    """gram_inv_diag from the attack's torch factorisation (what the callbacks share) gives the
+    bounds of the numpy path; a non-positive or wrongly shaped diagonal, or a batch wider than
+    the layer, is refused."""
+    from audit_callbacks.attacks.label_reconstruction import factorize_layer
+
+    c = _clip_norm(batch)
+    ref = batch.bound(c, 1.0, 40.0)
+    v = factorize_layer(batch.features).gram_inv_diag.numpy()
+    got = label_dp_lower_bound(batch.features.numpy(), batch.probs.numpy(), batch.y.numpy(), batch.norms.numpy(),
+                               max_grad_norm=c, noise_multiplier=1.0, expected_batch_size=40.0, delta=DELTA,
+                               gram_inv_diag=v)
+    np.testing.assert_allclose(got.gram_inv_diag, ref.gram_inv_diag, rtol=1e-9)
+    np.testing.assert_allclose(got.lower_bound, ref.lower_bound, rtol=1e-7)
+    assert got.epsilon_lower_bound == pytest.approx(ref.epsilon_lower_bound, rel=1e-7)
+    assert got.all_params_pair_epsilon_max == pytest.approx(ref.all_params_pair_epsilon_max, rel=1e-12)
+    args = (batch.features.numpy(), batch.probs.numpy(), batch.y.numpy(), batch.norms.numpy())
+    kw = dict(max_grad_norm=c, noise_multiplier=1.0, expected_batch_size=40.0, delta=DELTA)
+    with pytest.raises(ValueError, match="gram_inv_diag must be > 0"):
+        label_dp_lower_bound(*args, gram_inv_diag=-v, **kw)
+    with pytest.raises(ValueError, match="gram_inv_diag must have shape"):
+        label_dp_lower_bound(*args, gram_inv_diag=v[:-1], **kw)
+    with pytest.raises(ValueError, match="NaN"):
+        label_dp_lower_bound(*args, gram_inv_diag=np.where(np.arange(len(v)) == 0, np.nan, v), **kw)
+    narrow = np.ones((3, 1))
+    with pytest.raises(ValueError, match="at most 2"):
+        label_dp_lower_bound(narrow, np.full(3, 0.5), np.zeros(3), np.ones(3), gram_inv_diag=np.ones(3), **kw)
+
+
 def test_b9_order_on_random_instances():
     rng = np.random.default_rng(2024)
     tol = 1e-9

@@ -20,6 +20,7 @@ from audit_callbacks.attacks import label_reconstruction as lr_mod
 from audit_callbacks.attacks.label_reconstruction import (
     SignAmbiguousLabels,
     craft_malicious_features,
+    factorize_layer,
     label_attack_statistic,
     reconstruct_labels,
     reconstruct_labels_malicious_input_layer,
@@ -156,6 +157,37 @@ def test_scale_invariance_and_the_weight_delta_sign():
     dw, db = last.weight.detach() - before_w, last.bias.detach() - before_b
     assert torch.equal(reconstruct_labels(feats, -dw, -db), y[idx])
     assert torch.equal(reconstruct_labels(feats, dw, db), 1 - y[idx])  # the documented pitfall
+
+
+def test_one_factorization_serves_the_attack_the_statistic_and_the_gram_diagonal():
+    """factorize_layer once, reuse it: identical labels and statistic, the diagonal equals the
+    numpy estimator's (what LabelDPLowerBound consumes), and a factorisation of other features
+    is refused."""
+    from audit_callbacks.estimators.label_dp import last_layer_gram_inverse_diag
+
+    for name in ("breast_cancer", "digits"):
+        model, x, y = _model(name, seed=5, train_steps=0)
+        idx = _batches(len(y), 24, 1, seed=5)[0]
+        model.zero_grad()
+        _loss(model(x[idx]), y[idx]).backward()
+        with torch.no_grad():
+            feats = model.net[:-1](x[idx])
+        last = model.net[-1]
+        f = factorize_layer(feats, bias=True)
+        assert (f.n, f.d, f.has_bias) == (24, feats.shape[1] + 1, True)
+        a_ref, d_ref = label_attack_statistic(feats, last.weight.grad, last.bias.grad)
+        a_f, d_f = label_attack_statistic(feats, last.weight.grad, last.bias.grad, factorization=f)
+        assert torch.equal(a_ref, a_f) and torch.equal(d_ref, d_f)
+        assert torch.equal(reconstruct_labels(feats, last.weight.grad, last.bias.grad, factorization=f), y[idx])
+        np.testing.assert_allclose(f.gram_inv_diag.numpy(), last_layer_gram_inverse_diag(feats.numpy()), rtol=1e-9)
+        with pytest.raises(ValueError, match="factorise these features"):
+            reconstruct_labels(feats[:20], last.weight.grad, last.bias.grad, factorization=f)
+        with pytest.raises(ValueError, match="bias=True"):
+            reconstruct_labels(feats, last.weight.grad, factorization=f)
+    with pytest.raises(ValueError, match="at most 3 examples"):
+        factorize_layer(torch.eye(4)[:, :2])
+    with pytest.raises(ValueError, match="rank deficient"):
+        factorize_layer(torch.tensor([[1.0, 2.0, 0.0], [1.0, 2.0, 0.0]]))
 
 
 # --------------------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ Cm = Q R, (Cm^T Cm)^{-1} Cm^T G = R^{-1} Q^T G, diag((Cm^T Cm)^{-1}) = row norms
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -42,8 +43,10 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "LayerFactorization",
     "SignAmbiguousLabels",
     "craft_malicious_features",
+    "factorize_layer",
     "label_attack_statistic",
     "reconstruct_labels",
     "reconstruct_labels_malicious_input_layer",
@@ -89,24 +92,51 @@ def _design(features: Tensor, with_bias: bool) -> Tensor:
     return x
 
 
-def _qr_solve(
-    design: Tensor, rhs: Tensor, eps: float, what: str, *, with_diag: bool = True,
-) -> tuple[Tensor, Tensor | None]:
-    """(Cm^T Cm)^{-1} Cm^T rhs and diag((Cm^T Cm)^{-1}) for Cm = design^T.
+@dataclass(frozen=True, eq=False)
+class LayerFactorization:
+    """Thin QR factorisation Cm = Q R of a layer's per-example derivatives, rank-checked.
 
-    Args:
-        design: [N, d] float64, row r = dZ_r/dW (up to a known positive factor).
-        rhs: [d, K] float64.
-        eps: machine epsilon of the input dtype (sets the rank tolerance).
-        what: what d counts, for the error message.
+    Cm = [dZ_1/dW ... dZ_N/dW] = ``design``^T (d x N). It is the expensive part shared by the
+    last-layer attack (:func:`reconstruct_labels`, :func:`label_attack_statistic`) and the
+    label-DP bounds (:func:`audit_callbacks.estimators.label_dp.label_dp_lower_bound` accepts its
+    ``gram_inv_diag``), so callbacks that run both on one DP-SGD step factorise once. Build it
+    with :func:`factorize_layer`.
 
-    Returns:
-        ``(coef [N, K], gram_inv_diag [N])`` (None for the diagonal when ``with_diag`` is False).
+    Attributes:
+        q: [d, N] float64, orthonormal columns.
+        r: [N, N] float64, upper triangular, nonzero diagonal.
+        n: N, the number of examples (rows of ``features``).
+        d: d, the number of coefficients (layer inputs, plus 1 with a bias).
+        has_bias: whether a column of ones was appended to the features.
+
+    Source: paper 004 eq. 1 and Alg. 2 (the factor (C^T C)^{-1}); METHODS B2, B7.
+    """
+
+    q: Tensor
+    r: Tensor
+    n: int
+    d: int
+    has_bias: bool
+
+    def solve(self, rhs: Tensor) -> Tensor:
+        """(Cm^T Cm)^{-1} Cm^T rhs = R^{-1} Q^T rhs: [d, K] float64 -> [N, K] float64."""
+        return torch.linalg.solve_triangular(self.r, self.q.T @ rhs, upper=True)
+
+    @functools.cached_property
+    def gram_inv_diag(self) -> Tensor:
+        """[N] float64, diag((Cm^T Cm)^{-1}) = row norms^2 of R^{-1} (METHODS B7), > 0."""
+        eye = torch.eye(self.n, dtype=self.r.dtype, device=self.r.device)
+        r_inv = torch.linalg.solve_triangular(self.r, eye, upper=True)
+        return (r_inv * r_inv).sum(dim=1)
+
+
+def _factorize(design: Tensor, eps: float, what: str, has_bias: bool) -> LayerFactorization:
+    """Thin QR of Cm = design^T ([N, d] float64) with the rank test.
 
     Raises:
         ValueError: N > d, or Cm numerically rank deficient (smallest |R_rr| <=
-            max(N, d) * eps * largest, the same test as
-            :func:`audit_callbacks.estimators.label_dp.last_layer_gram_inverse_diag`).
+            max(N, d) * eps * largest, eps = the machine epsilon of the input dtype; the same
+            test as :func:`audit_callbacks.estimators.label_dp.last_layer_gram_inverse_diag`).
     """
     n, d = design.shape
     if n > d:
@@ -115,24 +145,50 @@ def _qr_solve(
             f"equations ({what}), so Cm^T Cm is singular: use a batch of at most {d} examples "
             "or a wider layer"
         )
-    cm = design.T  # [d, N]
-    q, r = torch.linalg.qr(cm, mode="reduced")  # r: [N, N] upper triangular
+    q, r = torch.linalg.qr(design.T, mode="reduced")  # Cm [d, N] = Q [d, N] R [N, N]
     rd = r.diagonal().abs()
-    tol = max(n, d) * eps * float(rd.max())
-    if float(rd.max()) == 0.0 or float(rd.min()) <= tol:
+    rmax, rmin = float(rd.max()), float(rd.min())
+    tol = max(n, d) * eps * rmax
+    if rmax == 0.0 or rmin <= tol:
         raise ValueError(
             "the Gram matrix Cm^T Cm of the per-example derivatives is rank deficient "
-            f"(smallest |R_rr| {float(rd.min()):.3g}, tolerance {tol:.3g}): duplicate "
+            f"(smallest |R_rr| {rmin:.3g}, tolerance {tol:.3g}): duplicate "
             "examples, or ReLU units that are zero for the whole batch, which lower the usable "
             "width below the batch size; use a smaller batch or a wider layer"
         )
-    coef = torch.linalg.solve_triangular(r, q.T @ rhs, upper=True)
-    if not with_diag:
-        return coef, None
-    eye = torch.eye(n, dtype=r.dtype, device=r.device)
-    r_inv = torch.linalg.solve_triangular(r, eye, upper=True)
-    gram_inv_diag = (r_inv * r_inv).sum(dim=1)
-    return coef, gram_inv_diag
+    return LayerFactorization(q=q, r=r, n=n, d=d, has_bias=has_bias)
+
+
+def _what(p: int, bias: bool, unit: str = "layer inputs") -> str:
+    return f"{p} {unit}" + (" + 1 bias" if bias else "")
+
+
+def factorize_layer(features: Tensor, *, bias: bool = True) -> LayerFactorization:
+    """Factorise the last-layer attack's design once: Cm = [x~_1 ... x~_N] = Q R.
+
+    Args:
+        features: [N, p] inputs of the attacked linear layer (any float dtype/device); the rank
+            tolerance uses the machine epsilon of their dtype.
+        bias: the layer has a bias (append 1 to every row: x~ = [x, 1]), default True.
+
+    Returns:
+        :class:`LayerFactorization` (float64, on the device of ``features``); pass it as
+        ``factorization=`` to :func:`reconstruct_labels` / :func:`label_attack_statistic`, and
+        its ``gram_inv_diag`` to ``label_dp_lower_bound``.
+
+    Raises:
+        ValueError: not 2-D, empty, NaN/inf, N > p (+1 with bias) or a rank-deficient Gram
+            matrix (use a smaller batch or a wider layer).
+
+    Source: paper 004 eq. 1, Alg. 1-3; METHODS B2, B7.
+    """
+    x = _check_features(features)
+    return _factorize(_design(x, bool(bias)), _eps_of(x), _what(x.shape[1], bool(bias)), bool(bias))
+
+
+def _qr_solve(design: Tensor, rhs: Tensor, eps: float, what: str) -> Tensor:
+    """(Cm^T Cm)^{-1} Cm^T rhs for Cm = design^T ([N, d] float64), rhs [d, K] -> [N, K]."""
+    return _factorize(design, eps, what, has_bias=False).solve(rhs)
 
 
 def _grad_matrix(weight_grad: Tensor, bias_grad: Any, p: int) -> Tensor:
@@ -173,7 +229,8 @@ def _check_features(features: Any, name: str = "features") -> Tensor:
 
 
 def label_attack_statistic(
-    features: Tensor, weight_grad: Tensor, bias_grad: Tensor | None = None
+    features: Tensor, weight_grad: Tensor, bias_grad: Tensor | None = None, *,
+    factorization: LayerFactorization | None = None,
 ) -> tuple[Tensor, Tensor]:
     """The last-layer attack statistic A = N (Cm^T Cm)^{-1} Cm^T G^T and diag((Cm^T Cm)^{-1}).
 
@@ -190,6 +247,8 @@ def label_attack_statistic(
             K classes: softmax), or [p] for K = 1. A batch mean, sum or Opacus privatized
             gradient; NOT a weight delta (pass -delta).
         bias_grad: [K] gradient of the layer's bias, or None for a layer without bias.
+        factorization: :func:`factorize_layer` of these ``features`` (with ``bias`` = whether
+            ``bias_grad`` is given), to reuse one factorisation; None factorises here.
 
     Returns:
         ``(a_hat, gram_inv_diag)``: ``a_hat`` float64 [N] when K = 1, [N, K] when K > 1;
@@ -198,33 +257,46 @@ def label_attack_statistic(
 
     Raises:
         ValueError: shapes inconsistent, NaN/inf, or N > p (+1 with bias) or a rank-deficient
-            Gram matrix (the message says to use a smaller batch or a wider layer).
+            Gram matrix (the message says to use a smaller batch or a wider layer); a
+            ``factorization`` of another shape.
 
     Source: paper 004 eq. 1, Alg. 1 and Alg. 3 (App. A.1.1), Alg. 2 (the variance factor);
     METHODS B2, B4, B7.
     """
-    a_hat, diag = _statistic(features, weight_grad, bias_grad, with_diag=True)
-    assert diag is not None
-    return a_hat, diag
+    a_hat, f = _statistic(features, weight_grad, bias_grad, factorization)
+    return a_hat, f.gram_inv_diag
 
 
 def _statistic(
-    features: Tensor, weight_grad: Tensor, bias_grad: Tensor | None, *, with_diag: bool,
-) -> tuple[Tensor, Tensor | None]:
-    x = _check_features(features)
-    n, p = x.shape
-    gmat = _grad_matrix(weight_grad, bias_grad, p).to(x.device)
-    design = _design(x, bias_grad is not None)
-    what = f"{p} layer inputs" + (" + 1 bias" if bias_grad is not None else "")
-    coef, diag = _qr_solve(design, gmat.T, _eps_of(x), what, with_diag=with_diag)
-    a_hat = n * coef
+    features: Tensor, weight_grad: Tensor, bias_grad: Tensor | None,
+    factorization: LayerFactorization | None,
+) -> tuple[Tensor, LayerFactorization]:
+    if factorization is None:
+        factorization = factorize_layer(features, bias=bias_grad is not None)
+    else:
+        _check_factorization(factorization, features, bias_grad is not None)
+    n, p = factorization.n, factorization.d - factorization.has_bias
+    gmat = _grad_matrix(weight_grad, bias_grad, p).to(factorization.r.device)
+    a_hat = n * factorization.solve(gmat.T)
     if a_hat.shape[1] == 1:
         a_hat = a_hat[:, 0]
-    return a_hat, diag
+    return a_hat, factorization
+
+
+def _check_factorization(f: LayerFactorization, features: Tensor, bias: bool) -> None:
+    if not isinstance(f, LayerFactorization):
+        raise TypeError(f"factorization must be a LayerFactorization (factorize_layer), got {type(f).__name__}")
+    shape = tuple(features.shape) if hasattr(features, "shape") else None
+    if f.has_bias != bias or shape is None or len(shape) != 2 or shape != (f.n, f.d - f.has_bias):
+        raise ValueError(
+            f"factorization is of a [{f.n}, {f.d - f.has_bias}] design with bias={f.has_bias}, "
+            f"but features have shape {shape} and bias={bias}: factorise these features"
+        )
 
 
 def reconstruct_labels(
-    features: Tensor, weight_grad: Tensor, bias_grad: Tensor | None = None
+    features: Tensor, weight_grad: Tensor, bias_grad: Tensor | None = None, *,
+    factorization: LayerFactorization | None = None,
 ) -> Tensor:
     """Reconstruct every label of a batch from the last layer's aggregated gradient.
 
@@ -238,6 +310,7 @@ def reconstruct_labels(
         features: [N, p] inputs of the attacked linear layer (per-example activations).
         weight_grad: [K, p] (or [p]) gradient of its weight; not a weight delta (pass -delta).
         bias_grad: [K] gradient of its bias, or None.
+        factorization: :func:`factorize_layer` of ``features`` (reused; None: factorise here).
 
     Returns:
         int64 [N] labels in {0, 1} (K = 1) or {0, ..., K - 1}, on the device of ``features``.
@@ -256,7 +329,7 @@ def reconstruct_labels(
         >>> reconstruct_labels(x, g_w, (p - y).mean().reshape(1)).tolist()
         [1, 0]
     """
-    a_hat, _ = _statistic(features, weight_grad, bias_grad, with_diag=False)
+    a_hat, _ = _statistic(features, weight_grad, bias_grad, factorization)
     if a_hat.ndim == 1:
         return (a_hat < 0).to(torch.int64)
     return torch.argmin(a_hat, dim=1).to(torch.int64)
@@ -439,8 +512,8 @@ def reconstruct_labels_second_last_layer(
     num_det = int(determined.sum())
     if num_det > 0:
         design = _design(x, unit_bias_grad is not None) * u.unsqueeze(1)
-        what = f"{p} inputs of the layer" + (" + 1 bias" if unit_bias_grad is not None else "")
-        coef, _ = _qr_solve(design[determined], gmat.T, _eps_of(x), what)
+        what = _what(p, unit_bias_grad is not None, "inputs of the layer")
+        coef = _qr_solve(design[determined], gmat.T, _eps_of(x), what)
         stat[determined] = num_det * coef[:, 0]
     return _resolve_sign(stat, determined, positive_rate_below_half, output_weight_sign)
 
@@ -574,8 +647,8 @@ def reconstruct_labels_malicious_input_layer(
         stat = torch.zeros(n, dtype=torch.float64, device=x.device)
         return _resolve_sign(stat, determined, positive_rate_below_half, unit_sign)
     design = _design(x, unit_bias_grad is not None)
-    what = f"{p} input features" + (" + 1 bias" if unit_bias_grad is not None else "")
-    coef, _ = _qr_solve(design, gmat.T, _eps_of(x), what)
+    what = _what(p, unit_bias_grad is not None, "input features")
+    coef = _qr_solve(design, gmat.T, _eps_of(x), what)
     stat = n * coef[:, 0]
     determined = torch.ones(n, dtype=torch.bool, device=x.device)
     return _resolve_sign(stat, determined, positive_rate_below_half, unit_sign)

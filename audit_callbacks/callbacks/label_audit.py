@@ -14,11 +14,17 @@ outputs while a training batch runs) and a hook chained into the ``DPOptimizer``
 ``step_hook`` slot (after clipping, noise and scaling, before the parameters move: ``p.grad`` is
 the privatized gradient and ``p.grad_sample`` still holds the per-example gradients). The
 accountant's own hook keeps running first.
+
+Within one step the two callbacks share their expensive parts (:func:`_step_values`): the QR
+factorisation of the last layer's inputs (:func:`~audit_callbacks.attacks.label_reconstruction.
+factorize_layer`) and the per-example gradient norms. All linear algebra runs in torch, on the
+threads the training already uses.
 """
 
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any
 
 import lightning.pytorch as pl
@@ -26,11 +32,14 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
-from threadpoolctl import ThreadpoolController
 from torch import nn
 from torchmetrics.functional.classification import binary_accuracy, multiclass_accuracy
 
-from audit_callbacks.attacks.label_reconstruction import reconstruct_labels
+from audit_callbacks.attacks.label_reconstruction import (
+    LayerFactorization,
+    factorize_layer,
+    reconstruct_labels,
+)
 from audit_callbacks.callbacks import tensorboard as tb
 from audit_callbacks.callbacks.summary import write_summary
 from audit_callbacks.dpsgd import (
@@ -46,17 +55,52 @@ from audit_callbacks.estimators.label_dp import extrapolation_factor, label_dp_l
 __all__ = ["LabelDPLowerBound", "LabelReconstructionAttack", "second_last_layer_features"]
 
 
-_BLAS: ThreadpoolController | None = None
+# Work shared by the label callbacks within ONE optimizer step. A step is recognised by the
+# identity of the first parameter's ``.grad``: DPOptimizer.add_noise assigns a new tensor every
+# step, and the entry keeps that tensor alive, so its identity cannot be reused while cached.
+_SHARED: weakref.WeakKeyDictionary[Any, tuple[torch.Tensor | None, dict[Any, Any]]] = weakref.WeakKeyDictionary()
 
 
-def _one_blas_thread() -> Any:
-    """Context: numpy's BLAS on one thread. The per-step solves are small (N x p, N <= p ~ 200);
-    with BLAS threads competing against torch's threads in the same training process a 3 ms SVD
-    was measured at 20-250 ms."""
-    global _BLAS
-    if _BLAS is None:
-        _BLAS = ThreadpoolController()
-    return _BLAS.limit(limits=1, user_api="blas")
+def _step_values(optimizer: Any) -> dict[Any, Any]:
+    """The cache of the current DP-SGD step (empty at the step's first use)."""
+    marker = optimizer.params[0].grad if optimizer.params else None
+    entry = _SHARED.get(optimizer)
+    if entry is None or entry[0] is not marker or marker is None:
+        entry = (marker, {})
+        _SHARED[optimizer] = entry
+    return entry[1]
+
+
+def _shared_factorization(optimizer: Any, layer: nn.Module, x: torch.Tensor, bias: bool) -> LayerFactorization:
+    """:func:`factorize_layer` of the layer's inputs ``x`` [N, p], once per step for all callbacks.
+
+    Raises the factorisation's ValueError (N > p + 1, rank deficient) to every caller.
+    """
+    values = _step_values(optimizer)
+    key = ("qr", id(layer), bias, tuple(x.shape))
+    if key not in values:
+        try:
+            values[key] = factorize_layer(x, bias=bias)
+        except ValueError as err:
+            values[key] = err
+    out = values[key]
+    if isinstance(out, ValueError):
+        raise out
+    return out
+
+
+def _shared_grad_norms(optimizer: Any) -> np.ndarray:
+    """[N] norms of the whole per-example gradients (all parameters, before clipping), float64.
+
+    The quantity Opacus' ``clip_and_accumulate`` clips with; recomputed from ``grad_samples``
+    (Opacus does not keep it), once per step.
+    """
+    values = _step_values(optimizer)
+    if "norms" not in values:
+        per_param = [torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1) for g in optimizer.grad_samples]
+        norms = torch.linalg.vector_norm(torch.stack(per_param, dim=1), dim=1)
+        values["norms"] = norms.detach().to("cpu", torch.float64).numpy()
+    return values["norms"]
 
 
 def _default_labels(batch: Any) -> torch.Tensor:
@@ -190,8 +234,7 @@ class _StepAuditCallback(Callback):
         data = self._tap.take()
         if data is None or (self.steps - 1) % self.every_n_steps:
             return
-        with _one_blas_thread():
-            self._pending = self._on_step(optimizer, data)
+        self._pending = self._on_step(optimizer, data)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self._tap is not None:
@@ -254,8 +297,7 @@ class LabelReconstructionAttack(_StepAuditCallback):
             if not layers:
                 raise ValueError("LabelReconstructionAttack: the module has no nn.Linear layer to attack")
             self.layer = layers[-1]
-        k = self.layer.out_features
-        self._num_classes = int(k)
+        self._num_classes = int(self.layer.out_features)
         return {"layer": self.layer}
 
     def _on_step(self, optimizer: Any, data: tuple) -> dict[str, float] | None:
@@ -273,8 +315,9 @@ class LabelReconstructionAttack(_StepAuditCallback):
                             "(use a smaller batch or attack a wider layer)")
             return None
         try:
-            pred = reconstruct_labels(x, w_grad, b_grad)
-        except ValueError as err:  # rank-deficient features
+            factor = _shared_factorization(optimizer, layer, x, b_grad is not None)
+            pred = reconstruct_labels(x, w_grad, b_grad, factorization=factor)
+        except ValueError as err:  # rank-deficient features, NaN/inf
             self._warn_once("solve", f"LabelReconstructionAttack: step skipped: {err}")
             return None
         target = labels.to(pred.dtype)
@@ -431,15 +474,15 @@ class LabelDPLowerBound(_StepAuditCallback):
             self._warn_once("rank", f"LabelDPLowerBound: a batch of {n} examples is larger than the last layer's "
                             f"{p} inputs (+1 bias) allow; such steps are skipped (use a smaller batch or a wider layer)")
             return None
-        grads = optimizer.grad_samples
-        norms = torch.stack([g.reshape(g.shape[0], -1).norm(2, dim=1) for g in grads], dim=1).norm(2, dim=1)
-        norms = norms.detach().to("cpu", torch.float64).numpy()
+        norms = _shared_grad_norms(optimizer)
         probs = torch.sigmoid(outs["last"][:, 0]).clamp(1e-12, 1 - 1e-12).numpy()
         y = labels.numpy().astype(np.int64)
         kw = dict(max_grad_norm=float(optimizer.max_grad_norm), noise_multiplier=float(optimizer.noise_multiplier),
                   expected_batch_size=float(optimizer.expected_batch_size), delta=self._delta_used)
         try:
-            res = label_dp_lower_bound(x.numpy(), probs, y, norms, **kw)
+            v = _shared_factorization(optimizer, self._last, x, self._last.bias is not None).gram_inv_diag
+            res = label_dp_lower_bound(x.numpy(), probs, y, norms, bias=self._last.bias is not None,
+                                       gram_inv_diag=v.numpy(), **kw)
         except ValueError as err:
             self._warn_once("solve", f"LabelDPLowerBound: step skipped: {err}")
             return None
@@ -475,7 +518,9 @@ class LabelDPLowerBound(_StepAuditCallback):
             return None
         mask = active.numpy()
         try:
-            res = label_dp_lower_bound(feats.numpy(), probs[mask], y[mask], norms[mask], bias=False, **kw)
+            v = factorize_layer(feats, bias=False).gram_inv_diag.numpy()
+            res = label_dp_lower_bound(feats.numpy(), probs[mask], y[mask], norms[mask], bias=False,
+                                       gram_inv_diag=v, **kw)
         except ValueError:
             return None
         return float(res.epsilon_lower_bound)

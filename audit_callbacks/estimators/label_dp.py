@@ -351,6 +351,13 @@ def _check_expected_batch(x: Any) -> float:
     return v
 
 
+@functools.lru_cache(maxsize=256)
+def _single_step_epsilon(sigma: float, delta: float) -> float:
+    """B9 / METHODS D: one step, replace-one label, Gaussian with sensitivity 2 / sigma (cached:
+    a training run asks for the same (sigma, delta) at every step)."""
+    return float(gaussian_epsilon(sigma, delta, sensitivity=2.0))
+
+
 def _pair_epsilons(mu: np.ndarray, delta: float) -> np.ndarray:
     """gaussian_epsilon(1, delta, sensitivity=mu_r) for each r (mu-GDP pair epsilon), vectorised."""
     return gaussian_epsilon_array(mu, delta)
@@ -372,6 +379,7 @@ def label_dp_lower_bound(
     expected_batch_size: float,
     delta: float,
     bias: bool = True,
+    gram_inv_diag: ArrayLike | None = None,
 ) -> LabelDPBounds:
     """Closed-form label-DP lower bounds for one DP-SGD step (paper 004 Alg. 2; METHODS B7-B9).
 
@@ -395,6 +403,11 @@ def label_dp_lower_bound(
             it cancels from every probability and epsilon.
         delta: delta in (0, 1).
         bias: whether the attacked layer has a bias (append 1 to ``features``).
+        gram_inv_diag: [N] v_r = [(Cm^T Cm)^{-1}]_rr when already computed for these features
+            (e.g. ``factorize_layer(features).gram_inv_diag`` of
+            :mod:`audit_callbacks.attacks.label_reconstruction`, which the label callbacks share
+            with the attack); finite and > 0. None (default): computed here with the rank check
+            of :func:`last_layer_gram_inverse_diag`.
 
     Returns:
         :class:`LabelDPBounds`: per-example ``p0``, ``p1``, ``lower_bound`` [N], the batch
@@ -435,7 +448,14 @@ def label_dp_lower_bound(
             "per-example gradient over all parameters, before clipping"
         )
 
-    v = _gram_inv_diag(xt, eps)
+    if gram_inv_diag is None:
+        v = _gram_inv_diag(xt, eps)
+    else:
+        v = _as_1d(gram_inv_diag, "gram_inv_diag", n)
+        if xt.shape[1] < n:
+            _gram_inv_diag(xt, eps)  # raises the N > d error
+        if np.any(v <= 0):
+            raise ValueError("gram_inv_diag must be > 0 (diagonal of the inverse of a positive definite matrix)")
     clip = _clip(g, c_max)
     k = np.abs(a_flip / a)
     g_flip = k * g
@@ -473,7 +493,7 @@ def label_dp_lower_bound(
     # epsilon is increasing in mu: the batch maxima need one root each (the per-example arrays
     # are computed on first access, see LabelDPBounds)
     eps_max = [gaussian_epsilon(1.0, d, sensitivity=float(m.max())) for m in (mu_opt, mu_layer, mu_all)]
-    eps_single = gaussian_epsilon(sigma, d, sensitivity=2.0)
+    eps_single = _single_step_epsilon(sigma, d)
 
     for name, arr in (("P_0", log_p0), ("P_1", log_p1), ("mu", mu_all), ("mu", mu_opt)):
         if not np.all(np.isfinite(arr)):  # pragma: no cover - guarded by the checks above
