@@ -128,3 +128,57 @@ def test_the_two_callbacks_factorize_once_per_step_and_match_solo_runs(tmp_path,
     assert len(calls) == solo_bound.steps + solo_attack.steps
     assert solo_bound.records == bound.records
     assert solo_attack.history == attack.history
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_ghost_norms_equal_the_per_example_gradient_norms(tmp_path, monkeypatch, accumulate):
+    """On an all-Linear MLP the bound reads ||b_i||^2 (||a_i||^2 + 1) per layer instead of the
+    [N, k, p] per-example gradients: equal to the norms of Opacus' grad_sample at every step
+    (also over two accumulated batches), and the bounds equal those of the direct path."""
+    from audit_callbacks.callbacks import label_audit
+
+    seen = []
+    real = label_audit._ghost_grad_norms
+
+    def spy(opt, layers, sq):
+        got = real(opt, layers, sq)
+        seen.append((got, label_audit._grad_norms(opt)))
+        return got
+
+    monkeypatch.setattr(label_audit, "_ghost_grad_norms", spy)
+    ghost = LabelDPLowerBound(summary_filename=None)
+    _fit(tmp_path, [ghost], epochs=1, batch=16, accumulate=accumulate, poisson=accumulate == 1)
+    assert len(ghost._ghost) == 3 and len(seen) == ghost.steps == len(ghost.records) >= 10  # no step skipped
+    for got, full in seen:
+        assert got is not None and got.shape == full.shape
+        np.testing.assert_allclose(got, full, rtol=2e-5)
+    monkeypatch.setattr(label_audit, "_ghost_layers", lambda module, opt: {})
+    direct = LabelDPLowerBound(summary_filename=None)
+    _fit(tmp_path, [direct], epochs=1, batch=16, accumulate=accumulate, poisson=accumulate == 1)
+    assert len(direct.records) == len(ghost.records) == direct.steps
+    for a, b in zip(direct.records, ghost.records, strict=True):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-9), k
+
+
+def test_ghost_norms_only_for_models_made_of_biased_linear_layers():
+    from torch import nn
+
+    from audit_callbacks.callbacks.label_audit import _ghost_layers
+
+    class Opt:  # what _ghost_layers reads of a DPOptimizer
+        def __init__(self, model):
+            self.params = [p for p in model.parameters() if p.requires_grad]
+
+    mlp = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 1))
+    assert len(_ghost_layers(mlp, Opt(mlp))) == 2
+    no_bias = nn.Sequential(nn.Linear(4, 3, bias=False), nn.ReLU(), nn.Linear(3, 1))
+    assert _ghost_layers(no_bias, Opt(no_bias)) == {}
+    conv = nn.Sequential(nn.Conv1d(1, 2, 3), nn.Flatten(), nn.Linear(4, 1))
+    assert _ghost_layers(conv, Opt(conv)) == {}
+    norm = nn.Sequential(nn.Linear(4, 3), nn.LayerNorm(3), nn.Linear(3, 1))
+    assert _ghost_layers(norm, Opt(norm)) == {}
+    frozen = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 1))
+    frozen[0].weight.requires_grad_(False)
+    assert _ghost_layers(frozen, Opt(frozen)) == {}  # the first bias trains without its weight

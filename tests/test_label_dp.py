@@ -289,6 +289,30 @@ def test_precomputed_gram_diagonal_gives_the_same_bounds(batch):
         label_dp_lower_bound(narrow, np.full(3, 0.5), np.zeros(3), np.ones(3), gram_inv_diag=np.ones(3), **kw)
 
 
+@pytest.mark.parametrize("kappa", [0.5, 0.25, 3.0])
+def test_a_scaled_loss_is_the_unscaled_mechanism_at_clip_norm_c_over_kappa(batch, kappa):
+    """Opacus on kappa * loss releases kappa * (sum_r min(1, (C/kappa)/||g_r||) g_r + N(0, sigma^2
+    (C/kappa)^2)): a positive multiple of the unscaled mechanism with clip norm C / kappa and the
+    same sigma, so every probability and epsilon must be equal (Lightning's gradient
+    accumulation is kappa = 1 / accumulate_grad_batches)."""
+    c = kappa * _clip_norm(batch)  # clips about half of the scaled gradients
+    args = (batch.features.numpy(), batch.probs.numpy(), batch.y.numpy())
+    kw = dict(noise_multiplier=0.8, expected_batch_size=40.0, delta=DELTA)
+    scaled = label_dp_lower_bound(*args, kappa * batch.norms.numpy(), max_grad_norm=c, grad_scale=kappa, **kw)
+    plain = label_dp_lower_bound(*args, batch.norms.numpy(), max_grad_norm=c / kappa, **kw)
+    assert 0 < scaled.clip_factors.min() < 1  # some examples clipped: kappa matters
+    for name in ("log_p0", "log_p1", "optimal_test_mu", "layer_pair_mu", "all_params_pair_mu"):
+        np.testing.assert_allclose(getattr(scaled, name), getattr(plain, name), rtol=1e-9, err_msg=name)
+    assert scaled.epsilon_lower_bound == pytest.approx(plain.epsilon_lower_bound, rel=1e-9)
+    wrong = label_dp_lower_bound(*args, kappa * batch.norms.numpy(), max_grad_norm=c, **kw) if kappa > 1 else None
+    if wrong is not None:  # ignoring kappa misstates the bound
+        assert abs(wrong.epsilon_lower_bound - plain.epsilon_lower_bound) > 1e-3
+    with pytest.raises(ValueError, match="grad_scale"):
+        label_dp_lower_bound(*args, batch.norms.numpy(), max_grad_norm=c, grad_scale=0.0, **kw)
+    with pytest.raises(ValueError, match="smaller than"):  # norms of unscaled gradients, kappa > 1 claimed
+        label_dp_lower_bound(*args, batch.norms.numpy(), max_grad_norm=c, grad_scale=3.0, **kw)
+
+
 def test_b9_order_on_random_instances():
     rng = np.random.default_rng(2024)
     tol = 1e-9

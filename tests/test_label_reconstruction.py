@@ -403,3 +403,19 @@ def test_malicious_batch_limit_and_zero_gradient():
         craft_malicious_features(torch.cat([w[:1], w[:1]]), 2, target=torch.tensor([1.0, 2.0]))
     out = reconstruct_labels_malicious_input_layer(torch.eye(3), torch.zeros(3))
     assert out.undetermined.all() and torch.all(out.labels == -1) and out.sign_ambiguous
+
+
+def test_ill_conditioned_float64_features_use_the_q_solve():
+    """Float64 features that pass the rank test with kappa ~ 1e9: the factorisation keeps Q and
+    the statistic stays exact (the semi-normal equations alone would lose ~kappa^2 * 1e-16)."""
+    rng = np.random.default_rng(0)
+    base = rng.normal(size=(6, 12))
+    base[5] = base[4] + 1e-9 * rng.normal(size=12)  # nearly a duplicate row
+    feats = torch.tensor(base)
+    f = factorize_layer(feats, bias=False)
+    assert f.q is not None
+    a = torch.tensor([0.3, -0.6, 0.2, -0.1, 0.45, -0.7], dtype=torch.float64)
+    g = (a[:, None] * feats).mean(0, keepdim=True)
+    a_hat, _ = label_attack_statistic(feats, g, factorization=f)
+    torch.testing.assert_close(a_hat, a, rtol=1e-5, atol=1e-6)
+    assert factorize_layer(torch.tensor(rng.normal(size=(6, 12)))).q is None  # well conditioned: R only

@@ -28,8 +28,10 @@ A weight DELTA theta_new - theta_old = -lr G has the opposite sign: pass -delta 
 :func:`reconstruct_labels` (paper 004 Alg. 1 writes I(... Delta W > 0) for that reason). The
 sign-ambiguous attacks (B5, B6) accept either, the sign being resolved by the prior anyway.
 
-All linear algebra runs in float64 through a QR factorisation of Cm (no explicit Gram inverse):
-Cm = Q R, (Cm^T Cm)^{-1} Cm^T G = R^{-1} Q^T G, diag((Cm^T Cm)^{-1}) = row norms^2 of R^{-1}.
+All linear algebra runs in float64 through the R of a QR factorisation of Cm (no explicit Gram
+inverse, Q never formed): Cm^T Cm = R^T R, (Cm^T Cm)^{-1} Cm^T G by the corrected semi-normal
+equations (one refinement step), diag((Cm^T Cm)^{-1}) = row norms^2 of R^{-1}
+(:class:`LayerFactorization`).
 """
 
 from __future__ import annotations
@@ -94,33 +96,47 @@ def _design(features: Tensor, with_bias: bool) -> Tensor:
 
 @dataclass(frozen=True, eq=False)
 class LayerFactorization:
-    """Thin QR factorisation Cm = Q R of a layer's per-example derivatives, rank-checked.
+    """R factor of the thin QR Cm = Q R of a layer's per-example derivatives, rank-checked.
 
     Cm = [dZ_1/dW ... dZ_N/dW] = ``design``^T (d x N). It is the expensive part shared by the
     last-layer attack (:func:`reconstruct_labels`, :func:`label_attack_statistic`) and the
     label-DP bounds (:func:`audit_callbacks.estimators.label_dp.label_dp_lower_bound` accepts its
     ``gram_inv_diag``), so callbacks that run both on one DP-SGD step factorise once. Build it
-    with :func:`factorize_layer`.
+    with :func:`factorize_layer`. Q is never formed: solves use the corrected semi-normal
+    equations (R^T R x = Cm^T b, then one refinement step on the residual; Bjorck 1987), whose
+    error is that of the QR solve for the condition numbers the rank test lets through.
 
     Attributes:
-        q: [d, N] float64, orthonormal columns.
-        r: [N, N] float64, upper triangular, nonzero diagonal.
+        design: [N, d] float64, row r = dZ_r/dW (= x~_r for the last layer).
+        r: [N, N] float64, upper triangular, nonzero diagonal (Cm^T Cm = R^T R).
         n: N, the number of examples (rows of ``features``).
         d: d, the number of coefficients (layer inputs, plus 1 with a bias).
         has_bias: whether a column of ones was appended to the features.
+        q: [d, N] Q, formed only when Cm is ill-conditioned (kappa(R)^2 * 2^-52 > 1e-8), where
+            the semi-normal equations would lose accuracy; None otherwise.
 
     Source: paper 004 eq. 1 and Alg. 2 (the factor (C^T C)^{-1}); METHODS B2, B7.
     """
 
-    q: Tensor
+    design: Tensor
     r: Tensor
     n: int
     d: int
     has_bias: bool
+    q: Tensor | None = None
+
+    def _normal_solve(self, y: Tensor) -> Tensor:
+        """(R^T R)^{-1} y for y [N, K]."""
+        z = torch.linalg.solve_triangular(self.r.T, y, upper=False)
+        return torch.linalg.solve_triangular(self.r, z, upper=True)
 
     def solve(self, rhs: Tensor) -> Tensor:
-        """(Cm^T Cm)^{-1} Cm^T rhs = R^{-1} Q^T rhs: [d, K] float64 -> [N, K] float64."""
-        return torch.linalg.solve_triangular(self.r, self.q.T @ rhs, upper=True)
+        """(Cm^T Cm)^{-1} Cm^T rhs: [d, K] float64 -> [N, K] float64 (least squares in Cm)."""
+        if self.q is not None:  # ill-conditioned: the Q-based solve
+            return torch.linalg.solve_triangular(self.r, self.q.T @ rhs, upper=True)
+        coef = self._normal_solve(self.design @ rhs)
+        residual = rhs - self.design.T @ coef
+        return coef + self._normal_solve(self.design @ residual)
 
     @functools.cached_property
     def gram_inv_diag(self) -> Tensor:
@@ -145,7 +161,7 @@ def _factorize(design: Tensor, eps: float, what: str, has_bias: bool) -> LayerFa
             f"equations ({what}), so Cm^T Cm is singular: use a batch of at most {d} examples "
             "or a wider layer"
         )
-    q, r = torch.linalg.qr(design.T, mode="reduced")  # Cm [d, N] = Q [d, N] R [N, N]
+    r = torch.linalg.qr(design.T, mode="r")[1]  # Cm [d, N] = Q [d, N] R [N, N], Q not formed
     rd = r.diagonal().abs()
     rmax, rmin = float(rd.max()), float(rd.min())
     tol = max(n, d) * eps * rmax
@@ -156,7 +172,10 @@ def _factorize(design: Tensor, eps: float, what: str, has_bias: bool) -> LayerFa
             "examples, or ReLU units that are zero for the whole batch, which lower the usable "
             "width below the batch size; use a smaller batch or a wider layer"
         )
-    return LayerFactorization(q=q, r=r, n=n, d=d, has_bias=has_bias)
+    q = None
+    if (rmax / rmin) ** 2 * 2.0**-52 > 1e-8:
+        q, r = torch.linalg.qr(design.T, mode="reduced")
+    return LayerFactorization(design=design, r=r, n=n, d=d, has_bias=has_bias, q=q)
 
 
 def _what(p: int, bias: bool, unit: str = "layer inputs") -> str:

@@ -46,6 +46,12 @@ count add/remove neighbours, so for short runs their epsilon can be BELOW these 
 values; compare with :attr:`LabelDPBounds.single_step_epsilon` (the analytic upper bound of
 this very observation), not with an amplified accountant epsilon of the same step count.
 
+Scaled losses. When the loss is multiplied by kappa > 0 before the backward pass (Lightning
+divides it by ``accumulate_grad_batches``), Opacus clips kappa g_r: pass the norms of those
+gradients and ``grad_scale=kappa``; then c_r = min(1, C / (kappa ||g_r||)) and every mean and
+layer mu carries kappa (m_r = c_r kappa (p_r - y_r) / N_e). The all-parameter mu is unchanged
+in form (its norms already carry kappa).
+
 The expected batch size N_e cancels from every z-score and mu (numerator and s both carry
 1/N_e); it only scales the reported means and ``noise_std``. Opacus' clip factor is
 C / (||g|| + 1e-6) clamped at 1; the formulas here use min(1, C/||g||) exactly (relative
@@ -380,6 +386,7 @@ def label_dp_lower_bound(
     delta: float,
     bias: bool = True,
     gram_inv_diag: ArrayLike | None = None,
+    grad_scale: float = 1.0,
 ) -> LabelDPBounds:
     """Closed-form label-DP lower bounds for one DP-SGD step (paper 004 Alg. 2; METHODS B7-B9).
 
@@ -408,6 +415,11 @@ def label_dp_lower_bound(
             :mod:`audit_callbacks.attacks.label_reconstruction`, which the label callbacks share
             with the attack); finite and > 0. None (default): computed here with the rank check
             of :func:`last_layer_gram_inverse_diag`.
+        grad_scale: kappa > 0 when the per-example gradients Opacus clips are kappa times the
+            gradient of the example's log-loss (Lightning divides the loss by
+            ``accumulate_grad_batches``, so kappa = 1 / accumulate_grad_batches there);
+            ``grad_norms`` are the norms of those scaled gradients. See the module docstring.
+            Default 1.
 
     Returns:
         :class:`LabelDPBounds`: per-example ``p0``, ``p1``, ``lower_bound`` [N], the batch
@@ -434,18 +446,19 @@ def label_dp_lower_bound(
     n_e = _check_expected_batch(expected_batch_size)
     d = check_delta(delta)
 
+    scale = check_positive_finite(grad_scale, "grad_scale")
     xt = _design(x, bool(bias))
     xnorm = np.linalg.norm(xt, axis=1)
     a = p - y  # p_r - y_r, nonzero
     a_flip = p - 1.0 + y
-    layer_part = np.abs(a) * xnorm
+    layer_part = scale * np.abs(a) * xnorm
     bad = g < layer_part * (1.0 - _GRAD_NORM_RTOL)
     if np.any(bad):
         r = int(np.flatnonzero(bad)[0])
         raise ValueError(
             f"grad_norms[{r}] = {g[r]:.6g} is smaller than the norm of that example's last-layer "
-            f"gradient |p - y| ||[x, 1]|| = {layer_part[r]:.6g}: pass the norm of the whole "
-            "per-example gradient over all parameters, before clipping"
+            f"gradient kappa |p - y| ||[x, 1]|| = {layer_part[r]:.6g} (kappa = grad_scale = {scale:g}): pass "
+            "the norm of the whole per-example gradient over all parameters, before clipping"
         )
 
     if gram_inv_diag is None:
@@ -462,8 +475,8 @@ def label_dp_lower_bound(
     clip_flip = _clip(g_flip, c_max)
 
     s = sigma * c_max / n_e
-    coef0 = clip * a  # clipped (p - y) of row r on D0
-    coef1 = clip_flip * a_flip  # ... on D1[r]
+    coef0 = clip * scale * a  # clipped kappa (p - y) of row r on D0
+    coef1 = clip_flip * scale * a_flip  # ... on D1[r]
     # Alg. 2: m0 = R^T (C^T C)^{-1} C^T G_0 with G_0 = C coef0 / N_e, i.e. exactly coef0 / N_e
     # ((C^T C)^{-1} C^T C = I: the noise-free statistic of row r is its own clipped p - y);
     # under D1[r] only row r's coefficient changes (Alg. 2 step 3).
