@@ -9,6 +9,7 @@ a batch no larger than the attacked layer must come back exactly.
 from __future__ import annotations
 
 import doctest
+import math
 
 import numpy as np
 import pytest
@@ -419,3 +420,16 @@ def test_ill_conditioned_float64_features_use_the_q_solve():
     a_hat, _ = label_attack_statistic(feats, g, factorization=f)
     torch.testing.assert_close(a_hat, a, rtol=1e-5, atol=1e-6)
     assert factorize_layer(torch.tensor(rng.normal(size=(6, 12)))).q is None  # well conditioned: R only
+
+
+def test_finite_check_survives_an_overflowing_sum():
+    """The NaN/inf check sums first; huge finite values whose sum overflows still pass, and
+    one NaN or inf anywhere is still caught."""
+    big = torch.full((3, 4), 1e308, dtype=torch.float64)
+    assert not math.isfinite(float(big.sum()))
+    lr_mod._check_finite(big, "x")  # no error
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        t = torch.ones(3, 4)
+        t[2, 1] = bad
+        with pytest.raises(ValueError, match="NaN or inf"):
+            lr_mod._check_finite(t, "x")

@@ -96,7 +96,9 @@ _GRAD_NORM_RTOL = 1e-4  # slack for float32 gradient norms in the ||g_r|| >= |a_
 
 
 def _readonly(a: np.ndarray) -> np.ndarray:
-    a = np.array(a, dtype=float, copy=True)
+    """A read-only float64 view (every array passed here is computed inside this module, so
+    no caller's array is frozen)."""
+    a = np.asarray(a, dtype=float).view()
     a.flags.writeable = False
     return a
 
@@ -212,7 +214,7 @@ def _as_2d(x: ArrayLike, name: str) -> tuple[np.ndarray, float]:
     if np.issubdtype(raw.dtype, np.complexfloating):
         raise ValueError(f"{name} must be real-valued")
     eps = float(np.finfo(raw.dtype).eps) if np.issubdtype(raw.dtype, np.floating) else 2.0**-52
-    arr = raw.astype(float)
+    arr = raw.astype(float, copy=False)  # only read
     if arr.ndim != 2:
         raise ValueError(f"{name} must be 2-D [N, p], got shape {arr.shape}")
     if arr.shape[0] < 1 or arr.shape[1] < 1:
