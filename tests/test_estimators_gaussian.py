@@ -204,3 +204,14 @@ def test_gaussian_epsilon_array_matches_the_scalar_root():
     assert np.allclose(got, want, rtol=1e-8, atol=1e-12)
     with pytest.raises(ValueError):
         gaussian_epsilon_array([-1.0], 1e-5)
+
+
+def test_scalar_log_ndtr_matches_scipy_on_every_branch():
+    """The erfc fast path of the scalar root finder agrees with scipy's log_ndtr: upper tail
+    (log1p branch, Phi ~ 1), centre, the switch at -5 and the lower tail (scipy)."""
+    from audit_callbacks.estimators.gaussian import _log_ndtr_scalar
+
+    xs = np.concatenate([np.linspace(-40.0, 30.0, 70001), [-5.0, -5.0 + 1e-12, -1e-300, 0.0, 1e-300, 8.3, 37.0]])
+    got = np.array([_log_ndtr_scalar(float(x)) for x in xs])
+    want = log_ndtr(xs)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-300)

@@ -81,7 +81,7 @@ from scipy.special import digamma, log_ndtr
 
 from ._validation import check_count, check_delta, check_positive_finite, check_real_finite
 from .estimate import Estimate
-from .gaussian import gaussian_epsilon, gaussian_epsilon_array
+from .gaussian import _epsilon_of_mu, gaussian_epsilon, gaussian_epsilon_array
 
 __all__ = [
     "LabelDPBounds",
@@ -219,7 +219,7 @@ def _as_2d(x: ArrayLike, name: str) -> tuple[np.ndarray, float]:
         raise ValueError(f"{name} must be 2-D [N, p], got shape {arr.shape}")
     if arr.shape[0] < 1 or arr.shape[1] < 1:
         raise ValueError(f"{name} must be non-empty, got shape {arr.shape}")
-    if not np.all(np.isfinite(arr)):
+    if not np.isfinite(arr).all():
         raise ValueError(f"{name} contains NaN or inf")
     return arr, max(eps, 2.0**-52)
 
@@ -231,7 +231,7 @@ def _as_1d(x: ArrayLike, name: str, n: int) -> np.ndarray:
     arr = arr.astype(float).reshape(-1) if arr.ndim <= 1 else arr.astype(float)
     if arr.ndim != 1 or arr.shape[0] != n:
         raise ValueError(f"{name} must have shape [{n}] (one per row of features), got {arr.shape}")
-    if not np.all(np.isfinite(arr)):
+    if not np.isfinite(arr).all():
         raise ValueError(f"{name} contains NaN or inf")
     return arr
 
@@ -326,7 +326,7 @@ def flipped_clip_factors(
     g = _as_1d(grad_norms, "grad_norms", n)
     c_max = check_positive_finite(max_grad_norm, "max_grad_norm")
     _check_probs(p)
-    if np.any(g < 0):
+    if (g < 0).any():
         raise ValueError("grad_norms must be >= 0")
     k = np.abs((p - 1.0 + y) / (p - y))
     gf = k * g
@@ -340,13 +340,13 @@ def _clip(norms: np.ndarray, c_max: float) -> np.ndarray:
 
 def _check_labels(labels: ArrayLike, n: int) -> np.ndarray:
     y = _as_1d(labels, "labels", n)
-    if not np.all((y == 0.0) | (y == 1.0)):
+    if not ((y == 0.0) | (y == 1.0)).all():
         raise ValueError("labels must be binary, every value 0 or 1")
     return y
 
 
 def _check_probs(p: np.ndarray) -> None:
-    if np.any(p <= 0.0) or np.any(p >= 1.0):
+    if (p <= 0.0).any() or (p >= 1.0).any():
         raise ValueError(
             "probs must lie strictly inside (0, 1): at p_r = y_r the observed gradient is 0 and "
             "the flipped-label gradient norm cannot be recovered from grad_norms (compute the "
@@ -441,7 +441,7 @@ def label_dp_lower_bound(
     _check_probs(p)
     y = _check_labels(labels, n)
     g = _as_1d(grad_norms, "grad_norms", n)
-    if np.any(g < 0):
+    if (g < 0).any():
         raise ValueError("grad_norms must be >= 0")
     c_max = check_positive_finite(max_grad_norm, "max_grad_norm")
     sigma = check_positive_finite(noise_multiplier, "noise_multiplier")
@@ -455,7 +455,7 @@ def label_dp_lower_bound(
     a_flip = p - 1.0 + y
     layer_part = scale * np.abs(a) * xnorm
     bad = g < layer_part * (1.0 - _GRAD_NORM_RTOL)
-    if np.any(bad):
+    if bad.any():
         r = int(np.flatnonzero(bad)[0])
         raise ValueError(
             f"grad_norms[{r}] = {g[r]:.6g} is smaller than the norm of that example's last-layer "
@@ -469,7 +469,7 @@ def label_dp_lower_bound(
         v = _as_1d(gram_inv_diag, "gram_inv_diag", n)
         if xt.shape[1] < n:
             _gram_inv_diag(xt, eps)  # raises the N > d error
-        if np.any(v <= 0):
+        if (v <= 0).any():
             raise ValueError("gram_inv_diag must be > 0 (diagonal of the inverse of a positive definite matrix)")
     clip = _clip(g, c_max)
     k = np.abs(a_flip / a)
@@ -496,7 +496,7 @@ def label_dp_lower_bound(
     with np.errstate(divide="ignore", invalid="ignore"):
         log_num = log_p0 + np.log1p(-d * np.exp(-log_p0))
     lb = np.where(ok, log_num - log_p1, -np.inf)
-    if np.any(ok):
+    if ok.any():
         best = int(np.argmax(np.where(ok, lb, -np.inf)))
         batch = float(max(0.0, lb[best]))
     else:
@@ -507,11 +507,11 @@ def label_dp_lower_bound(
     mu_all = np.abs(clip_flip * (-k) - clip) * g / (sigma * c_max)
     # epsilon is increasing in mu: the batch maxima need one root each (the per-example arrays
     # are computed on first access, see LabelDPBounds)
-    eps_max = [gaussian_epsilon(1.0, d, sensitivity=float(m.max())) for m in (mu_opt, mu_layer, mu_all)]
+    eps_max = [_epsilon_of_mu(float(m.max()), d) for m in (mu_opt, mu_layer, mu_all)]
     eps_single = _single_step_epsilon(sigma, d)
 
     for name, arr in (("P_0", log_p0), ("P_1", log_p1), ("mu", mu_all), ("mu", mu_opt)):
-        if not np.all(np.isfinite(arr)):  # pragma: no cover - guarded by the checks above
+        if not np.isfinite(arr).all():  # pragma: no cover - guarded by the checks above
             raise ValueError(f"non-finite {name} (features or gradients too extreme)")
 
     return LabelDPBounds(
