@@ -70,6 +70,7 @@ class CanarySet:
         self.num_canaries = int(num_canaries)
         self.chunk_size = max(1, int(chunk_elements) // self.dim)
         self._seeds: dict[int, int] = {}  # canary_seed cache: one int a canary, never k x d
+        self._gen: torch.Generator | None = None  # re-seeded per canary (manual_seed resets it)
 
     def __len__(self) -> int:
         return self.num_canaries
@@ -80,19 +81,33 @@ class CanarySet:
         seed = self._seeds.get(index)
         if seed is None:  # SeedSequence hashing costs ~50 us: once per canary, not per use
             seed = self._seeds[index] = canary_seed(self.seed, index)
-        gen = torch.Generator(device="cpu")
-        gen.manual_seed(seed)
+        gen = self._gen
+        if gen is None:
+            gen = self._gen = torch.Generator(device="cpu")
+        gen.manual_seed(seed)  # the whole Mersenne Twister state: as fresh as a new generator
         torch.randn(self.dim, generator=gen, out=out)
         out.div_(torch.linalg.vector_norm(out))
 
+    def __getstate__(self) -> dict[str, object]:
+        state = dict(self.__dict__)
+        state["_gen"] = None  # a generator is scratch space, recreated on first use
+        return state
+
     def canary(
         self, index: int, *, device: torch.device | str | None = None,
-        dtype: torch.dtype = torch.float32,
+        dtype: torch.dtype = torch.float32, scale: float = 1.0,
     ) -> torch.Tensor:
-        """Canary ``index`` as a unit vector of shape ``[dim]``."""
+        """Canary ``index`` as a unit vector of shape ``[dim]``, times ``scale``.
+
+        A new tensor, bit-identical to ``canary(index, device=device, dtype=dtype) * scale``
+        (multiplied in place; ``scale == 1`` skips the multiplication, exact as ``x * 1.0``).
+        """
         out = torch.empty(self.dim, dtype=torch.float32)
         self._fill(index, out)
-        return out.to(device=device, dtype=dtype)
+        out = out.to(device=device, dtype=dtype)  # self, or a copy: either way ours to modify
+        if scale != 1.0:
+            out.mul_(scale)
+        return out
 
     def chunks(
         self, indices: Sequence[int] | None = None, *, device: torch.device | str | None = None,

@@ -12,7 +12,16 @@ updates) and -1 when it is added to a gradient the model moves against (DP-SGD, 
 
 Deltas are buffered (at most ``max_buffered`` of them, plus the final-model column) and folded
 into the running maxima in one pass over the canaries, so each pass regenerates every canary
-once whatever the number of buffered rounds. Memory: O((max_buffered + chunk) * d).
+once whatever the number of buffered rounds. Memory: O((max_buffered + 2 * group + chunk) * d).
+
+Fixed layout (bit-identical resume): the n-th delta ever added (n = ``rounds_seen`` before it)
+is stored in row ``n % group`` of a ``[group, d]`` block of its own (block ``n // group``), rows
+without a pending delta are zero, and a pass multiplies each canary chunk by whole blocks
+(``chunk @ block.T``, one matrix product instead of ``group`` matrix-vector products). The
+``group`` depends on ``d`` only, the canary chunks on ``d`` and the chunk size only, so a delta's
+dot products are computed with the same operands at the same positions whenever its pass runs:
+an interrupted and resumed run (a checkpoint flushes the buffer) folds bit-identical cosines. The
+final-model column is one matrix-vector product per chunk.
 """
 
 from __future__ import annotations
@@ -26,6 +35,14 @@ from audit_callbacks.canaries import CanarySet
 
 __all__ = ["CanaryStatistics"]
 
+_GROUP_ROUNDS = 16  # deltas per matrix product (one product costs about one matrix-vector here)
+_GROUP_BYTES = 8 << 20  # ... but a block stays under 8 MiB: fewer rows for a large d
+
+
+def group_rounds(dim: int) -> int:
+    """Deltas per fixed block for dimension ``dim``: ``min(16, 8 MiB / (4 d))``, at least 1."""
+    return max(1, min(_GROUP_ROUNDS, _GROUP_BYTES // (4 * int(dim))))
+
 
 class CanaryStatistics:
     """Cosine statistics of observed and unobserved canaries.
@@ -36,7 +53,8 @@ class CanaryStatistics:
         num_observed: k.
         num_unobserved: k'.
         sign: +1 (updates) or -1 (gradients), see the module docstring.
-        max_buffered: rounds buffered before a pass over the canaries.
+        max_buffered: rounds buffered before a pass over the canaries (the results do not
+            depend on it, see the module docstring).
     """
 
     def __init__(
@@ -57,7 +75,10 @@ class CanaryStatistics:
         self.theta0: torch.Tensor | None = None
         self.rounds_seen = 0
         self.rounds_skipped = 0
-        self._buffer: list[torch.Tensor] = []
+        self.group = group_rounds(canaries.dim)
+        # buffered deltas: block index -> ([group, d] float32, rows pending)
+        self._blocks: dict[int, tuple[torch.Tensor, list[int]]] = {}
+        self._pending = 0
         self._final_cache: tuple[torch.Tensor, torch.Tensor] | None = None  # (theta, cosines)
 
     @property
@@ -80,31 +101,80 @@ class CanaryStatistics:
         if not bool(torch.isfinite(delta).all()):
             self.rounds_skipped += 1
             return False
-        self._buffer.append(delta.detach().to("cpu", torch.float32).clone())
+        block_idx, row = divmod(self.rounds_seen, self.group)
+        entry = self._blocks.get(block_idx)
+        if entry is None:
+            entry = self._blocks[block_idx] = (torch.zeros(self.group, self.dim, dtype=torch.float32), [])
+        entry[0][row] = delta.detach().to("cpu", torch.float32)
+        entry[1].append(row)
+        self._pending += 1
         self.rounds_seen += 1
-        if len(self._buffer) >= self.max_buffered:
+        if self._pending >= self.max_buffered:
             self._pass(None)
         return True
 
     def flush(self) -> None:
         """Fold the buffered deltas into the running maxima."""
-        if self._buffer:
+        if self._pending:
             self._pass(None)
 
     def _pass(self, final: torch.Tensor | None) -> torch.Tensor | None:
-        cols = list(self._buffer)
-        if final is not None:
-            cols.append(final)
-        if not cols:
+        """One pass over the canaries: fold the buffered deltas; cosines with ``final``."""
+        blocks = [
+            (block, rows, self._norms(block, rows))
+            for _, (block, rows) in sorted(self._blocks.items()) if rows
+        ]
+        if not blocks and final is None:
             return None
-        cos = self.canaries.cosines(cols, indices=range(self.max_cos.numel()))  # [k+k', M]
-        if self.sign < 0:
-            cos = cos.neg_()
-        n_deltas = len(self._buffer)
-        if n_deltas:
-            self.max_cos = torch.maximum(self.max_cos, cos[:, :n_deltas].max(dim=1).values)
-        self._buffer.clear()
-        return cos[:, -1] if final is not None else None
+        n = self.max_cos.numel()
+        out = None
+        if final is not None:
+            out = torch.empty(n, dtype=torch.float64)
+            final = final.to(torch.float32)
+            norm = torch.linalg.vector_norm(final.to(torch.float64))
+            if not torch.isfinite(norm):
+                raise ValueError("cannot take cosines against a vector with NaN or inf entries")
+            final_norm = norm if norm > 0 else torch.ones_like(norm)
+        pos = 0
+        for part, chunk in self.canaries.chunks(range(n)):
+            end = pos + len(part)
+            if blocks:
+                best = None
+                for block, rows, norms in blocks:
+                    cos = (torch.mm(chunk, block.t()).to(torch.float64) / norms).clamp_(-1.0, 1.0)
+                    if self.sign < 0:
+                        cos = cos.neg_()
+                    top = cos[:, rows].max(dim=1).values
+                    best = top if best is None else torch.maximum(best, top)
+                self.max_cos[pos:end] = torch.maximum(self.max_cos[pos:end], best)
+            if out is not None:
+                cos = (torch.mv(chunk, final).to(torch.float64) / final_norm).clamp_(-1.0, 1.0)
+                out[pos:end] = cos.neg_() if self.sign < 0 else cos
+            pos = end
+        self._clear()
+        return out
+
+    def _clear(self) -> None:
+        """Drop the folded deltas; the newest block is kept (zeroed) for the rows still to come."""
+        last = max(self._blocks, default=None)
+        if last is not None and (self.rounds_seen % self.group) and last == self.rounds_seen // self.group:
+            block, rows = self._blocks[last]
+            block[rows] = 0.0
+            rows.clear()
+            self._blocks = {last: (block, rows)}
+        else:
+            self._blocks = {}
+        self._pending = 0
+
+    @staticmethod
+    def _norms(block: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        """Float64 norms of the pending rows (1 elsewhere, and for a zero delta: cosine 0)."""
+        norms = torch.ones(block.shape[0], dtype=torch.float64)
+        for row in rows:
+            norm = torch.linalg.vector_norm(block[row].to(torch.float64))
+            if norm > 0:
+                norms[row] = norm
+        return norms
 
     def compute(self, theta_now: torch.Tensor) -> dict[str, torch.Tensor]:
         """Flush and return the statistics (float64, CPU).
@@ -118,7 +188,7 @@ class CanaryStatistics:
         self._check(theta_now)
         theta = theta_now.detach().to("cpu", torch.float32)
         cached = self._final_cache
-        if not self._buffer and cached is not None and torch.equal(cached[0], theta):
+        if not self._pending and cached is not None and torch.equal(cached[0], theta):
             final = cached[1]  # same model, no new round: skip the pass over the canaries
         else:
             diff = theta - self.theta0
@@ -159,5 +229,6 @@ class CanaryStatistics:
         self.theta0 = None if state["theta0"] is None else state["theta0"].clone()
         self.rounds_seen = int(state["rounds_seen"])
         self.rounds_skipped = int(state["rounds_skipped"])
-        self._buffer.clear()
+        self._blocks = {}
+        self._pending = 0
         self._final_cache = None

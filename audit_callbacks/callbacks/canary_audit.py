@@ -96,7 +96,9 @@ class CanaryAudit(Callback):
         seed: the canaries' seed; canary j is regenerated from (seed, j).
         every_n_epochs: estimate and log every n validation epochs (always at fit end).
         max_buffered_rounds: model deltas kept before a pass over the canaries (memory
-            ``max_buffered_rounds * d`` floats); default: as many as fit in 32 MiB, at least 1.
+            ``max_buffered_rounds * d`` floats, plus up to two partly filled blocks of at most
+            8 MiB: see :mod:`audit_callbacks.canary_stats`); default: as many as fit in 32 MiB,
+            at least 1. The estimates do not depend on it.
         log_histograms, log_figures: TensorBoard extras (need a ``TensorBoardLogger``).
         summary_filename: the JSON written at fit end in the logger's directory.
         sample_rate: DP-SGD only: the Poisson rate at which a canary joins a step. Default: the
@@ -339,7 +341,7 @@ class CanaryAudit(Callback):
     ) -> torch.Tensor:
         """Canary client ``index`` returns ``clip_norm * c_index`` (paper 003 Alg. 2)."""
         assert self.stats is not None
-        return self.stats.canaries.canary(index, device=pl_module.device) * clip_norm
+        return self.stats.canaries.canary(index, device=pl_module.device, scale=clip_norm)
 
     def on_federated_round_start(self, trainer, pl_module, round_idx, cohort) -> None:
         idx = cohort.virtual.get("canary")
@@ -443,11 +445,13 @@ class CanaryAudit(Callback):
                 TAGS["analytic_prv"]: report["analytic_epsilons"]["prv"]} if "analytic_epsilons" in report else {}),
         }
 
-    def _log_extras(self, trainer: pl.Trainer, report: dict[str, Any], step: int, figure: bool) -> None:
+    def _log_extras(
+        self, trainer: pl.Trainer, report: dict[str, Any], step: int, figure: bool, histograms: bool = True,
+    ) -> None:
         stats, took = report["statistics"], report["took_part"]
         dim = self.stats.dim
-        null = np.random.default_rng([self.seed, step]).beta((dim - 1) / 2, (dim - 1) / 2, size=4096) * 2 - 1
-        if self.log_histograms:
+        if self.log_histograms and histograms:
+            null = np.random.default_rng([self.seed, step]).beta((dim - 1) / 2, (dim - 1) / 2, size=4096) * 2 - 1
             tb.add_histograms(trainer, {
                 "audit/cosine_final_observed": stats["final_observed"][took],
                 "audit/cosine_final_null": null,
@@ -477,15 +481,16 @@ class CanaryAudit(Callback):
         metrics = self._metrics(report)
         step = int(trainer.global_step)
         current = self._progress(trainer, pl_module)
-        if not use_module_log and current == self._last_logged_round:
-            metrics = {}  # fit end right after a validation: the scalars are already logged
+        logged = not use_module_log and current == self._last_logged_round
+        if logged:
+            metrics = {}  # fit end right after a validation: scalars and histograms are logged
         if use_module_log:
             for name, value in metrics.items():
                 if value is not None and math.isfinite(value):
                     pl_module.log(name, float(value), on_step=False, on_epoch=True)
         else:
             tb.log_scalars(trainer, metrics, step)
-        self._log_extras(trainer, report, step, figure=not use_module_log)
+        self._log_extras(trainer, report, step, figure=not use_module_log, histograms=not logged)
         self._last_logged_round = current
 
     def _progress(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> int:
