@@ -21,7 +21,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:.*(backward hook|does not have m
 
 
 def _fit(tmp_path, callbacks, *, dataset="breast_cancer", noise=1.0, hidden=(64, 64), epochs=2, batch=32,
-         logger=False, accumulate=1, classes=1, poisson=True):
+         logger=False, accumulate=1, classes=1, poisson=True, log_every=1):
     pl.seed_everything(0, verbose=False)
     dm = CentralDataModule(dataset, batch_size=batch, poisson=poisson, seed=0)
     inputs = 30 if dataset == "breast_cancer" else 64
@@ -30,7 +30,7 @@ def _fit(tmp_path, callbacks, *, dataset="breast_cancer", noise=1.0, hidden=(64,
     log = TensorBoardLogger(str(tmp_path), name="run", version=0) if logger else False
     trainer = pl.Trainer(max_epochs=epochs, logger=log, callbacks=callbacks, enable_progress_bar=False,
                          enable_checkpointing=False, enable_model_summary=False, num_sanity_val_steps=0,
-                         log_every_n_steps=1, accumulate_grad_batches=accumulate, default_root_dir=str(tmp_path))
+                         log_every_n_steps=log_every, accumulate_grad_batches=accumulate, default_root_dir=str(tmp_path))
     trainer.fit(module, datamodule=dm)
     return module
 
@@ -182,3 +182,19 @@ def test_ghost_norms_only_for_models_made_of_biased_linear_layers():
     frozen = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 1))
     frozen[0].weight.requires_grad_(False)
     assert _ghost_layers(frozen, Opt(frozen)) == {}  # the first bias trains without its weight
+
+
+def test_per_step_scalars_follow_log_every_n_steps(tmp_path):
+    """Like self.log(on_step=True): a scalar every log_every_n_steps steps; every attacked step
+    is still in the records (and the summary)."""
+    attack, bound = LabelReconstructionAttack(), LabelDPLowerBound()
+    _fit(tmp_path, [attack, bound], epochs=1, logger=True, log_every=4)
+    acc = EventAccumulator(os.path.join(str(tmp_path), "run", "version_0"), size_guidance={"scalars": 0})
+    acc.Reload()
+    steps = [e.step for e in acc.Scalars("label_dp/epsilon_lo_batch")]
+    assert len(bound.records) == bound.steps >= 12
+    assert steps and all(s % 4 == 0 for s in steps) and len(steps) == bound.steps // 4
+    assert [e.step for e in acc.Scalars("label_attack/accuracy")] == steps
+    by_step = {int(r["step"]): r["label_dp/epsilon_lo_batch"] for r in bound.records}
+    for e in acc.Scalars("label_dp/epsilon_lo_batch"):
+        assert e.value == pytest.approx(by_step[e.step], rel=1e-6)

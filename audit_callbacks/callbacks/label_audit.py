@@ -161,39 +161,46 @@ class _LayerTap:
         self.active = False
         self.inputs: dict[str, list[torch.Tensor]] = {k: [] for k in layers}
         self.outputs: dict[str, list[torch.Tensor]] = {k: [] for k in layers}
-        self.sqnorms: dict[str, list[torch.Tensor | None]] = {k: [] for k in norm_layers or {}}
+        self.sqnorms: dict[str, list[torch.Tensor]] = {k: [] for k in norm_layers or {}}
         self.labels: list[torch.Tensor] = []
         self._handles = [layer.register_forward_hook(self._hook(name)) for name, layer in layers.items()]
         self._handles += [layer.register_forward_hook(self._norm_hook(name)) for name, layer in (norm_layers or {}).items()]
 
+    # The hooks only keep references (autograd saves a Linear's input for its backward anyway, so
+    # it is not modified in place); conversions happen once per step in take().
     def _hook(self, name: str):
         def fn(module: nn.Module, args: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
             if self.active and module.training:
-                self.inputs[name].append(args[0].detach().reshape(args[0].shape[0], -1).to("cpu", torch.float64))
-                self.outputs[name].append(output.detach().reshape(output.shape[0], -1).to("cpu", torch.float64))
+                self.inputs[name].append(args[0].detach())
+                self.outputs[name].append(output.detach())
         return fn
 
     def _norm_hook(self, name: str):
         def fn(module: nn.Module, args: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
             if self.active and module.training:
-                x = args[0].detach()
-                # the outer-product identity holds for [N, p] inputs only (None: not usable)
-                self.sqnorms[name].append(torch.linalg.vector_norm(x, dim=1).to("cpu", torch.float64) ** 2
-                                          if x.ndim == 2 else None)
+                self.sqnorms[name].append(args[0].detach())
         return fn
+
+    @staticmethod
+    def _rows(chunks: list[torch.Tensor]) -> torch.Tensor:
+        x = chunks[0] if len(chunks) == 1 else torch.cat(chunks)
+        return x.reshape(x.shape[0], -1).to("cpu", torch.float64)
 
     def take(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], torch.Tensor,
                             dict[str, torch.Tensor] | None] | None:
         if not self.labels or any(not v for v in self.inputs.values()):
             self.clear()
             return None
-        ins = {k: torch.cat(v) for k, v in self.inputs.items()}
-        outs = {k: torch.cat(v) for k, v in self.outputs.items()}
+        ins = {k: self._rows(v) for k, v in self.inputs.items()}
+        outs = {k: self._rows(v) for k, v in self.outputs.items()}
         labels = torch.cat(self.labels)
         sq: dict[str, torch.Tensor] | None = None
-        if self.sqnorms and all(len(v) == len(self.labels) and all(t is not None for t in v)
-                                for v in self.sqnorms.values()):  # one call per forward pass
-            sq = {k: torch.cat(v) for k, v in self.sqnorms.items()}  # type: ignore[arg-type]
+        # the outer-product identity of _ghost_grad_norms needs [N, p] inputs and one call per
+        # forward pass
+        if self.sqnorms and all(len(v) == len(self.labels) and all(t.ndim == 2 for t in v)
+                                for v in self.sqnorms.values()):
+            sq = {k: torch.linalg.vector_norm(torch.cat(v), dim=1).to("cpu", torch.float64) ** 2
+                  for k, v in self.sqnorms.items()}
         self.clear()
         return ins, outs, labels, sq
 
@@ -284,6 +291,7 @@ class _StepAuditCallback(Callback):
         self._tap: _LayerTap | None = None
         self._hook: Any = None
         self._pending: dict[str, float] | None = None
+        self._log_this_batch = True
         self._warned: set[str] = set()
         self.steps = 0
         self.summary_path: str | None = None
@@ -316,6 +324,10 @@ class _StepAuditCallback(Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self._tap is None:
             return
+        # per-step scalars follow the Trainer's log_every_n_steps, as `self.log(on_step=True)`
+        # and LearningRateMonitor do; every attacked step stays in the records and the summary
+        connector = getattr(trainer, "_logger_connector", None)
+        self._log_this_batch = bool(getattr(connector, "should_update_logs", True))
         self._tap.active = True
         self._tap.labels.append(torch.as_tensor(self.label_fn(batch)).detach().reshape(-1).to("cpu"))
 
@@ -330,7 +342,7 @@ class _StepAuditCallback(Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self._tap is not None:
             self._tap.active = False
-        if self._pending:
+        if self._pending and self._log_this_batch:
             # straight to the loggers (as LearningRateMonitor does): one call per step instead of
             # a LightningModule.log per tag, which costs ~1 ms each
             metrics = {k: float(v) for k, v in self._pending.items() if v is not None and math.isfinite(v)}
@@ -357,7 +369,9 @@ class LabelReconstructionAttack(_StepAuditCallback):
     ``(inputs [N, p], weight.grad [K, p], bias.grad [K])`` and compares with the true labels.
 
     Logs ``label_attack/accuracy_batch`` and ``label_attack/accuracy`` (running over every
-    attacked example, torchmetrics); writes ``label_attack_summary.json`` at fit end.
+    attacked example, torchmetrics) on the Trainer's ``log_every_n_steps`` steps, as
+    ``self.log(on_step=True)`` does; ``history`` and ``label_attack_summary.json`` (fit end)
+    hold every attacked step.
 
     Args:
         layer: the attacked ``nn.Linear`` (default: the last linear layer of the module).
@@ -463,10 +477,12 @@ class LabelDPLowerBound(_StepAuditCallback):
 
     For a binary model with one sigmoid logit (``nn.Linear(p, 1)`` last), every
     ``every_n_steps`` logical steps it computes, from the batch's last-hidden activations, the
-    sigmoid outputs, the labels and Opacus' per-example gradient norms (``grad_sample``, over
-    all parameters, before clipping),
+    sigmoid outputs, the labels and Opacus' per-example gradient norms (over all parameters,
+    before clipping: from the per-example bias gradients and input norms when every trained
+    parameter is in an ``nn.Linear`` with a bias, else from ``grad_sample``),
     :func:`~audit_callbacks.estimators.label_dp.label_dp_lower_bound` (METHODS B8, B9) and
-    logs, in nats at ``delta``:
+    logs, in nats at ``delta``, on the Trainer's ``log_every_n_steps`` steps (``records`` and the
+    summary keep every attacked step):
 
     * ``label_dp/epsilon_lo_batch`` - the sign-test bound of this batch (B8, paper Alg. 2);
     * ``label_dp/epsilon_lo_max`` - its running maximum over the attacked steps;
