@@ -61,6 +61,14 @@ __all__ = ["LabelDPLowerBound", "LabelReconstructionAttack", "second_last_layer_
 _SHARED: weakref.WeakKeyDictionary[Any, tuple[torch.Tensor | None, dict[Any, Any]]] = weakref.WeakKeyDictionary()
 
 
+def _release_step_values(optimizer: Any) -> None:
+    """Drop the step's cache once the step is over: it references Opacus' per-example gradients
+    (tens of MB), which would otherwise stay alive into the next backward pass and force fresh
+    allocations there (measured: ~4 ms a step on the 2x200 MLP)."""
+    if optimizer is not None:
+        _SHARED.pop(optimizer, None)
+
+
 def _step_values(optimizer: Any) -> dict[Any, Any]:
     """The cache of the current DP-SGD step (empty at the step's first use)."""
     marker = optimizer.params[0].grad if optimizer.params else None
@@ -340,6 +348,7 @@ class _StepAuditCallback(Callback):
         self._pending = self._on_step(optimizer, data)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        _release_step_values(self.optimizer)
         if self._tap is not None:
             self._tap.active = False
         if self._pending and self._log_this_batch:
