@@ -198,3 +198,26 @@ def test_per_step_scalars_follow_log_every_n_steps(tmp_path):
     by_step = {int(r["step"]): r["label_dp/epsilon_lo_batch"] for r in bound.records}
     for e in acc.Scalars("label_dp/epsilon_lo_batch"):
         assert e.value == pytest.approx(by_step[e.step], rel=1e-6)
+
+
+def test_loss_scale_is_read_from_the_logit_layer():
+    """kappa = per-example bias gradient / (p - y), whatever the batch: also when every |p - y|
+    is tiny (a well-fitted batch), and None when the rows disagree (not log-loss)."""
+    import torch
+    from torch import nn
+
+    from audit_callbacks.callbacks.label_audit import _gradient_scale
+
+    layer = nn.Linear(3, 1)
+
+    class Opt:
+        def __init__(self, bias_grads):
+            self.params = [layer.weight, layer.bias]
+            self.grad_samples = [torch.zeros(len(bias_grads), 1, 3), torch.tensor(bias_grads)[:, None]]
+
+    x = torch.ones(3, 3, dtype=torch.float64)
+    a = np.array([0.4, -0.3, 0.2])
+    assert _gradient_scale(Opt((0.5 * a).tolist()), layer, a, x) == pytest.approx(0.5, rel=1e-6)
+    tiny = np.array([2e-5, -4e-5, 1e-5])
+    assert _gradient_scale(Opt((0.25 * tiny).tolist()), layer, tiny, x) == pytest.approx(0.25, rel=1e-5)
+    assert _gradient_scale(Opt([0.4, -0.6, 0.2]), layer, a, x) is None  # row 2 has twice the scale
