@@ -1,6 +1,6 @@
 """Cost of the label-privacy callbacks on an Opacus DP-SGD run: wall-time ratio per epoch.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/label_audit_overhead.py            # ~2.5 min
+    PYTHONPATH=. .venv/bin/python benchmarks/label_audit_overhead.py            # ~3 min
     PYTHONPATH=. .venv/bin/python benchmarks/label_audit_overhead.py --quick    # smoke test
 
 Setting (issue 3 item 7; paper 004's model): scikit-learn breast cancer (455 training examples),
@@ -364,7 +364,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="epochs per fit (8 logical steps each; >= 4 for the steady-state epoch time)",
     )
     p.add_argument(
-        "--reps", type=int, default=6, help="timed rounds (one fit of every variant each)"
+        "--reps", type=int, default=8, help="timed rounds (one fit of every variant each)"
     )
     p.add_argument("--width", type=int, default=200)
     p.add_argument("--batch-size", type=int, default=64)
