@@ -103,3 +103,36 @@ def timed_fit(trainer: Any, module: Any, datamodule: Any, profile: Any = None) -
         if profile is not None:
             profile.disable()
     return time.perf_counter() - start
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def short_path(path: str) -> str:
+    """A profiled file's path relative to site-packages or to the repository."""
+    for marker in ("site-packages/", f"{ROOT}/"):
+        if marker in path:
+            return path.split(marker, 1)[1]
+    return path
+
+
+def profile_tables(prof: Any, top: int, exclude: tuple[str, ...] = ()) -> tuple[list[dict], list[dict], str]:
+    """From an enabled-then-disabled ``cProfile.Profile``: the library's functions by cumulative
+    time (``audit_callbacks/`` minus names containing any of ``exclude``), the ``top`` functions
+    by own time, and pstats' text listing of the library."""
+    import io
+    import pstats
+
+    stats = pstats.Stats(prof)
+    rows = [
+        {"function": f"{short_path(filename)}:{line}({func})", "calls": nc, "tottime_s": tt, "cumtime_s": ct}
+        for (filename, line, func), (_cc, nc, tt, ct, _callers) in stats.stats.items()
+    ]
+    in_lib = sorted(
+        (r for r in rows if "audit_callbacks/" in r["function"] and not any(e in r["function"] for e in exclude)),
+        key=lambda r: -r["cumtime_s"],
+    )
+    heavy = sorted(rows, key=lambda r: -r["tottime_s"])[:top]
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(r"audit_callbacks", top)
+    return in_lib, heavy, buf.getvalue()

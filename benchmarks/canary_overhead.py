@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import io
 import json
 import logging
 import math
@@ -46,7 +45,7 @@ from typing import Any
 import lightning.pytorch as pl
 import numpy as np
 import torch
-from _common import load_average, machine_info, peak_rss_mb, timed_fit, write_json
+from _common import load_average, machine_info, peak_rss_mb, profile_tables, timed_fit, write_json
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from audit_callbacks.callbacks import CanaryAudit
@@ -291,18 +290,8 @@ def profile_audit(
     prof = cProfile.Profile()
     audit = TimedCanaryAudit(**audit_kwargs)
     res = fit_once(dm, cfg, audit, log_root, "profile", profile=prof)
-    stats = pstats.Stats(prof)
-    total = stats.total_tt
-    rows = []
-    for (filename, line, func), (_cc, nc, tt, ct, _callers) in stats.stats.items():
-        rows.append({"function": f"{_short(filename)}:{line}({func})", "calls": nc,
-                     "tottime_s": tt, "cumtime_s": ct})
-    in_lib = [r for r in rows if "audit_callbacks/" in r["function"]
-              and "dp_fedavg" not in r["function"] and "sampling" not in r["function"]]
-    in_lib.sort(key=lambda r: -r["cumtime_s"])
-    heavy = sorted(rows, key=lambda r: -r["tottime_s"])[:top]
-    buf = io.StringIO()
-    pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(r"audit_callbacks", top)
+    total = pstats.Stats(prof).total_tt
+    in_lib, heavy, text = profile_tables(prof, top, exclude=("dp_fedavg", "sampling"))
     print(f"\n[profile] one audited fit under cProfile: {res['fit_s']:.2f} s (profiled), "
           f"callback {res['callback_s']:.2f} s")
     print(f"  {'cumtime s':>9} {'calls':>7}  callback / library function")
@@ -316,15 +305,8 @@ def profile_audit(
         "callback_hook_calls": res["callback_hook_calls"],
         "audit_callbacks_by_cumtime": in_lib[:top],
         "all_by_tottime": heavy,
-        "pstats_text": buf.getvalue(),
+        "pstats_text": text,
     }
-
-
-def _short(path: str) -> str:
-    for marker in ("site-packages/", "/work/main/"):
-        if marker in path:
-            return path.split(marker, 1)[1]
-    return path
 
 
 def _kw(kwargs: dict[str, Any]) -> str:

@@ -44,10 +44,8 @@ from __future__ import annotations
 import argparse
 import cProfile
 import hashlib
-import io
 import logging
 import os
-import pstats
 import sys
 import tempfile
 import time
@@ -59,7 +57,7 @@ from typing import Any
 import lightning.pytorch as pl
 import numpy as np
 import torch
-from _common import load_average, machine_info, timed_fit, write_json
+from _common import load_average, machine_info, profile_tables, timed_fit, write_json
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from audit_callbacks.callbacks.label_audit import LabelDPLowerBound, LabelReconstructionAttack
@@ -308,23 +306,7 @@ def profile_variant(
     res = fit_once(
         dm, cfg, variant, log_root, f"profile_{variant}", module_kind="lean", profile=prof
     )
-    stats = pstats.Stats(prof)
-    rows = []
-    for (filename, line, func), (_cc, nc, tt, ct, _callers) in stats.stats.items():
-        rows.append(
-            {
-                "function": f"{_short(filename)}:{line}({func})",
-                "calls": nc,
-                "tottime_s": tt,
-                "cumtime_s": ct,
-            }
-        )
-    in_lib = sorted(
-        (r for r in rows if "audit_callbacks/" in r["function"]), key=lambda r: -r["cumtime_s"]
-    )
-    heavy = sorted(rows, key=lambda r: -r["tottime_s"])[:top]
-    buf = io.StringIO()
-    pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(r"audit_callbacks", top)
+    in_lib, heavy, text = profile_tables(prof, top)
     print(
         f"\n[profile {variant}, lean module] one fit under cProfile: {res['fit_s']:.2f} s (profiled), "
         f"callbacks' hooks {res['callback_s']:.2f} s"
@@ -338,15 +320,8 @@ def profile_variant(
         "callback_hooks_s": res["callback_hooks_s"],
         "audit_callbacks_by_cumtime": in_lib[:top],
         "all_by_tottime": heavy,
-        "pstats_text": buf.getvalue(),
+        "pstats_text": text,
     }
-
-
-def _short(path: str) -> str:
-    for marker in ("site-packages/", f"{ROOT}/"):
-        if marker in path:
-            return path.split(marker, 1)[1]
-    return path
 
 
 def _hashes() -> dict[str, str]:
