@@ -8,18 +8,51 @@ so memory stays O(d) (times a small chunk) whatever the number of canaries k.
 The generator is torch's CPU Mersenne Twister, re-seeded per canary from a
 :class:`numpy.random.SeedSequence` of ``(seed, j)``; canaries are generated on the CPU (so a run
 on a GPU sees the same canaries) and moved to the target device chunk by chunk.
+
+Generating a canary (about 10 ns a coordinate) costs far more than using it, so a set spreads the
+rows of a chunk over ``workers`` threads (torch releases the GIL while it generates) and can
+generate single canaries ahead of use in a background thread (:meth:`CanarySet.submit`). Every
+canary is still generated alone from its own seed, so the values do not depend on the number of
+workers or on which thread made them.
 """
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import torch
 
-__all__ = ["CanarySet", "canary_seed"]
+__all__ = ["CanarySet", "canary_seed", "default_workers", "thread_pool"]
 
 _DEFAULT_CHUNK_ELEMENTS = 1 << 22  # 4M floats (16 MiB in float32) per generated chunk
+_MAX_DEFAULT_WORKERS = 2  # the training thread and one more: canaries must not starve training
+
+
+def thread_pool(workers: int, name: str) -> ThreadPoolExecutor:
+    """A pool whose threads run torch (and its BLAS) with the creating thread's settings.
+
+    A thread that torch has not configured runs MKL with its own default thread count, and its
+    sums then differ in the last bits from the main thread's (measured: ``torch.mm`` of
+    ``[40, 2410] x [2410, 16]``). ``torch.set_num_threads`` with the current value changes
+    nothing global and configures the new thread like the others.
+    """
+    return ThreadPoolExecutor(
+        workers, thread_name_prefix=name, initializer=torch.set_num_threads,
+        initargs=(torch.get_num_threads(),),
+    )
+
+
+def default_workers() -> int:
+    """Threads a :class:`CanarySet` generates with by default: ``min(2, usable CPUs)``."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(_MAX_DEFAULT_WORKERS, cpus))
 
 
 def canary_seed(seed: int, index: int) -> int:
@@ -43,6 +76,9 @@ class CanarySet:
         num_canaries: k, the number of canaries.
         chunk_elements: at most this many floats are generated at once (chunk of
             ``max(1, chunk_elements // dim)`` canaries), which bounds the extra memory.
+        workers: threads that generate canaries, the calling thread included (default
+            :func:`default_workers`: 2 where two CPUs are usable). 1: no thread is started and
+            :meth:`submit` generates at once. The canaries do not depend on it.
 
     Example:
         >>> cs = CanarySet(seed=0, dim=1000, num_canaries=10)
@@ -58,6 +94,7 @@ class CanarySet:
         num_canaries: int,
         *,
         chunk_elements: int = _DEFAULT_CHUNK_ELEMENTS,
+        workers: int | None = None,
     ) -> None:
         if dim < 2:
             raise ValueError(f"canaries need dim >= 2 (the cosine null is undefined), got {dim}")
@@ -65,12 +102,16 @@ class CanarySet:
             raise ValueError(f"num_canaries must be >= 0, got {num_canaries}")
         if chunk_elements < 1:
             raise ValueError(f"chunk_elements must be >= 1, got {chunk_elements}")
+        if workers is not None and workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
         self.seed = int(seed)
         self.dim = int(dim)
         self.num_canaries = int(num_canaries)
         self.chunk_size = max(1, int(chunk_elements) // self.dim)
+        self.workers = default_workers() if workers is None else int(workers)
         self._seeds: dict[int, int] = {}  # canary_seed cache: one int a canary, never k x d
-        self._gen: torch.Generator | None = None  # re-seeded per canary (manual_seed resets it)
+        self._local = threading.local()  # one generator a thread, re-seeded per canary
+        self._pool: ThreadPoolExecutor | None = None
 
     def __len__(self) -> int:
         return self.num_canaries
@@ -81,17 +122,39 @@ class CanarySet:
         seed = self._seeds.get(index)
         if seed is None:  # SeedSequence hashing costs ~50 us: once per canary, not per use
             seed = self._seeds[index] = canary_seed(self.seed, index)
-        gen = self._gen
+        gen = getattr(self._local, "gen", None)
         if gen is None:
-            gen = self._gen = torch.Generator(device="cpu")
+            gen = self._local.gen = torch.Generator(device="cpu")
         gen.manual_seed(seed)  # the whole Mersenne Twister state: as fresh as a new generator
         torch.randn(self.dim, generator=gen, out=out)
         out.div_(torch.linalg.vector_norm(out))
 
+    def _fill_rows(self, indices: Sequence[int], out: torch.Tensor) -> None:
+        for row, j in enumerate(indices):
+            self._fill(j, out[row])
+
+    def _executor(self) -> ThreadPoolExecutor | None:
+        if self.workers < 2:
+            return None
+        if self._pool is None:
+            self._pool = thread_pool(self.workers - 1, "canaries")
+        return self._pool
+
+    def close(self) -> None:
+        """Stop the set's threads (they are restarted on demand); pending work is finished."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
     def __getstate__(self) -> dict[str, object]:
         state = dict(self.__dict__)
-        state["_gen"] = None  # a generator is scratch space, recreated on first use
+        state["_local"] = None  # generators and threads are scratch space, recreated on use
+        state["_pool"] = None
         return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._local = threading.local()
 
     def canary(
         self, index: int, *, device: torch.device | str | None = None,
@@ -109,17 +172,46 @@ class CanarySet:
             out.mul_(scale)
         return out
 
+    def submit(self, index: int, *, scale: float = 1.0) -> Future[torch.Tensor]:
+        """Start generating ``canary(index, scale=scale)`` (CPU, float32) in a background thread.
+
+        Returns a :class:`~concurrent.futures.Future` whose ``result()`` is that tensor,
+        bit-identical to :meth:`canary`. With ``workers == 1`` the canary is generated now.
+        Each pending canary holds ``4 * dim`` bytes: bound how many are in flight.
+        """
+        pool = self._executor()
+        if pool is None:
+            done: Future[torch.Tensor] = Future()
+            done.set_result(self.canary(index, scale=scale))
+            return done
+        return pool.submit(self.canary, index, scale=scale)
+
     def chunks(
         self, indices: Sequence[int] | None = None, *, device: torch.device | str | None = None,
-        dtype: torch.dtype = torch.float32,
+        dtype: torch.dtype = torch.float32, workers: int | None = None,
     ) -> Iterator[tuple[list[int], torch.Tensor]]:
-        """Yield ``(indices_chunk, canaries [b, dim])`` over ``indices`` (default: all)."""
+        """Yield ``(indices_chunk, canaries [b, dim])`` over ``indices`` (default: all).
+
+        ``workers``: threads filling a chunk, this one included (default: the set's
+        ``workers``; at most that many). The values do not depend on it.
+        """
         idx = list(range(self.num_canaries)) if indices is None else [int(i) for i in indices]
+        nthreads = self.workers if workers is None else max(1, min(int(workers), self.workers))
         buf = torch.empty(min(self.chunk_size, max(1, len(idx))), self.dim, dtype=torch.float32)
         for start in range(0, len(idx), self.chunk_size):
             part = idx[start:start + self.chunk_size]
-            for row, j in enumerate(part):
-                self._fill(j, buf[row])
+            pool = self._executor() if len(part) > 1 and nthreads > 1 else None
+            if pool is None:
+                self._fill_rows(part, buf)
+            else:  # rows split over the pool's threads and this one, each row from its own seed
+                bounds = np.linspace(0, len(part), nthreads + 1).astype(int).tolist()
+                futures = [
+                    pool.submit(self._fill_rows, part[lo:hi], buf[lo:hi])
+                    for lo, hi in zip(bounds[1:-1], bounds[2:], strict=True)
+                ]
+                self._fill_rows(part[: bounds[1]], buf[: bounds[1]])
+                for fut in futures:
+                    fut.result()
             yield part, buf[: len(part)].to(device=device, dtype=dtype)
 
     def dots(

@@ -22,18 +22,30 @@ without a pending delta are zero, and a pass multiplies each canary chunk by who
 dot products are computed with the same operands at the same positions whenever its pass runs:
 an interrupted and resumed run (a checkpoint flushes the buffer) folds bit-identical cosines. The
 final-model column is one matrix-vector product per chunk.
+
+Background passes (:meth:`CanaryStatistics.compute_async`, and the pass a full buffer starts):
+the pending deltas are handed over on the calling thread and folded on one estimation thread,
+so training goes on while the canaries are regenerated. At most one pass is in flight (a new one
+first waits for it), passes run in the order they were started, and every method that reads or
+replaces the statistics waits for the pass in flight: results are the same as without threads.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
 
-from audit_callbacks.canaries import CanarySet
+from audit_callbacks.canaries import CanarySet, thread_pool
 
 __all__ = ["CanaryStatistics"]
+
+
+def _ignore(_: object) -> None:
+    return None
 
 _GROUP_ROUNDS = 16  # deltas per matrix product (one product costs about one matrix-vector here)
 _GROUP_BYTES = 8 << 20  # ... but a block stays under 8 MiB: fewer rows for a large d
@@ -55,11 +67,13 @@ class CanaryStatistics:
         sign: +1 (updates) or -1 (gradients), see the module docstring.
         max_buffered: rounds buffered before a pass over the canaries (the results do not
             depend on it, see the module docstring).
+        background: run the pass a full buffer starts on the estimation thread (the buffer's
+            memory is then held twice at most: the pass's deltas and the new ones).
     """
 
     def __init__(
         self, canaries: CanarySet, num_observed: int, num_unobserved: int, *, sign: float = 1.0,
-        max_buffered: int = 32,
+        max_buffered: int = 32, background: bool = True,
     ) -> None:
         if num_observed + num_unobserved > len(canaries):
             raise ValueError("the canary set is smaller than num_observed + num_unobserved")
@@ -80,6 +94,9 @@ class CanaryStatistics:
         self._blocks: dict[int, tuple[torch.Tensor, list[int]]] = {}
         self._pending = 0
         self._final_cache: tuple[torch.Tensor, torch.Tensor] | None = None  # (theta, cosines)
+        self.background = bool(background)
+        self._executor: ThreadPoolExecutor | None = None  # the estimation thread
+        self._inflight: Future[Any] | None = None
 
     @property
     def dim(self) -> int:
@@ -88,6 +105,7 @@ class CanaryStatistics:
     def set_initial(self, theta0: torch.Tensor) -> None:
         """Record ``theta_0`` (flat ``[d]``), the model before training."""
         self._check(theta0)
+        self.wait()
         self.theta0 = theta0.detach().to("cpu", torch.float32).clone()
         self._final_cache = None
 
@@ -110,20 +128,97 @@ class CanaryStatistics:
         self._pending += 1
         self.rounds_seen += 1
         if self._pending >= self.max_buffered:
-            self._pass(None)
+            if self.background:
+                self._submit(self._take(), None, _ignore)
+            else:
+                self._run(self._take(), None, _ignore)
         return True
 
     def flush(self) -> None:
-        """Fold the buffered deltas into the running maxima."""
+        """Fold the buffered deltas into the running maxima (waits for a background pass)."""
+        self.wait()
         if self._pending:
-            self._pass(None)
+            self._run(self._take(), None, _ignore)
 
-    def _pass(self, final: torch.Tensor | None) -> torch.Tensor | None:
-        """One pass over the canaries: fold the buffered deltas; cosines with ``final``."""
-        blocks = [
-            (block, rows, self._norms(block, rows))
-            for _, (block, rows) in sorted(self._blocks.items()) if rows
-        ]
+    def wait(self) -> None:
+        """Wait for the background pass in flight, if any (re-raises its exception)."""
+        fut, self._inflight = self._inflight, None
+        if fut is not None:
+            fut.result()
+
+    def close(self) -> None:
+        """Stop the estimation thread after the pass in flight (restarted on demand).
+
+        An error of that pass is not raised here (whoever holds its Future, or :meth:`wait`,
+        reports it): closing runs on the way out of a failed fit too.
+        """
+        fut, self._inflight = self._inflight, None
+        if fut is not None:
+            fut.exception()  # waits; the error stays with the Future
+        pool, self._executor = self._executor, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+    def __getstate__(self) -> dict[str, Any]:
+        self.wait()
+        state = dict(self.__dict__)
+        state["_executor"] = None
+        state["_inflight"] = None
+        return state
+
+    def _submit(
+        self, blocks: list[tuple[torch.Tensor, list[int]]], final: torch.Tensor | None,
+        then: Callable[[torch.Tensor | None], Any], *, parallel: bool = False,
+    ) -> Future[Any]:
+        """Fold ``blocks`` (and cosines with ``final``) on the estimation thread, then ``then``.
+
+        Without ``parallel`` the pass generates its canaries on that thread alone, leaving the
+        other cores to training.
+        """
+        self.wait()  # one pass in flight at most: bounded memory, passes in order
+        if self._executor is None:
+            self._executor = thread_pool(1, "canary-estimate")
+        fut = self._executor.submit(lambda: then(self._fold(blocks, final, parallel=parallel)))
+        self._inflight = fut
+        return fut
+
+    def _run(
+        self, blocks: list[tuple[torch.Tensor, list[int]]], final: torch.Tensor | None,
+        then: Callable[[torch.Tensor | None], Any],
+    ) -> Any:
+        """Fold on the estimation thread too, and wait: every pass runs on that one thread, so a
+        resumed run folds bit-identical cosines whichever thread asked (see
+        :func:`~audit_callbacks.canaries.thread_pool`)."""
+        fut = self._submit(blocks, final, then, parallel=True)
+        self._inflight = None
+        return fut.result()
+
+    def _take(self) -> list[tuple[torch.Tensor, list[int]]]:
+        """Hand the pending deltas over to a pass: ``[(block [group, d], rows)]`` in order.
+
+        The newest block, if it will still receive rows, is copied (its pending rows are then
+        zeroed here), so a background pass and :meth:`add_delta` never share a tensor.
+        """
+        blocks = [(block, rows) for _, (block, rows) in sorted(self._blocks.items()) if rows]
+        last = max(self._blocks, default=None)
+        if last is not None and (self.rounds_seen % self.group) and last == self.rounds_seen // self.group:
+            block, rows = self._blocks[last]
+            if rows:
+                blocks[-1] = (block.clone(), list(rows))
+                block[rows] = 0.0
+                rows.clear()
+            self._blocks = {last: (block, rows)}
+        else:
+            self._blocks = {}
+        self._pending = 0
+        return blocks
+
+    def _fold(
+        self, taken: list[tuple[torch.Tensor, list[int]]], final: torch.Tensor | None, *,
+        parallel: bool,
+    ) -> torch.Tensor | None:
+        """One pass over the canaries: fold ``taken`` deltas; cosines with ``final``."""
+        blocks = [(block, rows, self._norms(block, rows)) for block, rows in taken]
         if not blocks and final is None:
             return None
         n = self.max_cos.numel()
@@ -136,7 +231,8 @@ class CanaryStatistics:
                 raise ValueError("cannot take cosines against a vector with NaN or inf entries")
             final_norm = norm if norm > 0 else torch.ones_like(norm)
         pos = 0
-        for part, chunk in self.canaries.chunks(range(n)):
+        workers = None if parallel else 1
+        for part, chunk in self.canaries.chunks(range(n), workers=workers):
             end = pos + len(part)
             if blocks:
                 best = None
@@ -151,20 +247,7 @@ class CanaryStatistics:
                 cos = (torch.mv(chunk, final).to(torch.float64) / final_norm).clamp_(-1.0, 1.0)
                 out[pos:end] = cos.neg_() if self.sign < 0 else cos
             pos = end
-        self._clear()
         return out
-
-    def _clear(self) -> None:
-        """Drop the folded deltas; the newest block is kept (zeroed) for the rows still to come."""
-        last = max(self._blocks, default=None)
-        if last is not None and (self.rounds_seen % self.group) and last == self.rounds_seen // self.group:
-            block, rows = self._blocks[last]
-            block[rows] = 0.0
-            rows.clear()
-            self._blocks = {last: (block, rows)}
-        else:
-            self._blocks = {}
-        self._pending = 0
 
     @staticmethod
     def _norms(block: torch.Tensor, rows: list[int]) -> torch.Tensor:
@@ -183,18 +266,45 @@ class CanaryStatistics:
             ``{"final_observed" [k], "final_unobserved" [k'], "all_observed" [k],
             "all_unobserved" [k']}``; the all-iterates entries are empty before any round.
         """
+        theta = self._prepare(theta_now)
+        self.wait()
+        cached = self._final_cache
+        if not self._pending and cached is not None and torch.equal(cached[0], theta):
+            return self._results(cached[1])  # same model, no new round: no pass over the canaries
+        return self._run(self._take(), theta - self.theta0, lambda final: self._finish(theta, final))
+
+    def compute_async(
+        self, theta_now: torch.Tensor, then: Callable[[dict[str, torch.Tensor]], Any] | None = None,
+    ) -> Future[Any]:
+        """:meth:`compute` on the estimation thread: returns a Future of ``then(results)``
+        (of the results when ``then`` is None). ``theta_now`` is copied before this returns.
+        """
+        theta = self._prepare(theta_now).clone()
+        self.wait()
+        cached = self._final_cache
+        done = (lambda x: x) if then is None else then
+        if not self._pending and cached is not None and torch.equal(cached[0], theta):
+            return self._submit([], None, lambda _: done(self._results(cached[1])))
+        return self._submit(
+            self._take(), theta - self.theta0, lambda final: done(self._finish(theta, final)),
+        )
+
+    def _prepare(self, theta_now: torch.Tensor) -> torch.Tensor:
+        """Checks on the calling thread: a bad model raises here, before any delta is taken."""
         if self.theta0 is None:
             raise RuntimeError("set_initial(theta0) must be called before compute()")
         self._check(theta_now)
         theta = theta_now.detach().to("cpu", torch.float32)
-        cached = self._final_cache
-        if not self._pending and cached is not None and torch.equal(cached[0], theta):
-            final = cached[1]  # same model, no new round: skip the pass over the canaries
-        else:
-            diff = theta - self.theta0
-            final = self._pass(diff)
-            assert final is not None
-            self._final_cache = (theta.clone(), final)
+        if not bool(torch.isfinite(theta).all()):
+            raise ValueError("cannot take cosines against a vector with NaN or inf entries")
+        return theta
+
+    def _finish(self, theta: torch.Tensor, final: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        assert final is not None
+        self._final_cache = (theta.clone(), final)
+        return self._results(final)
+
+    def _results(self, final: torch.Tensor) -> dict[str, torch.Tensor]:
         k = self.num_observed
         have_all = self.rounds_seen > 0
         empty = torch.empty(0, dtype=torch.float64)
@@ -225,6 +335,7 @@ class CanaryStatistics:
                   state["sign"])
         if mine != theirs:
             raise ValueError(f"checkpointed canary statistics {theirs} do not match this run {mine}")
+        self.wait()
         self.max_cos = state["max_cos"].clone().to(torch.float64)
         self.theta0 = None if state["theta0"] is None else state["theta0"].clone()
         self.rounds_seen = int(state["rounds_seen"])

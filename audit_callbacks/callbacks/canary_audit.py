@@ -59,6 +59,8 @@ from audit_callbacks.estimators.canary_report import canary_report, cosine_null_
 __all__ = ["CanaryAudit"]
 
 _DEFAULT_CANARIES = 1000
+_BUFFER_BYTES = 16 << 20  # model deltas buffered between passes over the canaries (default)
+_PREFETCH_BYTES = 16 << 20  # canary updates generated ahead of use, at most (see _prefetch)
 
 TAGS = {
     "final": "audit/epsilon_final_model",
@@ -96,9 +98,17 @@ class CanaryAudit(Callback):
         seed: the canaries' seed; canary j is regenerated from (seed, j).
         every_n_epochs: estimate and log every n validation epochs (always at fit end).
         max_buffered_rounds: model deltas kept before a pass over the canaries (memory
-            ``max_buffered_rounds * d`` floats, plus up to two partly filled blocks of at most
-            8 MiB: see :mod:`audit_callbacks.canary_stats`); default: as many as fit in 32 MiB,
-            at least 1. The estimates do not depend on it.
+            ``max_buffered_rounds * d`` floats, twice that while a background pass holds the
+            previous ones, plus up to two partly filled blocks of at most 8 MiB: see
+            :mod:`audit_callbacks.canary_stats`); default: as many as fit in 16 MiB, at least 1.
+            The estimates do not depend on it.
+        background: estimate on a background thread while training goes on (default). The
+            canaries are regenerated for every estimate, and that pass would otherwise stall
+            training: with ``background=True`` the estimate of a validation epoch is computed
+            while the next rounds train and logged at that validation's step as soon as it is
+            ready (at the latest at the next validation, a checkpoint, or fit end, which wait
+            for it). The last validation of a fit, and ``trainer.validate``, estimate at once.
+            The values are the same either way.
         log_histograms, log_figures: TensorBoard extras (need a ``TensorBoardLogger``).
         summary_filename: the JSON written at fit end in the logger's directory.
         sample_rate: DP-SGD only: the Poisson rate at which a canary joins a step. Default: the
@@ -128,6 +138,7 @@ class CanaryAudit(Callback):
         log_figures: bool = True,
         summary_filename: str = "audit_summary.json",
         sample_rate: float | None = None,
+        background: bool = True,
     ) -> None:
         if num_canaries is not None and num_canaries < 1:
             raise ValueError(f"num_canaries must be >= 1 (there is nothing to audit), got {num_canaries}")
@@ -158,6 +169,7 @@ class CanaryAudit(Callback):
         self.log_figures = log_figures
         self.summary_filename = summary_filename
         self.sample_rate = sample_rate
+        self.background = bool(background)
         self.mode: str | None = None  # "fedavg" or "dpsgd", known at setup / fit start
         self.injector: GradientCanaryInjector | None = None
         self._accountant: Any = None
@@ -176,6 +188,10 @@ class CanaryAudit(Callback):
         self._last_logged_round = -1
         self._warned: set[str] = set()
         self._trainer_ref: pl.Trainer | None = None
+        self._prefetched: dict[int, Any] = {}  # canary index -> Future of clip_norm * c_j
+        self._prefetch_queue: list[int] = []
+        self._prefetch_scale = 1.0
+        self._jobs: list[tuple[Any, int, int]] = []  # (Future of a report, step, progress)
 
     # ------------------------------------------------------------------ set-up
     @property
@@ -214,12 +230,13 @@ class CanaryAudit(Callback):
         k_un = k if self.requested_unobserved is None else int(self.requested_unobserved)
         self.num_canaries, self.num_unobserved = k, k_un
         if self.max_buffered_rounds is None:
-            buffered = max(1, (32 << 20) // (4 * dim))
+            buffered = max(1, _BUFFER_BYTES // (4 * dim))
         else:
             buffered = max(1, int(self.max_buffered_rounds))
         canaries = CanarySet(self.seed, dim, k + k_un)
         if self.stats is None or self.stats.dim != dim:
-            self.stats = CanaryStatistics(canaries, k, k_un, sign=1.0, max_buffered=buffered)
+            self.stats = CanaryStatistics(canaries, k, k_un, sign=1.0, max_buffered=buffered,
+                                          background=self.background)
             self.participations = np.zeros(k, dtype=np.int64)
         if self.repeats is None:
             pl_module.register_virtual_clients(self, k, name="canary")
@@ -306,9 +323,10 @@ class CanaryAudit(Callback):
             k = int(self.requested_canaries)
         k_un = k if self.requested_unobserved is None else int(self.requested_unobserved)
         self.num_canaries, self.num_unobserved = k, k_un
-        buffered = max(1, (32 << 20) // (4 * dim)) if self.max_buffered_rounds is None else max(1, int(self.max_buffered_rounds))
+        buffered = max(1, _BUFFER_BYTES // (4 * dim)) if self.max_buffered_rounds is None else max(1, int(self.max_buffered_rounds))
         canaries = CanarySet(self.seed, dim, k + k_un)
-        self.stats = CanaryStatistics(canaries, k, k_un, sign=-1.0, max_buffered=buffered)
+        self.stats = CanaryStatistics(canaries, k, k_un, sign=-1.0, max_buffered=buffered,
+                                      background=self.background)
         self.injector = GradientCanaryInjector(opt, canaries, k, rate, seed=self.seed)
         self.participations = self.injector.participations
         if self._pending_state is not None:
@@ -321,6 +339,8 @@ class CanaryAudit(Callback):
         """DP-SGD: after a logical step, fold the parameter delta into the all-steps maxima."""
         if self.mode != "dpsgd" or self.injector is None or self.stats is None:
             return
+        if self._jobs:
+            self._drain(trainer, wait=False)
         steps = self.injector.steps
         if steps == self._steps_seen:
             return  # gradient accumulation / BatchMemoryManager: no step was taken
@@ -334,6 +354,14 @@ class CanaryAudit(Callback):
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self.injector is not None:
             self.injector.detach()
+        self._prefetched.clear()
+        self._prefetch_queue.clear()
+        if self.stats is not None:
+            try:
+                self._drain(trainer, wait=True)  # a fit that stopped early: log what is pending
+            finally:
+                self.stats.close()  # the estimation and generating threads end with the fit
+                self.stats.canaries.close()
 
     # ------------------------------------------------------------------ protocol
     def federated_client_update(
@@ -341,15 +369,42 @@ class CanaryAudit(Callback):
     ) -> torch.Tensor:
         """Canary client ``index`` returns ``clip_norm * c_index`` (paper 003 Alg. 2)."""
         assert self.stats is not None
-        return self.stats.canaries.canary(index, device=pl_module.device, scale=clip_norm)
+        canaries = self.stats.canaries
+        future = self._prefetched.pop(index, None)
+        if self._prefetch_queue:  # keep the background thread one budget ahead
+            j = self._prefetch_queue.pop()
+            self._prefetched[j] = canaries.submit(j, scale=self._prefetch_scale)
+        if future is not None and clip_norm == self._prefetch_scale:
+            return future.result().to(device=pl_module.device)
+        return canaries.canary(index, device=pl_module.device, scale=clip_norm)
 
     def on_federated_round_start(self, trainer, pl_module, round_idx, cohort) -> None:
         idx = cohort.virtual.get("canary")
+        self._prefetched.clear()
+        self._prefetch_queue.clear()
         if idx is not None and idx.size:
             np.add.at(self.participations, idx, 1)
+            self._prefetch(idx.tolist(), float(getattr(pl_module, "clip_norm", 1.0)))
+
+    def _prefetch(self, indices: list[int], clip_norm: float) -> None:
+        """Generate this round's canary updates in a background thread while the real clients
+        train (real clients come first in a round); at most ``_PREFETCH_BYTES`` are in flight."""
+        assert self.stats is not None
+        canaries = self.stats.canaries
+        if canaries.workers < 2:
+            return
+        ahead = max(1, _PREFETCH_BYTES // (4 * canaries.dim))
+        self._prefetch_scale = clip_norm
+        self._prefetch_queue = indices[ahead:][::-1]  # popped from the end: in cohort order
+        for j in indices[:ahead]:
+            self._prefetched[j] = canaries.submit(j, scale=clip_norm)
 
     def on_federated_round_end(self, trainer, pl_module, round_idx, model_delta) -> None:
         assert self.stats is not None
+        self._prefetched.clear()
+        self._prefetch_queue.clear()
+        if self._jobs:
+            self._drain(trainer, wait=False)
         if not self.stats.add_delta(model_delta):
             self._warn_once(
                 "nan", f"CanaryAudit: round {round_idx} produced a model delta with NaN or inf; "
@@ -360,48 +415,92 @@ class CanaryAudit(Callback):
     def compute(self, pl_module: pl.LightningModule, *, bootstrap: int = 0) -> dict[str, Any] | None:
         """Flush the statistics and compute every estimate; None until 2 canaries took part.
 
+        Waits for (and logs) the background estimates still in flight first.
+
         Returns a dict with ``estimates`` (name -> :class:`Estimate`, see
         :func:`~audit_callbacks.estimators.canary_report.canary_report`), ``skipped``,
         ``analytic_epsilon``, ``max_participations``, ``num_canaries_participated`` and the raw
         ``statistics``.
         """
         assert self.stats is not None
+        self._drain(self._trainer_ref, wait=True)
+        inputs = self._report_inputs(pl_module)
+        if inputs is None:
+            return None
+        stats = self.stats.compute(inputs.pop("theta"))
+        report = self._report(stats, inputs, bootstrap)
+        self.last_report = report
+        return report
+
+    def _report_inputs(self, pl_module: pl.LightningModule) -> dict[str, Any] | None:
+        """What an estimate needs from the training thread (model, participations, analytic
+        epsilon), or None (with a warning) when there is nothing to estimate."""
+        assert self.stats is not None
         theta = self._flat(pl_module)
         if not bool(torch.isfinite(theta).all()):
             self._warn_once("theta", "CanaryAudit: the model has NaN or inf parameters; no estimate")
             return None
-        stats = {k: v.numpy() for k, v in self.stats.compute(theta).items()}
-        took_part = self.participations > 0
+        took_part = self.participations > 0  # a copy: the run goes on
         if int(took_part.sum()) < 2:
             self._warn_once("few", "CanaryAudit: fewer than 2 canaries have taken part; no estimate yet")
             return None
         delta = self._delta(pl_module)
-        observed_final = stats["final_observed"][took_part]
-        observed_all = stats["all_observed"][took_part] if stats["all_observed"].size else None
+        max_part = int(self.participations.max(initial=0))
+        inputs: dict[str, Any] = {"theta": theta, "took_part": took_part, "delta": delta,
+                                  "max_participations": max_part, "analytic_epsilon": None}
+        if self.mode == "dpsgd":
+            inputs["analytic_epsilons"] = self._dpsgd_analytic(delta)
+            inputs["analytic_epsilon"] = inputs["analytic_epsilons"]["accountant"]
+        elif hasattr(pl_module, "analytic_epsilon"):
+            inputs["analytic_epsilon"] = pl_module.analytic_epsilon(max_part)
+        return inputs
+
+    def _report(self, statistics: dict[str, torch.Tensor], inputs: dict[str, Any], bootstrap: int) -> dict[str, Any]:
+        """Every estimate from the statistics (numpy and scipy only: runs on any thread)."""
+        assert self.stats is not None
+        stats = {k: v.numpy() for k, v in statistics.items()}
+        took_part = inputs["took_part"]
         report = canary_report(
-            observed_final,
-            delta,
+            stats["final_observed"][took_part],
+            inputs["delta"],
             dim=self.stats.dim,
-            observed_all=observed_all,
+            observed_all=stats["all_observed"][took_part] if stats["all_observed"].size else None,
             unobserved_all=stats["all_unobserved"] if self.num_unobserved >= 2 else None,
             alpha=self.alpha,
             bootstrap=bootstrap,
             seed=self.seed,
         )
-        max_part = int(self.participations.max(initial=0))
-        analytic = None
-        if self.mode == "dpsgd":
-            report["analytic_epsilons"] = self._dpsgd_analytic(delta)
-            analytic = report["analytic_epsilons"]["accountant"]
-        elif hasattr(pl_module, "analytic_epsilon"):
-            analytic = pl_module.analytic_epsilon(max_part)
-        report["analytic_epsilon"] = analytic
-        report["max_participations"] = max_part
+        if "analytic_epsilons" in inputs:
+            report["analytic_epsilons"] = inputs["analytic_epsilons"]
+        report["analytic_epsilon"] = inputs["analytic_epsilon"]
+        report["max_participations"] = inputs["max_participations"]
         report["num_canaries_participated"] = int(took_part.sum())
         report["statistics"] = stats
         report["took_part"] = took_part
-        self.last_report = report
         return report
+
+    def _submit_estimate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Start this validation's estimate on the estimation thread (see ``background``)."""
+        assert self.stats is not None
+        inputs = self._report_inputs(pl_module)
+        if inputs is None:
+            return
+        future = self.stats.compute_async(
+            inputs.pop("theta"), then=lambda statistics: self._report(statistics, inputs, 0),
+        )
+        self._jobs.append((future, int(trainer.global_step), self._progress(trainer, pl_module)))
+
+    def _drain(self, trainer: pl.Trainer | None, *, wait: bool) -> None:
+        """Log the background estimates that are ready (all of them with ``wait``), in order."""
+        while self._jobs:
+            future, step, progress = self._jobs[0]
+            if not wait and not future.done():
+                return
+            self._jobs.pop(0)
+            report = future.result()  # re-raises what went wrong on the estimation thread
+            self.last_report = report
+            if trainer is not None:
+                self._log_report(trainer, report, step, progress, at_fit_end=False)
 
     def _delta(self, pl_module: pl.LightningModule) -> float:
         if self.delta is not None:
@@ -474,24 +573,22 @@ class CanaryAudit(Callback):
                     step, title="all iterates: max cosine over rounds",
                 )
 
-    def _estimate_and_log(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *, use_module_log: bool) -> None:
-        report = self.compute(pl_module, bootstrap=0 if use_module_log else self.bootstrap)
-        if report is None:
-            return
-        metrics = self._metrics(report)
-        step = int(trainer.global_step)
-        current = self._progress(trainer, pl_module)
-        logged = not use_module_log and current == self._last_logged_round
-        if logged:
-            metrics = {}  # fit end right after a validation: scalars and histograms are logged
-        if use_module_log:
-            for name, value in metrics.items():
-                if value is not None and math.isfinite(value):
-                    pl_module.log(name, float(value), on_step=False, on_epoch=True)
-        else:
-            tb.log_scalars(trainer, metrics, step)
-        self._log_extras(trainer, report, step, figure=not use_module_log, histograms=not logged)
-        self._last_logged_round = current
+    def _estimate_and_log(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *, at_fit_end: bool) -> None:
+        report = self.compute(pl_module, bootstrap=self.bootstrap if at_fit_end else 0)
+        if report is not None:
+            step, progress = int(trainer.global_step), self._progress(trainer, pl_module)
+            self._log_report(trainer, report, step, progress, at_fit_end=at_fit_end)
+
+    def _log_report(
+        self, trainer: pl.Trainer, report: dict[str, Any], step: int, progress: int, *, at_fit_end: bool,
+    ) -> None:
+        """Scalars and histograms at ``step``; the density figures at fit end only."""
+        # fit end right after a validation: its scalars and histograms are logged already
+        logged = at_fit_end and progress == self._last_logged_round
+        if not logged:
+            tb.log_scalars(trainer, self._metrics(report), step)
+        self._log_extras(trainer, report, step, figure=at_fit_end, histograms=not logged)
+        self._last_logged_round = progress
 
     def _progress(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> int:
         """Rounds (DP-FedAvg) or logical DP-SGD steps taken so far."""
@@ -502,6 +599,7 @@ class CanaryAudit(Callback):
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking or self.stats is None:
             return
+        self._drain(trainer, wait=False)
         if (trainer.current_epoch + 1) % self.every_n_epochs:
             return
         if not trainer.loggers:
@@ -509,12 +607,15 @@ class CanaryAudit(Callback):
                 "nologger", "CanaryAudit: no logger is attached, so estimates are not logged; "
                 "they are written to the summary JSON at fit end (pass logger=TensorBoardLogger(...))",
             )
-        self._estimate_and_log(trainer, pl_module, use_module_log=True)
+        if self.background and trainer.state.fn == "fit" and not _last_validation(trainer):
+            self._submit_estimate(trainer, pl_module)
+        else:
+            self._estimate_and_log(trainer, pl_module, at_fit_end=False)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.stats is None:
             return
-        self._estimate_and_log(trainer, pl_module, use_module_log=False)
+        self._estimate_and_log(trainer, pl_module, at_fit_end=True)
         report = self.last_report
         inputs: dict[str, Any] = {
             "training": "Opacus DP-SGD" if self.mode == "dpsgd" else "DP-FedAvg",
@@ -582,6 +683,7 @@ class CanaryAudit(Callback):
     def state_dict(self) -> dict[str, Any]:
         if self.stats is None:
             return {}
+        self._drain(self._trainer_ref, wait=True)  # a checkpoint holds every estimate so far
         state = {
             "stats": self.stats.state_dict(),
             "participations": self.participations.tolist(),
@@ -632,6 +734,17 @@ def _num_examples(trainer: pl.Trainer) -> int | None:
         return int(len(loader.dataset))
     except (TypeError, AttributeError):
         return None
+
+
+def _last_validation(trainer: pl.Trainer) -> bool:
+    """Whether this validation ends the fit (max_steps or max_epochs reached, or stopping):
+    its estimate is needed at once, at fit end."""
+    if trainer.should_stop:
+        return True
+    if trainer.max_steps is not None and 0 < trainer.max_steps <= trainer.global_step:
+        return True
+    max_epochs = trainer.max_epochs
+    return max_epochs is not None and 0 <= max_epochs <= trainer.current_epoch + 1
 
 
 def _total_rounds(trainer: pl.Trainer | None) -> int:

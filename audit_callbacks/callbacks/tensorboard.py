@@ -91,8 +91,10 @@ def density_figure(
     """The matplotlib figure behind :func:`add_density_figure` (Agg backend, not shown).
 
     Kept light, as it is drawn in the training run: each sample is one ``np.histogram`` drawn as
-    a step outline (``stairs``), at most 5 ticks an axis and fixed margins instead of
-    ``tight_layout`` (which draws the whole figure once more).
+    a step outline (``stairs``), at most 5 ticks an axis, fixed margins instead of
+    ``tight_layout`` (which draws the whole figure once more), the legend in a fixed corner
+    (``loc="best"`` searches the data for a place) and the title as figure text (an axes title
+    is positioned against the tick labels at every draw).
     """
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
@@ -119,6 +121,6 @@ def density_figure(
     ax.set_xlabel("cosine")
     ax.set_ylabel("density")
     if title:
-        ax.set_title(title)
-    ax.legend(loc="best", fontsize="small")
+        fig.text(0.5, 0.985, title, ha="center", va="top")
+    ax.legend(loc="upper left", fontsize="small", frameon=False)
     return fig

@@ -1,0 +1,158 @@
+"""Canaries generated and estimates computed off the training thread give the same numbers.
+
+* a chunk filled by two threads, and a canary generated ahead in the pool, equal the canary
+  generated alone on this thread, bit for bit;
+* a background pass (``compute_async``, and the pass a full buffer starts) folds the same
+  statistics as the synchronous one, whatever ``torch.set_num_threads`` says;
+* an error on the estimation thread reaches the caller;
+* ``CanaryAudit(background=True)`` logs the same TensorBoard scalars at the same steps, and ends
+  with the same estimates, as ``background=False``; a fit whose rounds are cut short still logs
+  every validation.
+"""
+
+import os
+import pickle
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from audit_callbacks.callbacks import CanaryAudit
+from audit_callbacks.canaries import CanarySet
+from audit_callbacks.canary_stats import CanaryStatistics
+from audit_callbacks.federated import DPFedAvg
+from datamodules import FederatedDataModule
+from models import MLP
+from tests._federated import fit
+
+
+def test_parallel_fill_and_prefetch_equal_the_canary_alone():
+    alone = CanarySet(seed=3, dim=5000, num_canaries=9, workers=1)
+    pooled = CanarySet(seed=3, dim=5000, num_canaries=9, workers=2)
+    ref = torch.stack([alone.canary(j) for j in range(9)])
+    rows = torch.cat([block.clone() for _, block in pooled.chunks()])
+    assert torch.equal(rows, ref)
+    futures = {j: pooled.submit(j, scale=0.7) for j in (8, 0, 4)}
+    for j, fut in futures.items():
+        assert torch.equal(fut.result(), alone.canary(j, scale=0.7)), j
+    # one worker: submit generates at once, same values
+    assert torch.equal(alone.submit(2, scale=0.7).result(), pooled.canary(2, scale=0.7))
+    # threads are scratch space: a pickled set has none and regenerates the same canaries
+    clone = pickle.loads(pickle.dumps(pooled))
+    assert torch.equal(clone.canary(5), ref[5])
+    pooled.close()
+    assert torch.equal(pooled.canary(5), ref[5])
+
+
+def _statistics(background, deltas, theta, *, checkpoints=(), use_async=False, max_buffered=5):
+    cs = CanarySet(seed=7, dim=deltas[0].numel(), num_canaries=20)
+    st = CanaryStatistics(cs, 10, 10, max_buffered=max_buffered, background=background)
+    st.set_initial(torch.zeros(cs.dim))
+    pending = []
+    for i, delta in enumerate(deltas, 1):
+        st.add_delta(delta)
+        if i in checkpoints:
+            # a validation: its estimate in flight while the next rounds are added
+            if use_async:
+                pending.append((i, st.compute_async(sum(deltas[:i]))))
+            else:
+                pending.append((i, st.compute(sum(deltas[:i]))))
+    out = {i: (r.result() if use_async else r) for i, r in pending}
+    out["end"] = st.compute(theta)
+    st.close()
+    return out
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_background_passes_fold_the_same_statistics(threads):
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        torch.manual_seed(0)
+        deltas = [torch.randn(3000) for _ in range(23)]
+        theta = sum(deltas)
+        ref = _statistics(False, deltas, theta, checkpoints=(4, 11, 17))
+        for kwargs in ({"use_async": True}, {"use_async": True, "max_buffered": 2},
+                       {"use_async": False, "max_buffered": 1}):
+            got = _statistics(True, deltas, theta, checkpoints=(4, 11, 17), **kwargs)
+            assert got.keys() == ref.keys()
+            for when in ref:
+                for key in ref[when]:
+                    assert torch.equal(got[when][key], ref[when][key]), (kwargs, when, key)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_errors_reach_the_caller_and_nothing_is_lost(monkeypatch):
+    cs = CanarySet(seed=0, dim=100, num_canaries=4)
+    st = CanaryStatistics(cs, 2, 2)
+    st.set_initial(torch.zeros(100))
+    st.add_delta(torch.ones(100))
+    bad = torch.zeros(100)
+    bad[3] = float("inf")
+    # a non-finite model is refused on the calling thread, before the pending delta is taken
+    with pytest.raises(ValueError, match="NaN or inf"):
+        st.compute_async(bad)
+    assert st._pending == 1
+    # an error on the estimation thread: raised by the Future, and by wait()
+    original = cs._fill
+
+    def broken(index, out):
+        raise RuntimeError("generator failed")
+
+    monkeypatch.setattr(cs, "_fill", broken)
+    future = st.compute_async(torch.ones(100))
+    with pytest.raises(RuntimeError, match="generator failed"):
+        future.result()
+    with pytest.raises(RuntimeError, match="generator failed"):
+        st.wait()
+    monkeypatch.setattr(cs, "_fill", original)
+    st.add_delta(torch.ones(100))
+    assert st.compute(torch.ones(100))["all_observed"].shape == (2,)
+    # close() on the way out of a failed fit does not raise a second time
+    monkeypatch.setattr(cs, "_fill", broken)
+    st.add_delta(torch.ones(100))
+    st.compute_async(torch.ones(100))
+    st.close()
+    assert st._executor is None and st._inflight is None
+
+
+def _fit_audit(tmp_path, background, name, steps=12):
+    dm = FederatedDataModule("digits", num_clients=40, rounds_per_epoch=3, seed=0)
+    dm.setup("fit")
+    torch.manual_seed(0)
+    module = DPFedAvg(MLP(64, 10, hidden=(32,)), clients_per_round=10, noise_multiplier=0.5,
+                      clip_norm=1.0, local_lr=0.1, local_batch_size=8, sampling="shuffle", seed=0,
+                      delta=1e-5)
+    audit = CanaryAudit(30, 30, seed=1, background=background, bootstrap=20)
+    fit(dm, module, [audit], steps, tmp_path, name=name)
+    acc = EventAccumulator(os.path.join(str(tmp_path), name, "version_0"),
+                           size_guidance={"scalars": 0, "histograms": 0})
+    acc.Reload()
+    return audit, acc
+
+
+def test_background_estimates_log_what_the_synchronous_ones_log(tmp_path):
+    sync, acc_sync = _fit_audit(tmp_path, False, "sync")
+    bg, acc_bg = _fit_audit(tmp_path, True, "bg")
+    tags = [t for t in acc_sync.Tags()["scalars"] if t.startswith("audit/")]
+    assert "audit/epsilon_final_model" in tags and "audit/epsilon_all_iterates" in tags
+    assert sorted(tags) == sorted(t for t in acc_bg.Tags()["scalars"] if t.startswith("audit/"))
+    for tag in tags:
+        want = [(e.step, e.value) for e in acc_sync.Scalars(tag)]
+        got = [(e.step, e.value) for e in acc_bg.Scalars(tag)]
+        assert got == want, tag
+    # validations at rounds 3, 6, 9 (in the background) and 12 (the last: at once)
+    assert [e.step for e in acc_bg.Scalars("audit/epsilon_final_model")] == [3, 6, 9, 12]
+    assert [e.step for e in acc_bg.Histograms("audit/cosine_all_observed")] == [3, 6, 9, 12]
+    for key, est in sync.last_report["estimates"].items():
+        assert bg.last_report["estimates"][key].value == est.value, key
+    assert not bg._jobs and bg.stats._inflight is None and bg.stats._executor is None
+
+
+def test_a_background_estimate_is_logged_when_the_fit_stops_early(tmp_path):
+    # max_steps falls inside an epoch: no validation is the last one by the step count, so
+    # the last validation's estimate is computed in the background and fit end waits for it
+    audit, acc = _fit_audit(tmp_path, True, "short", steps=10)
+    assert [e.step for e in acc.Scalars("audit/epsilon_final_model")] == [3, 6, 9, 10]
+    assert audit.last_report is not None and not audit._jobs
