@@ -186,12 +186,11 @@ class CanaryStatistics:
         self, blocks: list[tuple[torch.Tensor, list[int]]], final: torch.Tensor | None,
         then: Callable[[torch.Tensor | None], Any],
     ) -> Any:
-        """Fold on the estimation thread too, and wait: every pass runs on that one thread, so a
-        resumed run folds bit-identical cosines whichever thread asked (see
-        :func:`~audit_callbacks.canaries.thread_pool`)."""
-        fut = self._submit(blocks, final, then, parallel=True)
-        self._inflight = None
-        return fut.result()
+        """Fold on this thread (after the pass in flight). The estimation thread is configured
+        like this one (:func:`~audit_callbacks.canaries.thread_pool`), so a pass gives the same
+        bits on either, and a resumed run folds bit-identical cosines."""
+        self.wait()
+        return then(self._fold(blocks, final, parallel=True))
 
     def _take(self) -> list[tuple[torch.Tensor, list[int]]]:
         """Hand the pending deltas over to a pass: ``[(block [group, d], rows)]`` in order.

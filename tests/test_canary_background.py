@@ -132,9 +132,18 @@ def _fit_audit(tmp_path, background, name, steps=12):
     return audit, acc
 
 
-def test_background_estimates_log_what_the_synchronous_ones_log(tmp_path):
+def test_background_estimates_log_what_the_synchronous_ones_log(tmp_path, monkeypatch):
     sync, acc_sync = _fit_audit(tmp_path, False, "sync")
+    started = []
+    original = CanaryStatistics.compute_async
+
+    def counted(self, *args, **kwargs):
+        started.append(self.rounds_seen)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(CanaryStatistics, "compute_async", counted)
     bg, acc_bg = _fit_audit(tmp_path, True, "bg")
+    assert started == [3, 6, 9]  # the background estimates; round 12's was computed at once
     tags = [t for t in acc_sync.Tags()["scalars"] if t.startswith("audit/")]
     assert "audit/epsilon_final_model" in tags and "audit/epsilon_all_iterates" in tags
     assert sorted(tags) == sorted(t for t in acc_bg.Tags()["scalars"] if t.startswith("audit/"))

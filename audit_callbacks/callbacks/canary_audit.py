@@ -60,7 +60,7 @@ __all__ = ["CanaryAudit"]
 
 _DEFAULT_CANARIES = 1000
 _BUFFER_BYTES = 16 << 20  # model deltas buffered between passes over the canaries (default)
-_PREFETCH_BYTES = 16 << 20  # canary updates generated ahead of use, at most (see _prefetch)
+_PREFETCH_BYTES = 4 << 20  # canary updates generated ahead of use, at most (see _prefetch)
 
 TAGS = {
     "final": "audit/epsilon_final_model",
@@ -107,8 +107,9 @@ class CanaryAudit(Callback):
             training: with ``background=True`` the estimate of a validation epoch is computed
             while the next rounds train and logged at that validation's step as soon as it is
             ready (at the latest at the next validation, a checkpoint, or fit end, which wait
-            for it). The last validation of a fit, and ``trainer.validate``, estimate at once.
-            The values are the same either way.
+            for it). The last validation of a fit, and ``trainer.validate``, estimate at once,
+            as does the pass a full buffer of deltas starts (a background one would hold a
+            second buffer). The values are the same either way.
         log_histograms, log_figures: TensorBoard extras (need a ``TensorBoardLogger``).
         summary_filename: the JSON written at fit end in the logger's directory.
         sample_rate: DP-SGD only: the Poisson rate at which a canary joins a step. Default: the
@@ -236,7 +237,7 @@ class CanaryAudit(Callback):
         canaries = CanarySet(self.seed, dim, k + k_un)
         if self.stats is None or self.stats.dim != dim:
             self.stats = CanaryStatistics(canaries, k, k_un, sign=1.0, max_buffered=buffered,
-                                          background=self.background)
+                                          background=False)
             self.participations = np.zeros(k, dtype=np.int64)
         if self.repeats is None:
             pl_module.register_virtual_clients(self, k, name="canary")
@@ -326,7 +327,7 @@ class CanaryAudit(Callback):
         buffered = max(1, _BUFFER_BYTES // (4 * dim)) if self.max_buffered_rounds is None else max(1, int(self.max_buffered_rounds))
         canaries = CanarySet(self.seed, dim, k + k_un)
         self.stats = CanaryStatistics(canaries, k, k_un, sign=-1.0, max_buffered=buffered,
-                                      background=self.background)
+                                      background=False)
         self.injector = GradientCanaryInjector(opt, canaries, k, rate, seed=self.seed)
         self.participations = self.injector.participations
         if self._pending_state is not None:
