@@ -136,3 +136,35 @@ def profile_tables(prof: Any, top: int, exclude: tuple[str, ...] = ()) -> tuple[
     buf = io.StringIO()
     pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(r"audit_callbacks", top)
     return in_lib, heavy, buf.getvalue()
+
+
+def timing_subclass(base: type, hooks: tuple[str, ...]) -> type:
+    """``base`` whose ``hooks`` time themselves: ``hook_seconds`` (total), ``hook_calls`` and
+    ``hook_times`` (every call's wall time), per hook name."""
+    from collections import defaultdict
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        base.__init__(self, *args, **kwargs)
+        self.hook_seconds = defaultdict(float)
+        self.hook_calls = defaultdict(int)
+        self.hook_times = defaultdict(list)
+
+    cls = type(f"Timed{base.__name__}", (base,), {"__init__": __init__})
+
+    def timed(name: str) -> Any:
+        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return getattr(super(cls, self), name)(*args, **kwargs)
+            finally:
+                elapsed = time.perf_counter() - start
+                self.hook_seconds[name] += elapsed
+                self.hook_calls[name] += 1
+                self.hook_times[name].append(elapsed)
+
+        method.__name__ = name
+        return method
+
+    for name in hooks:
+        setattr(cls, name, timed(name))
+    return cls

@@ -43,13 +43,20 @@ import sys
 import tempfile
 import time
 import warnings
-from collections import defaultdict
 from typing import Any
 
 import lightning.pytorch as pl
 import numpy as np
 import torch
-from _common import load_average, machine_info, peak_rss_mb, profile_tables, timed_fit, write_json
+from _common import (
+    load_average,
+    machine_info,
+    peak_rss_mb,
+    profile_tables,
+    timed_fit,
+    timing_subclass,
+    write_json,
+)
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from audit_callbacks.callbacks import CanaryAudit
@@ -69,37 +76,12 @@ _HOOKS = (
 )
 
 
-def _timed(name: str):
-    def method(self, *args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        try:
-            return getattr(super(TimedCanaryAudit, self), name)(*args, **kwargs)
-        finally:
-            self.hook_seconds[name] += time.perf_counter() - start
-            self.hook_calls[name] += 1
-            if name == "compute":
-                self.compute_times.append(time.perf_counter() - start)
-
-    method.__name__ = name
-    return method
-
-
-class TimedCanaryAudit(CanaryAudit):
+class TimedCanaryAudit(timing_subclass(CanaryAudit, _HOOKS)):
     """CanaryAudit whose hooks accumulate their own wall time (``hook_seconds``)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.hook_seconds: dict[str, float] = defaultdict(float)
-        self.hook_calls: dict[str, int] = defaultdict(int)
-        self.compute_times: list[float] = []
 
     def own_seconds(self) -> float:
         """Time inside the callback (``compute`` is nested in two hooks, so not added)."""
         return sum(v for k, v in self.hook_seconds.items() if k != "compute")
-
-
-for _name in _HOOKS:
-    setattr(TimedCanaryAudit, _name, _timed(_name))
 
 
 def quiet() -> None:
@@ -178,7 +160,7 @@ def fit_once(
         out["callback_s"] = audit.own_seconds()
         out["callback_hooks_s"] = dict(audit.hook_seconds)
         out["callback_hook_calls"] = dict(audit.hook_calls)
-        out["compute_s"] = list(audit.compute_times)
+        out["compute_s"] = list(audit.hook_times["compute"])
         out["num_canaries"] = audit.num_canaries
         out["num_unobserved"] = audit.num_unobserved
         out["canary_participations"] = int(audit.participations.sum())

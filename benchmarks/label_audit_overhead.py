@@ -57,7 +57,14 @@ from typing import Any
 import lightning.pytorch as pl
 import numpy as np
 import torch
-from _common import load_average, machine_info, profile_tables, timed_fit, write_json
+from _common import (
+    load_average,
+    machine_info,
+    profile_tables,
+    timed_fit,
+    timing_subclass,
+    write_json,
+)
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from audit_callbacks.callbacks.label_audit import LabelDPLowerBound, LabelReconstructionAttack
@@ -86,31 +93,9 @@ MEASURED_FILES = (
 )
 
 
-def _timed(cls: type, name: str):
-    def method(self, *args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        try:
-            return getattr(super(cls, self), name)(*args, **kwargs)
-        finally:
-            self.hook_seconds[name] += time.perf_counter() - start
-            self.hook_calls[name] += 1
-
-    method.__name__ = name
-    return method
-
-
 def _timing_subclass(base: type) -> type:
     """``base`` whose hooks accumulate their own wall time in ``hook_seconds``."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        base.__init__(self, *args, **kwargs)
-        self.hook_seconds = defaultdict(float)
-        self.hook_calls = defaultdict(int)
-
-    cls = type(f"Timed{base.__name__}", (base,), {"__init__": __init__})
-    for name in _HOOKS:
-        setattr(cls, name, _timed(cls, name))
-    return cls
+    return timing_subclass(base, _HOOKS)
 
 
 TimedAttack = _timing_subclass(LabelReconstructionAttack)
