@@ -133,7 +133,10 @@ class CanarySet:
         for row, j in enumerate(indices):
             self._fill(j, out[row])
 
-    def _executor(self) -> ThreadPoolExecutor | None:
+    def executor(self) -> ThreadPoolExecutor | None:
+        """The set's background threads (``workers - 1`` of them, started on first use), or None
+        with ``workers == 1``. :class:`~audit_callbacks.canary_stats.CanaryStatistics` runs its
+        background passes here too, so training shares the CPUs with one pool, not two."""
         if self.workers < 2:
             return None
         if self._pool is None:
@@ -179,12 +182,35 @@ class CanarySet:
         bit-identical to :meth:`canary`. With ``workers == 1`` the canary is generated now.
         Each pending canary holds ``4 * dim`` bytes: bound how many are in flight.
         """
-        pool = self._executor()
+        pool = self.executor()
         if pool is None:
             done: Future[torch.Tensor] = Future()
             done.set_result(self.canary(index, scale=scale))
             return done
         return pool.submit(self.canary, index, scale=scale)
+
+    def submit_many(self, indices: Sequence[int], *, scale: float = 1.0) -> Future[torch.Tensor]:
+        """Start generating ``scale * c_j`` for every j in ``indices`` in a background thread.
+
+        Returns a :class:`~concurrent.futures.Future` of a ``[len(indices), dim]`` CPU float32
+        tensor whose row i is bit-identical to ``canary(indices[i], scale=scale)``: one task for
+        a whole cohort's canaries. It holds ``4 * dim * len(indices)`` bytes: bound the batch.
+        With ``workers == 1`` the batch is generated now.
+        """
+        idx = [int(j) for j in indices]
+        pool = self.executor()
+        if pool is None:
+            done: Future[torch.Tensor] = Future()
+            done.set_result(self._batch(idx, scale))
+            return done
+        return pool.submit(self._batch, idx, scale)
+
+    def _batch(self, indices: list[int], scale: float) -> torch.Tensor:
+        out = torch.empty(len(indices), self.dim, dtype=torch.float32)
+        self._fill_rows(indices, out)
+        if scale != 1.0:
+            out.mul_(scale)  # elementwise: each row as canary(j, scale=scale) computes it
+        return out
 
     def chunks(
         self, indices: Sequence[int] | None = None, *, device: torch.device | str | None = None,
@@ -200,7 +226,7 @@ class CanarySet:
         buf = torch.empty(min(self.chunk_size, max(1, len(idx))), self.dim, dtype=torch.float32)
         for start in range(0, len(idx), self.chunk_size):
             part = idx[start:start + self.chunk_size]
-            pool = self._executor() if len(part) > 1 and nthreads > 1 else None
+            pool = self.executor() if len(part) > 1 and nthreads > 1 else None
             if pool is None:
                 self._fill_rows(part, buf)
             else:  # rows split over the pool's threads and this one, each row from its own seed

@@ -1,17 +1,19 @@
 """Cost of CanaryAudit on a DP-FedAvg run: wall-time ratio and peak memory.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/canary_overhead.py            # full, ~10 min
+    PYTHONPATH=. .venv/bin/python benchmarks/canary_overhead.py            # full, ~15 min
     PYTHONPATH=. .venv/bin/python benchmarks/canary_overhead.py --quick    # smoke test
 
 (a) Wall time. The same DP-FedAvg run on scikit-learn digits is fitted with and without
 ``CanaryAudit`` in ONE process: the datamodule is built once; every fit builds a fresh model and
 module from the same seed and uses the same Trainer settings (TensorBoardLogger into a temporary
-folder, validation every ``--rounds-per-epoch`` rounds, no checkpointing, no progress bar). One
-untimed warm-up pair runs first, then the variants alternate (baseline, audit, baseline, ...)
-and ``trainer.fit`` is timed with ``time.perf_counter``. Reported: every time, the median ratio
-audit / baseline, and the callback's own time on the training thread (its hooks, timed by a thin
-subclass; estimates computed on the background thread are not in it, their cost is in the
-ratio). Canary clients are sampled like real clients (paper 003 Alg. 2), so at the same cohort
+folder, validation every ``--rounds-per-epoch`` rounds, no checkpointing, no progress bar). The
+default run is ``make demo``'s: 200 rounds of 30 real clients. One untimed warm-up pair runs
+first, then timed pairs in ABBA order (baseline-audit, audit-baseline, ...: a machine that
+drifts slower or faster during the run favours neither side), and ``trainer.fit`` is timed with
+``time.perf_counter``. Reported: every time, the median of the pairs' ratios audit / baseline,
+the callback's own time on the training thread (its hooks, timed by a thin subclass; estimates
+computed on the background thread are not in it, their cost is in the ratio), and as
+diagnostics the CPU time of the training thread and of the other threads (canary generation). Canary clients are sampled like real clients (paper 003 Alg. 2), so at the same cohort
 size they would take slots from real clients; the audited run therefore samples
 ``clients_per_round * (N + k) / N`` clients a round, which keeps the real clients a round (and,
 with shuffled sampling, the real local updates of the whole run) equal to the baseline's: the
@@ -148,9 +150,15 @@ def fit_once(
         num_sanity_val_steps=0,
         log_every_n_steps=5,
     )
+    cpu0, main0 = time.process_time(), time.thread_time()
     elapsed = timed_fit(trainer, module, dm, profile)
+    main_cpu = time.thread_time() - main0
     out: dict[str, Any] = {
         "fit_s": elapsed,
+        # diagnostics: CPU time of the training thread, and of every other thread of the process
+        # (the canary thread; TensorBoard's writer thread)
+        "main_thread_cpu_s": main_cpu,
+        "other_threads_cpu_s": time.process_time() - cpu0 - main_cpu,
         "real_client_updates": local["n"],
         "local_update_s": local["s"],
         "num_parameters": module.num_parameters,
@@ -216,9 +224,10 @@ def timing_scenario(
 
     warmup = [one("baseline", -1), one("audit", -1)]
     runs = []
-    for i in range(reps):
-        runs.append(one("baseline", i))
-        runs.append(one("audit", i))
+    for i in range(reps):  # ABBA: baseline first in even pairs, audit first in odd ones
+        order = ("baseline", "audit") if i % 2 == 0 else ("audit", "baseline")
+        for variant in order:
+            runs.append(one(variant, i))
     base = [r for r in runs if r["variant"] == "baseline"]
     aud = [r for r in runs if r["variant"] == "audit"]
     tb = np.array([r["fit_s"] for r in base])
@@ -243,6 +252,14 @@ def timing_scenario(
         "median_ratio": float(np.median(pair_ratios)),
         "ratio_of_medians": float(np.median(ta) / np.median(tb)),
         "local_update_s_median": {"baseline": float(np.median(lb)), "audit": float(np.median(la))},
+        "main_thread_cpu_s_median": {
+            "baseline": float(np.median([r["main_thread_cpu_s"] for r in base])),
+            "audit": float(np.median([r["main_thread_cpu_s"] for r in aud])),
+        },
+        "other_threads_cpu_s_median": {
+            "baseline": float(np.median([r["other_threads_cpu_s"] for r in base])),
+            "audit": float(np.median([r["other_threads_cpu_s"] for r in aud])),
+        },
         "callback_s_median": float(np.median(cb)),
         "callback_fraction_of_baseline_median": float(np.median(cb / tb)),
         "real_client_updates": {"baseline": int(base[0]["real_client_updates"]),
@@ -261,6 +278,9 @@ def timing_scenario(
           f"own time on the training thread {result['callback_s_median']:.2f} s = "
           f"{100 * result['callback_fraction_of_baseline_median']:.1f}% of the baseline fit",
           flush=True)
+    mc, oc = result["main_thread_cpu_s_median"], result["other_threads_cpu_s_median"]
+    print(f"     CPU (median s): training thread {mc['audit']:.2f} / {mc['baseline']:.2f}, other "
+          f"threads {oc['audit']:.2f} / {oc['baseline']:.2f} (audit / baseline)", flush=True)
     h = result["callback_hooks_s_median"]
     print(f"     callback breakdown (median s): canary client updates "
           f"{h['federated_client_update']:.2f}, round hooks "
@@ -372,14 +392,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--rounds", type=int, default=100)
+    p.add_argument("--rounds", type=int, default=200, help="rounds a fit (default: make demo's)")
     p.add_argument("--rounds-per-epoch", type=int, default=25, help="rounds between validations")
     p.add_argument("--clients", type=int, default=300, help="real clients (default scenario)")
     p.add_argument("--clients-per-round", type=int, default=30)
     p.add_argument("--model", choices=["cnn", "mlp"], default="cnn")
     p.add_argument("--local-epochs", type=int, default=1)
     p.add_argument("--noise-multiplier", type=float, default=0.1)
-    p.add_argument("--reps", type=int, default=5, help="timed pairs per scenario")
+    p.add_argument("--reps", type=int, default=6, help="timed pairs per scenario (ABBA order)")
     p.add_argument("--reps-k1000", type=int, default=3, help="timed pairs, k = 1000 scenario")
     p.add_argument("--memory-rounds", type=int, default=6)
     p.add_argument("--skip-timing", action="store_true")

@@ -2,6 +2,9 @@
 
 * a chunk filled by two threads, and a canary generated ahead in the pool, equal the canary
   generated alone on this thread, bit for bit;
+* the canary rows ``CanaryAudit`` writes into a round's update matrix (generated ahead, a batch
+  cancelled because the thread was busy, indices outside the plan) are ``clip_norm * c_j``, and
+  a DP-FedAvg round through the batched protocol equals one through the per-client protocol;
 * a background pass (``compute_async``, and the pass a full buffer starts) folds the same
   statistics as the synchronous one, whatever ``torch.set_num_threads`` says;
 * an error on the estimation thread reaches the caller;
@@ -12,7 +15,10 @@
 
 import os
 import pickle
+import threading
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -42,6 +48,58 @@ def test_parallel_fill_and_prefetch_equal_the_canary_alone():
     assert torch.equal(clone.canary(5), ref[5])
     pooled.close()
     assert torch.equal(pooled.canary(5), ref[5])
+
+
+def _audit_for(canaries: CanarySet) -> CanaryAudit:
+    """A CanaryAudit wired to ``canaries`` as setup would, without a trainer."""
+    audit = CanaryAudit()
+    audit.stats = CanaryStatistics(canaries, canaries.num_canaries, 0, background=False)
+    audit.participations = np.zeros(canaries.num_canaries, dtype=np.int64)
+    return audit
+
+
+@pytest.mark.parametrize("busy", [False, True])
+def test_batched_canary_rows_are_the_canaries(busy):
+    canaries = CanarySet(seed=4, dim=3000, num_canaries=12, workers=2)
+    alone = CanarySet(seed=4, dim=3000, num_canaries=12, workers=1)
+    audit = _audit_for(canaries)
+    module = SimpleNamespace(clip_norm=0.8, device=torch.device("cpu"))
+    gate = threading.Event()
+    if busy:  # the thread is busy (an estimate): the batch does not start, it is cancelled
+        blocker = canaries.executor().submit(gate.wait)
+    cohort = SimpleNamespace(virtual={"canary": np.array([7, 2, 11, 5])})
+    audit.on_federated_round_start(None, module, 1, cohort)
+    out = torch.full((4, 3000), float("nan"))
+    audit.federated_client_updates(None, module, cohort.virtual["canary"], 1, 0.8, out)
+    gate.set()
+    ref = torch.stack([alone.canary(j, scale=0.8) for j in (7, 2, 11, 5)])
+    assert torch.equal(out, ref)
+    if busy:
+        blocker.result()
+    # indices the plan does not know, and a float64 model: generated on use, converted exactly
+    out64 = torch.empty(2, 3000, dtype=torch.float64)
+    audit.federated_client_updates(None, module, np.array([3, 7]), 1, 0.8, out64)
+    assert torch.equal(out64, torch.stack([alone.canary(j, scale=0.8) for j in (3, 7)]).double())
+    assert list(audit.participations[[7, 2, 11, 5]]) == [1, 1, 1, 1]
+    canaries.close()
+
+
+class _PerClient(CanaryAudit):
+    """The same callback seen through the per-client protocol only."""
+
+    federated_client_updates = None
+
+
+def test_batched_and_per_client_protocols_train_the_same_model(tmp_path):
+    dm = FederatedDataModule("digits", num_clients=20, rounds_per_epoch=3, seed=0)
+    models = []
+    for cls in (CanaryAudit, _PerClient):
+        torch.manual_seed(0)
+        module = DPFedAvg(MLP(64, 10, hidden=(16,)), clients_per_round=8, noise_multiplier=0.5,
+                          local_batch_size=8, seed=0)
+        fit(dm, module, [cls(num_canaries=10, log_figures=False)], 6, tmp_path, name=cls.__name__)
+        models.append(module.flat_parameters())
+    assert torch.equal(models[0], models[1])
 
 
 def _statistics(background, deltas, theta, *, checkpoints=(), use_async=False, max_buffered=5):

@@ -76,6 +76,21 @@ TAGS = {
 }
 
 
+_UNRESOLVED = object()
+
+
+class _Batch:
+    """Canary updates generated ahead: ``indices`` (cohort order), the Future of their rows
+    ``[len(indices), d]``, and once used the rows (None: cancelled, generate on use)."""
+
+    __slots__ = ("future", "indices", "rows")
+
+    def __init__(self, indices: list[int], future: Any) -> None:
+        self.indices = indices
+        self.future = future
+        self.rows: Any = _UNRESOLVED
+
+
 class CanaryAudit(Callback):
     """Insert canaries into DP-FedAvg or Opacus DP-SGD and estimate epsilon from their cosines.
 
@@ -189,8 +204,8 @@ class CanaryAudit(Callback):
         self._last_logged_round = -1
         self._warned: set[str] = set()
         self._trainer_ref: pl.Trainer | None = None
-        self._prefetched: dict[int, Any] = {}  # canary index -> Future of clip_norm * c_j
-        self._prefetch_queue: list[int] = []
+        self._prefetched: dict[int, tuple[_Batch, int]] = {}  # canary index -> (batch, row)
+        self._prefetch_queue: list[list[int]] = []
         self._prefetch_scale = 1.0
         self._jobs: list[tuple[Any, int, int]] = []  # (Future of a report, step, progress)
 
@@ -365,19 +380,53 @@ class CanaryAudit(Callback):
                 self.stats.canaries.close()
 
     # ------------------------------------------------------------------ protocol
+    def federated_client_updates(
+        self, trainer: pl.Trainer, pl_module: Any, indices: np.ndarray, round_idx: int,
+        clip_norm: float, out: torch.Tensor,
+    ) -> None:
+        """Canary clients ``indices`` write ``clip_norm * c_j`` into the rows ``out`` ``[m, d]``
+        (paper 003 Alg. 2): the batches generated ahead are copied whole; a canary not generated
+        ahead is generated here. The rows are the same bits either way."""
+        assert self.stats is not None
+        idx = [int(j) for j in indices]
+        pos = 0
+        while pos < len(idx):
+            entry = self._prefetched.get(idx[pos]) if clip_norm == self._prefetch_scale else None
+            if entry is not None:
+                batch, row = entry
+                run = batch.indices[row:]
+                if idx[pos:pos + len(run)] == run:
+                    rows = self._resolve(batch)
+                    if rows is not None:
+                        for j in run:
+                            del self._prefetched[j]
+                        out[pos:pos + len(run)].copy_(rows[row:])
+                        pos += len(run)
+                        continue
+            out[pos].copy_(self.federated_client_update(trainer, pl_module, idx[pos], round_idx, clip_norm))
+            pos += 1
+
     def federated_client_update(
         self, trainer: pl.Trainer, pl_module: Any, index: int, round_idx: int, clip_norm: float,
     ) -> torch.Tensor:
         """Canary client ``index`` returns ``clip_norm * c_index`` (paper 003 Alg. 2)."""
         assert self.stats is not None
-        canaries = self.stats.canaries
-        future = self._prefetched.pop(index, None)
-        if self._prefetch_queue:  # keep the background thread one budget ahead
-            j = self._prefetch_queue.pop()
-            self._prefetched[j] = canaries.submit(j, scale=self._prefetch_scale)
-        if future is not None and clip_norm == self._prefetch_scale:
-            return future.result().to(device=pl_module.device)
-        return canaries.canary(index, device=pl_module.device, scale=clip_norm)
+        entry = self._prefetched.pop(index, None)
+        if entry is not None and clip_norm == self._prefetch_scale:
+            batch, row = entry
+            rows = self._resolve(batch)
+            if rows is not None:
+                return rows[row].to(device=pl_module.device)
+        return self.stats.canaries.canary(index, device=pl_module.device, scale=clip_norm)
+
+    def _resolve(self, batch: _Batch) -> torch.Tensor | None:
+        """A prefetched batch's rows, or None if it had not started (the background thread was
+        busy with an estimate): then it is cancelled and its canaries are generated on use. The
+        first use of a batch submits the next one, keeping the thread one batch ahead."""
+        if batch.rows is _UNRESOLVED:
+            self._prefetch_next()
+            batch.rows = None if batch.future.cancel() else batch.future.result()
+        return batch.rows
 
     def on_federated_round_start(self, trainer, pl_module, round_idx, cohort) -> None:
         idx = cohort.virtual.get("canary")
@@ -389,16 +438,26 @@ class CanaryAudit(Callback):
 
     def _prefetch(self, indices: list[int], clip_norm: float) -> None:
         """Generate this round's canary updates in a background thread while the real clients
-        train (real clients come first in a round); at most ``_PREFETCH_BYTES`` are in flight."""
+        train (real clients come first in a round): batches of at most ``_PREFETCH_BYTES``, one
+        in flight ahead of the batch in use (a whole cohort's canaries are one batch up to
+        d ~ 35,000 with 30 canaries a round)."""
         assert self.stats is not None
         canaries = self.stats.canaries
         if canaries.workers < 2:
             return
-        ahead = max(1, _PREFETCH_BYTES // (4 * canaries.dim))
+        per = max(1, _PREFETCH_BYTES // (4 * canaries.dim))
         self._prefetch_scale = clip_norm
-        self._prefetch_queue = indices[ahead:][::-1]  # popped from the end: in cohort order
-        for j in indices[:ahead]:
-            self._prefetched[j] = canaries.submit(j, scale=clip_norm)
+        self._prefetch_queue = [indices[i:i + per] for i in range(0, len(indices), per)][::-1]
+        self._prefetch_next()
+
+    def _prefetch_next(self) -> None:
+        if not self._prefetch_queue:
+            return
+        assert self.stats is not None
+        indices = self._prefetch_queue.pop()  # popped from the end: in cohort order
+        batch = _Batch(indices, self.stats.canaries.submit_many(indices, scale=self._prefetch_scale))
+        for row, j in enumerate(indices):
+            self._prefetched[j] = (batch, row)
 
     def on_federated_round_end(self, trainer, pl_module, round_idx, model_delta) -> None:
         assert self.stats is not None

@@ -210,7 +210,9 @@ class DPFedAvg(pl.LightningModule):
         Registering the same ``name`` again (e.g. a second ``fit``) replaces the block.
 
         Args:
-            owner: the object whose ``federated_client_update`` returns the updates.
+            owner: the object that gives the updates: ``federated_client_updates`` (all of a
+                round's rows at once) or ``federated_client_update`` (one client), see
+                :mod:`audit_callbacks.federated.protocol`.
             count: number of virtual clients (local indices ``0..count-1``).
             name: the block's name (default: the owner's class name).
             schedule: ``None``: the clients are sampled exactly like real ones. Otherwise
@@ -345,7 +347,8 @@ class DPFedAvg(pl.LightningModule):
 
         global_flat = self.flat_parameters()
         d = global_flat.numel()
-        updates = torch.zeros(cohort.size, d, dtype=global_flat.dtype, device=global_flat.device)
+        # every row is written below (real clients, then each owner's virtual clients)
+        updates = torch.empty(cohort.size, d, dtype=global_flat.dtype, device=global_flat.device)
         labels: list[str] = []
         client_losses = []
         row = 0
@@ -357,7 +360,14 @@ class DPFedAvg(pl.LightningModule):
                 client_losses.append(loss)
             row += 1
         for block in self._blocks:
-            for j in cohort.virtual[block.name].tolist():
+            local = cohort.virtual[block.name]
+            fill = getattr(block.owner, "federated_client_updates", None)
+            if callable(fill) and local.size:  # the owner writes all its rows at once
+                fill(self.trainer, self, local, round_idx, self.clip_norm, updates[row:row + local.size])
+                labels.extend(f"{block.name}/{j}" for j in local.tolist())
+                row += int(local.size)
+                continue
+            for j in local.tolist():
                 upd = block.owner.federated_client_update(self.trainer, self, j, round_idx, self.clip_norm)
                 updates[row] = upd.to(device=updates.device, dtype=updates.dtype).reshape(-1)
                 labels.append(f"{block.name}/{j}")

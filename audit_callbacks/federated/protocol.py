@@ -15,8 +15,12 @@ clients into chosen rounds, outside the sampling (repeated canary presentations,
 Order within one round ``t`` (1-based, ``t = pl_module.round``):
 
 1. ``on_federated_round_start(trainer, pl_module, round_idx, cohort)``
-2. ``federated_client_update(trainer, pl_module, index, round_idx, clip_norm)`` for each sampled
-   virtual client of this owner (``index`` is the owner's local index, ``0..count-1``)
+2. ``federated_client_updates(trainer, pl_module, indices, round_idx, clip_norm, out)`` once, if
+   the owner defines it: it writes the updates of its sampled virtual clients ``indices`` (local
+   indices ``0..count-1``, in cohort order) into the rows ``out`` ``[m, d]`` of the round's update
+   matrix (one call a round instead of one a client). Otherwise
+   ``federated_client_update(trainer, pl_module, index, round_idx, clip_norm)`` for each sampled
+   virtual client of this owner, returning its update ``[d]``.
 3. ``on_federated_client_updates(trainer, pl_module, round_idx, client_ids, updates)``:
    ``updates`` ``[m, d]`` are the clipped updates before noise (read-only)
 4. ``on_federated_randomized_updates(trainer, pl_module, round_idx, client_ids, released)``: only
@@ -67,6 +71,14 @@ class FederatedAuditHooks(Protocol):
         self, trainer: pl.Trainer, pl_module: Any, index: int, round_idx: int, clip_norm: float,
     ) -> torch.Tensor:  # pragma: no cover - protocol
         """The update ``[d]`` of this owner's virtual client ``index`` in round ``round_idx``."""
+        ...
+
+    def federated_client_updates(
+        self, trainer: pl.Trainer, pl_module: Any, indices: np.ndarray, round_idx: int,
+        clip_norm: float, out: torch.Tensor,
+    ) -> None:  # pragma: no cover - protocol
+        """Write the updates of virtual clients ``indices`` ``[m]`` into ``out`` ``[m, d]``
+        (the module's device and dtype); preferred over :meth:`federated_client_update`."""
         ...
 
     def on_federated_round_start(
