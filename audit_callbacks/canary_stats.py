@@ -24,8 +24,10 @@ an interrupted and resumed run (a checkpoint flushes the buffer) folds bit-ident
 final-model column is one matrix-vector product per chunk.
 
 Background passes (:meth:`CanaryStatistics.compute_async`, and the pass a full buffer starts):
-the pending deltas are handed over on the calling thread and folded on one estimation thread,
-so training goes on while the canaries are regenerated. At most one pass is in flight (a new one
+the pending deltas are handed over on the calling thread and folded on one estimation thread
+(the canary set's own background thread, :meth:`~audit_callbacks.canaries.CanarySet.executor`,
+so that passes and canaries generated ahead share one thread beside training), so training goes
+on while the canaries are regenerated. At most one pass is in flight (a new one
 first waits for it), passes run in the order they were started, and every method that reads or
 replaces the statistics waits for the pass in flight: results are the same as without threads.
 """
@@ -189,12 +191,15 @@ class CanaryStatistics:
         its chunks over the same pool would wait for itself).
         """
         self.wait()  # one pass in flight at most: bounded memory, passes in order
-        pool = self.canaries.executor()  # the set's generating thread: one thread beside training
-        if pool is None:
+        def task() -> Any:
+            return then(self._fold(blocks, final, parallel=False))
+
+        if self.canaries.executor() is not None:  # the set's thread: one thread beside training
+            fut = self.canaries.run_in_background(task)
+        else:
             if self._executor is None:
                 self._executor = thread_pool(1, "canary-estimate")
-            pool = self._executor
-        fut = pool.submit(lambda: then(self._fold(blocks, final, parallel=False)))
+            fut = self._executor.submit(task)
         self._inflight = fut
         return fut
 

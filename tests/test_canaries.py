@@ -143,8 +143,8 @@ def test_compute_reuses_the_pass_when_nothing_changed(monkeypatch):
     st.add_delta(torch.randn(dim))
     theta = torch.randn(dim)
     calls = []
-    original = cs._fill
-    monkeypatch.setattr(cs, "_fill", lambda j, out: (calls.append(j), original(j, out)))
+    original = cs._fill_rows
+    monkeypatch.setattr(cs, "_fill_rows", lambda idx, out: (calls.extend(idx), original(idx, out)))
     first = st.compute(theta)
     assert len(calls) == 8
     again = st.compute(theta.clone())

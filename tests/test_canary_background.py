@@ -16,6 +16,7 @@
 import os
 import pickle
 import threading
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -41,6 +42,9 @@ def test_parallel_fill_and_prefetch_equal_the_canary_alone():
     futures = {j: pooled.submit(j, scale=0.7) for j in (8, 0, 4)}
     for j, fut in futures.items():
         assert torch.equal(fut.result(), alone.canary(j, scale=0.7)), j
+    batch = pooled.submit_many([8, 0, 4], scale=0.7).result()
+    assert torch.equal(batch, torch.stack([alone.canary(j, scale=0.7) for j in (8, 0, 4)]))
+    assert torch.equal(alone.submit_many([3], scale=0.7).result()[0], alone.canary(3, scale=0.7))
     # one worker: submit generates at once, same values
     assert torch.equal(alone.submit(2, scale=0.7).result(), pooled.canary(2, scale=0.7))
     # threads are scratch space: a pickled set has none and regenerates the same canaries
@@ -48,6 +52,26 @@ def test_parallel_fill_and_prefetch_equal_the_canary_alone():
     assert torch.equal(clone.canary(5), ref[5])
     pooled.close()
     assert torch.equal(pooled.canary(5), ref[5])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_canary_is_the_same_in_any_batch(threads):
+    # batches are normalised with one row-wise norm: a row's bits must not depend on the batch
+    # size, also where torch could split a long reduction over threads (d above its grain size)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        cs = CanarySet(seed=9, dim=70_001, num_canaries=9, workers=1)
+        alone = [cs.canary(j) for j in range(9)]
+        for size in (2, 3, 9):
+            out = torch.empty(size, cs.dim)
+            cs._fill_rows(list(range(9 - size, 9)), out)
+            for row, j in enumerate(range(9 - size, 9)):
+                assert torch.equal(out[row], alone[j]), (size, j)
+        norms = torch.linalg.vector_norm(torch.stack(alone).double(), dim=1)
+        assert torch.allclose(norms, torch.ones(9, dtype=torch.float64), atol=1e-6)
+    finally:
+        torch.set_num_threads(before)
 
 
 def _audit_for(canaries: CanarySet) -> CanaryAudit:
@@ -82,6 +106,26 @@ def test_batched_canary_rows_are_the_canaries(busy):
     assert torch.equal(out64, torch.stack([alone.canary(j, scale=0.8) for j in (3, 7)]).double())
     assert list(audit.participations[[7, 2, 11, 5]]) == [1, 1, 1, 1]
     canaries.close()
+
+
+def test_chunks_do_not_wait_behind_a_long_background_task():
+    # a DP-SGD step sums its joined canaries with chunks() while an estimate runs in the background
+    cs = CanarySet(seed=2, dim=2000, num_canaries=8, workers=2)
+    ref = torch.stack([CanarySet(seed=2, dim=2000, num_canaries=8, workers=1).canary(j) for j in range(8)])
+    gate = threading.Event()
+    long_task = cs.run_in_background(lambda: gate.wait(timeout=30))
+    start = time.perf_counter()
+    rows = torch.cat([block.clone() for _, block in cs.chunks()])  # would wait 30 s behind it
+    assert time.perf_counter() - start < 10
+    assert torch.equal(rows, ref)
+    gate.set()
+    assert long_task.result() is True
+    assert cs._long_tasks == 0
+    # the thread is free again: chunks use it, same values
+    assert torch.equal(torch.cat([block.clone() for _, block in cs.chunks()]), ref)
+    with pytest.raises(RuntimeError, match="no background thread"):
+        CanarySet(seed=2, dim=10, num_canaries=2, workers=1).run_in_background(lambda: None)
+    cs.close()
 
 
 class _PerClient(CanaryAudit):
@@ -153,22 +197,22 @@ def test_errors_reach_the_caller_and_nothing_is_lost(monkeypatch):
         st.compute_async(bad)
     assert st._pending == 1
     # an error on the estimation thread: raised by the Future, and by wait()
-    original = cs._fill
+    original = cs._fill_rows
 
-    def broken(index, out):
+    def broken(indices, out):
         raise RuntimeError("generator failed")
 
-    monkeypatch.setattr(cs, "_fill", broken)
+    monkeypatch.setattr(cs, "_fill_rows", broken)
     future = st.compute_async(torch.ones(100))
     with pytest.raises(RuntimeError, match="generator failed"):
         future.result()
     with pytest.raises(RuntimeError, match="generator failed"):
         st.wait()
-    monkeypatch.setattr(cs, "_fill", original)
+    monkeypatch.setattr(cs, "_fill_rows", original)
     st.add_delta(torch.ones(100))
     assert st.compute(torch.ones(100))["all_observed"].shape == (2,)
     # close() on the way out of a failed fit does not raise a second time
-    monkeypatch.setattr(cs, "_fill", broken)
+    monkeypatch.setattr(cs, "_fill_rows", broken)
     st.add_delta(torch.ones(100))
     st.compute_async(torch.ones(100))
     st.close()
@@ -212,6 +256,13 @@ def test_background_estimates_log_what_the_synchronous_ones_log(tmp_path, monkey
     # validations at rounds 3, 6, 9 (in the background) and 12 (the last: at once)
     assert [e.step for e in acc_bg.Scalars("audit/epsilon_final_model")] == [3, 6, 9, 12]
     assert [e.step for e in acc_bg.Histograms("audit/cosine_all_observed")] == [3, 6, 9, 12]
+    # histograms built on the estimation thread: the same buckets as the synchronous ones
+    hist_tags = [t for t in acc_sync.Tags()["histograms"] if t.startswith("audit/")]
+    assert len(hist_tags) == 4 and sorted(hist_tags) == sorted(acc_bg.Tags()["histograms"])
+    for tag in hist_tags:
+        want = [(e.step, e.histogram_value) for e in acc_sync.Histograms(tag)]
+        got = [(e.step, e.histogram_value) for e in acc_bg.Histograms(tag)]
+        assert got == want, tag
     for key, est in sync.last_report["estimates"].items():
         assert bg.last_report["estimates"][key].value == est.value, key
     assert not bg._jobs and bg.stats._inflight is None and bg.stats._executor is None

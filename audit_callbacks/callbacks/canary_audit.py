@@ -545,10 +545,18 @@ class CanaryAudit(Callback):
         inputs = self._report_inputs(pl_module)
         if inputs is None:
             return
-        future = self.stats.compute_async(
-            inputs.pop("theta"), then=lambda statistics: self._report(statistics, inputs, 0),
-        )
-        self._jobs.append((future, int(trainer.global_step), self._progress(trainer, pl_module)))
+        step = int(trainer.global_step)
+        bins = tb.histogram_bins(trainer) if self.log_histograms else None
+
+        def then(statistics: dict[str, torch.Tensor]) -> dict[str, Any]:
+            report = self._report(statistics, inputs, 0)
+            if bins is not None:  # built here too: the training thread only writes them
+                report["histogram_summaries"] = self._histogram_summaries(report, step, bins)
+                report["histogram_step"] = step
+            return report
+
+        future = self.stats.compute_async(inputs.pop("theta"), then=then)
+        self._jobs.append((future, step, self._progress(trainer, pl_module)))
 
     def _drain(self, trainer: pl.Trainer | None, *, wait: bool) -> None:
         """Log the background estimates that are ready (all of them with ``wait``), in order."""
@@ -604,19 +612,31 @@ class CanaryAudit(Callback):
                 TAGS["analytic_prv"]: report["analytic_epsilons"]["prv"]} if "analytic_epsilons" in report else {}),
         }
 
+    def _histogram_summaries(self, report: dict[str, Any], step: int, bins: list[float] | None) -> list[Any]:
+        """Histograms of observed, unobserved and null cosines (numpy only: any thread)."""
+        assert self.stats is not None
+        if bins is None:  # no TensorBoard logger
+            return []
+        stats, took = report["statistics"], report["took_part"]
+        half = (self.stats.dim - 1) / 2
+        null = np.random.default_rng([self.seed, step]).beta(half, half, size=4096) * 2 - 1
+        return tb.histogram_summaries({
+            "audit/cosine_final_observed": stats["final_observed"][took],
+            "audit/cosine_final_null": null,
+            "audit/cosine_all_observed": stats["all_observed"][took] if stats["all_observed"].size else np.empty(0),
+            "audit/cosine_all_unobserved": stats["all_unobserved"],
+        }, bins)
+
     def _log_extras(
         self, trainer: pl.Trainer, report: dict[str, Any], step: int, figure: bool, histograms: bool = True,
     ) -> None:
         stats, took = report["statistics"], report["took_part"]
         dim = self.stats.dim
         if self.log_histograms and histograms:
-            null = np.random.default_rng([self.seed, step]).beta((dim - 1) / 2, (dim - 1) / 2, size=4096) * 2 - 1
-            tb.add_histograms(trainer, {
-                "audit/cosine_final_observed": stats["final_observed"][took],
-                "audit/cosine_final_null": null,
-                "audit/cosine_all_observed": stats["all_observed"][took] if stats["all_observed"].size else np.empty(0),
-                "audit/cosine_all_unobserved": stats["all_unobserved"],
-            }, step)
+            summaries = report.pop("histogram_summaries", None)  # built by a background estimate
+            if summaries is None or report.pop("histogram_step", None) != step:
+                summaries = self._histogram_summaries(report, step, tb.histogram_bins(trainer))
+            tb.add_summaries(trainer, summaries, step)
         if self.log_figures and figure:
             sd = 1 / math.sqrt(dim)
             grid = np.linspace(-5 * sd, 5 * sd, 200)

@@ -16,7 +16,7 @@ from lightning.pytorch.utilities import rank_zero_only
 
 __all__ = [
     "tensorboard_writer", "log_scalars", "add_custom_scalars_layout", "add_histograms",
-    "add_density_figure", "log_dir",
+    "histogram_summaries", "histogram_bins", "add_summaries", "add_density_figure", "log_dir",
 ]
 
 
@@ -55,16 +55,46 @@ def add_custom_scalars_layout(trainer: pl.Trainer, layout: dict[str, dict[str, S
         writer.add_custom_scalars(layout)
 
 
-def add_histograms(trainer: pl.Trainer, values: Mapping[str, np.ndarray], step: int) -> None:
-    """Histograms of non-empty finite arrays, one tag each."""
-    writer = tensorboard_writer(trainer)
-    if writer is None:
-        return
+def histogram_summaries(values: Mapping[str, np.ndarray], bins: Sequence[float]) -> list[Any]:
+    """TensorBoard histogram summaries of the non-empty finite arrays, one tag each.
+
+    ``bins``: the bucket edges, e.g. the writer's ``default_bins`` (what ``add_histogram(...,
+    bins="tensorflow")`` uses, see :func:`histogram_bins`). Pure computation: runs on any thread,
+    so a background estimate builds them there and the training thread only writes them
+    (:func:`add_summaries`).
+    """
+    from torch.utils.tensorboard.summary import histogram
+
+    out = []
     for tag, arr in values.items():
         arr = np.asarray(arr, dtype=np.float64)
         arr = arr[np.isfinite(arr)]
         if arr.size:
-            writer.add_histogram(tag, arr, global_step=step)
+            out.append(histogram(tag, arr, bins))
+    return out
+
+
+def histogram_bins(trainer: pl.Trainer) -> list[float] | None:
+    """The TensorBoard writer's default histogram buckets, or None without a TensorBoard logger."""
+    writer = tensorboard_writer(trainer)
+    return None if writer is None else list(writer.default_bins)
+
+
+def add_summaries(trainer: pl.Trainer, summaries: Sequence[Any], step: int) -> None:
+    """Write prepared summaries (e.g. :func:`histogram_summaries`) at ``step``."""
+    writer = tensorboard_writer(trainer)
+    if writer is None or not summaries:
+        return
+    file_writer = writer._get_file_writer()  # what SummaryWriter.add_histogram writes through
+    for summary in summaries:
+        file_writer.add_summary(summary, step)
+
+
+def add_histograms(trainer: pl.Trainer, values: Mapping[str, np.ndarray], step: int) -> None:
+    """Histograms of non-empty finite arrays, one tag each."""
+    bins = histogram_bins(trainer)
+    if bins is not None:
+        add_summaries(trainer, histogram_summaries(values, bins), step)
 
 
 def add_density_figure(
