@@ -1,6 +1,7 @@
 import json
 import math
 import os
+import warnings
 
 import lightning.pytorch as pl
 import numpy as np
@@ -158,6 +159,27 @@ def test_bad_inputs(tmp_path):
     tiny = DPFedAvg(nn.Linear(1, 1, bias=False), clients_per_round=2)
     with pytest.raises(ValueError, match="d >= 2"):
         fit(dm, tiny, [CanaryAudit(5)], 1, tmp_path, logger=False)
+
+
+@pytest.mark.parametrize(("canaries", "expect"), [
+    (None, "20 canary clients are a large share of the population next to the 20 real clients, "
+           "so about 50% of every cohort"),
+    (30, "30 canary clients outnumber the 20 real clients, so about 60% of every cohort"),
+])
+def test_canaries_crowding_real_clients_out_of_cohorts_warn_with_the_fix(tmp_path, canaries, expect):
+    dm, module = make(clients=20, per_round=5)
+    with pytest.warns(UserWarning) as record:
+        fit(dm, module, [CanaryAudit(canaries, 4, log_figures=False)], 2, tmp_path, logger=False)
+    text = " ".join(str(w.message) for w in record if "canary clients" in str(w.message))
+    assert expect in text
+    # 5 real clients a round from a population of 20 real + k canaries: ceil(5 (20 + k) / 20)
+    assert f"set clients_per_round={math.ceil(5 * (20 + (canaries or 20)) / 20)}" in text
+    # a few canaries (10% of the population at most): no warning
+    dm, module = make(clients=20, per_round=5)
+    with warnings.catch_warnings(record=True) as quiet:
+        warnings.simplefilter("always")
+        fit(dm, module, [CanaryAudit(2, 2, log_figures=False)], 2, tmp_path, logger=False)
+    assert not [w for w in quiet if "canary clients" in str(w.message)]
 
 
 def test_no_logger_warns_and_still_writes_summary(tmp_path):

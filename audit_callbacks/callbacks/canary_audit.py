@@ -61,6 +61,7 @@ __all__ = ["CanaryAudit"]
 _DEFAULT_CANARIES = 1000
 _BUFFER_BYTES = 16 << 20  # model deltas buffered between passes over the canaries (default)
 _PREFETCH_BYTES = 4 << 20  # canary updates generated ahead of use, at most (see _prefetch)
+_CROWDING_SHARE = 0.1  # canaries' share of the population from which a warning says what it costs
 
 TAGS = {
     "final": "audit/epsilon_final_model",
@@ -100,6 +101,9 @@ class CanaryAudit(Callback):
     Args:
         num_canaries: k observed canaries (clients, or gradient canaries in DP-SGD). Default:
             1000, capped at the number of real clients (DP-FedAvg) or training examples (DP-SGD).
+            DP-FedAvg: sampled canaries take about k / (N + k) of every cohort's places from the
+            N real clients; a warning says so (once) when that share is 10% or more, with the
+            ``clients_per_round`` that keeps the real clients a round.
         num_unobserved: k' canaries never inserted, the empirical null of the all-iterates test
             (default: equal to k; 0 disables the all-iterates estimate).
         repeats: if set, canaries are not sampled: each is presented ``repeats`` times, once in a
@@ -238,11 +242,8 @@ class CanaryAudit(Callback):
             k = min(_DEFAULT_CANARIES, n_real)
         else:
             k = int(self.requested_canaries)
-            if k > n_real:
-                self._warn_once(
-                    "many", f"CanaryAudit: {k} canary clients outnumber the {n_real} real clients; "
-                    "they will crowd real clients out of cohorts and lower accuracy",
-                )
+        if self.repeats is None:
+            self._warn_crowding(k, n_real, getattr(pl_module, "clients_per_round", None))
         k_un = k if self.requested_unobserved is None else int(self.requested_unobserved)
         self.num_canaries, self.num_unobserved = k, k_un
         if self.max_buffered_rounds is None:
@@ -258,6 +259,24 @@ class CanaryAudit(Callback):
             pl_module.register_virtual_clients(self, k, name="canary")
         else:
             pl_module.register_virtual_clients(self, k, name="canary", schedule=self._scheduled)
+
+    def _warn_crowding(self, k: int, n_real: int, per_round: int | None) -> None:
+        """Sampled canary clients take cohort places from real clients (paper 003 Alg. 2): say so
+        once when they are at least ``_CROWDING_SHARE`` of the population, with the cohort size
+        that keeps the real clients a round."""
+        share = k / (n_real + k)
+        if share < _CROWDING_SHARE:
+            return
+        hint = ""
+        if per_round:
+            keep = math.ceil(per_round * (n_real + k) / n_real)
+            hint = f"; to keep {per_round} real clients a round on average, set clients_per_round={keep}"
+        what = "outnumber" if k > n_real else "are a large share of the population next to"
+        self._warn_once(
+            "many", f"CanaryAudit: {k} canary clients {what} the {n_real} real clients, so about "
+            f"{share:.0%} of every cohort are canaries in places real clients would take, which "
+            f"slows learning{hint}, or pass a smaller num_canaries",
+        )
 
     def _scheduled(self, round_idx: int) -> list[int]:
         if self._schedule is None:
