@@ -129,7 +129,8 @@ class CanarySet:
         row-wise norm and one division for the whole batch. A row's norm does not depend on the
         other rows (checked bit for bit by the tests), so a canary is the same in any batch, and
         the generating thread gives the GIL back to training once a canary instead of three
-        times (measured: a training thread beside it slows 1.7% instead of 3.1%).
+        times (measured beside a training loop, generating 25% of the time: the loop slowed by
+        1.7% with one hand-back a canary, 3.1% with three, 0.4% with one per batch).
         """
         gen = getattr(self._local, "gen", None)
         if gen is None:

@@ -418,7 +418,7 @@ class CanaryAudit(Callback):
                     rows = self._resolve(batch)
                     if rows is not None:
                         for j in run:
-                            del self._prefetched[j]
+                            self._prefetched.pop(j, None)
                         out[pos:pos + len(run)].copy_(rows[row:])
                         pos += len(run)
                         continue
