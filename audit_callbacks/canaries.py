@@ -173,13 +173,16 @@ class CanarySet:
             try:
                 return fn()
             finally:
-                self._count_long(-1)
+                self._count_long(-1)  # before the Future completes: its waiters see the thread free
 
         try:
-            return pool.submit(task)
+            future = pool.submit(task)
         except BaseException:
             self._count_long(-1)
             raise
+        # a task cancelled before it ran never reaches its finally
+        future.add_done_callback(lambda f: self._count_long(-1) if f.cancelled() else None)
+        return future
 
     def _count_long(self, step: int) -> None:
         with self._lock:
@@ -246,11 +249,14 @@ class CanarySet:
         pool = self.executor()
         if pool is None:
             done: Future[torch.Tensor] = Future()
-            done.set_result(self._batch(idx, scale))
+            done.set_result(self.batch(idx, scale=scale))
             return done
-        return pool.submit(self._batch, idx, scale)
+        return pool.submit(self.batch, idx, scale=scale)
 
-    def _batch(self, indices: list[int], scale: float) -> torch.Tensor:
+    def batch(self, indices: Sequence[int], *, scale: float = 1.0) -> torch.Tensor:
+        """``scale * c_j`` for every j in ``indices``, generated now on this thread: a
+        ``[len(indices), dim]`` CPU float32 tensor, row i bit-identical to
+        ``canary(indices[i], scale=scale)``."""
         out = torch.empty(len(indices), self.dim, dtype=torch.float32)
         self._fill_rows(indices, out)
         if scale != 1.0:
@@ -264,7 +270,8 @@ class CanarySet:
         """Yield ``(indices_chunk, canaries [b, dim])`` over ``indices`` (default: all).
 
         ``workers``: threads filling a chunk, this one included (default: the set's
-        ``workers``; at most that many). The values do not depend on it.
+        ``workers``; at most that many). While a task of :meth:`run_in_background` is queued or
+        running, chunks are filled on this thread alone. The values do not depend on either.
         """
         idx = list(range(self.num_canaries)) if indices is None else [int(i) for i in indices]
         nthreads = self.workers if workers is None else max(1, min(int(workers), self.workers))

@@ -108,7 +108,8 @@ class CanaryStatistics:
         self._pending = 0
         self._final_cache: tuple[torch.Tensor, torch.Tensor] | None = None  # (theta, cosines)
         self.background = bool(background)
-        self._executor: ThreadPoolExecutor | None = None  # the estimation thread
+        # the estimation thread when the canary set has no background thread (workers == 1)
+        self._executor: ThreadPoolExecutor | None = None
         self._inflight: Future[Any] | None = None
 
     @property
@@ -160,7 +161,9 @@ class CanaryStatistics:
             fut.result()
 
     def close(self) -> None:
-        """Stop the estimation thread after the pass in flight (restarted on demand).
+        """Wait for the pass in flight, then stop this object's own estimation thread, if it
+        has one (restarted on demand). Passes that ran on the canary set's thread leave it to
+        :meth:`CanarySet.close <audit_callbacks.canaries.CanarySet.close>`.
 
         An error of that pass is not raised here (whoever holds its Future, or :meth:`wait`,
         reports it): closing runs on the way out of a failed fit too.

@@ -44,6 +44,7 @@ def test_parallel_fill_and_prefetch_equal_the_canary_alone():
         assert torch.equal(fut.result(), alone.canary(j, scale=0.7)), j
     batch = pooled.submit_many([8, 0, 4], scale=0.7).result()
     assert torch.equal(batch, torch.stack([alone.canary(j, scale=0.7) for j in (8, 0, 4)]))
+    assert torch.equal(alone.batch([8, 0, 4], scale=0.7), batch)
     assert torch.equal(alone.submit_many([3], scale=0.7).result()[0], alone.canary(3, scale=0.7))
     # one worker: submit generates at once, same values
     assert torch.equal(alone.submit(2, scale=0.7).result(), pooled.canary(2, scale=0.7))
@@ -100,11 +101,21 @@ def test_batched_canary_rows_are_the_canaries(busy):
     assert torch.equal(out, ref)
     if busy:
         blocker.result()
+        # canaries generated ahead but never used do not hold the thread: dropped and cancelled
+        gate.clear()
+        blocker = canaries.executor().submit(gate.wait)
+        audit.on_federated_round_start(None, module, 2, cohort)
+        pending = {id(b): b for b, _ in audit._prefetched.values()}
+        audit._drop_prefetched()
+        assert pending and all(b.future.cancelled() for b in pending.values())
+        assert not audit._prefetched
+        gate.set()
+        blocker.result()
     # indices the plan does not know, and a float64 model: generated on use, converted exactly
     out64 = torch.empty(2, 3000, dtype=torch.float64)
     audit.federated_client_updates(None, module, np.array([3, 7]), 1, 0.8, out64)
     assert torch.equal(out64, torch.stack([alone.canary(j, scale=0.8) for j in (3, 7)]).double())
-    assert list(audit.participations[[7, 2, 11, 5]]) == [1, 1, 1, 1]
+    assert list(audit.participations[[7, 2, 11, 5]]) == [2 if busy else 1] * 4  # rounds started
     canaries.close()
 
 
@@ -118,6 +129,8 @@ def test_chunks_do_not_wait_behind_a_long_background_task():
     rows = torch.cat([block.clone() for _, block in cs.chunks()])  # would wait 30 s behind it
     assert time.perf_counter() - start < 10
     assert torch.equal(rows, ref)
+    queued = cs.run_in_background(lambda: None)  # cancelled before it runs: no longer counted
+    assert cs._long_tasks == 2 and queued.cancel() and cs._long_tasks == 1
     gate.set()
     assert long_task.result() is True
     assert cs._long_tasks == 0

@@ -82,7 +82,7 @@ _UNRESOLVED = object()
 
 class _Batch:
     """Canary updates generated ahead: ``indices`` (cohort order), the Future of their rows
-    ``[len(indices), d]``, and once used the rows (None: cancelled, generate on use)."""
+    ``[len(indices), d]``, and once used the rows."""
 
     __slots__ = ("future", "indices", "rows")
 
@@ -264,6 +264,8 @@ class CanaryAudit(Callback):
         """Sampled canary clients take cohort places from real clients (paper 003 Alg. 2): say so
         once when they are at least ``_CROWDING_SHARE`` of the population, with the cohort size
         that keeps the real clients a round."""
+        if n_real <= 0 or k <= 0:
+            return
         share = k / (n_real + k)
         if share < _CROWDING_SHARE:
             return
@@ -389,8 +391,7 @@ class CanaryAudit(Callback):
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self.injector is not None:
             self.injector.detach()
-        self._prefetched.clear()
-        self._prefetch_queue.clear()
+        self._drop_prefetched()
         if self.stats is not None:
             try:
                 self._drain(trainer, wait=True)  # a fit that stopped early: log what is pending
@@ -405,7 +406,8 @@ class CanaryAudit(Callback):
     ) -> None:
         """Canary clients ``indices`` write ``clip_norm * c_j`` into the rows ``out`` ``[m, d]``
         (paper 003 Alg. 2): the batches generated ahead are copied whole; a canary not generated
-        ahead is generated here. The rows are the same bits either way."""
+        ahead (or of a batch cancelled behind an estimate) is generated here. The rows are the
+        same bits either way."""
         assert self.stats is not None
         idx = [int(j) for j in indices]
         pos = 0
@@ -416,12 +418,11 @@ class CanaryAudit(Callback):
                 run = batch.indices[row:]
                 if idx[pos:pos + len(run)] == run:
                     rows = self._resolve(batch)
-                    if rows is not None:
-                        for j in run:
-                            self._prefetched.pop(j, None)
-                        out[pos:pos + len(run)].copy_(rows[row:])
-                        pos += len(run)
-                        continue
+                    for j in run:
+                        self._prefetched.pop(j, None)
+                    out[pos:pos + len(run)].copy_(rows[row:])
+                    pos += len(run)
+                    continue
             out[pos].copy_(self.federated_client_update(trainer, pl_module, idx[pos], round_idx, clip_norm))
             pos += 1
 
@@ -433,24 +434,35 @@ class CanaryAudit(Callback):
         entry = self._prefetched.pop(index, None)
         if entry is not None and clip_norm == self._prefetch_scale:
             batch, row = entry
-            rows = self._resolve(batch)
-            if rows is not None:
-                return rows[row].to(device=pl_module.device)
+            return self._resolve(batch)[row].to(device=pl_module.device)
         return self.stats.canaries.canary(index, device=pl_module.device, scale=clip_norm)
 
-    def _resolve(self, batch: _Batch) -> torch.Tensor | None:
-        """A prefetched batch's rows, or None if it had not started (the background thread was
-        busy with an estimate): then it is cancelled and its canaries are generated on use. The
-        first use of a batch submits the next one, keeping the thread one batch ahead."""
+    def _resolve(self, batch: _Batch) -> torch.Tensor:
+        """A prefetched batch's rows. One that has not started (the background thread is busy
+        with an estimate) is cancelled and generated here instead. The first use of a batch
+        submits the next one, keeping the thread one batch ahead."""
         if batch.rows is _UNRESOLVED:
             self._prefetch_next()
-            batch.rows = None if batch.future.cancel() else batch.future.result()
+            if batch.future.cancel():  # generated here, the same bits
+                assert self.stats is not None
+                batch.rows = self.stats.canaries.batch(batch.indices, scale=self._prefetch_scale)
+            else:
+                batch.rows = batch.future.result()
         return batch.rows
+
+    def _drop_prefetched(self) -> None:
+        """Forget this round's canaries generated ahead; cancel the batches not yet used, so
+        that they do not hold the background thread (a fit stopped mid-round, a clip norm that
+        changed)."""
+        for batch, _ in self._prefetched.values():
+            if batch.rows is _UNRESOLVED:
+                batch.future.cancel()
+        self._prefetched.clear()
+        self._prefetch_queue.clear()
 
     def on_federated_round_start(self, trainer, pl_module, round_idx, cohort) -> None:
         idx = cohort.virtual.get("canary")
-        self._prefetched.clear()
-        self._prefetch_queue.clear()
+        self._drop_prefetched()
         if idx is not None and idx.size:
             np.add.at(self.participations, idx, 1)
             self._prefetch(idx.tolist(), float(getattr(pl_module, "clip_norm", 1.0)))
@@ -480,8 +492,7 @@ class CanaryAudit(Callback):
 
     def on_federated_round_end(self, trainer, pl_module, round_idx, model_delta) -> None:
         assert self.stats is not None
-        self._prefetched.clear()
-        self._prefetch_queue.clear()
+        self._drop_prefetched()
         if self._jobs:
             self._drain(trainer, wait=False)
         if not self.stats.add_delta(model_delta):

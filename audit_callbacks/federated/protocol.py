@@ -18,7 +18,8 @@ Order within one round ``t`` (1-based, ``t = pl_module.round``):
 2. ``federated_client_updates(trainer, pl_module, indices, round_idx, clip_norm, out)`` once, if
    the owner defines it: it writes the updates of its sampled virtual clients ``indices`` (local
    indices ``0..count-1``, in cohort order) into the rows ``out`` ``[m, d]`` of the round's update
-   matrix (one call a round instead of one a client). Otherwise
+   matrix (one call a round instead of one a client). It must write every row: the matrix is
+   not initialised. Otherwise
    ``federated_client_update(trainer, pl_module, index, round_idx, clip_norm)`` for each sampled
    virtual client of this owner, returning its update ``[d]``.
 3. ``on_federated_client_updates(trainer, pl_module, round_idx, client_ids, updates)``:
@@ -77,8 +78,9 @@ class FederatedAuditHooks(Protocol):
         self, trainer: pl.Trainer, pl_module: Any, indices: np.ndarray, round_idx: int,
         clip_norm: float, out: torch.Tensor,
     ) -> None:  # pragma: no cover - protocol
-        """Write the updates of virtual clients ``indices`` ``[m]`` into ``out`` ``[m, d]``
-        (the module's device and dtype); preferred over :meth:`federated_client_update`."""
+        """Write the updates of virtual clients ``indices`` ``[m]`` into every row of ``out``
+        ``[m, d]`` (the module's device and dtype, not initialised); preferred over
+        :meth:`federated_client_update`."""
         ...
 
     def on_federated_round_start(
