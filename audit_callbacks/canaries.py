@@ -230,12 +230,7 @@ class CanarySet:
         bit-identical to :meth:`canary`. With ``workers == 1`` the canary is generated now.
         Each pending canary holds ``4 * dim`` bytes: bound how many are in flight.
         """
-        pool = self.executor()
-        if pool is None:
-            done: Future[torch.Tensor] = Future()
-            done.set_result(self.canary(index, scale=scale))
-            return done
-        return pool.submit(self.canary, index, scale=scale)
+        return self._start(lambda: self.canary(index, scale=scale))
 
     def submit_many(self, indices: Sequence[int], *, scale: float = 1.0) -> Future[torch.Tensor]:
         """Start generating ``scale * c_j`` for every j in ``indices`` in a background thread.
@@ -243,20 +238,26 @@ class CanarySet:
         Returns a :class:`~concurrent.futures.Future` of a ``[len(indices), dim]`` CPU float32
         tensor whose row i is bit-identical to ``canary(indices[i], scale=scale)``: one task for
         a whole cohort's canaries. It holds ``4 * dim * len(indices)`` bytes: bound the batch.
-        With ``workers == 1`` the batch is generated now.
+        With ``workers == 1`` the batch is generated now. An index outside ``[0, num_canaries)``
+        raises ``IndexError`` from ``result()``.
         """
         idx = [int(j) for j in indices]
+        return self._start(lambda: self.batch(idx, scale=scale))
+
+    def _start(self, make: Callable[[], torch.Tensor]) -> Future[torch.Tensor]:
+        """``make()`` on the background thread, or now (as a finished Future) without one."""
         pool = self.executor()
-        if pool is None:
-            done: Future[torch.Tensor] = Future()
-            done.set_result(self.batch(idx, scale=scale))
-            return done
-        return pool.submit(self.batch, idx, scale=scale)
+        if pool is not None:
+            return pool.submit(make)
+        done: Future[torch.Tensor] = Future()
+        done.set_result(make())
+        return done
 
     def batch(self, indices: Sequence[int], *, scale: float = 1.0) -> torch.Tensor:
         """``scale * c_j`` for every j in ``indices``, generated now on this thread: a
         ``[len(indices), dim]`` CPU float32 tensor, row i bit-identical to
-        ``canary(indices[i], scale=scale)``."""
+        ``canary(indices[i], scale=scale)``. Raises ``IndexError`` for an index outside
+        ``[0, num_canaries)``."""
         out = torch.empty(len(indices), self.dim, dtype=torch.float32)
         self._fill_rows(indices, out)
         if scale != 1.0:

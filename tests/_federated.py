@@ -14,3 +14,21 @@ def fit(dm, module, callbacks, steps, tmp_path, logger=True, ckpt_path=None, nam
                          num_sanity_val_steps=0, log_every_n_steps=1, default_root_dir=str(tmp_path))
     trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
     return trainer
+
+
+def digits_dpfedavg(rounds_per_epoch):
+    """The small DP-FedAvg run several canary tests share: digits over 40 clients, an MLP with
+    one hidden layer of 32, 10 clients a round, noise multiplier 0.5; returns ``(dm, module)``."""
+    import torch
+
+    from audit_callbacks.federated import DPFedAvg
+    from datamodules import FederatedDataModule
+    from models import MLP
+
+    dm = FederatedDataModule("digits", num_clients=40, rounds_per_epoch=rounds_per_epoch, seed=0)
+    dm.setup("fit")
+    torch.manual_seed(0)
+    module = DPFedAvg(MLP(64, 10, hidden=(32,)), clients_per_round=10, noise_multiplier=0.5,
+                      clip_norm=1.0, local_lr=0.1, local_batch_size=8, sampling="shuffle", seed=0,
+                      delta=1e-5)
+    return dm, module

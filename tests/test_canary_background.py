@@ -30,7 +30,7 @@ from audit_callbacks.canary_stats import CanaryStatistics
 from audit_callbacks.federated import DPFedAvg
 from datamodules import FederatedDataModule
 from models import MLP
-from tests._federated import fit
+from tests._federated import digits_dpfedavg, fit
 
 
 def test_parallel_fill_and_prefetch_equal_the_canary_alone():
@@ -233,12 +233,7 @@ def test_errors_reach_the_caller_and_nothing_is_lost(monkeypatch):
 
 
 def _fit_audit(tmp_path, background, name, steps=12):
-    dm = FederatedDataModule("digits", num_clients=40, rounds_per_epoch=3, seed=0)
-    dm.setup("fit")
-    torch.manual_seed(0)
-    module = DPFedAvg(MLP(64, 10, hidden=(32,)), clients_per_round=10, noise_multiplier=0.5,
-                      clip_norm=1.0, local_lr=0.1, local_batch_size=8, sampling="shuffle", seed=0,
-                      delta=1e-5)
+    dm, module = digits_dpfedavg(rounds_per_epoch=3)
     audit = CanaryAudit(30, 30, seed=1, background=background, bootstrap=20)
     fit(dm, module, [audit], steps, tmp_path, name=name)
     acc = EventAccumulator(os.path.join(str(tmp_path), name, "version_0"),

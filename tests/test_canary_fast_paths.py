@@ -26,10 +26,7 @@ from audit_callbacks.estimators.gaussian import (
     _log_delta_standardized,
     _log_delta_standardized_scalar,
 )
-from audit_callbacks.federated import DPFedAvg
-from datamodules import FederatedDataModule
-from models import MLP
-from tests._federated import fit
+from tests._federated import digits_dpfedavg, fit
 
 
 def _run(cs, deltas, theta, *, max_buffered=1000, flush_at=(), reload_at=()):
@@ -136,12 +133,7 @@ def test_scalar_epsilon_root_is_unchanged():
 
 
 def test_fit_end_after_a_validation_logs_each_histogram_once(tmp_path):
-    dm = FederatedDataModule("digits", num_clients=40, rounds_per_epoch=4, seed=0)
-    dm.setup("fit")
-    torch.manual_seed(0)
-    module = DPFedAvg(MLP(64, 10, hidden=(32,)), clients_per_round=10, noise_multiplier=0.5,
-                      clip_norm=1.0, local_lr=0.1, local_batch_size=8, sampling="shuffle", seed=0,
-                      delta=1e-5)
+    dm, module = digits_dpfedavg(rounds_per_epoch=4)
     audit = CanaryAudit(30, 30, seed=1)
     fit(dm, module, [audit], 8, tmp_path)  # validations at rounds 4 and 8, fit end at 8
     acc = EventAccumulator(os.path.join(str(tmp_path), "run", "version_0"),

@@ -15,8 +15,8 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 
 __all__ = [
-    "tensorboard_writer", "log_scalars", "add_custom_scalars_layout", "add_histograms",
-    "histogram_summaries", "histogram_bins", "add_summaries", "add_density_figure", "log_dir",
+    "tensorboard_writer", "log_scalars", "add_custom_scalars_layout", "histogram_summaries",
+    "histogram_bins", "add_summaries", "add_density_figure", "log_dir",
 ]
 
 
@@ -88,13 +88,6 @@ def add_summaries(trainer: pl.Trainer, summaries: Sequence[Any], step: int) -> N
     file_writer = writer._get_file_writer()  # what SummaryWriter.add_histogram writes through
     for summary in summaries:
         file_writer.add_summary(summary, step)
-
-
-def add_histograms(trainer: pl.Trainer, values: Mapping[str, np.ndarray], step: int) -> None:
-    """Histograms of non-empty finite arrays, one tag each."""
-    bins = histogram_bins(trainer)
-    if bins is not None:
-        add_summaries(trainer, histogram_summaries(values, bins), step)
 
 
 def add_density_figure(
