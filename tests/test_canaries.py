@@ -156,3 +156,72 @@ def test_compute_reuses_the_pass_when_nothing_changed(monkeypatch):
     st.add_delta(torch.randn(dim))
     st.compute(theta + 1e-3)
     assert len(calls) == 24
+
+
+def test_a_canary_is_the_seeded_normal_vector_normalised():
+    # the definition, computed here with plain torch calls: re-seeded Mersenne Twister, divided
+    # by the float32 norm. It pins the values whatever runs the loop (TorchScript or Python).
+    cs = CanarySet(seed=5, dim=4001, num_canaries=6, workers=1)
+    for j in (0, 5):
+        gen = torch.Generator().manual_seed(canary_seed(5, j))
+        ref = torch.randn(4001, generator=gen)
+        ref = ref / torch.linalg.vector_norm(ref)
+        assert torch.equal(cs.canary(j), ref)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_compiled_canary_kernel_equals_the_python_loop(monkeypatch, threads):
+    import audit_callbacks._torchscript as ts
+    import audit_callbacks.canaries as mod
+
+    assert isinstance(mod._UNIT_ROWS, torch.jit.ScriptFunction)  # compiled on this torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        seeds = [canary_seed(1, j) for j in range(5)]
+        for scale in (1.0, 0.7):
+            ref = torch.empty(5, 70_001)
+            mod._unit_rows(torch.Generator(), seeds, ref, scale)
+            gen = torch.Generator()
+            for call in range(5):  # TorchScript's profiling executor re-plans after the first calls
+                out = torch.full((6, 70_001), float("nan"))
+                mod._UNIT_ROWS(gen, seeds[call:], out, scale)
+                assert torch.equal(out[: 5 - call], ref[call:]), (scale, call)
+                assert torch.isnan(out[5 - call:]).all()  # rows past the seeds are not touched
+    finally:
+        torch.set_num_threads(before)
+
+    # where TorchScript cannot compile, the plain loop runs and the canaries are unchanged
+    def fail(fn):
+        raise RuntimeError("no TorchScript here")
+
+    monkeypatch.setattr(torch.jit, "script", fail)
+    fallback = ts.compile_or_python(mod._unit_rows)
+    assert fallback is mod._unit_rows
+    compiled = CanarySet(seed=1, dim=3000, num_canaries=4, workers=1).batch(range(4), scale=0.5)
+    monkeypatch.setattr(mod, "_UNIT_ROWS", fallback)
+    again = CanarySet(seed=1, dim=3000, num_canaries=4, workers=1).batch(range(4), scale=0.5)
+    assert torch.equal(again, compiled)
+    # batch(scale) is the canary times scale, as canary(j, scale=scale) computes it
+    single = CanarySet(seed=1, dim=3000, num_canaries=4, workers=1)
+    assert torch.equal(compiled, torch.stack([single.canary(j, scale=0.5) for j in range(4)]))
+
+
+def test_compiled_clipping_equals_eager_clipping():
+    # DP-FedAvg's clipping, compiled, gives the bits of the eager formula min(1, C / ||u||) * u
+    from audit_callbacks.federated import clipping
+
+    assert isinstance(clipping._CLIP, torch.jit.ScriptFunction)
+    g = torch.Generator().manual_seed(0)
+    rows = torch.randn(7, 20_001, generator=g) * torch.tensor([0.1, 0.5, 1.0, 2.0, 30.0, 1.0, 0.0])[:, None]
+    for clip_norm in (1.0, 0.37, 3):
+        for _ in range(4):  # TorchScript's profiling executor re-plans after the first calls
+            eager = rows.clone()
+            norms = torch.linalg.vector_norm(eager, dim=1)
+            eager.mul_(torch.clamp(clip_norm / norms.clamp_min(1e-12), max=1.0).unsqueeze(1))
+            got = rows.clone()
+            assert torch.equal(clipping.clip_updates_(got, clip_norm), norms)
+            assert torch.equal(got, eager)
+            assert torch.equal(clipping.clipped_sum(rows, clip_norm), eager.sum(0))
+        assert torch.all(torch.linalg.vector_norm(got.double(), dim=1) <= clip_norm * (1 + 1e-6))
+    assert torch.equal(got[6], torch.zeros(20_001))  # a zero update stays zero

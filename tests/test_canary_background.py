@@ -3,8 +3,10 @@
 * a chunk filled by two threads, and a canary generated ahead in the pool, equal the canary
   generated alone on this thread, bit for bit;
 * the canary rows ``CanaryAudit`` writes into a round's update matrix (generated ahead, a batch
-  cancelled because the thread was busy, indices outside the plan) are ``clip_norm * c_j``, and
-  a DP-FedAvg round through the batched protocol equals one through the per-client protocol;
+  cancelled because the thread was busy, indices outside the plan) are ``clip_norm * c_j``, the
+  sum of clipped updates it gives is the module's sum of those rows clipped, and a DP-FedAvg run
+  through the sum, the batched rows or the per-client protocol (or with an observer that needs
+  the rows) trains the same model bit for bit;
 * a background pass (``compute_async``, and the pass a full buffer starts) folds the same
   statistics as the synchronous one, whatever ``torch.set_num_threads`` says;
 * an error on the estimation thread reaches the caller;
@@ -19,6 +21,7 @@ import threading
 import time
 from types import SimpleNamespace
 
+import lightning.pytorch as pl
 import numpy as np
 import pytest
 import torch
@@ -28,6 +31,7 @@ from audit_callbacks.callbacks import CanaryAudit
 from audit_callbacks.canaries import CanarySet
 from audit_callbacks.canary_stats import CanaryStatistics
 from audit_callbacks.federated import DPFedAvg
+from audit_callbacks.federated.clipping import clip_updates_
 from datamodules import FederatedDataModule
 from models import MLP
 from tests._federated import digits_dpfedavg, fit
@@ -88,7 +92,7 @@ def test_batched_canary_rows_are_the_canaries(busy):
     canaries = CanarySet(seed=4, dim=3000, num_canaries=12, workers=2)
     alone = CanarySet(seed=4, dim=3000, num_canaries=12, workers=1)
     audit = _audit_for(canaries)
-    module = SimpleNamespace(clip_norm=0.8, device=torch.device("cpu"))
+    module = SimpleNamespace(clip_norm=0.8, device=torch.device("cpu"), dtype=torch.float32)
     gate = threading.Event()
     if busy:  # the thread is busy (an estimate): the batch does not start, it is cancelled
         blocker = canaries.executor().submit(gate.wait)
@@ -111,11 +115,31 @@ def test_batched_canary_rows_are_the_canaries(busy):
         assert not audit._prefetched
         gate.set()
         blocker.result()
+    # the sum of the clipped updates: the module's clipping and sum of the reference rows, bits
+    for round_idx in (3, 4):
+        if busy and round_idx == 4:
+            gate.clear()
+            blocker = canaries.executor().submit(gate.wait)
+        audit.on_federated_round_start(None, module, round_idx, cohort)
+        total = audit.federated_client_update_sum(None, module, cohort.virtual["canary"], round_idx, 0.8)
+        if busy and round_idx == 4:
+            gate.set()
+            blocker.result()
+        clipped = ref.clone()
+        clip_updates_(clipped, 0.8)
+        assert torch.equal(total, clipped.sum(0)), round_idx
+        assert not audit._prefetched
+    # not generated ahead (another clip norm), and a float64 model: built in the model's dtype
+    module64 = SimpleNamespace(clip_norm=0.8, device=torch.device("cpu"), dtype=torch.float64)
+    total64 = audit.federated_client_update_sum(None, module64, np.array([7, 2]), 5, 0.5)
+    rows64 = torch.stack([alone.canary(j, scale=0.5) for j in (7, 2)]).double()
+    clip_updates_(rows64, 0.5)
+    assert total64.dtype == torch.float64 and torch.equal(total64, rows64.sum(0))
     # indices the plan does not know, and a float64 model: generated on use, converted exactly
     out64 = torch.empty(2, 3000, dtype=torch.float64)
     audit.federated_client_updates(None, module, np.array([3, 7]), 1, 0.8, out64)
     assert torch.equal(out64, torch.stack([alone.canary(j, scale=0.8) for j in (3, 7)]).double())
-    assert list(audit.participations[[7, 2, 11, 5]]) == [2 if busy else 1] * 4  # rounds started
+    assert list(audit.participations[[7, 2, 11, 5]]) == [4 if busy else 3] * 4  # rounds started
     canaries.close()
 
 
@@ -141,22 +165,63 @@ def test_chunks_do_not_wait_behind_a_long_background_task():
     cs.close()
 
 
+class _Sums(CanaryAudit):
+    """CanaryAudit, counting the rounds that sampled canaries and the sums it gave."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.sampled = self.sums = 0
+
+    def on_federated_round_start(self, trainer, pl_module, round_idx, cohort):
+        self.sampled += int(cohort.virtual["canary"].size > 0)
+        super().on_federated_round_start(trainer, pl_module, round_idx, cohort)
+
+    def federated_client_update_sum(self, *args):
+        self.sums += 1
+        return super().federated_client_update_sum(*args)
+
+
+class _Rows(CanaryAudit):
+    """The same callback seen through the batched rows protocol only."""
+
+    federated_client_update_sum = None
+
+
 class _PerClient(CanaryAudit):
     """The same callback seen through the per-client protocol only."""
 
+    federated_client_update_sum = None
     federated_client_updates = None
 
 
-def test_batched_and_per_client_protocols_train_the_same_model(tmp_path):
+class _Observer(pl.Callback):
+    """Needs the rows: the module then asks every owner for rows, not sums."""
+
+    def __init__(self):
+        self.rows = 0
+
+    def on_federated_client_updates(self, trainer, pl_module, round_idx, client_ids, updates):
+        self.rows += sum(cid.startswith("canary/") for cid in client_ids)
+
+
+def test_sum_rows_and_per_client_protocols_train_the_same_model(tmp_path):
     dm = FederatedDataModule("digits", num_clients=20, rounds_per_epoch=3, seed=0)
-    models = []
-    for cls in (CanaryAudit, _PerClient):
+    models = {}
+    observer = _Observer()
+    variants = {"sum": (_Sums,), "rows": (_Rows,), "per_client": (_PerClient,), "observed": (_Sums, observer)}
+    for name, (cls, *more) in variants.items():
         torch.manual_seed(0)
         module = DPFedAvg(MLP(64, 10, hidden=(16,)), clients_per_round=8, noise_multiplier=0.5,
                           local_batch_size=8, seed=0)
-        fit(dm, module, [cls(num_canaries=10, log_figures=False)], 6, tmp_path, name=cls.__name__)
-        models.append(module.flat_parameters())
-    assert torch.equal(models[0], models[1])
+        audit = cls(num_canaries=10, log_figures=False)
+        fit(dm, module, [audit, *more], 6, tmp_path, name=name)
+        models[name] = module.flat_parameters()
+        if name == "sum":  # the sum was given in every round that sampled a canary
+            assert audit.sums == audit.sampled > 0
+        if name == "observed":  # an observer needs the rows: no sums, every canary row seen
+            assert audit.sums == 0 and observer.rows == int(audit.participations.sum()) > 0
+    for name in ("rows", "per_client", "observed"):
+        assert torch.equal(models[name], models["sum"]), name
 
 
 def _statistics(background, deltas, theta, *, checkpoints=(), use_async=False, max_buffered=5):

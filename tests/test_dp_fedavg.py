@@ -228,3 +228,52 @@ def test_local_randomizer_plugin_is_debiased_by_the_server():
     assert spy.rows == [torch.Size([2, 15])] * 3
     with pytest.raises(TypeError, match="randomizer"):
         DPFedAvg(nn.Linear(4, 3), randomizer=object())
+
+
+class SumOwner(pl.Callback):
+    """Virtual clients whose update is 10 * ones; gives rows, or with ``sums`` their clipped sum."""
+
+    def __init__(self, count, sums=True, value=10.0, size=None):
+        self.count, self.value, self.size = count, value, size
+        self.given = {"sum": 0, "rows": 0}
+        if not sums:
+            self.federated_client_update_sum = None
+
+    def setup(self, trainer, pl_module, stage):
+        pl_module.register_virtual_clients(self, self.count, name="v")
+
+    def federated_client_updates(self, trainer, pl_module, indices, round_idx, clip_norm, out):
+        self.given["rows"] += 1
+        out.fill_(self.value)
+
+    def federated_client_update_sum(self, trainer, pl_module, indices, round_idx, clip_norm):
+        from audit_callbacks.federated.clipping import clip_updates_
+
+        self.given["sum"] += 1
+        rows = torch.full((len(indices), self.size or pl_module.num_parameters), self.value)
+        clip_updates_(rows, clip_norm)
+        return rows.sum(0)
+
+
+def test_an_owner_may_give_the_sum_of_its_clipped_updates():
+    def run(owner, *more):
+        torch.manual_seed(0)
+        module = DPFedAvg(nn.Linear(4, 3), clients_per_round=4, noise_multiplier=0.5, seed=3)
+        trainer(8, [owner, *more]).fit(module, datamodule=Ticks(make_clients(6)))
+        return module.flat_parameters()
+
+    by_sum, by_rows = SumOwner(6), SumOwner(6, sums=False)
+    assert torch.equal(run(by_sum), run(by_rows))
+    assert by_sum.given["sum"] > 0 and by_sum.given["rows"] == 0 and by_rows.given["sum"] == 0
+
+    class Observer(pl.Callback):  # needs the rows: the owner is asked for rows, same model
+        def on_federated_client_updates(self, trainer, pl_module, round_idx, ids, updates):
+            pass
+
+    observed = SumOwner(6)
+    assert torch.equal(run(observed, Observer()), run(by_rows))
+    assert observed.given["sum"] == 0 and observed.given["rows"] > 0
+
+    for bad in (SumOwner(6, value=float("nan")), SumOwner(6, size=5)):
+        with pytest.raises(ValueError, match="not a finite vector of 15 entries"):
+            run(bad)

@@ -209,3 +209,25 @@ def test_bootstrap_drops_degenerate_replicates() -> None:
     # the equal fit never needs the observed variance
     e = estimate_epsilon_from_cosines([0.01, 0.03], 1e-5, dim=10**4, fit="equal", bootstrap=50)
     assert e.extras["bootstrap_dropped"] == 0
+
+
+def test_equal_fit_bootstrap_is_the_general_root_at_sd_ratio_one() -> None:
+    # the equal-variance bootstrap takes the mu-GDP closed form (gaussian_epsilon_array of
+    # |shift|); the general two-Gaussian root at sd ratio 1 gives the same epsilons, either sign
+    from audit_callbacks.estimators.gaussian import (
+        _epsilon_standardized_array,
+        gaussian_epsilon_array,
+    )
+
+    shifts = np.concatenate([np.linspace(-6.0, 6.0, 61), [1e-9, 40.0]])
+    general = _epsilon_standardized_array(shifts, np.ones_like(shifts), DELTA)
+    closed = gaussian_epsilon_array(np.abs(shifts), DELTA)
+    assert np.allclose(closed, general, rtol=1e-9, atol=1e-12)
+    # and the interval is the quantiles of exactly those replicates
+    rng = np.random.default_rng(9)
+    x = simulate_canary_cosines(rng, sigma_for(1.0), 10**4, 300)
+    e = estimate_epsilon_from_cosines(x, DELTA, dim=10**4, fit="equal", bootstrap=50, seed=3)
+    boot = np.random.default_rng(3)
+    reps = x[boot.integers(0, 300, size=(50, 300))].mean(axis=1) * math.sqrt(10**4)
+    lo, hi = np.quantile(_epsilon_standardized_array(reps, np.ones(50), DELTA), [0.025, 0.975])
+    assert e.lower == pytest.approx(lo, rel=1e-9) and e.upper == pytest.approx(hi, rel=1e-9)

@@ -55,6 +55,7 @@ from audit_callbacks.dpsgd import (
     flat_parameters,
 )
 from audit_callbacks.estimators.canary_report import canary_report, cosine_null_pdf
+from audit_callbacks.federated.clipping import clip_updates_, clipped_sum
 
 __all__ = ["CanaryAudit"]
 
@@ -82,14 +83,16 @@ _UNRESOLVED = object()
 
 class _Batch:
     """Canary updates generated ahead: ``indices`` (cohort order), the Future of their rows
-    ``[len(indices), d]``, and once used the rows."""
+    ``[len(indices), d]`` (or of ``(rows, clipped sum [d])`` for a batch that is a whole round's
+    canaries), and once used the rows and the clipped sum (None until computed)."""
 
-    __slots__ = ("future", "indices", "rows")
+    __slots__ = ("future", "indices", "rows", "total")
 
     def __init__(self, indices: list[int], future: Any) -> None:
         self.indices = indices
         self.future = future
         self.rows: Any = _UNRESOLVED
+        self.total: torch.Tensor | None = None
 
 
 class CanaryAudit(Callback):
@@ -211,6 +214,7 @@ class CanaryAudit(Callback):
         self._prefetched: dict[int, tuple[_Batch, int]] = {}  # canary index -> (batch, row)
         self._prefetch_queue: list[list[int]] = []
         self._prefetch_scale = 1.0
+        self._prefetch_whole = False  # the round's canaries are one batch
         self._jobs: list[tuple[Any, int, int]] = []  # (Future of a report, step, progress)
 
     # ------------------------------------------------------------------ set-up
@@ -426,6 +430,41 @@ class CanaryAudit(Callback):
             out[pos].copy_(self.federated_client_update(trainer, pl_module, idx[pos], round_idx, clip_norm))
             pos += 1
 
+    def federated_client_update_sum(
+        self, trainer: pl.Trainer, pl_module: Any, indices: np.ndarray, round_idx: int,
+        clip_norm: float,
+    ) -> torch.Tensor:
+        """The sum ``[d]`` of the clipped updates ``clip_norm * c_j`` of canary clients
+        ``indices`` (paper 003 Alg. 2), each clipped by
+        :func:`~audit_callbacks.federated.clipping.clip_updates_` as the module clips its rows.
+
+        When the round's canaries were generated ahead as one batch (a float32 model on the
+        CPU), the background thread has clipped and summed them too and this returns that sum;
+        otherwise the rows are built here (:meth:`federated_client_updates`) in the module's
+        device and dtype, clipped and summed. The bits are the same either way, and the same as
+        the module's sum of the rows it clips itself.
+        """
+        assert self.stats is not None
+        idx = [int(j) for j in indices]
+        entry = self._prefetched.get(idx[0]) if idx and clip_norm == self._prefetch_scale else None
+        native = pl_module.device.type == "cpu" and getattr(pl_module, "dtype", None) == torch.float32
+        if native and entry is not None and entry[1] == 0 and entry[0].indices == idx:
+            batch = entry[0]
+            rows = self._resolve(batch)
+            for j in idx:
+                self._prefetched.pop(j, None)
+            if batch.total is not None:
+                return batch.total
+            clipped = rows  # generated here (cancelled behind an estimate): ours to clip
+        else:
+            clipped = torch.empty(
+                len(idx), self.stats.dim, device=pl_module.device,
+                dtype=getattr(pl_module, "dtype", torch.float32),
+            )
+            self.federated_client_updates(trainer, pl_module, indices, round_idx, clip_norm, clipped)
+        clip_updates_(clipped, clip_norm)
+        return clipped.sum(0)
+
     def federated_client_update(
         self, trainer: pl.Trainer, pl_module: Any, index: int, round_idx: int, clip_norm: float,
     ) -> torch.Tensor:
@@ -447,7 +486,8 @@ class CanaryAudit(Callback):
                 assert self.stats is not None
                 batch.rows = self.stats.canaries.batch(batch.indices, scale=self._prefetch_scale)
             else:
-                batch.rows = batch.future.result()
+                result = batch.future.result()
+                batch.rows, batch.total = result if isinstance(result, tuple) else (result, None)
         return batch.rows
 
     def _drop_prefetched(self) -> None:
@@ -479,6 +519,7 @@ class CanaryAudit(Callback):
         per = max(1, _PREFETCH_BYTES // (4 * canaries.dim))
         self._prefetch_scale = clip_norm
         self._prefetch_queue = [indices[i:i + per] for i in range(0, len(indices), per)][::-1]
+        self._prefetch_whole = len(indices) <= per
         self._prefetch_next()
 
     def _prefetch_next(self) -> None:
@@ -486,7 +527,14 @@ class CanaryAudit(Callback):
             return
         assert self.stats is not None
         indices = self._prefetch_queue.pop()  # popped from the end: in cohort order
-        batch = _Batch(indices, self.stats.canaries.submit_many(indices, scale=self._prefetch_scale))
+        canaries, scale = self.stats.canaries, self._prefetch_scale
+        if self._prefetch_whole:  # the whole round's canaries: their clipped sum is made there too
+            pool = canaries.executor()
+            assert pool is not None
+            future = pool.submit(_rows_and_clipped_sum, canaries, indices, scale)
+        else:
+            future = canaries.submit_many(indices, scale=scale)
+        batch = _Batch(indices, future)
         for row, j in enumerate(indices):
             self._prefetched[j] = (batch, row)
 
@@ -827,6 +875,15 @@ class CanaryAudit(Callback):
         else:
             self.participations = saved.copy()
         self._restored = True
+
+
+def _rows_and_clipped_sum(
+    canaries: CanarySet, indices: list[int], clip_norm: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``clip_norm * c_j`` for j in ``indices`` ``[m, d]`` and the sum of those rows clipped as
+    the module clips them ``[d]`` (run on the canary set's background thread)."""
+    rows = canaries.batch(indices, scale=clip_norm)
+    return rows, clipped_sum(rows, clip_norm)
 
 
 def _num_batches(trainer: pl.Trainer) -> int | None:

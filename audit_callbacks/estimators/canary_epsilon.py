@@ -22,7 +22,12 @@ from numpy.typing import ArrayLike
 
 from ._validation import check_alpha, check_cosines, check_count, check_delta, check_dim
 from .estimate import Estimate
-from .gaussian import _epsilon_standardized_array, _epsilon_standardized_scalar, _standardize
+from .gaussian import (
+    _epsilon_standardized_array,
+    _epsilon_standardized_scalar,
+    _standardize,
+    gaussian_epsilon_array,
+)
 
 __all__ = ["epsilon_from_cosines", "estimate_epsilon_from_cosines"]
 
@@ -173,7 +178,10 @@ def estimate_epsilon_from_cosines(
         reps, dropped = _bootstrap_standardized(obs, d, unobs, fit, b, seed)
         if reps[0].size == 0:
             raise ValueError("every bootstrap replicate had zero variance")
-        eps_b = _epsilon_standardized_array(reps[0], reps[1], dl)
+        if fit == "equal":  # sd ratio 1: the pair is |shift|-GDP (Balle & Wang closed form)
+            eps_b = gaussian_epsilon_array(np.abs(reps[0]), dl)
+        else:
+            eps_b = _epsilon_standardized_array(reps[0], reps[1], dl)
         q = (1.0 - conf) / 2.0
         lower, upper = (float(v) for v in np.quantile(eps_b, [q, 1.0 - q]))
 

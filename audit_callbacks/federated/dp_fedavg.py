@@ -40,6 +40,7 @@ from torch.nn.utils import parameters_to_vector
 from torchmetrics.classification import MulticlassAccuracy
 
 from audit_callbacks.estimators import gaussian_epsilon
+from audit_callbacks.federated.clipping import clip_updates_
 from audit_callbacks.federated.protocol import Cohort
 from audit_callbacks.federated.sampling import CohortSampler
 
@@ -210,8 +211,10 @@ class DPFedAvg(pl.LightningModule):
         Registering the same ``name`` again (e.g. a second ``fit``) replaces the block.
 
         Args:
-            owner: the object that gives the updates: ``federated_client_updates`` (all of a
-                round's rows at once) or ``federated_client_update`` (one client), see
+            owner: the object that gives the updates: ``federated_client_update_sum`` (the
+                sum of a round's clipped updates, where no hook needs the rows),
+                ``federated_client_updates`` (all of a round's rows at once) or
+                ``federated_client_update`` (one client), see
                 :mod:`audit_callbacks.federated.protocol`.
             count: number of virtual clients (local indices ``0..count-1``).
             name: the block's name (default: the owner's class name).
@@ -347,8 +350,18 @@ class DPFedAvg(pl.LightningModule):
 
         global_flat = self.flat_parameters()
         d = global_flat.numel()
+        # Rows are needed by observers of the clipped updates and by a local randomizer; without
+        # them an owner that gives the sum of its clipped updates is not asked for its rows.
+        need_rows = self.randomizer is not None or bool(self._hooks("on_federated_client_updates"))
+        summed = {
+            block.name for block in self._blocks
+            if not need_rows and callable(getattr(block.owner, "federated_client_update_sum", None))
+        }
+        n_rows = cohort.real_ids.size + sum(
+            int(cohort.virtual[b.name].size) for b in self._blocks if b.name not in summed
+        )
         # every row is written below (real clients, then each owner's virtual clients)
-        updates = torch.empty(cohort.size, d, dtype=global_flat.dtype, device=global_flat.device)
+        updates = torch.empty(n_rows, d, dtype=global_flat.dtype, device=global_flat.device)
         labels: list[str] = []
         client_losses = []
         row = 0
@@ -359,39 +372,63 @@ class DPFedAvg(pl.LightningModule):
             if math.isfinite(loss):
                 client_losses.append(loss)
             row += 1
+        groups: list[tuple[int, int] | _VirtualBlock] = [(0, row)]  # summed separately, in order
         for block in self._blocks:
             local = cohort.virtual[block.name]
+            if not local.size:
+                continue
+            if block.name in summed:
+                groups.append(block)
+                continue
+            start = row
             fill = getattr(block.owner, "federated_client_updates", None)
-            if callable(fill) and local.size:  # the owner writes all its rows at once
+            if callable(fill):  # the owner writes all its rows at once
                 fill(self.trainer, self, local, round_idx, self.clip_norm, updates[row:row + local.size])
                 labels.extend(f"{block.name}/{j}" for j in local.tolist())
                 row += int(local.size)
-                continue
-            for j in local.tolist():
-                upd = block.owner.federated_client_update(self.trainer, self, j, round_idx, self.clip_norm)
-                updates[row] = upd.to(device=updates.device, dtype=updates.dtype).reshape(-1)
-                labels.append(f"{block.name}/{j}")
-                row += 1
+            else:
+                for j in local.tolist():
+                    upd = block.owner.federated_client_update(self.trainer, self, j, round_idx, self.clip_norm)
+                    updates[row] = upd.to(device=updates.device, dtype=updates.dtype).reshape(-1)
+                    labels.append(f"{block.name}/{j}")
+                    row += 1
+            groups.append((start, row))
 
-        norms = torch.linalg.vector_norm(updates, dim=1)
+        norms = clip_updates_(updates, self.clip_norm)
         bad = ~torch.isfinite(norms)
         if bad.any():
             who = [labels[i] for i in torch.nonzero(bad).flatten().tolist()]
             raise ValueError(
                 f"round {round_idx}: non-finite update from {who}; lower local_lr or check the data"
             )
-        factors = torch.clamp(self.clip_norm / norms.clamp_min(1e-12), max=1.0)
-        updates.mul_(factors.unsqueeze(1))
         for hook in self._hooks("on_federated_client_updates"):
             hook(self.trainer, self, round_idx, labels, updates)
 
+        rows = updates
         if self.randomizer is not None:
             released = self.randomizer.randomize(updates, generator=self._ldp_generator(updates))
             for hook in self._hooks("on_federated_randomized_updates"):
                 hook(self.trainer, self, round_idx, labels, released)
-            total = self.randomizer.debias(released).sum(0)
-        else:
-            total = updates.sum(0)
+            rows = self.randomizer.debias(released)
+        # the sum of the real clients' rows, then of each owner's: the same grouping whether an
+        # owner gives its rows or their sum, so either way trains the same bits
+        total = rows[0:groups[0][1]].sum(0)
+        for group in groups[1:]:
+            if isinstance(group, tuple):
+                total.add_(rows[group[0]:group[1]].sum(0))
+                continue
+            part = group.owner.federated_client_update_sum(
+                self.trainer, self, cohort.virtual[group.name], round_idx, self.clip_norm,
+            ).to(device=total.device, dtype=total.dtype).reshape(-1)
+            finite = part.numel() == d and (
+                math.isfinite(float(part.sum())) or bool(torch.isfinite(part).all())
+            )
+            if not finite:
+                raise ValueError(
+                    f"round {round_idx}: {group.name!r} gave a sum of clipped updates that is not "
+                    f"a finite vector of {d} entries"
+                )
+            total.add_(part)
         if self.noise_multiplier > 0:
             total.add_(self._noise(d, total), alpha=self.noise_multiplier * self.clip_norm)
         average = total / cohort.divisor

@@ -15,13 +15,22 @@ clients into chosen rounds, outside the sampling (repeated canary presentations,
 Order within one round ``t`` (1-based, ``t = pl_module.round``):
 
 1. ``on_federated_round_start(trainer, pl_module, round_idx, cohort)``
-2. ``federated_client_updates(trainer, pl_module, indices, round_idx, clip_norm, out)`` once, if
-   the owner defines it: it writes the updates of its sampled virtual clients ``indices`` (local
-   indices ``0..count-1``, in cohort order) into the rows ``out`` ``[m, d]`` of the round's update
-   matrix (one call a round instead of one a client). It must write every row: the matrix is
-   not initialised. Otherwise
-   ``federated_client_update(trainer, pl_module, index, round_idx, clip_norm)`` for each sampled
-   virtual client of this owner, returning its update ``[d]``.
+2. An owner gives the updates of its sampled virtual clients ``indices`` (local indices
+   ``0..count-1``, in cohort order) through the first of these it defines:
+
+   * ``federated_client_update_sum(trainer, pl_module, indices, round_idx, clip_norm)``, only in
+     a round where nobody needs the rows (no ``on_federated_client_updates`` hook and no local
+     randomizer): it returns the sum ``[d]`` of the clients' updates, each clipped by
+     :func:`~audit_callbacks.federated.clipping.clip_updates_` (the module's own clipping), so
+     that the module neither holds nor clips those rows. Called after the real clients trained.
+   * ``federated_client_updates(trainer, pl_module, indices, round_idx, clip_norm, out)``, once:
+     it writes the updates into the rows ``out`` ``[m, d]`` of the round's update matrix (one call
+     a round instead of one a client). It must write every row: the matrix is not initialised.
+   * ``federated_client_update(trainer, pl_module, index, round_idx, clip_norm)`` for each
+     client, returning its update ``[d]``.
+
+   The module sums the real clients' clipped rows, then each owner's (its rows, or the sum it
+   gave), in that order, so the three give the same model bit for bit.
 3. ``on_federated_client_updates(trainer, pl_module, round_idx, client_ids, updates)``:
    ``updates`` ``[m, d]`` are the clipped updates before noise (read-only)
 4. ``on_federated_randomized_updates(trainer, pl_module, round_idx, client_ids, released)``: only
@@ -72,6 +81,15 @@ class FederatedAuditHooks(Protocol):
         self, trainer: pl.Trainer, pl_module: Any, index: int, round_idx: int, clip_norm: float,
     ) -> torch.Tensor:  # pragma: no cover - protocol
         """The update ``[d]`` of this owner's virtual client ``index`` in round ``round_idx``."""
+        ...
+
+    def federated_client_update_sum(
+        self, trainer: pl.Trainer, pl_module: Any, indices: np.ndarray, round_idx: int,
+        clip_norm: float,
+    ) -> torch.Tensor:  # pragma: no cover - protocol
+        """The sum ``[d]`` of the updates of virtual clients ``indices`` ``[m]``, each clipped
+        to ``clip_norm`` by ``clip_updates_``; preferred over the two others where the round
+        needs no rows (see the module docstring)."""
         ...
 
     def federated_client_updates(
