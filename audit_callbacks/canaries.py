@@ -10,11 +10,13 @@ The generator is torch's CPU Mersenne Twister, re-seeded per canary from a
 on a GPU sees the same canaries) and moved to the target device chunk by chunk.
 
 Generating a canary (about 10 ns a coordinate) costs far more than using it, so a set spreads the
-rows of a chunk over ``workers`` threads (torch releases the GIL while it generates) and can
-generate canaries ahead of use in its background thread (:meth:`CanarySet.submit`, one canary;
-:meth:`CanarySet.submit_many`, a cohort's canaries as one task). Every canary is still generated
-alone from its own seed, so the values do not depend on the number of workers or on which thread
-made them.
+rows of a chunk over ``workers`` threads and can generate canaries ahead of use in its
+background thread (:meth:`CanarySet.submit`, one canary; :meth:`CanarySet.submit_many`, a
+cohort's canaries as one task). The loop that re-seeds, draws and normalises a batch of canaries
+is one TorchScript call (:func:`_unit_rows`), which holds no GIL: a thread generating beside
+training takes the GIL back once a batch, not once a canary. Every canary is still generated
+alone from its own seed, so the values do not depend on the number of workers, on the batch or
+on which thread made them.
 """
 
 from __future__ import annotations

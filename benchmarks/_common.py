@@ -28,6 +28,22 @@ def peak_rss_mb() -> float:
     return rss * scale / 2**20
 
 
+def median_interval(values: Any, confidence: float = 0.95) -> dict[str, float]:
+    """Distribution-free interval for the median of ``values``: the order statistics
+    ``[x_(j), x_(n+1-j)]`` with the largest j whose coverage ``1 - 2 P(Binom(n, 1/2) <= j - 1)``
+    is at least ``confidence`` (the sign-test interval). Returns ``lower``, ``upper`` and the
+    exact ``coverage``; the whole range (coverage ``1 - 2^(1-n)``) when n is too small."""
+    from scipy.stats import binom
+
+    x = sorted(float(v) for v in values)
+    n = len(x)
+    j = 1
+    while j + 1 <= n // 2 and 1 - 2 * binom.cdf(j, n, 0.5) >= confidence:
+        j += 1
+    return {"lower": x[j - 1], "upper": x[n - j], "coverage": float(1 - 2 * binom.cdf(j - 1, n, 0.5)),
+            "n": n}
+
+
 def _version(name: str) -> str | None:
     try:
         module = __import__(name)

@@ -53,6 +53,7 @@ import torch
 from _common import (
     load_average,
     machine_info,
+    median_interval,
     peak_rss_mb,
     profile_tables,
     timed_fit,
@@ -69,6 +70,7 @@ from models import MLP, build_model
 _HOOKS = (
     "setup",
     "on_fit_start",
+    "federated_client_update_sum",
     "federated_client_updates",
     "federated_client_update",
     "on_federated_round_start",
@@ -84,10 +86,13 @@ class TimedCanaryAudit(timing_subclass(CanaryAudit, _HOOKS)):
 
     def own_seconds(self) -> float:
         """Time inside the callback. Nested hooks are not added again: ``compute`` runs inside
-        two hooks, and ``federated_client_update`` inside ``federated_client_updates`` (for a
-        canary whose batch was not generated ahead)."""
+        two hooks, ``federated_client_updates`` inside ``federated_client_update_sum`` (a round
+        whose canaries were not generated ahead as one batch) and ``federated_client_update``
+        inside ``federated_client_updates`` (a canary whose batch was not generated ahead)."""
         nested = {"compute"}
-        if self.hook_calls.get("federated_client_updates"):
+        if self.hook_calls.get("federated_client_update_sum"):
+            nested.add("federated_client_updates")
+        if self.hook_calls.get("federated_client_updates") or self.hook_calls.get("federated_client_update_sum"):
             nested.add("federated_client_update")
         return sum(v for k, v in self.hook_seconds.items() if k not in nested)
 
@@ -256,6 +261,9 @@ def timing_scenario(
         "warmup": warmup,
         "pair_ratios": pair_ratios.tolist(),
         "median_ratio": float(np.median(pair_ratios)),
+        # the sign-test interval of the median pair ratio (distribution-free; ~96% for 12 pairs)
+        "median_ratio_interval": median_interval(pair_ratios),
+        "mean_ratio": float(np.mean(pair_ratios)),
         "ratio_of_medians": float(np.median(ta) / np.median(tb)),
         "local_update_s_median": {"baseline": float(np.median(lb)), "audit": float(np.median(la))},
         "main_thread_cpu_s_median": {
@@ -277,7 +285,10 @@ def timing_scenario(
         },
         "runs": runs,
     }
-    print(f"  -> median ratio audit/baseline {result['median_ratio']:.3f} (pairs "
+    ci = result["median_ratio_interval"]
+    print(f"  -> median ratio audit/baseline {result['median_ratio']:.3f} "
+          f"[{ci['lower']:.3f}, {ci['upper']:.3f}] ({100 * ci['coverage']:.1f}% sign-test interval; "
+          f"mean {result['mean_ratio']:.3f}, ratio of medians {result['ratio_of_medians']:.3f}; pairs "
           f"{', '.join(f'{x:.3f}' for x in pair_ratios)}) at "
           f"{result['real_client_updates']['audit']} / {result['real_client_updates']['baseline']} "
           f"real updates; local training {np.median(la):.2f} / {np.median(lb):.2f} s; callback's "
@@ -288,8 +299,10 @@ def timing_scenario(
     print(f"     CPU (median s): training thread {mc['audit']:.2f} / {mc['baseline']:.2f}, other "
           f"threads {oc['audit']:.2f} / {oc['baseline']:.2f} (audit / baseline)", flush=True)
     h = result["callback_hooks_s_median"]
+    canary_updates = (h["federated_client_update_sum"] or h["federated_client_updates"]
+                      or h["federated_client_update"])
     print(f"     callback breakdown (median s): canary client updates "
-          f"{h['federated_client_updates'] or h['federated_client_update']:.2f}, round hooks "
+          f"{canary_updates:.2f}, round hooks "
           f"{h['on_federated_round_start'] + h['on_federated_round_end']:.2f}, estimation "
           f"passes + estimates ({aud[0]['callback_hook_calls'].get('compute', 0)}x compute) "
           f"{h['compute']:.2f}, logging extras (histograms, figures, summary) "
