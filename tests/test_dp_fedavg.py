@@ -277,3 +277,25 @@ def test_an_owner_may_give_the_sum_of_its_clipped_updates():
     for bad in (SumOwner(6, value=float("nan")), SumOwner(6, size=5)):
         with pytest.raises(ValueError, match="not a finite vector of 15 entries"):
             run(bad)
+
+
+def test_canary_sums_follow_a_float64_model(tmp_path):
+    # a model converted to float64 before it is wrapped: Lightning's pl_module.dtype still says
+    # float32, but the update rows are float64; CanaryAudit's sums must be float64 too (the
+    # same bits as its rows, which the module clips in float64)
+    from audit_callbacks.callbacks import CanaryAudit
+
+    class Rows(CanaryAudit):
+        federated_client_update_sum = None
+
+    clients = [TensorDataset(ds.tensors[0].double(), ds.tensors[1]) for ds in make_clients(n_clients=8)]
+    models = {}
+    for cls in (CanaryAudit, Rows):
+        torch.manual_seed(0)
+        module = DPFedAvg(nn.Linear(4, 3).double(), clients_per_round=4, noise_multiplier=0.5, seed=1)
+        assert module.dtype == torch.float32 and module.flat_parameters().dtype == torch.float64
+        audit = cls(num_canaries=6, log_figures=False, log_histograms=False)
+        trainer(6, [audit], default_root_dir=str(tmp_path / cls.__name__)).fit(module, datamodule=Ticks(clients))
+        assert audit.participations.sum() > 0
+        models[cls.__name__] = module.flat_parameters()
+    assert torch.equal(models["CanaryAudit"], models["Rows"])

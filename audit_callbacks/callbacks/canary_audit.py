@@ -441,13 +441,17 @@ class CanaryAudit(Callback):
         When the round's canaries were generated ahead as one batch (a float32 model on the
         CPU), the background thread has clipped and summed them too and this returns that sum;
         otherwise the rows are built here (:meth:`federated_client_updates`) in the module's
-        device and dtype, clipped and summed. The bits are the same either way, and the same as
-        the module's sum of the rows it clips itself.
+        device and dtype (those of its trainable parameters), clipped and summed. The bits are
+        the same either way, and the same as the module's sum of the rows it clips itself.
+
+        Raises:
+            IndexError: an index outside ``[0, num_canaries)``.
         """
         assert self.stats is not None
         idx = [int(j) for j in indices]
         entry = self._prefetched.get(idx[0]) if idx and clip_norm == self._prefetch_scale else None
-        native = pl_module.device.type == "cpu" and getattr(pl_module, "dtype", None) == torch.float32
+        device, dtype = _update_device_dtype(pl_module)
+        native = device.type == "cpu" and dtype == torch.float32
         if native and entry is not None and entry[1] == 0 and entry[0].indices == idx:
             batch = entry[0]
             rows = self._resolve(batch)
@@ -457,10 +461,7 @@ class CanaryAudit(Callback):
                 return batch.total
             clipped = rows  # generated here (cancelled behind an estimate): ours to clip
         else:
-            clipped = torch.empty(
-                len(idx), self.stats.dim, device=pl_module.device,
-                dtype=getattr(pl_module, "dtype", torch.float32),
-            )
+            clipped = torch.empty(len(idx), self.stats.dim, device=device, dtype=dtype)
             self.federated_client_updates(trainer, pl_module, indices, round_idx, clip_norm, clipped)
         clip_updates_(clipped, clip_norm)
         return clipped.sum(0)
@@ -875,6 +876,17 @@ class CanaryAudit(Callback):
         else:
             self.participations = saved.copy()
         self._restored = True
+
+
+def _update_device_dtype(pl_module: Any) -> tuple[torch.device, torch.dtype]:
+    """Device and dtype of the module's update rows: those of its first trainable parameter
+    (DP-FedAvg's flat vectors), which Lightning's ``pl_module.dtype`` does not track when the
+    user's model was converted before it was wrapped."""
+    params = getattr(pl_module, "trainable_parameters", None)
+    first = next(iter(params()), None) if callable(params) else None
+    if first is not None:
+        return first.device, first.dtype
+    return torch.device(pl_module.device), getattr(pl_module, "dtype", torch.float32)
 
 
 def _rows_and_clipped_sum(

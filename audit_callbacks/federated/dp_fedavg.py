@@ -343,6 +343,12 @@ class DPFedAvg(pl.LightningModule):
         return loss
 
     def training_step(self, batch: Any, batch_idx: int) -> None:
+        """One federated round (see the class docstring).
+
+        Raises:
+            ValueError: a client's update is not finite, or an owner's
+                ``federated_client_update_sum`` is not a finite vector of ``d`` entries.
+        """
         round_idx = self.round + 1
         cohort, population_ids = self._sample_cohort(round_idx)
         for hook in self._hooks("on_federated_round_start"):

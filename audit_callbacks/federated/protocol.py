@@ -21,8 +21,10 @@ Order within one round ``t`` (1-based, ``t = pl_module.round``):
    * ``federated_client_update_sum(trainer, pl_module, indices, round_idx, clip_norm)``, only in
      a round where nobody needs the rows (no ``on_federated_client_updates`` hook and no local
      randomizer): it returns the sum ``[d]`` of the clients' updates, each clipped by
-     :func:`~audit_callbacks.federated.clipping.clip_updates_` (the module's own clipping), so
-     that the module neither holds nor clips those rows. Called after the real clients trained.
+     :func:`~audit_callbacks.federated.clipping.clip_updates_` (the module's own clipping) in
+     the dtype and on the device of the module's trainable parameters, so that the module
+     neither holds nor clips those rows. Called after the real clients trained. A sum that is
+     not a finite vector of ``d`` entries raises ``ValueError``.
    * ``federated_client_updates(trainer, pl_module, indices, round_idx, clip_norm, out)``, once:
      it writes the updates into the rows ``out`` ``[m, d]`` of the round's update matrix (one call
      a round instead of one a client). It must write every row: the matrix is not initialised.
