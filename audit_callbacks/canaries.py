@@ -149,11 +149,9 @@ class CanarySet:
         """Canaries ``indices`` times ``scale`` into the rows of ``out`` ``[>= len(indices), dim]``
         (float32).
 
-        Each row is drawn from its own seed; the rows are then normalised together, with one
-        row-wise norm and one division for the whole batch. A row's norm does not depend on the
-        other rows (checked bit for bit by the tests), so a canary is the same in any batch. The
-        loop is one TorchScript call (:func:`_unit_rows`): the generating thread gives the GIL
-        back to training once a batch, not once a canary.
+        Each row from its own seed, normalised with the whole batch by :func:`_unit_rows` (one
+        TorchScript call); a canary is the same in any batch (tested bit for bit). Raises
+        ``IndexError`` for an index outside ``[0, num_canaries)``.
         """
         gen = getattr(self._local, "gen", None)
         if gen is None:

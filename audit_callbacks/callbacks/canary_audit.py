@@ -55,7 +55,7 @@ from audit_callbacks.dpsgd import (
     flat_parameters,
 )
 from audit_callbacks.estimators.canary_report import canary_report, cosine_null_pdf
-from audit_callbacks.federated.clipping import clip_updates_, clipped_sum
+from audit_callbacks.federated.clipping import clipped_sum
 
 __all__ = ["CanaryAudit"]
 
@@ -459,12 +459,10 @@ class CanaryAudit(Callback):
                 self._prefetched.pop(j, None)
             if batch.total is not None:
                 return batch.total
-            clipped = rows  # generated here (cancelled behind an estimate): ours to clip
-        else:
-            clipped = torch.empty(len(idx), self.stats.dim, device=device, dtype=dtype)
-            self.federated_client_updates(trainer, pl_module, indices, round_idx, clip_norm, clipped)
-        clip_updates_(clipped, clip_norm)
-        return clipped.sum(0)
+            return clipped_sum(rows, clip_norm)  # generated here (cancelled behind an estimate)
+        rows = torch.empty(len(idx), self.stats.dim, device=device, dtype=dtype)
+        self.federated_client_updates(trainer, pl_module, indices, round_idx, clip_norm, rows)
+        return clipped_sum(rows, clip_norm)
 
     def federated_client_update(
         self, trainer: pl.Trainer, pl_module: Any, index: int, round_idx: int, clip_norm: float,
