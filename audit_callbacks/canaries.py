@@ -1,89 +1,46 @@
-"""Seeded random canaries, regenerated chunk by chunk (paper 003 §3; METHODS A2, A8).
+"""Seeded random canaries: canary ``j`` is a pure function of ``(seed, j)``, O(d) memory.
 
-A canary is a unit vector drawn uniformly from the sphere S^{d-1}: a standard normal vector
-divided by its norm. Canary ``j`` of a :class:`CanarySet` is a pure function of
-``(seed, j)``: it is regenerated whenever it is needed and never stored alongside the others,
-so memory stays O(d) (times a small chunk) whatever the number of canaries k.
+Two kinds, with the same methods (:meth:`~CanarySet.canary`, :meth:`~CanarySet.batch`,
+:meth:`~CanarySet.sum`, :meth:`~CanarySet.dots`, :meth:`~CanarySet.cosines`):
 
-The generator is torch's CPU Mersenne Twister, re-seeded per canary from a
-:class:`numpy.random.SeedSequence` of ``(seed, j)``; canaries are generated on the CPU (so a run
-on a GPU sees the same canaries) and moved to the target device chunk by chunk.
-
-Generating a canary (about 10 ns a coordinate) costs far more than using it, so a set spreads the
-rows of a chunk over ``workers`` threads and can generate canaries ahead of use in its
-background thread (:meth:`CanarySet.submit`, one canary; :meth:`CanarySet.submit_many`, a
-cohort's canaries as one task). The loop that re-seeds, draws and normalises a batch of canaries
-is one TorchScript call (:func:`_unit_rows`), which holds no GIL: a thread generating beside
-training takes the GIL back once a batch, not once a canary. Every canary is still generated
-alone from its own seed, so the values do not depend on the number of workers, on the batch or
-on which thread made them.
+* ``"gaussian"`` (:class:`GaussianCanaries`): a standard normal vector divided by its norm, i.e.
+  uniform on the sphere S^{d-1} (Andrew et al., "One-shot Empirical Privacy Estimation for
+  Federated Learning", ICLR 2024, §3). Canary ``j`` is drawn by a ``torch.Generator`` on the
+  target device, seeded with :func:`canary_seed` ``(seed, j)``: the CPU's Mersenne Twister or
+  CUDA's counter-based Philox. A run's canaries are reproducible on the same device type (a CUDA
+  run's canaries differ from a CPU run's). Every dot product regenerates the canaries, so a pass
+  over k canaries costs O(k d) normal draws. Its cosine with any fixed vector follows the exact
+  law (1 + t)/2 ~ Beta((d-1)/2, (d-1)/2).
+* ``"hadamard"`` (:class:`HadamardCanaries`): with H the n x n Walsh-Hadamard matrix
+  (n = 2^ceil(log2 d), H[r, i] = (-1)^popcount(r & i)) and D a diagonal of random signs, canary
+  ``j`` is row ``pi(j)`` of ``H D``, its first d entries, divided by sqrt(d) (every entry is
+  +-1/sqrt(d), so its norm is 1). ``pi`` is a random injection of the canary indices into the
+  n rows. D and pi are drawn from ``numpy.random.default_rng`` of the seed on the CPU, so the
+  canaries are the same on every device. The dot products of all n rows with a vector v are one
+  fast Walsh-Hadamard transform ``FWHT(D * pad(v))`` (O(n log n)), and a sum of canaries is
+  ``D * FWHT(indicator)``: one transform each, whatever k is. Each canary is a vector of
+  independent random signs, so its cosine with a fixed v has mean 0 and variance 1/d as for a
+  Gaussian canary, but its law is not exactly the Beta law (a sum of signed coordinates of v):
+  estimates with Hadamard canaries take their null from unobserved canaries (the empirical null).
 """
 
 from __future__ import annotations
 
-import os
-import threading
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TypeVar
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
-from audit_callbacks._torchscript import compile_or_python
+__all__ = ["CanarySet", "GaussianCanaries", "HadamardCanaries", "canary_seed", "fwht"]
 
-__all__ = ["CanarySet", "canary_seed", "default_workers", "thread_pool"]
-
-T = TypeVar("T")
-
+KINDS = ("gaussian", "hadamard")
 _DEFAULT_CHUNK_ELEMENTS = 1 << 22  # 4M floats (16 MiB in float32) per generated chunk
-_MAX_DEFAULT_WORKERS = 2  # the training thread and one more: canaries must not starve training
-
-
-def thread_pool(workers: int, name: str) -> ThreadPoolExecutor:
-    """A pool whose threads run torch (and its BLAS) with the creating thread's settings.
-
-    A thread that torch has not configured runs MKL with its own default thread count, and its
-    sums then differ in the last bits from the main thread's (measured: ``torch.mm`` of
-    ``[40, 2410] x [2410, 16]``). ``torch.set_num_threads`` with the current value changes
-    nothing global and configures the new thread like the others.
-    """
-    return ThreadPoolExecutor(
-        workers, thread_name_prefix=name, initializer=torch.set_num_threads,
-        initargs=(torch.get_num_threads(),),
-    )
-
-
-def default_workers() -> int:
-    """Threads a :class:`CanarySet` generates with by default: ``min(2, usable CPUs)``."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        cpus = os.cpu_count() or 1
-    return max(1, min(_MAX_DEFAULT_WORKERS, cpus))
-
-
-def _unit_rows(gen: torch.Generator, seeds: list[int], out: torch.Tensor, scale: float) -> None:
-    """Row i of ``out`` (``[>= len(seeds), d]`` float32) := a standard normal vector drawn by
-    ``gen`` re-seeded with ``seeds[i]``, divided by its norm (one row-wise norm and one division
-    for all the rows; a row's bits do not depend on the others), times ``scale`` (skipped for 1,
-    exact either way). Compiled with TorchScript (:mod:`audit_callbacks._torchscript`): the
-    whole loop is one call that holds no GIL.
-    """
-    for i in range(len(seeds)):
-        gen.manual_seed(seeds[i])  # the whole Mersenne Twister state: as fresh as a new generator
-        torch.randn([out.size(1)], generator=gen, out=out[i])
-    rows = out[: len(seeds)]
-    rows.div_(torch.linalg.vector_norm(rows, 2.0, [1], True))
-    if scale != 1.0:
-        rows.mul_(scale)
-
-
-_UNIT_ROWS = compile_or_python(_unit_rows)
 
 
 def canary_seed(seed: int, index: int) -> int:
-    """The 63-bit generator seed of canary ``index`` in the set seeded with ``seed``.
+    """The 63-bit generator seed of Gaussian canary ``index`` in the set seeded with ``seed``.
 
     Distinct ``(seed, index)`` pairs give statistically independent streams (SeedSequence
     hashing); the value is stable across processes and platforms.
@@ -94,224 +51,113 @@ def canary_seed(seed: int, index: int) -> int:
     return int((int(state[0]) << 31) ^ int(state[1])) & ((1 << 63) - 1)
 
 
+def fwht(x: torch.Tensor) -> torch.Tensor:
+    """Unnormalised fast Walsh-Hadamard transform along dim 0: ``H @ x``.
+
+    Args:
+        x: ``[n]`` or ``[n, M]`` floating tensor, n a power of 2 (any device).
+
+    Returns:
+        ``H x`` of the same shape, dtype and device, with ``H[r, i] = (-1)^popcount(r & i)``
+        (Sylvester's natural order; ``H @ H = n I``). ``x`` is not modified. O(n log n) work in
+        log2(n) butterfly passes over two buffers of x's size.
+
+    Raises:
+        ValueError: n is not a power of 2, or x is not floating.
+    """
+    n = x.shape[0] if x.dim() else 0
+    if n < 1 or n & (n - 1):
+        raise ValueError(f"fwht needs a leading dimension that is a power of 2, got {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise ValueError(f"fwht needs a floating tensor, got {x.dtype}")
+    cur = x.reshape(n, -1).clone()
+    nxt = torch.empty_like(cur)
+    h = 1
+    while h < n:
+        a = cur.view(n // (2 * h), 2, h, -1)
+        b = nxt.view(n // (2 * h), 2, h, -1)
+        torch.add(a[:, 0], a[:, 1], out=b[:, 0])
+        torch.sub(a[:, 0], a[:, 1], out=b[:, 1])
+        cur, nxt = nxt, cur
+        h *= 2
+    return cur.view(x.shape)
+
+
+def _as_columns(vectors: torch.Tensor | Sequence[torch.Tensor], dim: int) -> tuple[list[torch.Tensor], bool]:
+    single = isinstance(vectors, torch.Tensor) and vectors.dim() == 1
+    cols = [vectors] if single else list(vectors)
+    if not cols:
+        raise ValueError("vectors: none given")
+    for v in cols:
+        if v.dim() != 1 or v.numel() != dim:
+            raise ValueError(f"vectors must have {dim} entries each, got {tuple(v.shape)}")
+        if not v.is_floating_point():
+            raise ValueError(f"vectors must be floating, got {v.dtype}")
+    return cols, single
+
+
 class CanarySet:
     """``num_canaries`` unit canaries of dimension ``dim``, regenerated from ``seed``.
 
+    ``CanarySet(seed, dim, num_canaries, kind="gaussian" | "hadamard")`` returns a
+    :class:`GaussianCanaries` or a :class:`HadamardCanaries` (see the module docstring).
+
     Args:
-        seed: the set's seed (non-negative int). Canary j is a function of (seed, j) only.
+        seed: the set's seed (non-negative int); canary j is a function of (seed, j) only.
         dim: the dimension d (number of model parameters); at least 2.
-        num_canaries: k, the number of canaries.
-        chunk_elements: at most this many floats are generated at once (chunk of
-            ``max(1, chunk_elements // dim)`` canaries), which bounds the extra memory.
-        workers: threads that generate canaries, the calling thread included (default
-            :func:`default_workers`: 2 where two CPUs are usable). 1: no thread is started and
-            :meth:`submit` generates at once. The canaries do not depend on it.
+        num_canaries: k, the number of canaries (Hadamard: at most n = 2^ceil(log2 d)).
+        kind: ``"gaussian"`` (default) or ``"hadamard"``.
+        chunk_elements: Gaussian only: at most this many floats are generated at once.
+
+    Raises:
+        ValueError: ``dim < 2``, ``num_canaries < 0`` (or > n for Hadamard), an unknown kind.
 
     Example:
-        >>> cs = CanarySet(seed=0, dim=1000, num_canaries=10)
-        >>> v = torch.randn(1000)
-        >>> cs.cosines(v).shape
+        >>> cs = CanarySet(seed=0, dim=1000, num_canaries=10, kind="hadamard")
+        >>> cs.cosines(torch.randn(1000)).shape
         torch.Size([10])
     """
 
-    def __init__(
-        self,
-        seed: int,
-        dim: int,
-        num_canaries: int,
-        *,
-        chunk_elements: int = _DEFAULT_CHUNK_ELEMENTS,
-        workers: int | None = None,
-    ) -> None:
+    kind = "abstract"
+
+    def __new__(cls, *args: Any, kind: str = "gaussian", **kwargs: Any) -> CanarySet:
+        if cls is CanarySet:
+            if kind not in KINDS:
+                raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+            cls = GaussianCanaries if kind == "gaussian" else HadamardCanaries
+        return super().__new__(cls)
+
+    def __init__(self, seed: int, dim: int, num_canaries: int, *, kind: str | None = None) -> None:
+        if int(seed) < 0:
+            raise ValueError(f"seed must be non-negative, got {seed}")
         if dim < 2:
-            raise ValueError(f"canaries need dim >= 2 (the cosine null is undefined), got {dim}")
+            raise ValueError(f"dim: canaries need dim >= 2 (the cosine null is undefined), got {dim}")
         if num_canaries < 0:
             raise ValueError(f"num_canaries must be >= 0, got {num_canaries}")
-        if chunk_elements < 1:
-            raise ValueError(f"chunk_elements must be >= 1, got {chunk_elements}")
-        if workers is not None and workers < 1:
-            raise ValueError(f"workers must be >= 1, got {workers}")
+        if kind is not None and kind != self.kind:
+            raise ValueError(f"kind {kind!r} given to {type(self).__name__}")
         self.seed = int(seed)
         self.dim = int(dim)
         self.num_canaries = int(num_canaries)
-        self.chunk_size = max(1, int(chunk_elements) // self.dim)
-        self.workers = default_workers() if workers is None else int(workers)
-        self._seeds: dict[int, int] = {}  # canary_seed cache: one int a canary, never k x d
-        self._local = threading.local()  # one generator a thread, re-seeded per canary
-        self._pool: ThreadPoolExecutor | None = None
-        self._long_tasks = 0  # tasks of run_in_background queued or running
-        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return self.num_canaries
 
-    def _fill_rows(self, indices: Sequence[int], out: torch.Tensor, scale: float = 1.0) -> None:
-        """Canaries ``indices`` times ``scale`` into the rows of ``out`` ``[>= len(indices), dim]``
-        (float32).
-
-        Each row from its own seed, normalised with the whole batch by :func:`_unit_rows` (one
-        TorchScript call); a canary is the same in any batch (tested bit for bit). Raises
-        ``IndexError`` for an index outside ``[0, num_canaries)``.
-        """
-        gen = getattr(self._local, "gen", None)
-        if gen is None:
-            gen = self._local.gen = torch.Generator(device="cpu")
-        cache = self._seeds
-        seeds = []
-        for index in indices:
-            if not 0 <= index < self.num_canaries:
-                raise IndexError(f"canary index {index} out of range [0, {self.num_canaries})")
-            seed = cache.get(index)
-            if seed is None:  # SeedSequence hashing costs ~50 us: once per canary, not per use
-                seed = cache[index] = canary_seed(self.seed, index)
-            seeds.append(seed)
-        _UNIT_ROWS(gen, seeds, out, float(scale))
-
-    def executor(self) -> ThreadPoolExecutor | None:
-        """The set's background threads (``workers - 1`` of them, started on first use), or None
-        with ``workers == 1``. :class:`~audit_callbacks.canary_stats.CanaryStatistics` runs its
-        background passes here too, so training shares the CPUs with one pool, not two."""
-        if self.workers < 2:
-            return None
-        if self._pool is None:
-            self._pool = thread_pool(self.workers - 1, "canaries")
-        return self._pool
-
-    def run_in_background(self, fn: Callable[[], T]) -> Future[T]:
-        """Run ``fn()`` (a long task, e.g. an estimation pass) on the set's background thread.
-
-        While it runs, :meth:`chunks` fills on the calling thread alone instead of queueing
-        behind it; canaries submitted with :meth:`submit` / :meth:`submit_many` wait their turn.
-        Raises ``RuntimeError`` with ``workers == 1`` (no background thread).
-        """
-        pool = self.executor()
-        if pool is None:
-            raise RuntimeError("this CanarySet has no background thread (workers == 1)")
-        self._count_long(+1)
-
-        def task() -> T:
-            try:
-                return fn()
-            finally:
-                self._count_long(-1)  # before the Future completes: its waiters see the thread free
-
-        try:
-            future = pool.submit(task)
-        except BaseException:
-            self._count_long(-1)
-            raise
-        # a task cancelled before it ran never reaches its finally
-        future.add_done_callback(lambda f: self._count_long(-1) if f.cancelled() else None)
-        return future
-
-    def _count_long(self, step: int) -> None:
-        with self._lock:
-            self._long_tasks += step
-
-    def close(self) -> None:
-        """Stop the set's threads (they are restarted on demand); pending work is finished."""
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True)
-
-    def __getstate__(self) -> dict[str, object]:
-        state = dict(self.__dict__)
-        state["_local"] = None  # generators and threads are scratch space, recreated on use
-        state["_pool"] = None
-        state["_lock"] = None
-        state["_long_tasks"] = 0
-        return state
-
-    def __setstate__(self, state: dict[str, object]) -> None:
-        self.__dict__.update(state)
-        self._local = threading.local()
-        self._lock = threading.Lock()
-
-    def canary(
-        self, index: int, *, device: torch.device | str | None = None,
-        dtype: torch.dtype = torch.float32, scale: float = 1.0,
-    ) -> torch.Tensor:
-        """Canary ``index`` as a unit vector of shape ``[dim]``, times ``scale``.
-
-        A new tensor, bit-identical to ``canary(index, device=device, dtype=dtype) * scale``
-        (multiplied in place; ``scale == 1`` skips the multiplication, exact as ``x * 1.0``).
-        """
-        out = torch.empty(self.dim, dtype=torch.float32)
-        self._fill_rows([index], out.view(1, -1))
-        out = out.to(device=device, dtype=dtype)  # self, or a copy: either way ours to modify
-        if scale != 1.0:
-            out.mul_(scale)
-        return out
-
-    def submit(self, index: int, *, scale: float = 1.0) -> Future[torch.Tensor]:
-        """Start generating ``canary(index, scale=scale)`` (CPU, float32) in a background thread.
-
-        Returns a :class:`~concurrent.futures.Future` whose ``result()`` is that tensor,
-        bit-identical to :meth:`canary`. With ``workers == 1`` the canary is generated now.
-        Each pending canary holds ``4 * dim`` bytes: bound how many are in flight.
-        """
-        return self._start(lambda: self.canary(index, scale=scale))
-
-    def submit_many(self, indices: Sequence[int], *, scale: float = 1.0) -> Future[torch.Tensor]:
-        """Start generating ``scale * c_j`` for every j in ``indices`` in a background thread.
-
-        Returns a :class:`~concurrent.futures.Future` of a ``[len(indices), dim]`` CPU float32
-        tensor whose row i is bit-identical to ``canary(indices[i], scale=scale)``: one task for
-        a whole cohort's canaries. It holds ``4 * dim * len(indices)`` bytes: bound the batch.
-        With ``workers == 1`` the batch is generated now. An index outside ``[0, num_canaries)``
-        raises ``IndexError`` from ``result()``.
-        """
-        idx = [int(j) for j in indices]
-        return self._start(lambda: self.batch(idx, scale=scale))
-
-    def _start(self, make: Callable[[], torch.Tensor]) -> Future[torch.Tensor]:
-        """``make()`` on the background thread, or now (as a finished Future) without one."""
-        pool = self.executor()
-        if pool is not None:
-            return pool.submit(make)
-        done: Future[torch.Tensor] = Future()
-        done.set_result(make())
-        return done
-
-    def batch(self, indices: Sequence[int], *, scale: float = 1.0) -> torch.Tensor:
-        """``scale * c_j`` for every j in ``indices``, generated now on this thread: a
-        ``[len(indices), dim]`` CPU float32 tensor, row i bit-identical to
-        ``canary(indices[i], scale=scale)``. Raises ``IndexError`` for an index outside
-        ``[0, num_canaries)``."""
-        out = torch.empty(len(indices), self.dim, dtype=torch.float32)
-        self._fill_rows(indices, out, scale)  # elementwise: each row as canary(j, scale=scale)
-        return out
-
-    def chunks(
-        self, indices: Sequence[int] | None = None, *, device: torch.device | str | None = None,
-        dtype: torch.dtype = torch.float32, workers: int | None = None,
-    ) -> Iterator[tuple[list[int], torch.Tensor]]:
-        """Yield ``(indices_chunk, canaries [b, dim])`` over ``indices`` (default: all).
-
-        ``workers``: threads filling a chunk, this one included (default: the set's
-        ``workers``; at most that many). While a task of :meth:`run_in_background` is queued or
-        running, chunks are filled on this thread alone. The values do not depend on either.
-        """
+    def _check_indices(self, indices: Sequence[int] | None) -> list[int]:
         idx = list(range(self.num_canaries)) if indices is None else [int(i) for i in indices]
-        nthreads = self.workers if workers is None else max(1, min(int(workers), self.workers))
-        buf = torch.empty(min(self.chunk_size, max(1, len(idx))), self.dim, dtype=torch.float32)
-        for start in range(0, len(idx), self.chunk_size):
-            part = idx[start:start + self.chunk_size]
-            # a long task holds the background thread: fill here rather than wait behind it
-            busy = self._long_tasks > 0
-            pool = self.executor() if len(part) > 1 and nthreads > 1 and not busy else None
-            if pool is None:
-                self._fill_rows(part, buf)
-            else:  # rows split over the pool's threads and this one, each row from its own seed
-                bounds = np.linspace(0, len(part), nthreads + 1).astype(int).tolist()
-                futures = [
-                    pool.submit(self._fill_rows, part[lo:hi], buf[lo:hi])
-                    for lo, hi in zip(bounds[1:-1], bounds[2:], strict=True)
-                ]
-                self._fill_rows(part[: bounds[1]], buf[: bounds[1]])
-                for fut in futures:
-                    fut.result()
-            yield part, buf[: len(part)].to(device=device, dtype=dtype)
+        for i in idx:
+            if not 0 <= i < self.num_canaries:
+                raise IndexError(f"canary index {i} out of range [0, {self.num_canaries})")
+        return idx
+
+    # every kind implements these two
+    def batch(
+        self, indices: Sequence[int], *, scale: float = 1.0, device: torch.device | str | None = None,
+    ) -> torch.Tensor:
+        """``scale * c_j`` for j in ``indices``: ``[len(indices), dim]`` float32 on ``device``.
+
+        Raises ``IndexError`` for an index outside ``[0, num_canaries)``."""
+        raise NotImplementedError
 
     def dots(
         self, vectors: torch.Tensor | Sequence[torch.Tensor], indices: Sequence[int] | None = None,
@@ -319,60 +165,210 @@ class CanarySet:
         """Dot products ``<c_j, v_m>``.
 
         Args:
-            vectors: one ``[dim]`` vector, an ``[M, dim]`` matrix, or a sequence of M ``[dim]``
-                vectors (not stacked: no copy is made). Any device, float.
+            vectors: one ``[dim]`` vector, an ``[M, dim]`` matrix or a sequence of M ``[dim]``
+                vectors (any floating dtype and device; canaries are made on that device).
             indices: canaries to use (default: all).
 
         Returns:
-            ``[n]`` for a single vector, ``[n, M]`` otherwise (float64 on the vectors' device),
-            n = number of canaries used. Each column is its own matrix-vector product, so a
-            result does not depend on which other vectors share the pass (a resumed run matches
-            an uninterrupted one bit for bit).
+            ``[n]`` for a single vector, ``[n, M]`` otherwise, float64 on the vectors' device
+            (n = number of canaries used). A column does not depend on the other columns.
+
+        Raises:
+            ValueError: a vector of the wrong size or dtype; IndexError: a bad index.
         """
-        single = isinstance(vectors, torch.Tensor) and vectors.dim() == 1
-        cols = [vectors] if single else list(vectors)
-        if not cols:
-            raise ValueError("no vectors given")
-        for v in cols:
-            if v.dim() != 1 or v.numel() != self.dim:
-                raise ValueError(f"vectors must have {self.dim} entries, got {tuple(v.shape)}")
-        device = cols[0].device
-        n = self.num_canaries if indices is None else len(indices)
-        out = torch.empty(n, len(cols), dtype=torch.float64, device=device)
-        pos = 0
-        for part, block in self.chunks(indices, device=device):
-            for m, v in enumerate(cols):
-                out[pos:pos + len(part), m] = torch.mv(block, v.to(torch.float32))
-            pos += len(part)
-        return out[:, 0] if single else out
+        raise NotImplementedError
+
+    def canary(
+        self, index: int, *, device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.float32, scale: float = 1.0,
+    ) -> torch.Tensor:
+        """Canary ``index`` times ``scale``, shape ``[dim]``."""
+        return self.batch([index], scale=scale, device=device)[0].to(dtype)
 
     def cosines(
         self, vectors: torch.Tensor | Sequence[torch.Tensor], indices: Sequence[int] | None = None,
     ) -> torch.Tensor:
-        """Cosines ``cos(c_j, v_m)``; arguments and shapes as :meth:`dots`.
+        """Cosines ``cos(c_j, v_m)`` in [-1, 1]; arguments and shapes as :meth:`dots`.
 
         A zero vector gives cosine 0. Raises ``ValueError`` for a vector with NaN or inf.
         """
-        single = isinstance(vectors, torch.Tensor) and vectors.dim() == 1
-        cols = [vectors] if single else list(vectors)
+        cols, single = _as_columns(vectors, self.dim)
         norms = torch.stack([torch.linalg.vector_norm(v.to(torch.float64)) for v in cols])
-        if not torch.isfinite(norms).all():
-            raise ValueError("cannot take cosines against a vector with NaN or inf entries")
+        if not bool(torch.isfinite(norms).all()):
+            raise ValueError("vectors: cannot take cosines against a vector with NaN or inf entries")
         dots = self.dots(cols, indices)
         safe = torch.where(norms > 0, norms, torch.ones_like(norms)).to(dots.device)
         cos = (dots / safe.unsqueeze(0)).clamp_(-1.0, 1.0)
         return cos[:, 0] if single else cos
 
-    def sum(self, indices: Sequence[int] | None = None, *, weights: torch.Tensor | None = None,
-            device: torch.device | str | None = None) -> torch.Tensor:
-        """``sum_j w_j c_j`` over ``indices`` as a ``[dim]`` float32 vector (memory O(dim))."""
+    def sum(
+        self, indices: Sequence[int] | None = None, *, weights: torch.Tensor | None = None,
+        device: torch.device | str | None = None,
+    ) -> torch.Tensor:
+        """``sum_j w_j c_j`` over ``indices`` (default: all; weights default 1): ``[dim]``
+        float32 on ``device``. Memory O(dim) beyond one chunk."""
+        idx = self._check_indices(indices)
         total = torch.zeros(self.dim, dtype=torch.float32, device=device)
-        pos = 0
-        for part, block in self.chunks(indices, device=device):
+        for start, block in self._blocks(idx, device):
             if weights is None:
                 total += block.sum(0)
             else:
-                w = weights[pos:pos + len(part)].to(device=block.device, dtype=block.dtype)
+                w = weights[start:start + block.shape[0]].to(device=block.device, dtype=block.dtype)
                 total += w @ block
-            pos += len(part)
         return total
+
+    def _blocks(self, idx: list[int], device: Any) -> Iterator[tuple[int, torch.Tensor]]:
+        step = max(1, _DEFAULT_CHUNK_ELEMENTS // self.dim)
+        for start in range(0, len(idx), step):
+            yield start, self.batch(idx[start:start + step], device=device)
+
+
+class GaussianCanaries(CanarySet):
+    """Canaries uniform on the sphere, regenerated chunk by chunk (see :class:`CanarySet`)."""
+
+    kind = "gaussian"
+
+    def __init__(
+        self, seed: int, dim: int, num_canaries: int, *, kind: str | None = None,
+        chunk_elements: int = _DEFAULT_CHUNK_ELEMENTS,
+    ) -> None:
+        super().__init__(seed, dim, num_canaries, kind=kind)
+        if chunk_elements < 1:
+            raise ValueError(f"chunk_elements must be >= 1, got {chunk_elements}")
+        self.chunk_size = max(1, int(chunk_elements) // self.dim)
+        self._seeds: dict[int, int] = {}  # SeedSequence hashing costs ~50 us: once per canary
+
+    def _fill(self, idx: list[int], out: torch.Tensor, scale: float) -> None:
+        gen = torch.Generator(device=out.device)
+        for i, j in enumerate(idx):
+            seed = self._seeds.get(j)
+            if seed is None:
+                seed = self._seeds[j] = canary_seed(self.seed, j)
+            gen.manual_seed(seed)
+            torch.randn(self.dim, generator=gen, out=out[i])
+        rows = out[: len(idx)]
+        rows.div_(torch.linalg.vector_norm(rows, 2.0, 1, True))
+        if scale != 1.0:
+            rows.mul_(scale)
+
+    def batch(
+        self, indices: Sequence[int], *, scale: float = 1.0, device: torch.device | str | None = None,
+    ) -> torch.Tensor:
+        idx = self._check_indices(indices)
+        out = torch.empty(len(idx), self.dim, dtype=torch.float32, device=device)
+        self._fill(idx, out, float(scale))
+        return out
+
+    def chunks(
+        self, indices: Sequence[int] | None = None, *, device: torch.device | str | None = None,
+    ) -> Iterator[tuple[list[int], torch.Tensor]]:
+        """Yield ``(indices_chunk, canaries [b, dim] float32)`` over ``indices`` (default: all),
+        at most ``chunk_size`` canaries at a time in one reused buffer."""
+        idx = self._check_indices(indices)
+        buf = torch.empty(min(self.chunk_size, max(1, len(idx))), self.dim, dtype=torch.float32,
+                          device=device)
+        for start in range(0, len(idx), self.chunk_size):
+            part = idx[start:start + self.chunk_size]
+            self._fill(part, buf, 1.0)
+            yield part, buf[: len(part)]
+
+    def _blocks(self, idx: list[int], device: Any) -> Iterator[tuple[int, torch.Tensor]]:
+        pos = 0
+        for part, block in self.chunks(idx, device=device):
+            yield pos, block
+            pos += len(part)
+
+    def dots(
+        self, vectors: torch.Tensor | Sequence[torch.Tensor], indices: Sequence[int] | None = None,
+    ) -> torch.Tensor:
+        cols, single = _as_columns(vectors, self.dim)
+        device = cols[0].device
+        idx = self._check_indices(indices)
+        out = torch.empty(len(idx), len(cols), dtype=torch.float64, device=device)
+        pos = 0
+        for part, block in self.chunks(idx, device=device):
+            for m, v in enumerate(cols):
+                out[pos:pos + len(part), m] = torch.mv(block, v.to(torch.float32))
+            pos += len(part)
+        return out[:, 0] if single else out
+
+
+class HadamardCanaries(CanarySet):
+    """Canaries that are rows of a randomly signed Walsh-Hadamard matrix (see :class:`CanarySet`).
+
+    Attributes:
+        n: the transform length 2^ceil(log2 dim).
+        rows: ``[num_canaries]`` int64, the row ``pi(j)`` of ``H D`` that canary j is.
+        signs: ``[n]`` float32 +-1, the diagonal D.
+    """
+
+    kind = "hadamard"
+
+    def __init__(self, seed: int, dim: int, num_canaries: int, *, kind: str | None = None) -> None:
+        super().__init__(seed, dim, num_canaries, kind=kind)
+        self.n = 1 << max(1, math.ceil(math.log2(self.dim)))
+        if self.num_canaries > self.n:
+            raise ValueError(
+                f"num_canaries: at most n = {self.n} Hadamard canaries exist for dim {self.dim}, "
+                f"got {self.num_canaries}"
+            )
+        rng = np.random.default_rng([self.seed, 0x4AD])
+        self.signs = torch.from_numpy(rng.integers(0, 2, self.n).astype(np.float32) * 2 - 1)
+        # pi: k distinct rows in random order (the first k of a uniform random permutation)
+        pi = rng.choice(self.n, size=self.num_canaries, replace=False)
+        self.rows = torch.from_numpy(np.asarray(pi, dtype=np.int64))
+        self.scale = 1.0 / math.sqrt(self.dim)
+        self._on: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _device_parts(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(signs [n], rows [k]) on ``device`` (copied once per device)."""
+        parts = self._on.get(device)
+        if parts is None:
+            parts = self._on[device] = (self.signs.to(device), self.rows.to(device))
+        return parts
+
+    def batch(
+        self, indices: Sequence[int], *, scale: float = 1.0, device: torch.device | str | None = None,
+    ) -> torch.Tensor:
+        idx = self._check_indices(indices)
+        dev = torch.device(device) if device is not None else torch.device("cpu")
+        signs, _ = self._device_parts(dev)
+        coords = torch.arange(self.dim, device=dev, dtype=torch.int64)
+        out = torch.empty(len(idx), self.dim, dtype=torch.float32, device=dev)
+        for i, j in enumerate(idx):  # H[r, c] = (-1)^popcount(r & c): parity by xor-folding
+            x = coords & int(self.rows[j])
+            for shift in (32, 16, 8, 4, 2, 1):
+                x ^= x >> shift
+            out[i] = 1 - 2 * (x & 1)
+        return out.mul_(signs[: self.dim]).mul_(self.scale * float(scale))
+
+    def sum(
+        self, indices: Sequence[int] | None = None, *, weights: torch.Tensor | None = None,
+        device: torch.device | str | None = None,
+    ) -> torch.Tensor:
+        """``sum_j w_j c_j`` by one transform: ``D * FWHT(e)`` truncated, ``e[pi(j)] = w_j``."""
+        idx = self._check_indices(indices)
+        dev = torch.device(device) if device is not None else torch.device("cpu")
+        signs, rows = self._device_parts(dev)
+        e = torch.zeros(self.n, dtype=torch.float32, device=dev)
+        w = torch.ones(len(idx), dtype=torch.float32, device=dev) if weights is None else (
+            weights[: len(idx)].to(device=dev, dtype=torch.float32))
+        e.index_add_(0, rows[torch.as_tensor(idx, dtype=torch.int64, device=dev)], w)
+        out = fwht(e)[: self.dim]
+        return out.mul_(signs[: self.dim]).mul_(self.scale)
+
+    def dots(
+        self, vectors: torch.Tensor | Sequence[torch.Tensor], indices: Sequence[int] | None = None,
+    ) -> torch.Tensor:
+        cols, single = _as_columns(vectors, self.dim)
+        device = cols[0].device
+        signs, rows = self._device_parts(device)
+        x = torch.zeros(self.n, len(cols), dtype=torch.float32, device=device)
+        for m, v in enumerate(cols):
+            x[: self.dim, m] = v.to(torch.float32)
+        x.mul_(signs.unsqueeze(1))
+        y = fwht(x)
+        sel = rows if indices is None else rows[torch.as_tensor(self._check_indices(indices), dtype=torch.int64, device=device)]
+        out = y[sel].to(torch.float64).mul_(self.scale)
+        return out[:, 0] if single else out
+

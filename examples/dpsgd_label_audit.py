@@ -408,12 +408,10 @@ def audited_run(args: argparse.Namespace) -> dict[str, Any]:
     trainer.fit(module, datamodule=dm)
     elapsed = time.perf_counter() - start
     acc = trainer.callback_metrics.get("val/accuracy")
-    report = canary.last_report or {}
-    est = report.get("estimates", {})
+    report = canary.last_report
 
     def value(name: str) -> float | None:
-        e = est.get(name)
-        return None if e is None else float(e.value)
+        return None if report is None else report.value(name)
 
     return {
         "noise_multiplier": sigma,
@@ -430,8 +428,8 @@ def audited_run(args: argparse.Namespace) -> dict[str, Any]:
         "canary_final_model_lo": value("final_model_lower_bound_heldout"),
         "canary_all_iterates": value("all_iterates"),
         "canary_all_iterates_lo": value("all_iterates_lower_bound_heldout"),
-        "canary_analytic": report.get("analytic_epsilon"),
-        "num_canaries": report.get("num_canaries_participated"),
+        "canary_analytic": None if report is None else report.analytic_epsilon,
+        "num_canaries": None if report is None else report.num_canaries_participated,
         "failures": check_records(
             lb.records, lb.single_step_epsilon, f"audited run sigma={sigma:g}"
         ),

@@ -33,7 +33,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--noise-multiplier", type=float, default=0.1, help="z: noise std / clip norm")
     p.add_argument("--clip-norm", type=float, default=1.0, help="C: L2 bound of a client update")
     p.add_argument("--canaries", type=int, default=None, help="observed canaries (default: min(1000, clients))")
-    p.add_argument("--unobserved", type=int, default=None, help="unobserved canaries (default: = canaries)")
+    p.add_argument("--unobserved", type=int, default=None,
+                   help="unobserved canaries (default: Hadamard min(n - k, 100000); Gaussian = canaries)")
+    p.add_argument("--kind", choices=["hadamard", "gaussian"], default="hadamard",
+                   help="canary kind (see CanaryAudit's canaries argument)")
     p.add_argument("--rounds", type=int, default=200, help="federated rounds")
     p.add_argument("--rounds-per-epoch", type=int, default=25, help="rounds between validations")
     p.add_argument("--clients", type=int, default=300, help="real clients")
@@ -73,7 +76,7 @@ def main(argv: list[str] | None = None) -> dict:
         delta=args.delta,
         seed=args.seed,
     )
-    audit = CanaryAudit(args.canaries, args.unobserved, seed=args.seed)
+    audit = CanaryAudit(args.canaries, args.unobserved, canaries=args.kind, seed=args.seed)
     logger = TensorBoardLogger(args.log_dir, name="federated_canary_audit")
     trainer = pl.Trainer(
         max_steps=args.rounds,

@@ -4,7 +4,7 @@ import torch
 from scipy import stats
 
 from audit_callbacks.canaries import CanarySet, canary_seed
-from audit_callbacks.canary_stats import CanaryStatistics
+from audit_callbacks.canary_stats import CanaryStatistics, group_rounds
 from audit_callbacks.estimators import cosine_null_cdf
 
 
@@ -126,8 +126,8 @@ def test_statistics_state_roundtrip_equals_uninterrupted():
 
 def test_memory_is_independent_of_the_number_of_canaries():
     # The set stores no canary: its size does not grow with k.
-    small = CanarySet(seed=0, dim=10_000, num_canaries=10)
-    large = CanarySet(seed=0, dim=10_000, num_canaries=100_000)
+    small = CanarySet(seed=0, dim=10_000, num_canaries=10, kind="gaussian")
+    large = CanarySet(seed=0, dim=10_000, num_canaries=100_000, kind="gaussian")
     assert vars(small).keys() == vars(large).keys()
     assert all(not isinstance(v, (torch.Tensor, np.ndarray)) for v in vars(large).values())
 
@@ -143,8 +143,8 @@ def test_compute_reuses_the_pass_when_nothing_changed(monkeypatch):
     st.add_delta(torch.randn(dim))
     theta = torch.randn(dim)
     calls = []
-    original = cs._fill_rows
-    monkeypatch.setattr(cs, "_fill_rows", lambda idx, out: (calls.extend(idx), original(idx, out)))
+    original = cs._fill
+    monkeypatch.setattr(cs, "_fill", lambda idx, out, scale: (calls.extend(idx), original(idx, out, scale)))
     first = st.compute(theta)
     assert len(calls) == 8
     again = st.compute(theta.clone())
@@ -160,8 +160,8 @@ def test_compute_reuses_the_pass_when_nothing_changed(monkeypatch):
 
 def test_a_canary_is_the_seeded_normal_vector_normalised():
     # the definition, computed here with plain torch calls: re-seeded Mersenne Twister, divided
-    # by the float32 norm. It pins the values whatever runs the loop (TorchScript or Python).
-    cs = CanarySet(seed=5, dim=4001, num_canaries=6, workers=1)
+    # by the float32 norm.
+    cs = CanarySet(seed=5, dim=4001, num_canaries=6, kind="gaussian")
     for j in (0, 5):
         gen = torch.Generator().manual_seed(canary_seed(5, j))
         ref = torch.randn(4001, generator=gen)
@@ -169,53 +169,21 @@ def test_a_canary_is_the_seeded_normal_vector_normalised():
         assert torch.equal(cs.canary(j), ref)
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-def test_compiled_canary_kernel_equals_the_python_loop(monkeypatch, threads):
-    import audit_callbacks._torchscript as ts
-    import audit_callbacks.canaries as mod
-
-    assert isinstance(mod._UNIT_ROWS, torch.jit.ScriptFunction)  # compiled on this torch
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        seeds = [canary_seed(1, j) for j in range(5)]
-        for scale in (1.0, 0.7):
-            ref = torch.empty(5, 70_001)
-            mod._unit_rows(torch.Generator(), seeds, ref, scale)
-            gen = torch.Generator()
-            for call in range(5):  # TorchScript's profiling executor re-plans after the first calls
-                out = torch.full((6, 70_001), float("nan"))
-                mod._UNIT_ROWS(gen, seeds[call:], out, scale)
-                assert torch.equal(out[: 5 - call], ref[call:]), (scale, call)
-                assert torch.isnan(out[5 - call:]).all()  # rows past the seeds are not touched
-    finally:
-        torch.set_num_threads(before)
-
-    # where TorchScript cannot compile, the plain loop runs and the canaries are unchanged
-    def fail(fn):
-        raise RuntimeError("no TorchScript here")
-
-    monkeypatch.setattr(torch.jit, "script", fail)
-    fallback = ts.compile_or_python(mod._unit_rows)
-    assert fallback is mod._unit_rows
-    compiled = CanarySet(seed=1, dim=3000, num_canaries=4, workers=1).batch(range(4), scale=0.5)
-    monkeypatch.setattr(mod, "_UNIT_ROWS", fallback)
-    again = CanarySet(seed=1, dim=3000, num_canaries=4, workers=1).batch(range(4), scale=0.5)
-    assert torch.equal(again, compiled)
-    # batch(scale) is the canary times scale, as canary(j, scale=scale) computes it
-    single = CanarySet(seed=1, dim=3000, num_canaries=4, workers=1)
-    assert torch.equal(compiled, torch.stack([single.canary(j, scale=0.5) for j in range(4)]))
+def test_batch_rows_are_the_canaries_times_scale():
+    single = CanarySet(seed=1, dim=3000, num_canaries=4, kind="gaussian")
+    rows = single.batch(range(4), scale=0.5)
+    assert torch.equal(rows, torch.stack([single.canary(j, scale=0.5) for j in range(4)]))
+    assert torch.equal(single.batch([2, 0, 2]), torch.stack([single.canary(j) for j in (2, 0, 2)]))
 
 
-def test_compiled_clipping_equals_eager_clipping():
-    # DP-FedAvg's clipping, compiled, gives the bits of the eager formula min(1, C / ||u||) * u
+def test_clipping_is_min_one_c_over_norm_times_u():
+    # DP-FedAvg's clipping gives the bits of the formula min(1, C / ||u||) * u
     from audit_callbacks.federated import clipping
 
-    assert isinstance(clipping._CLIP, torch.jit.ScriptFunction)
     g = torch.Generator().manual_seed(0)
     rows = torch.randn(7, 20_001, generator=g) * torch.tensor([0.1, 0.5, 1.0, 2.0, 30.0, 1.0, 0.0])[:, None]
     for clip_norm in (1.0, 0.37, 3):
-        for _ in range(4):  # TorchScript's profiling executor re-plans after the first calls
+        for _ in range(2):
             eager = rows.clone()
             norms = torch.linalg.vector_norm(eager, dim=1)
             eager.mul_(torch.clamp(clip_norm / norms.clamp_min(1e-12), max=1.0).unsqueeze(1))
@@ -225,3 +193,54 @@ def test_compiled_clipping_equals_eager_clipping():
             assert torch.equal(clipping.clipped_sum(rows, clip_norm), eager.sum(0))
         assert torch.all(torch.linalg.vector_norm(got.double(), dim=1) <= clip_norm * (1 + 1e-6))
     assert torch.equal(got[6], torch.zeros(20_001))  # a zero update stays zero
+
+
+def _run(cs, deltas, theta, *, max_buffered=1000, flush_at=(), reload_at=()):
+    st = CanaryStatistics(cs, 12, 12, max_buffered=max_buffered)
+    st.set_initial(torch.zeros(cs.dim))
+    for i, delta in enumerate(deltas, 1):
+        assert st.add_delta(delta)
+        if i in flush_at:
+            st.flush()
+        if i in reload_at:  # a checkpoint (flushes) and a fresh object, as a resumed run
+            resumed = CanaryStatistics(cs, 12, 12, max_buffered=max_buffered)
+            resumed.load_state_dict(st.state_dict())
+            st = resumed
+    return st.compute(theta)
+
+
+@pytest.mark.parametrize("dim", [64, 3000])
+def test_all_iterates_do_not_depend_on_when_the_passes_run(dim):
+    # max_buffered=1 puts a single delta in every pass: a product over the pending columns only
+    # (a matrix-vector product in disguise) rounds differently from the fixed 16-wide block.
+    torch.manual_seed(0)
+    cs = CanarySet(seed=1, dim=dim, num_canaries=24, kind="gaussian")
+    assert group_rounds(dim) == 16
+    deltas = [torch.randn(dim) for _ in range(37)]
+    theta = sum(deltas)
+    ref = _run(cs, deltas, theta)
+    variants = (
+        {"max_buffered": 1},
+        {"max_buffered": 5},
+        {"flush_at": {1, 2, 17, 18, 33}},
+        {"reload_at": {3, 16, 20, 36}},
+        {"max_buffered": 7, "reload_at": {9}},
+    )
+    for kwargs in variants:
+        got = _run(cs, deltas, theta, **kwargs)
+        for key in ref:
+            assert torch.equal(got[key], ref[key]), (kwargs, key)
+    # the final-model column is the per-column product of CanarySet.cosines, bit for bit
+    assert torch.equal(ref["final_observed"], cs.cosines(theta)[:12])
+    # and the all-iterates maxima are the exact ones up to float32 rounding of the products
+    full = torch.stack([cs.canary(j) for j in range(24)]).double()
+    deltas64 = torch.stack(deltas).double()
+    exact = ((full @ deltas64.t()) / torch.linalg.vector_norm(deltas64, dim=1)).max(dim=1).values
+    assert torch.allclose(ref["all_observed"], exact[:12], rtol=1e-5, atol=1e-7)
+    assert torch.allclose(ref["all_unobserved"], exact[12:], rtol=1e-5, atol=1e-7)
+
+
+def test_group_rounds_bounds_a_block_to_8_mib():
+    assert group_rounds(13_706) == 16
+    assert group_rounds(1_000_000) == 2
+    assert group_rounds(10_000_000) == 1

@@ -127,10 +127,10 @@ def test_lightning_make_private_tags_accountant_and_join_rate(tmp_path):
     eps = module.privacy_engine.get_epsilon(1e-5)
     assert eps == plain.privacy_engine.get_epsilon(1e-5)
     report = audit.last_report
-    assert report["analytic_epsilon"] == pytest.approx(eps)
-    assert report["analytic_epsilons"]["prv"] is not None and 0 < report["analytic_epsilons"]["prv"] < eps * 1.2
+    assert report.analytic_epsilon == pytest.approx(eps)
+    assert report.analytic_epsilons["prv"] is not None and 0 < report.analytic_epsilons["prv"] < eps * 1.2
     # canaries join at the example's rate: participations ~ Binomial(steps, q) per canary
-    steps, q = audit.injector.steps, audit.injector.sample_rate
+    steps, q = audit.backend.injector.steps, audit.backend.injector.sample_rate
     assert steps == sum(h[2] for h in module.privacy_engine.accountant.history)
     mean, sd = steps * q, math.sqrt(steps * q * (1 - q) / 150)
     assert abs(audit.participations.mean() - mean) < 4 * sd
@@ -147,7 +147,7 @@ def test_lightning_make_private_tags_accountant_and_join_rate(tmp_path):
     assert summary["inputs"]["training"] == "Opacus DP-SGD"
     assert summary["inputs"]["steps"] == steps and summary["inputs"]["accountant"] == "RDPAccountant"
     assert summary["analytic_epsilons"]["rdp"] == pytest.approx(eps)
-    for est in report["estimates"].values():
+    for est in report.estimates.values():
         assert est is None or (math.isfinite(est.value) and est.value <= 50)
 
 
@@ -157,11 +157,11 @@ def test_estimate_separates_loud_from_quiet_noise(tmp_path):
     quiet = CanaryAudit(150, 150, seed=0, bootstrap=0)
     _fit(tmp_path, [quiet], noise=0.3, logger=False, name="quiet")
     # all steps seen: the canary steps stand out at sigma 0.3 (analytic ~66), not at sigma 30
-    lo_loud = loud.last_report["estimates"]["all_iterates_lower_bound_heldout"].value
-    lo_quiet = quiet.last_report["estimates"]["all_iterates_lower_bound_heldout"].value
+    lo_loud = loud.last_report.estimates["all_iterates_lower_bound_heldout"].value
+    lo_quiet = quiet.last_report.estimates["all_iterates_lower_bound_heldout"].value
     assert lo_loud < 0.5 < 1.5 < lo_quiet
-    assert lo_quiet <= quiet.last_report["analytic_epsilon"]
-    assert loud.last_report["estimates"]["final_model_lower_bound_heldout"].value <= loud.last_report["analytic_epsilon"]
+    assert lo_quiet <= quiet.last_report.analytic_epsilon
+    assert loud.last_report.estimates["final_model_lower_bound_heldout"].value <= loud.last_report.analytic_epsilon
 
 
 def test_resume_gives_the_same_estimate(tmp_path):
@@ -174,10 +174,10 @@ def test_resume_gives_the_same_estimate(tmp_path):
     second = CanaryAudit(40, 40, seed=5, bootstrap=0)
     _fit(tmp_path / "c", [second, ModelCheckpoint(dirpath=str(tmp_path / "ckpt2"))], epochs=4, noise=0.0,
          poisson=False, logger=False, ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
-    assert second.injector.steps == full.injector.steps
+    assert second.backend.injector.steps == full.backend.injector.steps
     assert np.array_equal(second.participations, full.participations)
-    for key, est in full.last_report["estimates"].items():
-        got = second.last_report["estimates"][key]
+    for key, est in full.last_report.estimates.items():
+        got = second.last_report.estimates[key]
         assert (est is None) == (got is None), key
         if est is not None:
             assert got.value == pytest.approx(est.value, rel=1e-6, abs=1e-9), key
@@ -221,8 +221,24 @@ def test_lightning_gradient_accumulation_charges_canaries_like_the_accountant(tm
                          default_root_dir=str(tmp_path))
     trainer.fit(module, datamodule=dm)
     history = module.privacy_engine.accountant.history
-    assert audit.injector.steps == sum(s for _, _, s in history)
+    assert audit.backend.injector.steps == sum(s for _, _, s in history)
     expected = sum(s * q for _, q, s in history)  # mean joins per canary
     var = sum(s * q * (1 - q) for _, q, s in history) / 400
     assert abs(audit.participations.mean() - expected) < 4 * math.sqrt(var)
-    assert max(q for _, q, _ in history) == pytest.approx(2 * audit.injector.sample_rate)
+    assert max(q for _, q, _ in history) == pytest.approx(2 * audit.backend.injector.sample_rate)
+
+
+@pytest.mark.parametrize("kind", ["hadamard", "gaussian"])
+def test_accountant_untouched_and_validate_after_fit_with_every_callback(tmp_path, kind):
+    from audit_callbacks.callbacks import LabelDPLowerBound, LabelReconstructionAttack
+
+    _, plain = _fit(tmp_path, [], name="plain", logger=False, epochs=2)
+    ckpt = ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), monitor="val/accuracy", mode="max")
+    audit = CanaryAudit(100, canaries=kind, bootstrap=0)
+    callbacks = [audit, LabelReconstructionAttack(), LabelDPLowerBound(), ckpt]
+    trainer, module = _fit(tmp_path, callbacks, epochs=2)
+    assert module.privacy_engine.accountant.history == plain.privacy_engine.accountant.history
+    assert audit.last_report.analytic_epsilon == pytest.approx(module.privacy_engine.get_epsilon(1e-5))
+    fitted = audit.last_report
+    trainer.validate(module, datamodule=trainer.datamodule, ckpt_path="best")
+    assert audit.last_report is fitted

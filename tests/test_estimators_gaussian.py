@@ -18,6 +18,12 @@ from audit_callbacks.estimators import (
     gaussian_mu,
     two_gaussians_delta,
 )
+from audit_callbacks.estimators.gaussian import (
+    _eps_upper_bracket,
+    _epsilon_standardized_scalar,
+    _log_delta_standardized,
+    _log_delta_standardized_scalar,
+)
 
 
 def _balle_wang_eps(big_delta: float, delta: float) -> float:
@@ -215,3 +221,47 @@ def test_scalar_log_ndtr_matches_scipy_on_every_branch():
     got = np.array([_log_ndtr_scalar(float(x)) for x in xs])
     want = log_ndtr(xs)
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-300)
+
+
+def _bits(x: float) -> bytes:
+    return np.float64(x).tobytes()
+
+
+def test_scalar_two_gaussian_delta_is_the_vectorised_one_bit_for_bit():
+    rng = np.random.default_rng(0)
+    cases = [(0.0, 0.0, 1.0), (1.0, 0.0, 1.0), (2.0, -4.0, 1.0), (0.5, 0.0, 2.0), (0.5, 0.0, 0.5),
+             (1.0, 3.0, 1e170), (1.0, 1e-200, 1e-170), (1e3, 30.0, 0.01)]
+    for _ in range(4000):
+        scale_m, scale_r = rng.choice([0.1, 1.0, 5.0, 30.0]), rng.choice([0.0, 0.05, 0.3, 1.0, 3.0])
+        eps = float(np.exp(rng.normal(0.0, 2.0)))
+        cases.append((eps, float(rng.normal(0.0, scale_m)), float(np.exp(rng.normal(0.0, scale_r)))))
+    for eps, m, r in cases:
+        with np.errstate(all="ignore"):  # the extreme r overflow on purpose
+            want = float(_log_delta_standardized(eps, m, r))
+        got = _log_delta_standardized_scalar(eps, m, r)
+        assert _bits(got) == _bits(want), (eps, m, r, got, want)
+
+
+def _epsilon_vectorised(m: float, r: float, delta: float) -> float:
+    """The root finding of _epsilon_standardized_scalar on the vectorised delta (the reference)."""
+    log_target = math.log(delta)
+    floor = log_target - 700.0
+
+    def f(eps: float) -> float:
+        return max(float(_log_delta_standardized(eps, m, r)), floor) - log_target
+
+    if f(0.0) <= 0.0:
+        return 0.0
+    hi = float(_eps_upper_bracket(np.float64(m), np.float64(r), delta))
+    while f(hi) > 0.0:
+        hi *= 2.0
+    return float(brentq(f, 0.0, hi, xtol=1e-12, rtol=4 * np.finfo(float).eps, maxiter=500))
+
+
+def test_scalar_epsilon_root_is_unchanged():
+    rng = np.random.default_rng(1)
+    for i in range(60):
+        m = float(rng.normal(0.0, [0.1, 1.0, 5.0][i % 3]))
+        r = float(np.exp(rng.normal(0.0, [0.0, 0.1, 1.0][i % 3])))
+        delta = float(10.0 ** -rng.uniform(1, 10))
+        assert _epsilon_standardized_scalar(m, r, delta) == _epsilon_vectorised(m, r, delta), (m, r, delta)

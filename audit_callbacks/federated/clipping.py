@@ -1,38 +1,15 @@
-"""Per-client update clipping of DP-FedAvg (McMahan et al. 2018; paper 003 Alg. 2, step 3).
+"""Per-client update clipping of DP-FedAvg (McMahan et al. 2018; Andrew et al. 2024, Alg. 2, step 3).
 
 Shared by :class:`~audit_callbacks.federated.DPFedAvg` and by the owners of virtual clients that
 give the module the sum of their clipped updates (``federated_client_update_sum``, see
-:mod:`audit_callbacks.federated.protocol`): the same compiled operations on the same rows give
-the same bits wherever they run. Both functions are compiled with TorchScript
-(:mod:`audit_callbacks._torchscript`), so a background thread that clips runs them without
-taking the GIL back from training between operations.
+:mod:`audit_callbacks.federated.protocol`).
 """
 
 from __future__ import annotations
 
 import torch
 
-from audit_callbacks._torchscript import compile_or_python
-
 __all__ = ["clip_updates_", "clipped_sum"]
-
-
-def _clip_rows(updates: torch.Tensor, clip_norm: float) -> torch.Tensor:
-    norms = torch.linalg.vector_norm(updates, 2.0, [1])
-    # C / ||u||, written as eager torch computes ``clip_norm / tensor``: reciprocal, then times C
-    factors = torch.clamp(norms.clamp_min(1e-12).reciprocal() * clip_norm, max=1.0)
-    updates.mul_(factors.unsqueeze(1))
-    return norms
-
-
-def _clipped_sum(rows: torch.Tensor, clip_norm: float) -> torch.Tensor:
-    clipped = rows.clone()
-    _clip_rows(clipped, clip_norm)
-    return clipped.sum(0)
-
-
-_CLIP = compile_or_python(_clip_rows)
-_CLIPPED_SUM = compile_or_python(_clipped_sum)
 
 
 def clip_updates_(updates: torch.Tensor, clip_norm: float) -> torch.Tensor:
@@ -46,11 +23,16 @@ def clip_updates_(updates: torch.Tensor, clip_norm: float) -> torch.Tensor:
         The row norms before clipping, ``[m]`` (NaN or inf for a non-finite row, which the
         caller should reject: such a row is not clipped to a finite vector).
     """
-    return _CLIP(updates, float(clip_norm))
+    norms = torch.linalg.vector_norm(updates, 2.0, 1)
+    factors = torch.clamp(float(clip_norm) / norms.clamp_min(1e-12), max=1.0)
+    updates.mul_(factors.unsqueeze(1))
+    return norms
 
 
 def clipped_sum(rows: torch.Tensor, clip_norm: float) -> torch.Tensor:
     """The sum ``[d]`` of the rows of ``rows`` ``[m, d]``, each clipped as
     :func:`clip_updates_` clips it (``rows`` is left as it is): the same bits as
     ``clip_updates_(rows.clone(), C)`` followed by ``.sum(0)``."""
-    return _CLIPPED_SUM(rows, float(clip_norm))
+    clipped = rows.clone()
+    clip_updates_(clipped, clip_norm)
+    return clipped.sum(0)

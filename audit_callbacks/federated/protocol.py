@@ -8,9 +8,9 @@ skips those that do not define it. All tensors are flat parameter vectors of dim
 Virtual clients (canaries) are registered with
 :meth:`DPFedAvg.register_virtual_clients <audit_callbacks.federated.DPFedAvg.register_virtual_clients>`
 from the callback's ``setup`` or ``on_fit_start``. A virtual client joins the population and is
-sampled by exactly the same rule as a real client (paper 003 §4, Alg. 2); when it is sampled the
+sampled by exactly the same rule as a real client (Andrew et al., ICLR 2024, §4, Alg. 2); when it is sampled the
 module asks its owner for its update. An owner may also give a ``schedule`` that forces some of its
-clients into chosen rounds, outside the sampling (repeated canary presentations, paper 003 §5.2).
+clients into chosen rounds, outside the sampling (repeated canary presentations, Andrew et al. §5.2).
 
 Order within one round ``t`` (1-based, ``t = pl_module.round``):
 

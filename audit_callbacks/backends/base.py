@@ -1,0 +1,127 @@
+"""What every canary backend shares: the audit's configuration, the canaries and their
+statistics, the participation counts, and their state for resume."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from audit_callbacks.canaries import CanarySet
+from audit_callbacks.canary_stats import CanaryStatistics
+
+__all__ = ["CanaryBackend", "CanaryConfig"]
+
+DEFAULT_CANARIES = 1000
+DEFAULT_HADAMARD_UNOBSERVED = 100_000
+_BUFFER_BYTES = 16 << 20  # Gaussian canaries: model deltas buffered between passes
+
+
+@dataclass(frozen=True)
+class CanaryConfig:
+    """The audit's settings, as :class:`~audit_callbacks.callbacks.CanaryAudit` received them.
+
+    ``num_canaries`` / ``num_unobserved`` None: the defaults (k = min(1000, population);
+    k' = k for Gaussian canaries, min(n - k, 100,000) for Hadamard canaries, n the transform
+    length).
+    """
+
+    num_canaries: int | None = None
+    num_unobserved: int | None = None
+    kind: str = "hadamard"
+    seed: int = 0
+    repeats: int | None = None
+    sample_rate: float | None = None
+    max_buffered_rounds: int | None = None
+
+
+class CanaryBackend:
+    """Base of the backends: owns the canaries (observed ``0..k-1``, unobserved ``k..k+k'-1``),
+    their :class:`CanaryStatistics` and the participation counts ``[k]``.
+
+    Subclasses set :attr:`training` and implement :meth:`flat_parameters`, :meth:`progress`,
+    :meth:`analytic` and :meth:`summary_inputs`.
+    """
+
+    training = "abstract"
+    sign = 1.0
+
+    def __init__(self, config: CanaryConfig, warn: Callable[[str, str], None]) -> None:
+        self.config = config
+        self.warn = warn  # warn(key, message): once per key
+        self.stats: CanaryStatistics | None = None
+        self.participations = np.zeros(0, dtype=np.int64)
+
+    def _make_stats(self, dim: int, population: int | None) -> None:
+        """Create the canaries and their statistics for a model of ``dim`` parameters."""
+        if dim < 2:
+            raise ValueError(f"the model has {dim} trainable parameter(s); canaries need d >= 2")
+        cfg = self.config
+        if cfg.num_canaries is not None:
+            k = int(cfg.num_canaries)
+        else:
+            k = min(DEFAULT_CANARIES, population) if population else DEFAULT_CANARIES
+        if cfg.num_unobserved is not None:
+            k_un = int(cfg.num_unobserved)
+        elif cfg.kind == "hadamard":
+            n = 1 << max(1, (dim - 1).bit_length())
+            k_un = max(0, min(n - k, DEFAULT_HADAMARD_UNOBSERVED))
+        else:
+            k_un = k
+        canaries = CanarySet(cfg.seed, dim, k + k_un, kind=cfg.kind)
+        buffered = cfg.max_buffered_rounds or max(1, _BUFFER_BYTES // (4 * dim))
+        self.stats = CanaryStatistics(canaries, k, k_un, sign=self.sign, max_buffered=buffered)
+        self.participations = np.zeros(k, dtype=np.int64)
+
+    @property
+    def num_canaries(self) -> int:
+        return 0 if self.stats is None else self.stats.num_observed
+
+    @property
+    def num_unobserved(self) -> int:
+        return 0 if self.stats is None else self.stats.num_unobserved
+
+    def fold(self, delta: torch.Tensor, what: str) -> None:
+        """Fold one round's (step's) model delta; a non-finite one is skipped with a warning."""
+        assert self.stats is not None
+        if not self.stats.add_delta(delta):
+            self.warn("nan", f"CanaryAudit: {what} produced a model delta with NaN or inf; it is "
+                      "skipped by the all-iterates statistic")
+
+    # subclasses ---------------------------------------------------------------------------
+    def flat_parameters(self) -> torch.Tensor:
+        """The flat model ``[d]`` whose deltas are audited."""
+        raise NotImplementedError
+
+    def progress(self) -> int:
+        """Rounds (DP-FedAvg) or logical steps (DP-SGD) taken so far."""
+        raise NotImplementedError
+
+    def analytic(self, delta: float) -> dict[str, float | None]:
+        """``{"accountant": epsilon, ...}``: the analytic epsilon of a canary at ``delta``."""
+        raise NotImplementedError
+
+    def summary_inputs(self) -> dict[str, Any]:
+        """The training's settings for the summary JSON."""
+        raise NotImplementedError
+
+    def detach(self) -> None:
+        """Undo what was installed into the training (nothing by default)."""
+
+    # state --------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        assert self.stats is not None
+        return {"stats": self.stats.state_dict(), "participations": self.participations.tolist()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`; raises ``ValueError`` naming what does not match."""
+        assert self.stats is not None
+        self.stats.load_state_dict(state["stats"])
+        saved = np.asarray(state["participations"], dtype=np.int64)
+        if saved.shape != self.participations.shape:
+            raise ValueError(f"checkpointed participations cover {saved.size} canaries, this run "
+                             f"has {self.participations.size}")
+        self.participations[:] = saved

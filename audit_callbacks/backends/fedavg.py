@@ -1,0 +1,157 @@
+"""Canary clients in :class:`~audit_callbacks.federated.DPFedAvg` (Andrew et al., "One-shot
+Empirical Privacy Estimation for Federated Learning", ICLR 2024, Alg. 2 and §5.2).
+
+Canary clients join the client population and are sampled by exactly the same rule as the real
+clients; a sampled canary client ``j`` returns ``clip_norm * c_j``. The backend is the owner of
+the virtual clients (:mod:`audit_callbacks.federated.protocol`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from audit_callbacks.backends.base import CanaryBackend, CanaryConfig
+from audit_callbacks.federated.clipping import clipped_sum
+
+__all__ = ["FedAvgBackend", "crowding_warning"]
+
+_CROWDING_SHARE = 0.1  # canaries' share of the population from which a warning says what it costs
+_BLOCK = "canary"
+
+
+def crowding_warning(k: int, n_real: int, per_round: int | None) -> str | None:
+    """The warning for ``k`` sampled canary clients among ``n_real`` real ones, or None when
+    they are less than 10% of the population: they take about k / (N + k) of every cohort's
+    places, and the message gives the ``clients_per_round`` that keeps the real clients a round.
+    """
+    if n_real <= 0 or k <= 0 or k / (n_real + k) < _CROWDING_SHARE:
+        return None
+    share = k / (n_real + k)
+    hint = ""
+    if per_round:
+        keep = math.ceil(per_round * (n_real + k) / n_real)
+        hint = f"; to keep {per_round} real clients a round on average, set clients_per_round={keep}"
+    what = "outnumber" if k > n_real else "are a large share of the population next to"
+    return (f"CanaryAudit: {k} canary clients {what} the {n_real} real clients, so about "
+            f"{share:.0%} of every cohort are canaries in places real clients would take, which "
+            f"slows learning{hint}, or pass a smaller num_canaries")
+
+
+class FedAvgBackend(CanaryBackend):
+    """Canary clients of a ``DPFedAvg`` module.
+
+    Args:
+        config: the audit's settings.
+        module: the ``DPFedAvg`` LightningModule.
+        total_rounds: called once, when ``config.repeats`` is set, for the run's length.
+        warn: ``warn(key, message)``, once per key.
+
+    Raises:
+        ValueError: a model with fewer than 2 parameters, more Hadamard canaries than the
+            transform length.
+    """
+
+    training = "DP-FedAvg"
+    sign = 1.0
+
+    def __init__(
+        self, config: CanaryConfig, module: Any, total_rounds: Callable[[], int],
+        warn: Callable[[str, str], None],
+    ) -> None:
+        super().__init__(config, warn)
+        self.module = module
+        self._total_rounds = total_rounds
+        self._schedule: dict[int, list[int]] | None = None
+        n_real = int(module.num_real_clients)
+        self._make_stats(int(module.num_parameters), n_real)
+        if config.repeats is None:
+            message = crowding_warning(self.num_canaries, n_real, getattr(module, "clients_per_round", None))
+            if message:
+                warn("crowding", message)
+        self.register()
+
+    def register(self) -> None:
+        """Register the canary clients with the module (sampled, or on their schedule)."""
+        schedule = None if self.config.repeats is None else self._scheduled
+        self.module.register_virtual_clients(self, self.num_canaries, name=_BLOCK, schedule=schedule)
+
+    def _scheduled(self, round_idx: int) -> list[int]:
+        """Repeated presentations (§5.2): each canary joins one uniformly chosen round of each of
+        ``repeats`` equal periods of training."""
+        if self._schedule is None:
+            total, repeats = self._total_rounds(), int(self.config.repeats or 1)
+            rng = np.random.default_rng([self.config.seed, 0x5C4ED])
+            bounds = np.linspace(0, total, repeats + 1).astype(int)
+            schedule: dict[int, list[int]] = {}
+            for p in range(repeats):
+                lo, hi = int(bounds[p]), max(int(bounds[p + 1]), int(bounds[p]) + 1)
+                for j, r in enumerate((rng.integers(lo, hi, size=self.num_canaries) + 1).tolist()):
+                    schedule.setdefault(r, []).append(j)
+            self._schedule = schedule
+        return self._schedule.get(round_idx, [])
+
+    # the virtual clients' updates (protocol) ------------------------------------------------
+    def _device_dtype(self) -> tuple[torch.device, torch.dtype]:
+        first = next(iter(self.module.trainable_parameters()))
+        return first.device, first.dtype
+
+    def federated_client_updates(
+        self, trainer: Any, pl_module: Any, indices: np.ndarray, round_idx: int, clip_norm: float,
+        out: torch.Tensor,
+    ) -> None:
+        """Write ``clip_norm * c_j`` for the canary clients ``indices`` into ``out`` ``[m, d]``."""
+        assert self.stats is not None
+        out.copy_(self.stats.canaries.batch(indices.tolist(), scale=clip_norm, device=out.device))
+
+    def federated_client_update_sum(
+        self, trainer: Any, pl_module: Any, indices: np.ndarray, round_idx: int, clip_norm: float,
+    ) -> torch.Tensor:
+        """The sum ``[d]`` of the canary clients' updates ``clip_norm * c_j``, each clipped to
+        ``clip_norm`` (Hadamard canaries: one transform; every canary has the same norm, so one
+        clip factor; Gaussian canaries: the rows, clipped and summed)."""
+        assert self.stats is not None
+        device, dtype = self._device_dtype()
+        canaries, idx = self.stats.canaries, indices.tolist()
+        if canaries.kind == "hadamard":
+            one = canaries.batch(idx[:1], scale=clip_norm, device=device).to(dtype)
+            factor = min(1.0, float(clip_norm) / max(float(torch.linalg.vector_norm(one)), 1e-12))
+            return canaries.sum(idx, device=device).to(dtype).mul_(float(clip_norm) * factor)
+        return clipped_sum(canaries.batch(idx, scale=clip_norm, device=device).to(dtype), clip_norm)
+
+    # rounds ---------------------------------------------------------------------------------
+    def on_round_start(self, cohort: Any) -> None:
+        idx = cohort.virtual.get(_BLOCK)
+        if idx is not None and idx.size:
+            np.add.at(self.participations, idx, 1)
+
+    def on_round_end(self, round_idx: int, model_delta: torch.Tensor) -> None:
+        self.fold(model_delta, f"round {round_idx}")
+
+    def flat_parameters(self) -> torch.Tensor:
+        return self.module.flat_parameters()
+
+    def progress(self) -> int:
+        return int(self.module.round)
+
+    def analytic(self, delta: float) -> dict[str, float | None]:
+        """The Gaussian mechanism composed over the most-sampled canary's rounds, if the
+        adversary knows them (the module's ``analytic_epsilon``)."""
+        max_part = int(self.participations.max(initial=0))
+        return {"accountant": self.module.analytic_epsilon(max_part)}
+
+    def summary_inputs(self) -> dict[str, Any]:
+        m = self.module
+        return {
+            "repeats": self.config.repeats,
+            "rounds": int(m.round),
+            "noise_multiplier": m.noise_multiplier,
+            "clip_norm": m.clip_norm,
+            "clients_per_round": m.clients_per_round,
+            "sampling": m.sampling,
+            "num_real_clients": m.num_real_clients,
+        }

@@ -1,0 +1,133 @@
+"""Gradient canaries in Opacus DP-SGD (example-level canaries; the canary construction of Andrew
+et al., ICLR 2024, Alg. 2, with a canary in the place of a training example).
+
+Each canary joins every logical step with the sampling rate the accountant is charged for and
+adds ``max_grad_norm * c_j`` to the sum of clipped per-example gradients before the noise
+(:class:`~audit_callbacks.dpsgd.GradientCanaryInjector`). The model moves against gradients, so
+the statistics are ``cos(c_j, theta_0 - theta_t)`` and ``max_t cos(c_j, theta_{t-1} - theta_t)``.
+The analytic epsilon is the run's own Opacus accountant's, with Opacus' RDP and PRV epsilons
+of the same history beside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from audit_callbacks.backends.base import CanaryBackend, CanaryConfig
+from audit_callbacks.dpsgd import (
+    GradientCanaryInjector,
+    accountant_epsilon,
+    analytic_epsilons,
+    find_accountant,
+    find_dp_optimizer,
+    flat_parameters,
+)
+
+__all__ = ["OpacusBackend"]
+
+
+class OpacusBackend(CanaryBackend):
+    """Gradient canaries of the trainer's Opacus ``DPOptimizer``.
+
+    Args:
+        config: the audit's settings (``sample_rate``: the canaries' rate, default the rate
+            the accountant is charged, else ``1 / num_batches``).
+        optimizers: the trainer's optimizers (``trainer.optimizers``).
+        num_examples: the training set's size (caps the default k), or None.
+        num_batches: the training loader's length (the fallback rate), or None.
+        warn: ``warn(key, message)``, once per key.
+
+    Raises:
+        TypeError: no ``DPOptimizer`` among ``optimizers``.
+        ValueError: no rate can be found, a model with fewer than 2 parameters.
+    """
+
+    training = "Opacus DP-SGD"
+    sign = -1.0
+
+    def __init__(
+        self, config: CanaryConfig, optimizers: Any, num_examples: int | None,
+        num_batches: int | None, warn: Callable[[str, str], None],
+    ) -> None:
+        super().__init__(config, warn)
+        opt = find_dp_optimizer(optimizers)
+        if opt is None:
+            raise TypeError(
+                "CanaryAudit audits DP-FedAvg (audit_callbacks.federated.DPFedAvg) or Opacus "
+                "DP-SGD, but the trainer has no Opacus DPOptimizer: return the optimizer of "
+                "PrivacyEngine().make_private(...) from configure_optimizers"
+            )
+        self.accountant, rate = find_accountant(opt)
+        if config.sample_rate is not None:
+            rate = config.sample_rate
+        if rate is None:
+            if not num_batches:
+                raise ValueError(
+                    "CanaryAudit: cannot tell the DP-SGD sampling rate (no Opacus accountant hook "
+                    "and no sized train dataloader); pass CanaryAudit(sample_rate=...)"
+                )
+            rate = 1.0 / num_batches
+            warn("rate", "CanaryAudit: no Opacus accountant found on the optimizer's step hook; "
+                 f"canaries join with rate 1/len(train_dataloader) = {rate:.4g}")
+        if self.accountant is None:
+            warn("acc", "CanaryAudit: no Opacus accountant found on the optimizer's step hook; "
+                 "the analytic epsilon is computed from the steps this callback counts")
+        self._make_stats(int(sum(p.numel() for p in opt.params)), num_examples)
+        assert self.stats is not None
+        self.injector = GradientCanaryInjector(opt, self.stats.canaries, self.num_canaries, rate,
+                                               seed=config.seed)
+        self.participations = self.injector.participations  # one array, counted by the injector
+        self._theta_prev = self.flat_parameters()
+        self._steps_seen = 0
+
+    def flat_parameters(self) -> torch.Tensor:
+        return flat_parameters(self.injector.optimizer.params)
+
+    def progress(self) -> int:
+        return int(self.injector.steps)
+
+    def after_batch(self) -> None:
+        """After an optimizer call: fold the parameter delta if a logical step was taken
+        (gradient accumulation and ``BatchMemoryManager`` take none on most batches)."""
+        steps = self.injector.steps
+        if steps == self._steps_seen:
+            return
+        theta = self.flat_parameters()
+        self.fold(theta - self._theta_prev, f"step {steps}")
+        self._theta_prev, self._steps_seen = theta, steps
+
+    def analytic(self, delta: float) -> dict[str, float | None]:
+        """The run's accountant's epsilon and Opacus' RDP and PRV epsilons of its history."""
+        acc = self.accountant
+        history = list(getattr(acc, "history", None) or [])
+        if not history and self.injector.steps:
+            opt = self.injector.optimizer
+            history = [(float(opt.noise_multiplier), self.injector.sample_rate, self.injector.steps)]
+        out = analytic_epsilons(history, delta)
+        own = accountant_epsilon(acc, delta) if history else None
+        return {"accountant": out["rdp"] if own is None else own, **out}
+
+    def summary_inputs(self) -> dict[str, Any]:
+        opt = self.injector.optimizer
+        return {
+            "steps": self.injector.steps,
+            "noise_multiplier": float(opt.noise_multiplier),
+            "max_grad_norm": float(opt.max_grad_norm),
+            "expected_batch_size": opt.expected_batch_size,
+            "sample_rate": self.injector.sample_rate,
+            "accountant": None if self.accountant is None else type(self.accountant).__name__,
+        }
+
+    def detach(self) -> None:
+        self.injector.detach()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "steps": int(self.injector.steps)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.injector.steps = self._steps_seen = int(state.get("steps", 0))
+        self._theta_prev = self.flat_parameters()

@@ -1,0 +1,218 @@
+"""Hadamard canaries: the transform, the rows, their statistics, and the estimates they give."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy.linalg import hadamard
+
+from audit_callbacks.canaries import CanarySet, HadamardCanaries, fwht
+from audit_callbacks.canary_stats import CanaryStatistics
+from audit_callbacks.estimators import gaussian_epsilon
+from audit_callbacks.estimators.canary_epsilon import estimate_epsilon_from_cosines
+from audit_callbacks.estimators.canary_report import canary_report
+from audit_callbacks.estimators.lower_bound import estimate_epsilon_lower_bound_from_cosines
+
+
+@pytest.mark.parametrize("n", [1, 2, 4, 8, 64, 256])
+def test_fwht_is_the_hadamard_matrix_product(n):
+    H = torch.tensor(hadamard(n), dtype=torch.float64)
+    x = torch.randn(n, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(n))
+    assert torch.allclose(fwht(x), H @ x, atol=1e-12)
+    assert torch.allclose(fwht(x[:, 0]), H @ x[:, 0], atol=1e-12)
+    assert torch.allclose(fwht(fwht(x)), n * x, atol=1e-9)  # H H = n I
+    before = x.clone()
+    fwht(x)
+    assert torch.equal(x, before)  # the input is not modified
+
+
+def test_fwht_rejects_bad_input():
+    with pytest.raises(ValueError, match="power of 2"):
+        fwht(torch.zeros(6))
+    with pytest.raises(ValueError, match="floating"):
+        fwht(torch.zeros(8, dtype=torch.int64))
+
+
+def test_a_canary_is_its_row_of_the_signed_hadamard_matrix():
+    # large n: the per-canary definition computed through the transform of a unit vector
+    dim = 70_001
+    cs = CanarySet(seed=3, dim=dim, num_canaries=40, kind="hadamard")
+    assert isinstance(cs, HadamardCanaries) and cs.n == 131_072
+    for j in (0, 17, 39):
+        e = torch.zeros(cs.n, dtype=torch.float64)
+        e[int(cs.rows[j])] = 1.0
+        ref = (fwht(e)[:dim] * cs.signs[:dim].double() / math.sqrt(dim)).float()
+        got = cs.canary(j)
+        assert torch.equal(got, ref), j
+        assert torch.linalg.vector_norm(got.double()).item() == pytest.approx(1.0, abs=1e-6)
+    # small n: against the explicit matrix
+    small = CanarySet(seed=1, dim=12, num_canaries=16, kind="hadamard")
+    H = torch.tensor(hadamard(16), dtype=torch.float32)
+    explicit = (H[small.rows][:, :12] * small.signs[:12]) / math.sqrt(12)
+    assert torch.allclose(small.batch(range(16)), explicit, atol=1e-7)
+
+
+def test_dots_and_sums_by_one_transform_equal_the_rows():
+    dim = 5000
+    cs = CanarySet(seed=2, dim=dim, num_canaries=300, kind="hadamard")
+    rows = cs.batch(range(300)).double()
+    g = torch.Generator().manual_seed(0)
+    v = torch.randn(dim, generator=g)
+    w = torch.randn(3, dim, generator=g)
+    assert torch.allclose(cs.dots(v), rows @ v.double(), atol=1e-5)
+    assert torch.allclose(cs.dots(w), rows @ w.double().t(), atol=1e-5)
+    idx = [5, 0, 299, 5]
+    assert torch.allclose(cs.dots(v, idx), rows[idx] @ v.double(), atol=1e-5)
+    assert torch.allclose(cs.sum(idx).double(), rows[idx].sum(0), atol=1e-6)
+    weights = torch.tensor([0.5, -1.0, 2.0, 1.0])
+    assert torch.allclose(cs.sum(idx, weights=weights).double(), weights.double() @ rows[idx], atol=1e-6)
+    cos = cs.cosines(v)
+    assert torch.allclose(cos, rows @ v.double() / torch.linalg.vector_norm(v.double()), atol=1e-7)
+
+
+def test_rows_are_seeded_distinct_and_orthogonal_at_full_length():
+    a = CanarySet(seed=4, dim=1024, num_canaries=1024, kind="hadamard")
+    assert torch.equal(a.rows, CanarySet(seed=4, dim=1024, num_canaries=1024, kind="hadamard").rows)
+    assert a.rows.unique().numel() == 1024  # every row once
+    assert not torch.equal(a.rows[:10], CanarySet(seed=5, dim=1024, num_canaries=10, kind="hadamard").rows)
+    rows = a.batch(range(1024)).double()
+    assert torch.allclose(rows @ rows.t(), torch.eye(1024, dtype=torch.float64), atol=1e-6)
+    with pytest.raises(ValueError, match="num_canaries"):
+        CanarySet(seed=0, dim=1000, num_canaries=1025, kind="hadamard")
+    with pytest.raises(ValueError, match="kind"):
+        CanarySet(seed=0, dim=1000, num_canaries=5, kind="sparse")
+    with pytest.raises(IndexError):
+        a.canary(1024)
+
+
+def test_memory_is_o_of_n_plus_k():
+    cs = CanarySet(seed=0, dim=100_000, num_canaries=50_000, kind="hadamard")
+    held = sum(v.numel() * v.element_size() for v in vars(cs).values() if isinstance(v, torch.Tensor))
+    assert held == 4 * cs.n + 8 * 50_000
+
+
+def test_cosines_with_a_fixed_vector_have_mean_zero_and_variance_one_over_d():
+    # Parseval: over all n rows the squared dot products average ||v||^2 (exact); a random
+    # subset of rows has mean 0 and variance 1/d
+    dim = 4096
+    cs = CanarySet(seed=6, dim=dim, num_canaries=4096, kind="hadamard")
+    v = torch.randn(dim, generator=torch.Generator().manual_seed(1))
+    cos = cs.cosines(v).numpy()
+    assert np.mean(cos**2) == pytest.approx(1 / dim, rel=1e-6)
+    assert abs(np.mean(cos[:500])) < 4 / math.sqrt(500 * dim)
+
+
+def _round(kind: str, dim: int, k: int, k_un: int, sigma: float, seed: int, real: torch.Tensor | None = None):
+    """One Gaussian-mechanism release: canaries 0..k-1 inserted (each the clipped update
+    c_j, C = 1), noise sigma N(0, I), plus an optional real update; cosines of all canaries."""
+    cs = CanarySet(seed=seed, dim=dim, num_canaries=k + k_un, kind=kind)
+    g = torch.Generator().manual_seed(seed + 1000)
+    release = cs.sum(range(k)).double() + sigma * torch.randn(dim, generator=g, dtype=torch.float64)
+    if real is not None:
+        release = release + real.double()
+    cos = cs.cosines(release).numpy()
+    return cos[:k], cos[k:]
+
+
+def test_standardized_shift_is_one_over_sigma_for_both_kinds():
+    # the shift of observed against unobserved cosines, in units of the null's sd, is 1/sigma
+    # (Andrew et al. Thm 3.3); Hadamard and Gaussian canaries agree
+    dim, k, k_un, sigma = 16_384, 1000, 8000, 2.0
+    shifts = {}
+    for kind in ("hadamard", "gaussian"):
+        obs, un = _round(kind, dim, k, k_un, sigma, seed=3)
+        shifts[kind] = (obs.mean() - un.mean()) / un.std(ddof=1)
+        assert obs.std(ddof=1) / un.std(ddof=1) == pytest.approx(1.0, abs=0.1)
+    se = math.sqrt(1 / k + 1 / k_un)
+    for kind, shift in shifts.items():
+        assert abs(shift - 1 / sigma) < 4 * se, (kind, shift)
+    assert abs(shifts["hadamard"] - shifts["gaussian"]) < 4 * math.sqrt(2) * se
+
+
+def test_estimates_of_the_two_kinds_agree_within_their_intervals():
+    dim, k, k_un, sigma, delta = 16_384, 1000, 1000, 1.0, 1e-5
+    out = {}
+    for kind in ("hadamard", "gaussian"):
+        obs, un = _round(kind, dim, k, k_un, sigma, seed=8)
+        out[kind] = estimate_epsilon_from_cosines(obs, delta, unobserved=un, fit="equal",
+                                                  bootstrap=200, seed=0)
+    h, gs = out["hadamard"], out["gaussian"]
+    assert h.lower <= gs.value <= h.upper and gs.lower <= h.value <= gs.upper
+    truth = gaussian_epsilon(sigma, delta)
+    assert h.lower <= truth <= h.upper
+
+
+def test_heldout_lower_bound_covers_with_hadamard_scores():
+    # Coverage by repetition: the held-out 95% lower bound exceeds the true epsilon of the
+    # Gaussian mechanism in at most 5% of data sets (plus binomial slack)
+    dim, k, k_un, sigma, delta, runs = 4096, 500, 1500, 0.5, 1e-5, 60
+    truth = gaussian_epsilon(sigma, delta)
+    exceed = 0
+    values = []
+    for r in range(runs):
+        obs, un = _round("hadamard", dim, k, k_un, sigma, seed=100 + r)
+        lo = estimate_epsilon_lower_bound_from_cosines(obs, delta, unobserved=un, threshold="heldout", seed=r)
+        values.append(lo.value)
+        exceed += lo.value > truth
+    assert exceed <= 0.05 * runs + 2 * math.sqrt(0.05 * 0.95 * runs)
+    assert np.mean(values) > 0.2 * truth  # and it is not vacuous
+
+
+def test_heavy_coordinates_are_handled_by_the_empirical_null():
+    # A real update dominated by a few huge coordinates: sign-sum cosines are then far from the
+    # Beta law. No canary inserted (pure null): the empirical null gives a near-zero estimate
+    # and lower bound; the Beta law would report a large, wrong epsilon.
+    dim, k, k_un = 4096, 500, 3000
+    real = torch.zeros(dim)
+    real[:3] = torch.tensor([300.0, -200.0, 150.0])
+    cs = CanarySet(seed=2, dim=dim, num_canaries=k + k_un, kind="hadamard")
+    release = real + 0.01 * torch.randn(dim, generator=torch.Generator().manual_seed(0))
+    cos = cs.cosines(release).numpy()
+    obs, un = cos[:k], cos[k:]
+    report = canary_report(obs, 1e-5, dim=dim, unobserved_final=un, seed=0)
+    assert report["estimates"]["final_model_equal_variance"].value < 0.3
+    assert report["estimates"]["final_model_lower_bound_heldout"].value < 0.1
+    beta = canary_report(obs, 1e-5, dim=dim, seed=0)  # the wrong null for these scores
+    assert beta["estimates"]["final_model"].value > 5.0
+
+
+def test_statistics_fold_every_round_exactly_and_resume_bit_for_bit():
+    dim, k, k_un = 3000, 30, 200
+    cs = CanarySet(seed=9, dim=dim, num_canaries=k + k_un, kind="hadamard")
+    g = torch.Generator().manual_seed(2)
+    deltas = [torch.randn(dim, generator=g) for _ in range(9)]
+    theta = sum(deltas)
+    full = CanaryStatistics(cs, k, k_un, sign=-1.0)
+    full.set_initial(torch.zeros(dim))
+    for d in deltas:
+        full.add_delta(d)
+    ref = full.compute(theta)
+    rows = cs.batch(range(k + k_un)).double()
+    D = torch.stack(deltas).double()
+    exact = (-(rows @ D.t()) / torch.linalg.vector_norm(D, dim=1)).max(dim=1).values
+    assert torch.allclose(ref["all_observed"], exact[:k], atol=1e-6)
+    assert torch.allclose(ref["all_unobserved"], exact[k:], atol=1e-6)
+    assert torch.allclose(ref["final_observed"], -(rows[:k] @ theta.double()) / theta.double().norm(), atol=1e-6)
+    a = CanaryStatistics(cs, k, k_un, sign=-1.0)
+    a.set_initial(torch.zeros(dim))
+    for d in deltas[:4]:
+        a.add_delta(d)
+    b = CanaryStatistics(cs, k, k_un, sign=-1.0)
+    b.load_state_dict(a.state_dict())
+    for d in deltas[4:]:
+        b.add_delta(d)
+    got = b.compute(theta)
+    for key in ref:
+        assert torch.equal(got[key], ref[key]), key
+    gaussian = CanaryStatistics(CanarySet(seed=9, dim=dim, num_canaries=k + k_un), k, k_un, sign=-1.0)
+    with pytest.raises(ValueError, match="kind"):
+        gaussian.load_state_dict(a.state_dict())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_hadamard_canaries_are_the_same_on_cuda():
+    cs = CanarySet(seed=1, dim=10_000, num_canaries=100, kind="hadamard")
+    v = torch.randn(10_000)
+    assert torch.allclose(cs.dots(v.cuda()).cpu(), cs.dots(v), atol=1e-5)
+    assert torch.equal(cs.batch(range(5), device="cuda").cpu(), cs.batch(range(5)))
