@@ -3,6 +3,7 @@ statistics, the participation counts, and their state for resume."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -13,7 +14,7 @@ import torch
 from audit_callbacks.canaries import CanarySet
 from audit_callbacks.canary_stats import CanaryStatistics
 
-__all__ = ["CanaryBackend", "CanaryConfig"]
+__all__ = ["CanaryBackend", "CanaryConfig", "num_batches", "num_examples", "total_rounds"]
 
 DEFAULT_CANARIES = 1000
 DEFAULT_HADAMARD_UNOBSERVED = 100_000
@@ -125,3 +126,27 @@ class CanaryBackend:
             raise ValueError(f"checkpointed participations cover {saved.size} canaries, this run "
                              f"has {self.participations.size}")
         self.participations[:] = saved
+
+
+def num_batches(trainer: Any) -> int | None:
+    """The training loader's length, or None when it has none."""
+    try:
+        return int(len(trainer.train_dataloader)) or None
+    except TypeError:
+        return None
+
+
+def num_examples(trainer: Any) -> int | None:
+    """The training set's size, or None when it has none."""
+    try:
+        return int(len(trainer.train_dataloader.dataset))
+    except (TypeError, AttributeError):
+        return None
+
+
+def total_rounds(trainer: Any) -> int:
+    """The run's length in training steps; ValueError for an open-ended run."""
+    total = trainer.estimated_stepping_batches
+    if not math.isfinite(total) or total < 1:
+        raise ValueError("CanaryAudit(repeats=...) needs a finite run: set max_steps or max_epochs")
+    return int(total)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from audit_callbacks.backends.base import CanaryBackend, CanaryConfig
+from audit_callbacks.backends.base import CanaryBackend, CanaryConfig, total_rounds
 from audit_callbacks.federated.clipping import clipped_sum
 
 __all__ = ["FedAvgBackend", "crowding_warning"]
@@ -48,7 +48,7 @@ class FedAvgBackend(CanaryBackend):
     Args:
         config: the audit's settings.
         module: the ``DPFedAvg`` LightningModule.
-        total_rounds: called once, when ``config.repeats`` is set, for the run's length.
+        trainer: the Trainer (its length, when ``config.repeats`` is set).
         warn: ``warn(key, message)``, once per key.
 
     Raises:
@@ -60,12 +60,11 @@ class FedAvgBackend(CanaryBackend):
     sign = 1.0
 
     def __init__(
-        self, config: CanaryConfig, module: Any, total_rounds: Callable[[], int],
-        warn: Callable[[str, str], None],
+        self, config: CanaryConfig, module: Any, trainer: Any, warn: Callable[[str, str], None],
     ) -> None:
         super().__init__(config, warn)
         self.module = module
-        self._total_rounds = total_rounds
+        self._trainer = trainer
         self._schedule: dict[int, list[int]] | None = None
         n_real = int(module.num_real_clients)
         self._make_stats(int(module.num_parameters), n_real)
@@ -84,7 +83,7 @@ class FedAvgBackend(CanaryBackend):
         """Repeated presentations (§5.2): each canary joins one uniformly chosen round of each of
         ``repeats`` equal periods of training."""
         if self._schedule is None:
-            total, repeats = self._total_rounds(), int(self.config.repeats or 1)
+            total, repeats = total_rounds(self._trainer), int(self.config.repeats or 1)
             rng = np.random.default_rng([self.config.seed, 0x5C4ED])
             bounds = np.linspace(0, total, repeats + 1).astype(int)
             schedule: dict[int, list[int]] = {}

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from audit_callbacks.backends.base import CanaryBackend, CanaryConfig
+from audit_callbacks.backends.base import CanaryBackend, CanaryConfig, num_batches, num_examples
 from audit_callbacks.dpsgd import (
     GradientCanaryInjector,
     accountant_epsilon,
@@ -35,9 +35,8 @@ class OpacusBackend(CanaryBackend):
     Args:
         config: the audit's settings (``sample_rate``: the canaries' rate, default the rate
             the accountant is charged, else ``1 / num_batches``).
-        optimizers: the trainer's optimizers (``trainer.optimizers``).
-        num_examples: the training set's size (caps the default k), or None.
-        num_batches: the training loader's length (the fallback rate), or None.
+        trainer: the Trainer: its optimizers, and its training set's size (which caps the
+            default k) and loader's length (the fallback rate).
         warn: ``warn(key, message)``, once per key.
 
     Raises:
@@ -49,11 +48,10 @@ class OpacusBackend(CanaryBackend):
     sign = -1.0
 
     def __init__(
-        self, config: CanaryConfig, optimizers: Any, num_examples: int | None,
-        num_batches: int | None, warn: Callable[[str, str], None],
+        self, config: CanaryConfig, trainer: Any, warn: Callable[[str, str], None],
     ) -> None:
         super().__init__(config, warn)
-        opt = find_dp_optimizer(optimizers)
+        opt = find_dp_optimizer(trainer.optimizers)
         if opt is None:
             raise TypeError(
                 "CanaryAudit audits DP-FedAvg (audit_callbacks.federated.DPFedAvg) or Opacus "
@@ -64,18 +62,19 @@ class OpacusBackend(CanaryBackend):
         if config.sample_rate is not None:
             rate = config.sample_rate
         if rate is None:
-            if not num_batches:
+            batches = num_batches(trainer)
+            if not batches:
                 raise ValueError(
                     "CanaryAudit: cannot tell the DP-SGD sampling rate (no Opacus accountant hook "
                     "and no sized train dataloader); pass CanaryAudit(sample_rate=...)"
                 )
-            rate = 1.0 / num_batches
+            rate = 1.0 / batches
             warn("rate", "CanaryAudit: no Opacus accountant found on the optimizer's step hook; "
                  f"canaries join with rate 1/len(train_dataloader) = {rate:.4g}")
         if self.accountant is None:
             warn("acc", "CanaryAudit: no Opacus accountant found on the optimizer's step hook; "
                  "the analytic epsilon is computed from the steps this callback counts")
-        self._make_stats(int(sum(p.numel() for p in opt.params)), num_examples)
+        self._make_stats(int(sum(p.numel() for p in opt.params)), num_examples(trainer))
         assert self.stats is not None
         self.injector = GradientCanaryInjector(opt, self.stats.canaries, self.num_canaries, rate,
                                                seed=config.seed)

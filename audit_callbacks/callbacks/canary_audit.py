@@ -1,26 +1,14 @@
 """``CanaryAudit``: one-shot empirical epsilon for DP-FedAvg or Opacus DP-SGD, in the run itself.
 
 Andrew et al., "One-shot Empirical Privacy Estimation for Federated Learning" (ICLR 2024),
-Alg. 2 (final model) and Alg. 3 (all iterates). The callback is glue: a backend
-(:mod:`audit_callbacks.backends`) inserts the canaries into the training it finds and folds the
-model's deltas into the cosine statistics; the estimators turn those into a
-:class:`~audit_callbacks.estimators.canary_report.CanaryReport`, and :meth:`CanaryAudit._log`
-writes it, at the current ``global_step``:
-
-* ``audit/epsilon_final_model`` - epsilon from the cosines ``cos(c_j, theta_T - theta_0)`` of
-  the canaries that took part, against the null (Gaussian canaries: the exact law of a random
-  direction; Hadamard canaries: the unobserved canaries);
-* ``audit/epsilon_all_iterates`` - from ``max_t cos(c_j, theta_t - theta_{t-1})``, observed
-  against unobserved canaries;
-* ``audit/epsilon_lo_final_model``, ``audit/epsilon_lo_all_iterates`` - 1 - alpha lower bounds
-  with the threshold chosen on a held-out half of the canaries (valid 95% bounds);
-* ``audit/epsilon_lo_max_final_model``, ``audit/epsilon_lo_max_all_iterates`` - the same bound
-  maximised over thresholds on all canaries: tighter, but NOT a valid 95% bound when the true
-  epsilon is small (it exceeds it in 7-10% of runs at epsilon 1);
-* ``audit/epsilon_analytic`` - DP-FedAvg: the Gaussian mechanism composed over the rounds of the
-  most-sampled canary, if the adversary knows them; DP-SGD: the run's accountant, with
-  ``audit/epsilon_analytic_rdp`` and ``audit/epsilon_analytic_prv`` beside it;
-* ``audit/num_canaries`` - observed canaries that took part.
+Alg. 2 (final model) and Alg. 3 (all iterates); the formulas are in ``docs/methods.md``. The
+callback is glue: a backend (:mod:`audit_callbacks.backends`) inserts the canaries into the
+training it finds and folds the model's deltas into the cosine statistics; the estimators turn
+those into a :class:`~audit_callbacks.estimators.canary_report.CanaryReport`, and
+:meth:`CanaryAudit._log` writes it at the current ``global_step``, under the tags of
+:data:`TAGS`. The ``epsilon_lo_max`` bounds are maximised over thresholds on all canaries:
+tighter, but NOT valid 95% bounds at small epsilon (they exceed it in 7-10% of runs at
+epsilon 1); the ``epsilon_lo`` bounds choose the threshold on a held-out half and are valid.
 """
 
 from __future__ import annotations
@@ -179,8 +167,7 @@ class CanaryAudit(Callback):
         if stage != "fit" or not callable(getattr(pl_module, "register_virtual_clients", None)):
             return  # Opacus: the DPOptimizer exists only after configure_optimizers (fit start)
         if self.backend is None or self.backend.stats.dim != pl_module.num_parameters:
-            self.backend = FedAvgBackend(self.config, pl_module, lambda: _total_rounds(trainer),
-                                         self._warn_once)
+            self.backend = FedAvgBackend(self.config, pl_module, trainer, self._warn_once)
         else:  # a second fit: the same canaries go on
             self.backend.register()
 
@@ -190,8 +177,7 @@ class CanaryAudit(Callback):
                 raise ValueError("CanaryAudit(repeats=...) is for DP-FedAvg; DP-SGD canaries are sampled")
             if self.backend is not None:
                 self.backend.detach()
-            self.backend = OpacusBackend(self.config, trainer.optimizers, _num_examples(trainer),
-                                         _num_batches(trainer), self._warn_once)
+            self.backend = OpacusBackend(self.config, trainer, self._warn_once)
         if self._pending_state is not None:
             state, self._pending_state = self._pending_state, None
             self.backend.load_state_dict(state)
@@ -408,24 +394,3 @@ def _field(report: CanaryReport, key: str) -> float | None:
     value = getattr(report, head)
     value = value.get(tail) if tail else value
     return None if value is None else float(value)
-
-
-def _num_batches(trainer: pl.Trainer) -> int | None:
-    try:
-        return int(len(trainer.train_dataloader)) or None
-    except TypeError:
-        return None
-
-
-def _num_examples(trainer: pl.Trainer) -> int | None:
-    try:
-        return int(len(trainer.train_dataloader.dataset))
-    except (TypeError, AttributeError):
-        return None
-
-
-def _total_rounds(trainer: pl.Trainer) -> int:
-    total = trainer.estimated_stepping_batches
-    if not math.isfinite(total) or total < 1:
-        raise ValueError("CanaryAudit(repeats=...) needs a finite run: set max_steps or max_epochs")
-    return int(total)
