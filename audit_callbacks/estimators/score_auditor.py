@@ -1,23 +1,12 @@
-"""One auditor for any canary scores: estimates and valid lower bounds on epsilon.
+"""One auditor for any canary scores: estimates and valid lower bounds on epsilon (nats).
 
-``CanaryScoreAuditor(in_scores, out_scores)`` takes the attack scores of inserted ("in", shape
-(k,)) and not-inserted ("out", shape (k',)) canaries, higher meaning "inserted", and offers:
-
-* :meth:`~CanaryScoreAuditor.epsilon_estimate` -- the two-Gaussian point estimate of Andrew et
-  al. (2024), "One-shot Empirical Privacy Estimation for Federated Learning", ICLR 2024, §3-4.
-* :meth:`~CanaryScoreAuditor.epsilon_lower_bound` -- Clopper-Pearson bounds on FNR and FPR at a
-  validly chosen threshold (Bonferroni over every candidate, a held-out split, or a fixed one).
-* :meth:`~CanaryScoreAuditor.epsilon_one_run` -- Steinke, Nasr & Jagielski (2023), "Privacy
-  Auditing with One (1) Training Run", NeurIPS 2023, the binomial tail with the delta term.
-* :meth:`~CanaryScoreAuditor.epsilon_one_run_fdp` -- Mahloujifar, Melis & Chaudhuri (2024),
-  "Auditing f-Differential Privacy in One Run", with the Gaussian (mu-GDP) trade-off family.
-* :meth:`~CanaryScoreAuditor.epsilon_gdp_lower_bound` -- a parametric bound assuming
-  equal-variance Gaussian scores (exact noncentral-t confidence bound on the shift mu).
-* :meth:`~CanaryScoreAuditor.tpr_at_fpr` and :meth:`~CanaryScoreAuditor.auroc`.
-
-Every epsilon is in nats. Every method returns a frozen :class:`ScoreAuditResult`. The formulas
-are written out in ``docs/methods/score_auditor.md``. Pure numpy/scipy; torch tensors are
-accepted (converted with ``.detach().cpu().float()``) without importing torch.
+``CanaryScoreAuditor(in_scores, out_scores)`` takes attack scores of inserted ("in", shape (k,))
+and held-out ("out", shape (k',)) canaries, higher meaning "inserted", and offers the two-Gaussian
+estimate of Andrew et al. (ICLR 2024), Clopper-Pearson bounds with a valid threshold choice, the
+one-run bounds of Steinke, Nasr & Jagielski (NeurIPS 2023) and of Mahloujifar, Melis & Chaudhuri
+(2024, f-DP with the Gaussian trade-off family), a parametric GDP bound, TPR at FPR and AUROC.
+Each method returns a frozen :class:`ScoreAuditResult`; ``docs/methods/score_auditor.md`` writes
+out every formula. Pure numpy/scipy; torch tensors are accepted without importing torch.
 """
 
 from __future__ import annotations
@@ -39,29 +28,21 @@ from .intervals import _cp_upper
 
 __all__ = ["CanaryScoreAuditor", "ScoreAuditResult"]
 
-SRC_ANDREW = (
-    "Andrew, Kairouz, Oh, Oprea, McMahan, Suriyakumar (2024), One-shot Empirical Privacy "
-    "Estimation for Federated Learning, ICLR 2024, §3.2 (epsilon between two Gaussians), "
-    "Alg. 1-3, Thm 3.3"
-)
-SRC_CP = (
-    "Jagielski, Ullman, Oprea (2020), Auditing Differentially Private Machine Learning, "
-    "NeurIPS 2020 (Clopper-Pearson bounds on FPR/FNR); Kairouz, Oh, Viswanath (2015) "
-    "hypothesis-testing characterization FPR + e^eps FNR >= 1 - delta"
-)
-SRC_STEINKE = (
-    "Steinke, Nasr, Jagielski (2023), Privacy Auditing with One (1) Training Run, NeurIPS 2023, "
-    "Thm 3.1 (binomial tail) and Thm 5.2 / Alg. 2 (delta term)"
-)
-SRC_MAHLOUJIFAR = (
-    "Mahloujifar, Melis, Chaudhuri (2024), Auditing f-Differential Privacy in One Run, "
-    "arXiv:2410.22235, §4 (tail bound on correct guesses under f-DP, numerical recursion); "
-    "Gaussian trade-off f(x) = Phi(Phi^-1(1-x) - mu) of Dong, Roth, Su (2022)"
-)
-SRC_GDP = (
-    "Dong, Roth, Su (2022), Gaussian Differential Privacy, JRSS-B, Def. 2.6 and Cor. 2.13 "
-    "(mu-GDP to (eps, delta)); noncentral-t confidence bound on the standardized shift"
-)
+SRC_ANDREW = ("Andrew, Kairouz, Oh, Oprea, McMahan, Suriyakumar (2024), One-shot Empirical "
+              "Privacy Estimation for Federated Learning, ICLR 2024, §3.2, Alg. 1-3, Thm 3.3")
+SRC_CP = ("Jagielski, Ullman, Oprea (2020), Auditing Differentially Private Machine Learning, "
+          "NeurIPS 2020 (Clopper-Pearson bounds on FPR/FNR); Kairouz, Oh, Viswanath (2015), "
+          "Thm 2.1 (FPR + e^eps FNR >= 1 - delta)")
+SRC_STEINKE = ("Steinke, Nasr, Jagielski (2023), Privacy Auditing with One (1) Training Run, "
+               "NeurIPS 2023, Thm 3.1 (binomial tail), Thm 5.2 / Alg. 2 (delta term)")
+SRC_MAHLOUJIFAR = ("Mahloujifar, Melis, Chaudhuri (2024), Auditing f-Differential Privacy in One "
+                   "Run, arXiv:2410.22235, §4 (tail of correct guesses under f-DP, recursion); "
+                   "Gaussian trade-off f(x) = Phi(Phi^-1(1-x) - mu), Dong, Roth, Su (2022)")
+SRC_GDP = ("Dong, Roth, Su (2022), Gaussian Differential Privacy, JRSS-B, Def. 2.6, Cor. 2.13 "
+           "(mu-GDP to (eps, delta)); noncentral-t bound on the standardized shift")
+SRC_ROC = ("Carlini, Chien, Nasr, Song, Terzis, Tramer (2022), Membership Inference Attacks From "
+           "First Principles, IEEE S&P, §4; ROC convex hull (Provost & Fawcett 2001)")
+SRC_AUC = "Hanley & McNeil (1982), The meaning and use of the area under a ROC curve, eq. (1)"
 
 Threshold = Literal["bonferroni", "split"]
 _EPS_MAX = 60.0  # largest epsilon the one-run searches consider (p-values saturate long before)
@@ -74,16 +55,13 @@ class ScoreAuditResult:
 
     Attributes:
         value: the estimate, bound, TPR or AUROC (epsilon in nats), finite.
-        method: short name, e.g. ``"clopper_pearson_bonferroni"``, ``"one_run"``.
-        source: authors, year, title and section/equation of the formula.
-        alpha: 1 - confidence of a lower bound (``None`` for estimates and rates).
-        delta: the delta at which epsilon is stated (``None`` for rates).
+        method: short name, e.g. ``"clopper_pearson_bonferroni"``; source: authors, year,
+            title and section/equation of the formula.
+        alpha: 1 - confidence of a lower bound; delta: the delta of epsilon (else ``None``).
         threshold: the score threshold behind the value, when one was chosen.
-        counts: integer counts behind the value (``k_in``, ``k_out``, ``fn``, ``fp``,
-            ``guesses``, ``correct``, ``candidates``, ...).
-        lower: lower end of a bootstrap interval (estimate only), else ``None``.
-        upper: upper end of a bootstrap interval, else ``None``.
-        gof_pvalue: goodness-of-fit p-value of the parametric assumption (GDP bound only).
+        counts: integer counts (``k_in``, ``k_out``, ``fn``, ``fp``, ``guesses``, ...).
+        lower, upper: a bootstrap interval (estimate only), else ``None``.
+        gof_pvalue: goodness-of-fit p-value of the Gaussian model (GDP bound only).
         details: further JSON-serialisable numbers (fitted means, mu bounds, ...).
     """
 
@@ -104,10 +82,6 @@ class ScoreAuditResult:
             raise ValueError(f"ScoreAuditResult.value must be finite, got {self.value!r}")
 
 
-# --------------------------------------------------------------------------------------------
-# input checks
-# --------------------------------------------------------------------------------------------
-
 
 def _as_scores(x: object, name: str) -> np.ndarray:
     """1-D float64 scores: torch tensors via .detach().cpu().float(); bool/non-numeric refused."""
@@ -122,37 +96,28 @@ def _as_scores(x: object, name: str) -> np.ndarray:
     ):
         raise ValueError(f"{name} must be an array of real numbers, got dtype {arr.dtype}")
     arr = arr.astype(float)
-    if arr.ndim != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
-    if arr.size < 2:
-        raise ValueError(f"{name} needs at least 2 scores, got {arr.size}")
-    if not np.all(np.isfinite(arr)):
-        raise ValueError(f"{name} contains NaN or inf")
-    if np.all(arr == arr[0]):
-        raise ValueError(f"{name} are all equal ({arr[0]!r}): no spread to audit")
+    for bad, msg in (
+        (arr.ndim != 1, f"must be 1-D, got shape {arr.shape}"),
+        (arr.size < 2, f"needs at least 2 scores, got {arr.size}"),
+        (not np.all(np.isfinite(arr)), "contains NaN or inf"),
+        (arr.size > 0 and np.ptp(arr) == 0, "are all equal: no spread to audit"),
+    ):
+        if bad:
+            raise ValueError(f"{name} {msg}")
     return arr
 
 
 def _check_delta(delta: object, allow_zero: bool) -> float:
     v = check_real_finite(delta, "delta")
-    ok = (0.0 <= v < 1.0) if allow_zero else (0.0 < v < 1.0)
-    if not ok:
+    if not ((0.0 <= v < 1.0) if allow_zero else (0.0 < v < 1.0)):
         rng = "[0, 1)" if allow_zero else "(0, 1)"
         raise ValueError(f"delta must be in {rng} for this method, got {delta!r}")
     return v
 
 
-# --------------------------------------------------------------------------------------------
-# Clopper-Pearson at thresholds
-# --------------------------------------------------------------------------------------------
-
 
 def _cp_eps(
-    fn: np.ndarray,
-    k: int,
-    log_fpr_u: np.ndarray,
-    log_1m_fpr_u: np.ndarray,
-    q_fnr: float,
+    fn: np.ndarray, k: int, log_fpr_u: np.ndarray, log_1m_fpr_u: np.ndarray, q_fnr: float,
     delta: float,
 ) -> tuple[np.ndarray, np.ndarray]:
     """eps(tau) = max(log((1-delta-FPR_u)/FNR_u), log((1-delta-FNR_u)/FPR_u)), floored at 0.
@@ -160,8 +125,7 @@ def _cp_eps(
     FNR_u = Beta(fn+1, k-fn).ppf(q_fnr) (1 at fn = k); returns (eps, FNR_u)."""
     fnr_u = _cp_upper(fn.astype(float), k, q_fnr)
     with np.errstate(divide="ignore"):
-        log_fnr_u = np.log(fnr_u)
-        log_1m_fnr_u = np.log1p(-fnr_u)
+        log_fnr_u, log_1m_fnr_u = np.log(fnr_u), np.log1p(-fnr_u)
     if delta > 0.0:
         ld = math.log(delta)
         num1 = _log_sub(log_1m_fpr_u, np.full_like(log_fnr_u, ld))
@@ -188,32 +152,17 @@ def _fpr_logs(
         return fp, np.log(fpr_u), np.log1p(-fpr_u)
 
 
-# --------------------------------------------------------------------------------------------
-# one-run bounds: guesses, the binomial p-value, the f-DP recursion
-# --------------------------------------------------------------------------------------------
-
 
 def _count_grid(n: int) -> np.ndarray:
-    """{0} u {round(2^(l/2)) : l >= 0} below n: the error counts the threshold scan tries."""
-    g = [0]
-    lv = 0
-    while (v := int(round(2.0 ** (lv / 2.0)))) < n:
-        g.append(v)
-        lv += 1
-    return np.unique(np.array(g, dtype=np.int64))
+    """{0, 1, 2, 4, 8, ...} below n: the error counts the threshold scan tries."""
+    g = 2 ** np.arange(int(math.log2(max(n, 2))) + 1, dtype=np.int64)
+    return np.concatenate([[0], g[g < n]])
 
 
 def _guess_grid(m: int) -> np.ndarray:
     """Numbers of guesses per side, fixed by m alone: round(m/2 * 2^(-j/2)), j = 0, 1, ..."""
-    g = []
-    j = 0
-    while True:
-        v = int(round(m / 2.0 * 2.0 ** (-j / 2.0)))
-        if v < 1:
-            break
-        g.append(v)
-        j += 1
-    return np.unique(np.array(g, dtype=np.int64))
+    g = np.round(m / 2.0 * 2.0 ** (-np.arange(2.0 * math.log2(m) + 2.0) / 2.0)).astype(np.int64)
+    return np.unique(g[g >= 1])
 
 
 def _guess_counts(
@@ -251,21 +200,13 @@ def _log_binom_coef(n: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _one_run_pvalue(
-    eps: np.ndarray,
-    n: np.ndarray,
-    v: np.ndarray,
-    m: np.ndarray,
-    delta: float,
-    lc: np.ndarray,
+    eps: np.ndarray, n: np.ndarray, v: np.ndarray, m: np.ndarray, delta: float, lc: np.ndarray,
     j: np.ndarray,
 ) -> np.ndarray:
     """P-value of v correct out of n guesses under (eps, delta)-DP, one per lane:
     P[B >= v] + 2 m delta max_{1<=i<=v} P[v-i <= B < v] / i, B ~ Binomial(n, e^eps/(1+e^eps))."""
-    soft = np.log1p(np.exp(-eps))
-    logq = (-soft)[:, None]
-    log1mq = (-eps - soft)[:, None]
-    pmf = np.exp(lc + j * logq + (n[:, None] - j) * log1mq)
-    pmf = np.where(np.isfinite(lc), pmf, 0.0)
+    soft = np.log1p(np.exp(-eps))[:, None]  # log q = -soft, log(1 - q) = -eps - soft
+    pmf = np.exp(lc - j * soft + (n[:, None] - j) * (-eps[:, None] - soft))
     below = j < v[:, None]
     tail = np.sum(np.where(below, 0.0, pmf), axis=1)
     if delta == 0.0:
@@ -280,16 +221,17 @@ def _one_run_pvalue(
     return np.minimum(tail + 2.0 * m * delta * a, 1.0)
 
 
+def _lanes(n: Any, v: Any, m: Any, level: Any) -> tuple[np.ndarray, ...]:
+    n = np.asarray(n, np.int64)
+    return n, np.asarray(v, np.int64), np.asarray(m, float), np.broadcast_to(level, n.shape)
+
+
 def _one_run_eps(
     n: np.ndarray, v: np.ndarray, m: np.ndarray, level: np.ndarray, delta: float, iters: int = 42
 ) -> np.ndarray:
     """Largest eps whose (eps, delta)-DP claim the count v/n rejects at ``level``, per lane."""
-    n = np.asarray(n, np.int64)
-    v = np.asarray(v, np.int64)
-    m = np.asarray(m, float)
-    level = np.broadcast_to(np.asarray(level, float), n.shape)
-    width = int(n.max()) + 1
-    lc, j = _log_binom_coef(n, width)
+    n, v, m, level = _lanes(n, v, m, level)
+    lc, j = _log_binom_coef(n, int(n.max()) + 1)
     out = np.zeros(n.size)
     idx = np.flatnonzero((v > 0) & (_one_run_pvalue(out, n, v, m, delta, lc, j) <= level))
     n, v, m, level, lc = n[idx], v[idx], m[idx], level[idx], lc[idx]
@@ -312,12 +254,9 @@ def _fdp_rejects(
     r <- min(r + i/(n - i) (h' - h), 1), h <- h'; stop early once h' = h. Rejects iff
     r + h > n/m. Lanes advance together; finished lanes are dropped every 16 steps.
     """
-    r = level * v / m
-    h = level * (n - v) / m
-    i = (v - 1).astype(float)
+    r, h, i = level * v / m, level * (n - v) / m, (v - 1).astype(float)
     live = np.flatnonzero(v > 0)
-    rr, hh, ii, mm = r[live], h[live], i[live], mu[live]
-    nn = n[live].astype(float)
+    rr, hh, ii, mm, nn = r[live], h[live], i[live], mu[live], n[live].astype(float)
     step = 0
     while live.size:
         g = ndtr(ndtri(rr) - mm)
@@ -330,8 +269,7 @@ def _fdp_rejects(
         step += 1
         if step % 16 == 0 or not moved.any():
             r[live], h[live] = rr, hh
-            keep = moved
-            live, rr, hh, ii, mm, nn = (a[keep] for a in (live, rr, hh, ii, mm, nn))
+            live, rr, hh, ii, mm, nn = (a[moved] for a in (live, rr, hh, ii, mm, nn))
     return r + h > n / m
 
 
@@ -339,10 +277,7 @@ def _fdp_mu(
     n: np.ndarray, v: np.ndarray, m: np.ndarray, level: np.ndarray, iters: int = 36
 ) -> np.ndarray:
     """Largest mu whose mu-GDP claim is rejected (0 when even mu = 0 is not), per lane."""
-    n = np.asarray(n, np.int64)
-    v = np.asarray(v, np.int64)
-    m = np.asarray(m, float)
-    level = np.broadcast_to(np.asarray(level, float), n.shape)
+    n, v, m, level = _lanes(n, v, m, level)
     ok0 = _fdp_rejects(np.zeros(n.size), n, v, m, level)
     lo = np.zeros(n.size)
     hi = np.full(n.size, _MU_MAX)
@@ -356,10 +291,6 @@ def _fdp_mu(
         hi[idx] = np.where(rej, hi[idx], mid)
     return np.where(ok0, lo, 0.0)
 
-
-# --------------------------------------------------------------------------------------------
-# the auditor
-# --------------------------------------------------------------------------------------------
 
 
 class CanaryScoreAuditor:
@@ -376,12 +307,10 @@ class CanaryScoreAuditor:
         in_scores: shape (k,), k >= 2, real finite scores of inserted canaries (array, list or
             torch tensor), not all equal.
         out_scores: shape (k',), k' >= 2, scores of not-inserted canaries, not all equal.
-        dim: optional model dimension d >= 2 when the scores are cosines between random unit
-            canaries and the release: the out-scores then follow the exact law
-            (1 + t)/2 ~ Beta((d-1)/2, (d-1)/2) (mean 0, sd 1/sqrt(d)), which
-            :meth:`epsilon_estimate` uses as its null (sd 1/sqrt(d)) and
-            :meth:`epsilon_lower_bound` uses for an exact FPR (its survival function, so
-            no confidence bound on FPR is needed, whatever d).
+        dim: optional dimension d >= 2 for cosine scores (random unit canaries against the
+            release): the null is then the exact law (1 + t)/2 ~ Beta((d-1)/2, (d-1)/2) (mean
+            0, sd 1/sqrt(d)): :meth:`epsilon_estimate` fits with sd 1/sqrt(d) and
+            :meth:`epsilon_lower_bound` takes FPR from its exact survival function (any d).
 
     Raises:
         ValueError: fewer than 2 scores in a group, NaN/inf, all scores of a group equal,
@@ -396,36 +325,21 @@ class CanaryScoreAuditor:
             for name, arr in (("in_scores", self.in_scores), ("out_scores", self.out_scores)):
                 if np.any(np.abs(arr) > 1.0 + 1e-9):
                     raise ValueError(f"{name} must be cosines in [-1, 1] when dim is given")
-        self._in_sorted = np.sort(self.in_scores)
-        self._out_sorted = np.sort(self.out_scores)
+        self._in_sorted, self._out_sorted = np.sort(self.in_scores), np.sort(self.out_scores)
+        self.k_in, self.k_out = int(self.in_scores.size), int(self.out_scores.size)
 
     @classmethod
-    def from_cosines(
-        cls, in_cosines: object, out_cosines: object, dim: int
-    ) -> CanaryScoreAuditor:
+    def from_cosines(cls, in_cosines: object, out_cosines: object, dim: int) -> CanaryScoreAuditor:
         """Auditor of cosine scores with the exact null of dimension ``dim`` (see the class)."""
         return cls(in_cosines, out_cosines, dim=dim)
-
-    @property
-    def k_in(self) -> int:
-        return int(self.in_scores.size)
-
-    @property
-    def k_out(self) -> int:
-        return int(self.out_scores.size)
 
     def _counts(self) -> dict[str, int]:
         return {"k_in": self.k_in, "k_out": self.k_out}
 
-    # ---------------------------------------------------------------- point estimate
 
     def epsilon_estimate(
-        self,
-        delta: float,
-        fit: Literal["equal", "unequal"] = "equal",
-        bootstrap: int = 0,
-        confidence: float = 0.95,
-        seed: int = 0,
+        self, delta: float, fit: Literal["equal", "unequal"] = "equal", bootstrap: int = 0,
+        confidence: float = 0.95, seed: int = 0,
     ) -> ScoreAuditResult:
         """Two-Gaussian epsilon estimate (not a bound): eps(N(m1, s1^2) || N(m0, s0^2); delta).
 
@@ -437,20 +351,15 @@ class CanaryScoreAuditor:
         arbitrary scores reuse the cosine estimator).
 
         Args:
-            delta: in (0, 1).
-            fit: "equal" or "unequal".
-            bootstrap: B >= 0 percentile-bootstrap resamples (0: no interval).
-            confidence: level of the bootstrap interval, in (0, 1).
-            seed: numpy seed of the resampling.
+            delta: in (0, 1). fit: "equal" or "unequal". bootstrap: B >= 0 percentile-bootstrap
+                resamples (0: none). confidence: interval level in (0, 1). seed: numpy seed.
 
         Returns:
             ScoreAuditResult: value = eps (nats, >= 0), lower/upper = bootstrap percentiles,
-            delta, method "two_gaussians_equal"/"two_gaussians_unequal", details: shift,
-            sd_ratio, mu_in, sd_in, mu_null, sd_null (score units), bootstrap_dropped.
+            details: shift, sd_ratio, mu_in, sd_in, mu_null, sd_null (score units).
 
         Raises:
-            ValueError: delta not in (0, 1); fit unknown; bootstrap < 0; confidence not in
-                (0, 1).
+            ValueError: delta not in (0, 1), unknown fit, bootstrap < 0, confidence not in (0, 1).
 
         Source: Andrew et al. (2024), ICLR 2024, §3.2 (two Gaussians), Alg. 1-3, Thm 3.3.
         """
@@ -473,29 +382,18 @@ class CanaryScoreAuditor:
             )
         ex = est.extras
         return ScoreAuditResult(
-            value=est.value,
-            method=f"two_gaussians_{fit}",
-            source=SRC_ANDREW,
-            delta=d,
-            counts=self._counts(),
-            lower=est.lower,
-            upper=est.upper,
+            value=est.value, method=f"two_gaussians_{fit}", source=SRC_ANDREW, delta=d,
+            counts=self._counts(), lower=est.lower, upper=est.upper,
             details={
-                "shift": ex["shift"],
-                "sd_ratio": ex["sd_ratio"],
-                "mu_in": ex["mu_observed"] * scale + shift,
-                "sd_in": ex["sigma_observed"] * scale,
-                "mu_null": ex["mu_null"] * scale + shift,
-                "sd_null": ex["sigma_null"] * scale,
+                "shift": ex["shift"], "sd_ratio": ex["sd_ratio"],
+                "mu_in": ex["mu_observed"] * scale + shift, "sd_in": ex["sigma_observed"] * scale,
+                "mu_null": ex["mu_null"] * scale + shift, "sd_null": ex["sigma_null"] * scale,
                 "null": "exact_cosine" if self.dim is not None else "out_scores",
-                "dim": self.dim,
-                "bootstrap": ex["bootstrap"],
-                "bootstrap_dropped": ex["bootstrap_dropped"],
-                "confidence": est.confidence,
+                "dim": self.dim, "bootstrap": ex["bootstrap"],
+                "bootstrap_dropped": ex["bootstrap_dropped"], "confidence": est.confidence,
             },
         )
 
-    # ---------------------------------------------------------------- Clopper-Pearson
 
     def _cp_at(
         self, in_sorted: np.ndarray, out_sorted: np.ndarray, taus: np.ndarray, a: float,
@@ -513,50 +411,41 @@ class CanaryScoreAuditor:
     @staticmethod
     def _taus(in_sorted: np.ndarray, out_sorted: np.ndarray) -> np.ndarray:
         """Candidate thresholds, their number fixed by (k, k'): just above the (j+1)-th largest
-        out-score (fp = j) and at the (i+1)-th smallest in-score (fn = i), for j, i in
-        {0} u {round(2^(l/2))}."""
+        out-score (fp = j) and at the (i+1)-th smallest in-score (fn = i), j, i in
+        :func:`_count_grid`."""
         jo = _count_grid(out_sorted.size)
         ji = _count_grid(in_sorted.size)
         above = np.nextafter(out_sorted[out_sorted.size - 1 - jo], np.inf)
         return np.concatenate([above, in_sorted[ji]])
 
     def epsilon_lower_bound(
-        self,
-        alpha: float = 0.05,
-        delta: float = 0.0,
-        threshold: Threshold | float = "bonferroni",
-        seed: int = 0,
+        self, alpha: float = 0.05, delta: float = 0.0,
+        threshold: Threshold | float = "bonferroni", seed: int = 0,
     ) -> ScoreAuditResult:
         """(1 - alpha) lower bound on epsilon from Clopper-Pearson bounds on FNR and FPR.
 
         Rule "in iff score >= tau": FNR = #{x < tau}/k, FPR = #{y >= tau}/k'. With upper
-        Clopper-Pearson bounds FNR_u, FPR_u (each at 1 - a/2, so both hold with 1 - a),
-        eps(tau) = max(log((1 - delta - FPR_u)/FNR_u), log((1 - delta - FNR_u)/FPR_u)),
-        floored at 0 (any (eps, delta)-DP mechanism has FPR + e^eps FNR >= 1 - delta and
-        FNR + e^eps FPR >= 1 - delta). The threshold is chosen validly:
-
-        * "bonferroni": max over all T candidate thresholds (every distinct score and +inf)
-          with a = alpha / T, so all T bounds hold at once with 1 - alpha;
-        * "split": in- and out-scores are split at random in halves (``seed``); tau maximises
-          eps(tau) (a = alpha) on the first half; the bound is eps(tau) on the second half;
-        * a float: that fixed threshold, a = alpha.
-
-        With ``dim`` (cosines), FPR is the exact null survival, not a bound, and FNR_u is at
-        1 - a.
+        Clopper-Pearson bounds FNR_u, FPR_u at 1 - a/2 each, eps(tau) = max(log((1 - delta -
+        FPR_u)/FNR_u), log((1 - delta - FNR_u)/FPR_u)), floored at 0 (an (eps, delta)-DP
+        mechanism has FPR + e^eps FNR >= 1 - delta and FNR + e^eps FPR >= 1 - delta).
+        Thresholds: "bonferroni" scans T candidates whose number depends only on (k, k') --
+        just above the (j+1)-th largest out-score (fp = j) and at the (i+1)-th smallest
+        in-score (fn = i), j, i in {0, 1, 2, 4, 8, ...} (powers of 2 below k', k) -- at
+        a = alpha/T, so all hold at once with 1 - alpha; "split" picks tau on a random half
+        (``seed``, a = alpha) and evaluates it on the other half; a float is a fixed tau
+        (a = alpha). With ``dim``, FPR is the exact null survival and FNR_u is at 1 - a.
 
         Args:
-            alpha: 1 - confidence, in (0, 1).
-            delta: in [0, 1).
-            threshold: "bonferroni", "split" or a finite float.
+            alpha: in (0, 1). delta: in [0, 1). threshold: "bonferroni", "split" or a float.
             seed: seed of the split.
 
         Returns:
             ScoreAuditResult: value = eps_lo (nats, >= 0), alpha, delta, threshold, counts
-            (k_in, k_out, fn, fp, candidates), method "clopper_pearson_<rule>".
+            (k_in, k_out, fn, fp, candidates; k_in_test, k_out_test for "split").
 
         Raises:
-            ValueError: alpha not in (0, 1), delta not in [0, 1), unknown threshold, fewer than
-                2 scores per half with "split".
+            ValueError: alpha not in (0, 1), delta not in [0, 1), unknown or non-finite
+                threshold, fewer than 4 scores per group with "split".
 
         Source: Jagielski, Ullman, Oprea (2020), NeurIPS, §3 (Clopper-Pearson); Kairouz, Oh,
         Viswanath (2015), Thm 2.1 (the two inequalities).
@@ -567,9 +456,7 @@ class CanaryScoreAuditor:
         details: dict[str, Any] = {}
         if isinstance(threshold, str):
             if threshold not in ("bonferroni", "split"):
-                raise ValueError(
-                    f"threshold must be 'bonferroni', 'split' or a float, got {threshold!r}"
-                )
+                raise ValueError(f"threshold must be 'bonferroni', 'split' or a float: {threshold!r}")
             if threshold == "bonferroni":
                 taus = self._taus(self._in_sorted, self._out_sorted)
                 eps, fn, fp = self._cp_at(self._in_sorted, self._out_sorted, taus, a / taus.size, d)
@@ -591,11 +478,9 @@ class CanaryScoreAuditor:
                 i = 0
                 counts.update(candidates=int(cand.size), k_in_test=int(ib.size),
                               k_out_test=int(ob.size))
-                details["selection_bound"] = float(eps_a[j])
-                details["seed"] = int(seed)
+                details.update(selection_bound=float(eps_a[j]), seed=int(seed))
         else:
-            tau = check_real_finite(threshold, "threshold")
-            taus = np.array([tau])
+            taus = np.array([check_real_finite(threshold, "threshold")])
             eps, fn, fp = self._cp_at(self._in_sorted, self._out_sorted, taus, a, d)
             i = 0
             counts["candidates"] = 1
@@ -603,32 +488,33 @@ class CanaryScoreAuditor:
         rule = threshold if isinstance(threshold, str) else "fixed"
         tau_i = float(taus[i])
         return ScoreAuditResult(
-            value=float(eps[i]),
-            method=f"clopper_pearson_{rule}",
-            source=SRC_CP,
-            alpha=a,
-            delta=d,
-            threshold=tau_i if math.isfinite(tau_i) else None,
-            counts=counts,
+            value=float(eps[i]), method=f"clopper_pearson_{rule}", source=SRC_CP, alpha=a,
+            delta=d, threshold=tau_i if math.isfinite(tau_i) else None, counts=counts,
             details={**details, "fpr": "exact_cosine" if self.dim else "clopper_pearson"},
         )
 
-    # ---------------------------------------------------------------- one run
 
-    def _one_run_setup(self, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        return _guess_counts(self.in_scores, self.out_scores, seed)
-
-    def _one_run_result(
-        self, method: str, source: str, value: float, a: float, d: float, n: np.ndarray,
-        v: np.ndarray, nt: np.ndarray, nb: np.ndarray, best: int, extra: dict[str, Any],
-    ) -> ScoreAuditResult:
-        counts = {
-            **self._counts(), "m": self.k_in + self.k_out, "guesses": int(n[best]),
-            "correct": int(v[best]), "guess_in": int(nt[best]), "guess_out": int(nb[best]),
-            "candidates": int(n.size),
-        }
-        return ScoreAuditResult(value=value, method=method, source=source, alpha=a, delta=d,
-                                counts=counts, details=extra)
+    def _one_run(self, fdp: bool, alpha: float, delta: float, seed: int) -> ScoreAuditResult:
+        a = check_alpha(alpha)
+        d = _check_delta(delta, allow_zero=not fdp)
+        n, v, nt, nb = _guess_counts(self.in_scores, self.out_scores, check_count(seed, "seed"))
+        m = np.full(n.size, float(self.k_in + self.k_out))
+        level = np.full(n.size, a / n.size)
+        val = _fdp_mu(n, v, m, level) if fdp else _one_run_eps(n, v, m, level, d)
+        b = int(np.argmax(val))
+        details: dict[str, Any] = {"level_per_candidate": a / n.size, "seed": int(seed)}
+        eps = float(val[b])
+        if fdp:
+            details["mu_lower"] = eps
+            eps = float(gaussian_epsilon_array(np.array([eps]), d)[0])
+        counts = {**self._counts(), "m": self.k_in + self.k_out, "guesses": int(n[b]),
+                  "correct": int(v[b]), "guess_in": int(nt[b]), "guess_out": int(nb[b]),
+                  "candidates": int(n.size)}
+        return ScoreAuditResult(
+            value=eps, method="one_run_fdp" if fdp else "one_run",
+            source=SRC_MAHLOUJIFAR if fdp else SRC_STEINKE, alpha=a, delta=d, counts=counts,
+            details=details,
+        )
 
     def epsilon_one_run(
         self, alpha: float = 0.05, delta: float = 0.0, seed: int = 0
@@ -637,19 +523,17 @@ class CanaryScoreAuditor:
 
         Setting: the m = k + k' canaries form one pool and each was inserted independently
         with probability 1/2 before the run; ``in_scores`` are the scores of those inserted,
-        ``out_scores`` of the others (k and k' are then random; a fixed split into halves is
-        the usual approximation). The auditor guesses "in" for the t highest scores and "out"
-        for the b lowest, abstains on the rest (n = t + b guesses, v correct). Under
-        (eps, delta)-DP, P[V >= v] <= P[B >= v] + 2 m delta max_{1<=i<=v} P[v-i <= B < v] / i
-        with B ~ Binomial(n, e^eps / (1 + e^eps)); the bound is the largest eps this p-value
-        rejects. The rule (t, b) is chosen from C fixed candidates (one-sided (t, 0) and
-        symmetric (t, t), t = round(m/2 * 2^(-j/2))), each tested at alpha / C (Bonferroni),
-        so the best one keeps 1 - alpha.
+        ``out_scores`` of the others (so k and k' are random; a fixed random half is the usual
+        approximation). The auditor guesses "in" for the t highest scores and "out" for the b
+        lowest and abstains on the rest (n = t + b guesses, v correct). Under (eps, delta)-DP,
+        P[V >= v] <= P[B >= v] + 2 m delta max_{1<=i<=v} P[v-i <= B < v] / i with
+        B ~ Binomial(n, e^eps / (1 + e^eps)); the bound is the largest eps this p-value
+        rejects. The rule is one of C candidates fixed by m (one-sided (t, 0) and symmetric
+        (t, t), t = round(m/2 * 2^(-j/2))), each tested at alpha/C (Bonferroni), so the best
+        keeps 1 - alpha.
 
         Args:
-            alpha: 1 - confidence, in (0, 1).
-            delta: in [0, 1).
-            seed: seed of the random order among tied scores.
+            alpha: in (0, 1). delta: in [0, 1). seed: seed of the random order among ties.
 
         Returns:
             ScoreAuditResult: value = eps_lo (nats, >= 0), counts: m, guesses, correct,
@@ -660,33 +544,22 @@ class CanaryScoreAuditor:
 
         Source: Steinke, Nasr, Jagielski (2023), NeurIPS, Thm 3.1 and Thm 5.2 / Alg. 2.
         """
-        a = check_alpha(alpha)
-        d = _check_delta(delta, allow_zero=True)
-        n, v, nt, nb = self._one_run_setup(check_count(seed, "seed"))
-        m = np.full(n.size, float(self.k_in + self.k_out))
-        eps = _one_run_eps(n, v, m, np.full(n.size, a / n.size), d)
-        best = int(np.argmax(eps))
-        return self._one_run_result("one_run", SRC_STEINKE, float(eps[best]), a, d, n, v, nt,
-                                    nb, best, {"level_per_candidate": a / n.size})
+        return self._one_run(False, alpha, delta, seed)
 
     def epsilon_one_run_fdp(
         self, alpha: float = 0.05, delta: float = 1e-5, seed: int = 0
     ) -> ScoreAuditResult:
         """(1 - alpha) lower bound from one run under f-DP (Mahloujifar, Melis, Chaudhuri 2024).
 
-        Same setting and guesses as :meth:`epsilon_one_run`, but the null hypothesis is
-        mu-GDP (trade-off f(x) = Phi(Phi^-1(1 - x) - mu)). The recursion of Mahloujifar et
-        al. bounds the tail of the number of correct guesses under f-DP: with
-        r = a v/m and h = a (n - v)/m, for i = v-1 down to 0, h' = max(h, f(1 - r)),
-        r <- min(r + i/(n - i) (h' - h), 1), h <- h'; mu-GDP is rejected at level a iff
-        r + h > n/m. The bound is the largest rejected mu (a = alpha / C, Bonferroni over
-        the same C candidate rules), converted to epsilon at delta by the mu-GDP formula
-        delta(eps) = Phi(mu/2 - eps/mu) - e^eps Phi(-mu/2 - eps/mu).
+        Same setting, guesses and Bonferroni level a = alpha/C as :meth:`epsilon_one_run`; the
+        null hypothesis is mu-GDP, trade-off f(x) = Phi(Phi^-1(1 - x) - mu). Their recursion
+        bounds the tail of the correct guesses: r = a v/m, h = a (n - v)/m; for i = v-1 down
+        to 0: h' = max(h, f(1 - r)), r <- min(r + i/(n - i) (h' - h), 1), h <- h'; mu-GDP is
+        rejected iff r + h > n/m. The largest rejected mu (bisection) is converted to epsilon
+        at delta: delta = Phi(mu/2 - eps/mu) - e^eps Phi(-mu/2 - eps/mu).
 
         Args:
-            alpha: 1 - confidence, in (0, 1).
-            delta: in (0, 1).
-            seed: seed of the random order among tied scores.
+            alpha: in (0, 1). delta: in (0, 1). seed: seed of the random order among ties.
 
         Returns:
             ScoreAuditResult: value = eps_lo (nats), details["mu_lower"], counts as
@@ -698,18 +571,8 @@ class CanaryScoreAuditor:
         Source: Mahloujifar, Melis, Chaudhuri (2024), arXiv:2410.22235, §4; Dong, Roth, Su
         (2022), Cor. 2.13 (mu to (eps, delta)).
         """
-        a = check_alpha(alpha)
-        d = _check_delta(delta, allow_zero=False)
-        n, v, nt, nb = self._one_run_setup(check_count(seed, "seed"))
-        m = np.full(n.size, float(self.k_in + self.k_out))
-        mu = _fdp_mu(n, v, m, np.full(n.size, a / n.size))
-        best = int(np.argmax(mu))
-        eps = float(gaussian_epsilon_array(np.array([mu[best]]), d)[0])
-        return self._one_run_result("one_run_fdp", SRC_MAHLOUJIFAR, eps, a, d, n, v, nt, nb,
-                                    best, {"mu_lower": float(mu[best]),
-                                           "level_per_candidate": a / n.size})
+        return self._one_run(True, alpha, delta, seed)
 
-    # ---------------------------------------------------------------- parametric GDP
 
     def epsilon_gdp_lower_bound(self, alpha: float = 0.05, delta: float = 1e-5) -> ScoreAuditResult:
         """(1 - alpha) lower bound assuming x ~ N(m1, s^2), y ~ N(m0, s^2) (equal variance).
@@ -724,8 +587,7 @@ class CanaryScoreAuditor:
         (Brown-Forsythe); small values mean the bound may not hold.
 
         Args:
-            alpha: 1 - confidence, in (0, 1).
-            delta: in (0, 1).
+            alpha: in (0, 1). delta: in (0, 1).
 
         Returns:
             ScoreAuditResult: value = eps_lo (nats, >= 0), gof_pvalue, details: mu_hat,
@@ -740,12 +602,10 @@ class CanaryScoreAuditor:
         a = check_alpha(alpha)
         d = _check_delta(delta, allow_zero=False)
         x, y = self.in_scores, self.out_scores
-        k, kk = x.size, y.size
-        df = k + kk - 2
-        ss = np.sum((x - x.mean()) ** 2) + np.sum((y - y.mean()) ** 2)
-        sp = math.sqrt(ss / df)
+        df = x.size + y.size - 2
+        sp = math.sqrt((np.sum((x - x.mean()) ** 2) + np.sum((y - y.mean()) ** 2)) / df)
         mu_hat = (float(x.mean()) - float(y.mean())) / sp
-        se0 = math.sqrt(1.0 / k + 1.0 / kk)
+        se0 = math.sqrt(1.0 / x.size + 1.0 / y.size)
         t_obs = mu_hat / se0
         mu_lo = _nct_lower(t_obs, df, a) * se0
         eps = float(gaussian_epsilon_array(np.array([mu_lo]), d)[0]) if mu_lo > 0 else 0.0
@@ -762,7 +622,6 @@ class CanaryScoreAuditor:
                      "gof_test": gof_name, "equal_variance_pvalue": ev},
         )
 
-    # ---------------------------------------------------------------- rates
 
     def _roc(self) -> tuple[np.ndarray, np.ndarray]:
         taus = np.append(np.union1d(self._in_sorted, self._out_sorted), np.inf)
@@ -775,10 +634,7 @@ class CanaryScoreAuditor:
         and their randomized mixtures (the upper concave hull of the empirical ROC).
 
         Args:
-            fpr: in [0, 1].
-
-        Returns:
-            ScoreAuditResult: value = TPR in [0, 1], method "tpr_at_fpr", details["fpr"].
+            fpr: in [0, 1]. Returns: ScoreAuditResult, value = TPR in [0, 1].
 
         Raises:
             ValueError: fpr not in [0, 1].
@@ -789,11 +645,9 @@ class CanaryScoreAuditor:
         f = check_real_finite(fpr, "fpr")
         if not 0.0 <= f <= 1.0:
             raise ValueError(f"fpr must be in [0, 1], got {fpr!r}")
-        xs, ys = self._roc()
-        hx, hy = _upper_hull(np.concatenate([[0.0], xs]), np.concatenate([[0.0], ys]))
-        val = float(np.interp(f, hx, hy))
-        return ScoreAuditResult(value=val, method="tpr_at_fpr", source=SRC_ROC,
-                                counts=self._counts(), details={"fpr": f})
+        hx, hy = _upper_hull(*self._roc())
+        return ScoreAuditResult(value=float(np.interp(f, hx, hy)), method="tpr_at_fpr",
+                                source=SRC_ROC, counts=self._counts(), details={"fpr": f})
 
     def auroc(self) -> ScoreAuditResult:
         """Area under the empirical ROC: P(x > y) + P(x = y)/2 over all in/out pairs (the
@@ -811,31 +665,19 @@ class CanaryScoreAuditor:
                                 source=SRC_AUC, counts=self._counts())
 
 
-SRC_ROC = (
-    "Carlini, Chien, Nasr, Song, Terzis, Tramer (2022), Membership Inference Attacks From First "
-    "Principles, IEEE S&P, §4; ROC convex hull (Provost & Fawcett 2001)"
-)
-SRC_AUC = "Hanley & McNeil (1982), The meaning and use of the area under a ROC curve, eq. (1)"
-
-
 def _upper_hull(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Upper concave hull of points sorted by x (monotone chain)."""
-    hx: list[float] = []
-    hy: list[float] = []
-    for px, py in zip(x.tolist(), y.tolist(), strict=True):
-        if hx and px == hx[-1]:
-            if py <= hy[-1]:
-                continue
-            hx.pop()
-            hy.pop()
-        while len(hx) >= 2 and (
-            (hx[-1] - hx[-2]) * (py - hy[-2]) - (hy[-1] - hy[-2]) * (px - hx[-2]) >= 0
-        ):
-            hx.pop()
-            hy.pop()
-        hx.append(px)
-        hy.append(py)
-    return np.array(hx), np.array(hy)
+    h: list[tuple[float, float]] = []
+    for p in zip(x.tolist(), y.tolist(), strict=True):
+        while h and p[0] == h[-1][0] and p[1] >= h[-1][1]:
+            h.pop()
+        if h and p[0] == h[-1][0]:
+            continue
+        while len(h) >= 2 and ((h[-1][0] - h[-2][0]) * (p[1] - h[-2][1])
+                               - (h[-1][1] - h[-2][1]) * (p[0] - h[-2][0])) >= 0:
+            h.pop()
+        h.append(p)
+    return np.array([q[0] for q in h]), np.array([q[1] for q in h])
 
 
 def _nct_lower(t_obs: float, df: int, alpha: float) -> float:
@@ -847,13 +689,9 @@ def _nct_lower(t_obs: float, df: int, alpha: float) -> float:
     z = float(ndtri(1.0 - alpha))
     spread = z * math.sqrt(1.0 + t_obs * t_obs / (2.0 * df)) + 1.0
     lo, hi = t_obs - 2.0 * spread - 1.0, t_obs + 1.0
-    for _ in range(60):
-        if f(lo) > 0.0:
-            break
+    while f(lo) <= 0.0:  # cdf decreases in lambda: f(lo) > 0 > f(hi) brackets the root
         lo -= 2.0 * spread + 1.0
-    for _ in range(60):
-        if f(hi) < 0.0:
-            break
+    while f(hi) >= 0.0:
         hi += spread
     return float(brentq(f, lo, hi, xtol=1e-10, rtol=1e-12))
 
