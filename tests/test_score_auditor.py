@@ -293,3 +293,13 @@ def test_coverage_one_run(mc: tuple, fdp: bool) -> None:
     assert single.value == pytest.approx(vals[0], rel=1e-6, abs=1e-9)
     assert sum(v > eps for v in vals) <= _allowed(len(vals))
     assert max(vals) > 0
+
+
+def test_tiny_inputs_give_finite_results_never_nan() -> None:
+    a = CanaryScoreAuditor([0.0, 1.0], [0.0, 2.0])
+    r = a.epsilon_gdp_lower_bound(0.05, DELTA)
+    ev = r.details["equal_variance_pvalue"]
+    assert ev is None or math.isfinite(ev)
+    for res in (a.epsilon_estimate(DELTA), a.epsilon_lower_bound(), a.epsilon_one_run(),
+                a.epsilon_one_run_fdp(), a.tpr_at_fpr(0.5), a.auroc()):
+        assert math.isfinite(res.value) and res.value >= 0

@@ -12,6 +12,7 @@ out every formula. Pure numpy/scipy; torch tensors are accepted without importin
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -279,12 +280,8 @@ def _fdp_mu(
     """Largest mu whose mu-GDP claim is rejected (0 when even mu = 0 is not), per lane."""
     n, v, m, level = _lanes(n, v, m, level)
     ok0 = _fdp_rejects(np.zeros(n.size), n, v, m, level)
-    lo = np.zeros(n.size)
-    hi = np.full(n.size, _MU_MAX)
-    idx = np.flatnonzero(ok0)
-    for _ in range(iters):
-        if idx.size == 0:
-            break
+    lo, hi, idx = np.zeros(n.size), np.full(n.size, _MU_MAX), np.flatnonzero(ok0)
+    for _ in range(iters if idx.size else 0):
         mid = 0.5 * (lo[idx] + hi[idx])
         rej = _fdp_rejects(mid, n[idx], v[idx], m[idx], level[idx])
         lo[idx] = np.where(rej, mid, lo[idx])
@@ -402,8 +399,7 @@ class CanaryScoreAuditor:
         """eps(tau) with both rates bounded at 1 - a/2 (FNR alone at 1 - a with the exact
         null), and the fn, fp counts."""
         fn = np.searchsorted(in_sorted, taus, side="left")
-        exact = self.dim is not None
-        q = 1.0 - (a if exact else a / 2.0)
+        q = 1.0 - (a if self.dim is not None else a / 2.0)
         fp, lfpr, l1mfpr = _fpr_logs(out_sorted, taus, self.dim, q)
         eps, _ = _cp_eps(fn, in_sorted.size, lfpr, l1mfpr, q, delta)
         return eps, fn, fp
@@ -413,10 +409,8 @@ class CanaryScoreAuditor:
         """Candidate thresholds, their number fixed by (k, k'): just above the (j+1)-th largest
         out-score (fp = j) and at the (i+1)-th smallest in-score (fn = i), j, i in
         :func:`_count_grid`."""
-        jo = _count_grid(out_sorted.size)
-        ji = _count_grid(in_sorted.size)
-        above = np.nextafter(out_sorted[out_sorted.size - 1 - jo], np.inf)
-        return np.concatenate([above, in_sorted[ji]])
+        above = np.nextafter(out_sorted[out_sorted.size - 1 - _count_grid(out_sorted.size)], np.inf)
+        return np.concatenate([above, in_sorted[_count_grid(in_sorted.size)]])
 
     def epsilon_lower_bound(
         self, alpha: float = 0.05, delta: float = 0.0,
@@ -584,7 +578,7 @@ class CanaryScoreAuditor:
         0 (never |mu|). Valid only as far as the Gaussian equal-variance model holds: check
         ``gof_pvalue`` (Shapiro-Wilk, or D'Agostino-Pearson above 5000 scores, on the pooled
         residuals x - mean(x), y - mean(y)) and ``details["equal_variance_pvalue"]``
-        (Brown-Forsythe); small values mean the bound may not hold.
+        (Brown-Forsythe); small values mean the bound may not hold (None: undefined).
 
         Args:
             alpha: in (0, 1). delta: in (0, 1).
@@ -610,11 +604,10 @@ class CanaryScoreAuditor:
         mu_lo = _nct_lower(t_obs, df, a) * se0
         eps = float(gaussian_epsilon_array(np.array([mu_lo]), d)[0]) if mu_lo > 0 else 0.0
         resid = np.concatenate([x - x.mean(), y - y.mean()]) / sp
-        if resid.size <= 5000:
-            gof, gof_name = float(stats.shapiro(resid).pvalue), "shapiro_wilk"
-        else:
-            gof, gof_name = float(stats.normaltest(resid).pvalue), "dagostino_pearson"
-        ev = float(stats.levene(x, y, center="median").pvalue)
+        small = resid.size <= 5000
+        gof = _pvalue(stats.shapiro if small else stats.normaltest, resid)
+        gof_name = "shapiro_wilk" if small else "dagostino_pearson"
+        ev = _pvalue(stats.levene, x, y, center="median")
         return ScoreAuditResult(
             value=eps, method="gdp_noncentral_t", source=SRC_GDP, alpha=a, delta=d,
             counts=self._counts(), gof_pvalue=gof,
@@ -678,6 +671,14 @@ def _upper_hull(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             h.pop()
         h.append(p)
     return np.array([q[0] for q in h]), np.array([q[1] for q in h])
+
+
+def _pvalue(test: Any, *args: Any, **kwargs: Any) -> float | None:
+    """A scipy test's p-value; None where it is undefined (e.g. no spread within a group)."""
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        p = float(test(*args, **kwargs).pvalue)
+    return p if math.isfinite(p) else None
 
 
 def _nct_lower(t_obs: float, df: int, alpha: float) -> float:
