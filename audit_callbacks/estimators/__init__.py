@@ -43,6 +43,7 @@ from .lower_bound import (
     epsilon_lower_bound_from_cosines,
     estimate_epsilon_lower_bound_from_cosines,
 )
+from .score_auditor import CanaryScoreAuditor, ScoreAuditResult
 from .shuffle import (
     min_clients_for_shuffling,
     shuffle_amplification_bound,
@@ -51,6 +52,7 @@ from .shuffle import (
 )
 
 __all__ = [
+    "CanaryScoreAuditor",
     "clopper_pearson_interval",
     "clopper_pearson_lower",
     "clopper_pearson_upper",
@@ -81,6 +83,7 @@ __all__ = [
     "LabelDPBounds",
     "last_layer_gram_inverse_diag",
     "min_clients_for_shuffling",
+    "ScoreAuditResult",
     "shuffle_amplification_bound",
     "shuffle_dummy_exact_epsilon",
     "shuffle_test",
