@@ -47,8 +47,8 @@ class CanaryStatistics:
     """Cosine statistics of observed and unobserved canaries.
 
     Args:
-        canaries: the set; indices ``0..num_observed-1`` are observed (inserted), the next
-            ``num_unobserved`` are never inserted.
+        canaries: the set of exactly k + k' canaries; indices ``0..num_observed-1`` are
+            observed (inserted), the others are never inserted.
         num_observed: k.
         num_unobserved: k'.
         sign: +1 (updates) or -1 (gradients), see the module docstring.
@@ -63,8 +63,8 @@ class CanaryStatistics:
         self, canaries: CanarySet, num_observed: int, num_unobserved: int, *, sign: float = 1.0,
         max_buffered: int = 32,
     ) -> None:
-        if num_observed + num_unobserved > len(canaries):
-            raise ValueError("the canary set is smaller than num_observed + num_unobserved")
+        if num_observed + num_unobserved != len(canaries):
+            raise ValueError("the canary set must hold exactly num_observed + num_unobserved canaries")
         if sign not in (1.0, -1.0):
             raise ValueError(f"sign must be +1 or -1, got {sign}")
         self.canaries = canaries
@@ -110,7 +110,7 @@ class CanaryStatistics:
             self.rounds_skipped += 1
             return False
         if self.exact_per_round:
-            cos = self.canaries.cosines(delta.detach(), range(self.max_cos.numel())).cpu()
+            cos = self.canaries.cosines(delta.detach()).cpu()  # the set is exactly k + k' canaries
             torch.maximum(self.max_cos, cos * self.sign, out=self.max_cos)
             self.rounds_seen += 1
             return True
@@ -152,7 +152,7 @@ class CanaryStatistics:
             return None
         pos = 0
         device = (final if final is not None else blocks[0][0]).device
-        for part, chunk in self.canaries.chunks(range(n), device=device):
+        for part, chunk in self.canaries.chunks(device=device):
             end = pos + len(part)
             for block, rows, norms in blocks:
                 cos = (torch.mm(chunk, block.t()).to(torch.float64) / norms).clamp_(-1.0, 1.0)
@@ -189,7 +189,7 @@ class CanaryStatistics:
             return self._results(cached[1])  # same model, no new round: no pass over the canaries
         release = theta - self.theta0
         if self.exact_per_round:
-            final = (self.canaries.cosines(release, range(self.max_cos.numel())) * self.sign).cpu()
+            final = (self.canaries.cosines(release) * self.sign).cpu()
         else:
             final = self._fold(release)
         assert final is not None

@@ -424,11 +424,11 @@ def audited_run(args: argparse.Namespace) -> dict[str, Any]:
         "reconstruction_accuracy": attack.accuracy,
         **summarize_bounds(lb),
         "epsilon_accountant": float(module.privacy_engine.get_epsilon(args.delta)),
-        "canary_final_model": value("final_model"),
-        "canary_final_model_lo": value("final_model_lower_bound_heldout"),
-        "canary_all_iterates": value("all_iterates"),
-        "canary_all_iterates_lo": value("all_iterates_lower_bound_heldout"),
-        "canary_analytic": None if report is None else report.analytic_epsilon,
+        "canary_final_model": value("epsilon_final_model"),
+        "canary_final_model_lo": value("epsilon_lower_bound_final_model"),
+        "canary_all_iterates": value("epsilon_all_iterates"),
+        "canary_all_iterates_lo": value("epsilon_lower_bound_all_iterates"),
+        "canary_analytic": None if report is None else report.epsilon_analytic,
         "num_canaries": None if report is None else report.num_canaries_participated,
         "failures": check_records(
             lb.records, lb.single_step_epsilon, f"audited run sigma={sigma:g}"

@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     def row(name: str, key: str) -> str:
         e = est.get(key)
-        if not e:
+        if not e or e.get("status") != "ok":
             return f"  {name:<38} {'-':>10}"
         lo, hi = e.get("lower"), e.get("upper")
         ci = f"  [{lo:.3g}, {hi:.3g}]" if lo is not None and hi is not None else ""
@@ -115,15 +115,12 @@ def main(argv: list[str] | None = None) -> dict:
           f"{summary.get('num_canaries_participated', 0)} canaries took part "
           f"(at most {summary.get('max_participations', 0)} times each)")
     print(f"  epsilon at delta = {args.delta:g} (intervals: 95% bootstrap)")
-    print(row("final model (Gaussian fit, paper)", "final_model"))
-    print(row("final model (equal-variance fit)", "final_model_equal_variance"))
-    print(row("final model, 95% lower bound", "final_model_lower_bound_heldout"))
-    print(row("  (paper: max over thresholds)", "final_model_lower_bound"))
-    print(row("all iterates (Gaussian fit, paper)", "all_iterates"))
-    print(row("all iterates (equal-variance fit)", "all_iterates_equal_variance"))
-    print(row("all iterates, 95% lower bound", "all_iterates_lower_bound_heldout"))
-    print(row("  (paper: max over thresholds)", "all_iterates_lower_bound"))
-    analytic = summary.get("analytic_epsilon")
+    for tm, label in (("final_model", "final model"), ("all_iterates", "all iterates")):
+        print(row(f"{label} (equal-variance fit)", f"epsilon_{tm}"))
+        print(row("  (unequal-variance fit, Andrew et al.)", f"epsilon_{tm}_unequal_fit"))
+        print(row(f"{label}, 95% lower bound", f"epsilon_lower_bound_{tm}"))
+        print(row("  (parametric, Gaussian scores)", f"epsilon_gdp_lower_bound_{tm}"))
+    analytic = summary.get("epsilon_analytic")
     print(f"  {'analytic (adversary knows the rounds)':<38} "
           f"{analytic if analytic is None else f'{analytic:>10.3f}'}")
     print(f"\nTensorBoard logs: {logger.log_dir}  (tensorboard --logdir {args.log_dir})")

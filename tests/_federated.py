@@ -29,6 +29,6 @@ def digits_dpfedavg(rounds_per_epoch):
     dm.setup("fit")
     torch.manual_seed(0)
     module = DPFedAvg(MLP(64, 10, hidden=(32,)), clients_per_round=10, noise_multiplier=0.5,
-                      clip_norm=1.0, local_lr=0.1, local_batch_size=8, sampling="shuffle", seed=0,
+                      clip_norm=1.0, local_lr=0.1, local_batch_size=8, sampling="shuffle", seed=0, reproducible_noise=True,
                       delta=1e-5)
     return dm, module

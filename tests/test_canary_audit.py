@@ -19,13 +19,13 @@ from tests._federated import digits_dpfedavg, fit
 
 EXPECTED_TAGS = {
     "audit/epsilon_final_model",
-    "audit/epsilon_lo_final_model",
+    "audit/epsilon_lower_bound_final_model",
     "audit/epsilon_all_iterates",
-    "audit/epsilon_lo_all_iterates",
-    "audit/epsilon_lo_max_final_model",
-    "audit/epsilon_lo_max_all_iterates",
+    "audit/epsilon_lower_bound_all_iterates",
+    "audit/epsilon_gdp_lower_bound_final_model",
+    "audit/epsilon_gdp_lower_bound_all_iterates",
     "audit/epsilon_analytic",
-    "audit/num_canaries",
+    "audit/num_canaries_participated",
     "val/accuracy",
     "privacy/epsilon_analytic",
 }
@@ -36,7 +36,7 @@ def make(noise=0.5, seed=0, clients=40, per_round=10, rounds_per_epoch=4):
     dm.setup("fit")
     torch.manual_seed(seed)
     module = DPFedAvg(MLP(64, 10, hidden=(32,)), clients_per_round=per_round, noise_multiplier=noise,
-                      clip_norm=1.0, local_lr=0.1, local_batch_size=8, sampling="shuffle", seed=seed,
+                      clip_norm=1.0, local_lr=0.1, local_batch_size=8, sampling="shuffle", seed=seed, reproducible_noise=True,
                       delta=1e-5)
     return dm, module
 
@@ -61,7 +61,8 @@ def test_end_to_end_tensorboard_tags_and_summary(tmp_path):
     layout.ParseFromString(layout_events[0].tensor_proto.string_val[0])
     charts = {c.title: list(c.multiline.tag) for cat in layout.category for c in cat.chart}
     assert charts["epsilon (final model)"] == [
-        "audit/epsilon_final_model", "audit/epsilon_lo_final_model", "audit/epsilon_analytic"]
+        "audit/epsilon_final_model", "audit/epsilon_lower_bound_final_model",
+        "audit/epsilon_gdp_lower_bound_final_model", "audit/epsilon_analytic"]
     assert charts["accuracy"] == [r"val.*acc.*"]
     # logged once per validation epoch (3) and at fit end
     final_events = acc.Scalars("audit/epsilon_final_model")
@@ -70,21 +71,22 @@ def test_end_to_end_tensorboard_tags_and_summary(tmp_path):
         assert all(math.isfinite(e.value) for e in acc.Scalars(tag))
     # every lower bound stays below the analytic epsilon
     analytic = {e.step: e.value for e in acc.Scalars("audit/epsilon_analytic")}
-    for tag in ("audit/epsilon_lo_final_model", "audit/epsilon_lo_all_iterates",
-                "audit/epsilon_lo_max_final_model", "audit/epsilon_lo_max_all_iterates"):
+    for tag in ("audit/epsilon_lower_bound_final_model", "audit/epsilon_lower_bound_all_iterates",
+                "audit/epsilon_gdp_lower_bound_final_model", "audit/epsilon_gdp_lower_bound_all_iterates"):
         for e in acc.Scalars(tag):
             assert e.value <= analytic[e.step] + 1e-9
 
     with open(os.path.join(run_dir, "audit_summary.json"), encoding="utf-8") as fh:
         summary = json.load(fh)
     assert summary["inputs"]["num_canaries"] == 30 and summary["inputs"]["dim"] == module.num_parameters
-    for key in ("final_model", "final_model_equal_variance", "final_model_lower_bound",
-                "final_model_lower_bound_heldout", "all_iterates", "all_iterates_lower_bound",
-                "all_iterates_lower_bound_heldout"):
-        assert math.isfinite(summary["estimates"][key]["value"]), key
-    assert summary["estimates"]["final_model"]["threat_model"] == "final_model"
+    for tm in ("final_model", "all_iterates"):
+        for key in (f"epsilon_{tm}", f"epsilon_{tm}_unequal_fit", f"epsilon_lower_bound_{tm}",
+                    f"epsilon_gdp_lower_bound_{tm}"):
+            assert summary["estimates"][key]["status"] == "ok", key
+            assert math.isfinite(summary["estimates"][key]["value"]), key
+    assert summary["tags"]["epsilon_final_model"] == "audit/epsilon_final_model"
     assert summary["versions"]["torch"] == torch.__version__.split("+")[0] or summary["versions"]["torch"]
-    assert summary["analytic_epsilon"] > 0
+    assert summary["epsilon_analytic"] > 0
 
 
 def test_resume_gives_the_same_estimate(tmp_path):
@@ -126,10 +128,10 @@ def test_estimate_tracks_the_noise(tmp_path):
     quiet = CanaryAudit(40, 40, seed=0)
     fit(dm, module, [quiet], 8, tmp_path / "quiet", logger=False)
     e_loud, e_quiet = loud.last_report.estimates, quiet.last_report.estimates
-    assert e_loud["final_model_lower_bound"].value < 0.5
-    assert e_quiet["final_model_lower_bound"].value > 1.0
-    assert e_quiet["all_iterates_lower_bound"].value > 1.0
-    assert e_quiet["final_model"].value > e_loud["final_model"].value
+    assert e_loud["epsilon_lower_bound_final_model"].value < 0.5
+    assert e_quiet["epsilon_lower_bound_final_model"].value > 1.0
+    assert e_quiet["epsilon_lower_bound_all_iterates"].value > 1.0
+    assert e_quiet["epsilon_final_model"].value > e_loud["epsilon_final_model"].value
 
 
 def test_bad_inputs(tmp_path):
@@ -187,7 +189,15 @@ def test_no_logger_warns_and_still_writes_summary(tmp_path):
     audit = CanaryAudit(10, 10)
     with pytest.warns(UserWarning, match="no logger"):
         fit(dm, module, [audit], 4, tmp_path, logger=False)
-    assert os.path.exists(os.path.join(str(tmp_path), "audit_summary.json"))
+    # a run without a logger writes into a fresh versioned folder: a second run does not
+    # overwrite the first
+    first = os.path.join(str(tmp_path), "audit", "version_0", "audit_summary.json")
+    assert audit.summary_path == first and os.path.exists(first)
+    dm, module = make(clients=20, per_round=5)
+    again = CanaryAudit(10, 10)
+    fit(dm, module, [again], 4, tmp_path, logger=False)
+    assert again.summary_path == os.path.join(str(tmp_path), "audit", "version_1", "audit_summary.json")
+    assert not [f for f in os.listdir(os.path.dirname(first)) if f.startswith(".tmp")]
 
 
 def test_nan_delta_is_skipped_with_a_warning(tmp_path):
@@ -225,7 +235,7 @@ class _Observer(pl.Callback):
     rows = 0
 
     def on_federated_client_updates(self, trainer, pl_module, round_idx, client_ids, updates):
-        self.rows += sum(cid.startswith("canary/") for cid in client_ids)
+        self.rows += sum(cid.startswith("canary") for cid in client_ids)
 
 
 @pytest.mark.parametrize("kind", ["hadamard", "gaussian"])
@@ -262,9 +272,9 @@ def test_both_kinds_track_the_noise_and_agree(tmp_path):
             fit(dm, module, [audit], 8, tmp_path / f"{kind}{noise}", logger=False)
             out[kind, noise] = audit.last_report
     for kind in ("hadamard", "gaussian"):
-        assert out[kind, 0.0].value("final_model_lower_bound_heldout") > 1.0, kind
-        assert out[kind, 50.0].value("final_model_lower_bound_heldout") < 0.5, kind
+        assert out[kind, 0.0].value("epsilon_lower_bound_final_model") > 1.0, kind
+        assert out[kind, 50.0].value("epsilon_lower_bound_final_model") < 0.5, kind
     # both kinds see the same participations (sampling does not depend on the kind)
     quiet_h, quiet_g = out["hadamard", 0.0], out["gaussian", 0.0]
     assert quiet_h.max_participations == quiet_g.max_participations
-    assert quiet_h.analytic_epsilon == quiet_g.analytic_epsilon
+    assert quiet_h.epsilon_analytic == quiet_g.epsilon_analytic

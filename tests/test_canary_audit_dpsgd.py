@@ -127,8 +127,8 @@ def test_lightning_make_private_tags_accountant_and_join_rate(tmp_path):
     eps = module.privacy_engine.get_epsilon(1e-5)
     assert eps == plain.privacy_engine.get_epsilon(1e-5)
     report = audit.last_report
-    assert report.analytic_epsilon == pytest.approx(eps)
-    assert report.analytic_epsilons["prv"] is not None and 0 < report.analytic_epsilons["prv"] < eps * 1.2
+    assert report.epsilon_analytic == pytest.approx(eps)
+    assert report.epsilon_analytic_prv is not None and 0 < report.epsilon_analytic_prv < eps * 1.2
     # canaries join at the example's rate: participations ~ Binomial(steps, q) per canary
     steps, q = audit.backend.injector.steps, audit.backend.injector.sample_rate
     assert steps == sum(h[2] for h in module.privacy_engine.accountant.history)
@@ -137,16 +137,16 @@ def test_lightning_make_private_tags_accountant_and_join_rate(tmp_path):
     # TensorBoard: the estimates, bounds and both analytic epsilons, finite
     acc = EventAccumulator(os.path.join(str(tmp_path), "run", "version_0"), size_guidance={"scalars": 0})
     acc.Reload()
-    want = {"audit/epsilon_final_model", "audit/epsilon_lo_final_model", "audit/epsilon_all_iterates",
-            "audit/epsilon_lo_all_iterates", "audit/epsilon_analytic", "audit/epsilon_analytic_rdp",
-            "audit/epsilon_analytic_prv", "audit/num_canaries", "val/accuracy"}
+    want = {"audit/epsilon_final_model", "audit/epsilon_lower_bound_final_model", "audit/epsilon_all_iterates",
+            "audit/epsilon_lower_bound_all_iterates", "audit/epsilon_analytic", "audit/epsilon_analytic_rdp",
+            "audit/epsilon_analytic_prv", "audit/num_canaries_participated", "val/accuracy"}
     assert want <= set(acc.Tags()["scalars"])
     for tag in want:
         assert all(math.isfinite(e.value) for e in acc.Scalars(tag)), tag
     summary = json.load(open(audit.summary_path))
     assert summary["inputs"]["training"] == "Opacus DP-SGD"
     assert summary["inputs"]["steps"] == steps and summary["inputs"]["accountant"] == "RDPAccountant"
-    assert summary["analytic_epsilons"]["rdp"] == pytest.approx(eps)
+    assert summary["epsilon_analytic_rdp"] == pytest.approx(eps)
     for est in report.estimates.values():
         assert est is None or (math.isfinite(est.value) and est.value <= 50)
 
@@ -157,11 +157,13 @@ def test_estimate_separates_loud_from_quiet_noise(tmp_path):
     quiet = CanaryAudit(150, 150, seed=0, bootstrap=0)
     _fit(tmp_path, [quiet], noise=0.3, logger=False, name="quiet")
     # all steps seen: the canary steps stand out at sigma 0.3 (analytic ~66), not at sigma 30
-    lo_loud = loud.last_report.estimates["all_iterates_lower_bound_heldout"].value
-    lo_quiet = quiet.last_report.estimates["all_iterates_lower_bound_heldout"].value
-    assert lo_loud < 0.5 < 1.5 < lo_quiet
-    assert lo_quiet <= quiet.last_report.analytic_epsilon
-    assert loud.last_report.estimates["final_model_lower_bound_heldout"].value <= loud.last_report.analytic_epsilon
+    lo_loud = loud.last_report.estimates["epsilon_lower_bound_all_iterates"].value
+    lo_quiet = quiet.last_report.estimates["epsilon_lower_bound_all_iterates"].value
+    assert lo_loud < 0.5 < 1.0 < lo_quiet  # Clopper-Pearson, Bonferroni (k = k' = 150)
+    gdp = quiet.last_report.estimates["epsilon_gdp_lower_bound_all_iterates"].value
+    assert 1.5 < gdp <= quiet.last_report.epsilon_analytic
+    assert lo_quiet <= quiet.last_report.epsilon_analytic
+    assert loud.last_report.estimates["epsilon_lower_bound_final_model"].value <= loud.last_report.epsilon_analytic
 
 
 def test_resume_gives_the_same_estimate(tmp_path):
@@ -238,7 +240,7 @@ def test_accountant_untouched_and_validate_after_fit_with_every_callback(tmp_pat
     callbacks = [audit, LabelReconstructionAttack(), LabelDPLowerBound(), ckpt]
     trainer, module = _fit(tmp_path, callbacks, epochs=2)
     assert module.privacy_engine.accountant.history == plain.privacy_engine.accountant.history
-    assert audit.last_report.analytic_epsilon == pytest.approx(module.privacy_engine.get_epsilon(1e-5))
+    assert audit.last_report.epsilon_analytic == pytest.approx(module.privacy_engine.get_epsilon(1e-5))
     fitted = audit.last_report
     trainer.validate(module, datamodule=trainer.datamodule, ckpt_path="best")
     assert audit.last_report is fitted

@@ -147,7 +147,7 @@ def test_analytic_epsilon_uses_participations():
     trainer(3).fit(module, datamodule=Ticks(clients))
     assert module.participations().tolist() == [3, 3, 3, 3]
     assert module.analytic_epsilon() == pytest.approx(gaussian_epsilon(0.8, 1e-5, compositions=3))
-    assert DPFedAvg(nn.Linear(2, 2), noise_multiplier=0.0).analytic_epsilon(3) is None
+    assert DPFedAvg(nn.Linear(2, 2), noise_multiplier=0.0).analytic_epsilon(3) == math.inf
 
 
 def test_lightning_module_as_client_model():
@@ -187,7 +187,8 @@ def test_bad_inputs_raise_clear_errors():
 def test_seeded_runs_are_reproducible():
     def run():
         torch.manual_seed(0)
-        module = DPFedAvg(nn.Linear(4, 3), clients_per_round=2, noise_multiplier=0.5, seed=7)
+        module = DPFedAvg(nn.Linear(4, 3), clients_per_round=2, noise_multiplier=0.5, seed=7,
+                          reproducible_noise=True)
         trainer(4).fit(module, datamodule=Ticks(make_clients(5)))
         return module.flat_parameters()
 
@@ -258,7 +259,8 @@ class SumOwner(pl.Callback):
 def test_an_owner_may_give_the_sum_of_its_clipped_updates():
     def run(owner, *more):
         torch.manual_seed(0)
-        module = DPFedAvg(nn.Linear(4, 3), clients_per_round=4, noise_multiplier=0.5, seed=3)
+        module = DPFedAvg(nn.Linear(4, 3), clients_per_round=4, noise_multiplier=0.5, seed=3,
+                          reproducible_noise=True)
         trainer(8, [owner, *more]).fit(module, datamodule=Ticks(make_clients(6)))
         return module.flat_parameters()
 
@@ -292,7 +294,8 @@ def test_canary_sums_follow_a_float64_model(tmp_path):
     models = {}
     for cls in (CanaryAudit, Rows):
         torch.manual_seed(0)
-        module = DPFedAvg(nn.Linear(4, 3).double(), clients_per_round=4, noise_multiplier=0.5, seed=1)
+        module = DPFedAvg(nn.Linear(4, 3).double(), clients_per_round=4, noise_multiplier=0.5, seed=1,
+                          reproducible_noise=True)
         assert module.dtype == torch.float32 and module.flat_parameters().dtype == torch.float64
         audit = cls(num_canaries=6, log_figures=False, log_histograms=False)
         trainer(6, [audit], default_root_dir=str(tmp_path / cls.__name__)).fit(module, datamodule=Ticks(clients))

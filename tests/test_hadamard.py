@@ -170,11 +170,13 @@ def test_heavy_coordinates_are_handled_by_the_empirical_null():
     release = real + 0.01 * torch.randn(dim, generator=torch.Generator().manual_seed(0))
     cos = cs.cosines(release).numpy()
     obs, un = cos[:k], cos[k:]
-    report = canary_report(obs, 1e-5, dim=dim, unobserved_final=un, seed=0)
-    assert report["estimates"]["final_model_equal_variance"].value < 0.3
-    assert report["estimates"]["final_model_lower_bound_heldout"].value < 0.1
-    beta = canary_report(obs, 1e-5, dim=dim, seed=0)  # the wrong null for these scores
-    assert beta["estimates"]["final_model"].value > 5.0
+    estimates, _ = canary_report({"final_model": obs}, {"final_model": un}, 1e-5, seed=0)
+    assert estimates["epsilon_final_model"].value < 0.3
+    assert estimates["epsilon_lower_bound_final_model"].value < 0.1
+    assert estimates["epsilon_gdp_lower_bound_final_model"].value < 0.1
+    # the Beta law is the wrong null for these scores: it reports a large epsilon
+    beta, _ = canary_report({"final_model": obs}, {"final_model": un}, 1e-5, dim=dim, seed=0)
+    assert beta["epsilon_final_model"].value > 2.0
 
 
 def test_statistics_fold_every_round_exactly_and_resume_bit_for_bit():

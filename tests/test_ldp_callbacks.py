@@ -34,7 +34,7 @@ def make(randomizer, seed=0, clients=20, per_round=5, rounds_per_epoch=4, local_
     torch.manual_seed(seed)
     module = DPFedAvg(MLP(64, 10, hidden=()), clients_per_round=per_round, noise_multiplier=0.0,
                       clip_norm=1.0, local_lr=local_lr, local_batch_size=64, server_lr=0.1,
-                      server_momentum=0.0, seed=seed, randomizer=randomizer,
+                      server_momentum=0.0, seed=seed, randomizer=randomizer, reproducible_noise=True,
                       client_datasets=dm.client_datasets)
     return dm, module
 
@@ -131,7 +131,13 @@ def test_end_to_end_tags_layout_summary_and_values(tmp_path):
     assert summary["adversaries"]["dummy"]["audits"] == 3
     assert len(summary["history"]) == 15
     norms = summary["client_update_norms"]
-    assert norms["count"] == 8 * 5 and 0 <= norms["share_at_clip"] <= 1 and norms["max"] <= 1 + 1e-5
+    assert norms["count"] == 8 * 5 and 0 <= norms["share_at_clip"] <= 1 and norms["mean"] <= 1 + 1e-5
+    # no real client's id or per-example value leaves the process (issue 16 item 8)
+    assert "max" not in norms
+    for rec in [*summary["history"], *(a["last"] for a in summary["adversaries"].values())]:
+        assert not {"client", "norm_g1", "norm_g2", "cosine_g1_g2"} & set(rec), rec
+        assert isinstance(rec["g1_at_clip"], bool)
+    assert all("client" in rec for rec in audit.history)  # kept in memory for the user
 
 
 def test_correct_randomizer_is_never_flagged_across_many_audits():
@@ -172,7 +178,7 @@ def test_broken_ldp_sgd_is_flagged_once_per_adversary(tmp_path):
     for rec in audit.history:
         assert rec["method"] == "batched"  # the overriding randomize was tested, not the claim
         assert rec["flag_lower_bound"] > 0.5 and rec["epsilon"] > 3.0
-    with open(os.path.join(str(tmp_path), "ldp_audit_summary.json"), encoding="utf-8") as fh:
+    with open(audit.summary_path, encoding="utf-8") as fh:
         assert json.load(fh)["flagged"] is True
 
 

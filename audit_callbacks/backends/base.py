@@ -14,7 +14,7 @@ import torch
 from audit_callbacks.canaries import CanarySet
 from audit_callbacks.canary_stats import CanaryStatistics
 
-__all__ = ["CanaryBackend", "CanaryConfig", "num_batches", "num_examples", "total_rounds"]
+__all__ = ["CanaryBackend", "CanaryConfig", "check_config", "num_batches", "num_examples", "total_rounds"]
 
 DEFAULT_CANARIES = 1000
 DEFAULT_HADAMARD_UNOBSERVED = 100_000
@@ -102,7 +102,8 @@ class CanaryBackend:
         raise NotImplementedError
 
     def analytic(self, delta: float) -> dict[str, float | None]:
-        """``{"accountant": epsilon, ...}``: the analytic epsilon of a canary at ``delta``."""
+        """``{"epsilon_analytic": epsilon, ...}``: the analytic epsilon of a canary at
+        ``delta`` (``inf`` without DP noise, None when unknown)."""
         raise NotImplementedError
 
     def summary_inputs(self) -> dict[str, Any]:
@@ -150,3 +151,17 @@ def total_rounds(trainer: Any) -> int:
     if not math.isfinite(total) or total < 1:
         raise ValueError("CanaryAudit(repeats=...) needs a finite run: set max_steps or max_epochs")
     return int(total)
+
+
+def check_config(theirs: dict[str, Any], mine: dict[str, Any], *, strict_resolved: bool) -> None:
+    """Raise ``ValueError`` naming the first audit setting in which a checkpoint differs."""
+    fields = ["canaries", "seed", "requested_num_canaries", "delta", "training"]
+    if strict_resolved:
+        fields += ["num_canaries", "num_unobserved"]
+    for name in fields:
+        if name in theirs and mine.get(name) is not None and theirs[name] != mine[name]:
+            raise ValueError(
+                f"CanaryAudit: the checkpoint's audit has {name}={theirs[name]!r}, this callback "
+                f"{mine[name]!r}; resuming would mix two audits. Resume with the same settings, "
+                "or start a new run"
+            )

@@ -16,12 +16,11 @@ import numpy as np
 import torch
 
 from audit_callbacks.backends.base import CanaryBackend, CanaryConfig, total_rounds
-from audit_callbacks.federated.clipping import clipped_sum
+from audit_callbacks.federated.clipping import clip_updates_
 
 __all__ = ["FedAvgBackend", "crowding_warning"]
 
 _CROWDING_SHARE = 0.1  # canaries' share of the population from which a warning says what it costs
-_BLOCK = "canary"
 
 
 def crowding_warning(k: int, n_real: int, per_round: int | None) -> str | None:
@@ -50,6 +49,7 @@ class FedAvgBackend(CanaryBackend):
         module: the ``DPFedAvg`` LightningModule.
         trainer: the Trainer (its length, when ``config.repeats`` is set).
         warn: ``warn(key, message)``, once per key.
+        name: the name of the canary clients' block in the module (distinct per audit).
 
     Raises:
         ValueError: a model with fewer than 2 parameters, more Hadamard canaries than the
@@ -61,9 +61,11 @@ class FedAvgBackend(CanaryBackend):
 
     def __init__(
         self, config: CanaryConfig, module: Any, trainer: Any, warn: Callable[[str, str], None],
+        *, name: str = "canary",
     ) -> None:
         super().__init__(config, warn)
         self.module = module
+        self.name = name
         self._trainer = trainer
         self._schedule: dict[int, list[int]] | None = None
         n_real = int(module.num_real_clients)
@@ -77,7 +79,7 @@ class FedAvgBackend(CanaryBackend):
     def register(self) -> None:
         """Register the canary clients with the module (sampled, or on their schedule)."""
         schedule = None if self.config.repeats is None else self._scheduled
-        self.module.register_virtual_clients(self, self.num_canaries, name=_BLOCK, schedule=schedule)
+        self.module.register_virtual_clients(self, self.num_canaries, name=self.name, schedule=schedule)
 
     def _scheduled(self, round_idx: int) -> list[int]:
         """Repeated presentations (§5.2): each canary joins one uniformly chosen round of each of
@@ -112,7 +114,7 @@ class FedAvgBackend(CanaryBackend):
     ) -> torch.Tensor:
         """The sum ``[d]`` of the canary clients' updates ``clip_norm * c_j``, each clipped to
         ``clip_norm`` (Hadamard canaries: one transform; every canary has the same norm, so one
-        clip factor; Gaussian canaries: the rows, clipped and summed)."""
+        clip factor; Gaussian canaries: chunk by chunk, each row clipped as the module clips)."""
         assert self.stats is not None
         device, dtype = self._device_dtype()
         canaries, idx = self.stats.canaries, indices.tolist()
@@ -120,11 +122,16 @@ class FedAvgBackend(CanaryBackend):
             one = canaries.batch(idx[:1], scale=clip_norm, device=device).to(dtype)
             factor = min(1.0, float(clip_norm) / max(float(torch.linalg.vector_norm(one)), 1e-12))
             return canaries.sum(idx, device=device).to(dtype).mul_(float(clip_norm) * factor)
-        return clipped_sum(canaries.batch(idx, scale=clip_norm, device=device).to(dtype), clip_norm)
+        total = torch.zeros(canaries.dim, device=device, dtype=dtype)
+        for _, block in canaries.chunks(idx, device=device):  # one chunk in memory at a time
+            rows = block.to(dtype).mul_(clip_norm)
+            clip_updates_(rows, clip_norm)
+            total += rows.sum(0)
+        return total
 
     # rounds ---------------------------------------------------------------------------------
     def on_round_start(self, cohort: Any) -> None:
-        idx = cohort.virtual.get(_BLOCK)
+        idx = cohort.virtual.get(self.name)
         if idx is not None and idx.size:
             np.add.at(self.participations, idx, 1)
 
@@ -139,9 +146,9 @@ class FedAvgBackend(CanaryBackend):
 
     def analytic(self, delta: float) -> dict[str, float | None]:
         """The Gaussian mechanism composed over the most-sampled canary's rounds, if the
-        adversary knows them (the module's ``analytic_epsilon``)."""
+        adversary knows them (the module's ``analytic_epsilon``); ``inf`` without noise."""
         max_part = int(self.participations.max(initial=0))
-        return {"accountant": self.module.analytic_epsilon(max_part)}
+        return {"epsilon_analytic": self.module.analytic_epsilon(max_part)}
 
     def summary_inputs(self) -> dict[str, Any]:
         m = self.module

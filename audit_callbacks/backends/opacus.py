@@ -11,6 +11,7 @@ of the same history beside it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -99,7 +100,11 @@ class OpacusBackend(CanaryBackend):
         self._theta_prev, self._steps_seen = theta, steps
 
     def analytic(self, delta: float) -> dict[str, float | None]:
-        """The run's accountant's epsilon and Opacus' RDP and PRV epsilons of its history."""
+        """The run's accountant's epsilon and Opacus' RDP and PRV epsilons of its history
+        (``epsilon_analytic``, ``epsilon_analytic_rdp``, ``epsilon_analytic_prv``; ``inf``
+        without noise)."""
+        if float(self.injector.optimizer.noise_multiplier) == 0:
+            return dict.fromkeys(("epsilon_analytic", "epsilon_analytic_rdp", "epsilon_analytic_prv"), math.inf)
         acc = self.accountant
         history = list(getattr(acc, "history", None) or [])
         if not history and self.injector.steps:
@@ -107,7 +112,8 @@ class OpacusBackend(CanaryBackend):
             history = [(float(opt.noise_multiplier), self.injector.sample_rate, self.injector.steps)]
         out = analytic_epsilons(history, delta)
         own = accountant_epsilon(acc, delta) if history else None
-        return {"accountant": out["rdp"] if own is None else own, **out}
+        return {"epsilon_analytic": out["rdp"] if own is None else own,
+                "epsilon_analytic_rdp": out["rdp"], "epsilon_analytic_prv": out["prv"]}
 
     def summary_inputs(self) -> dict[str, Any]:
         opt = self.injector.optimizer

@@ -6,9 +6,7 @@ callback is glue: a backend (:mod:`audit_callbacks.backends`) inserts the canari
 training it finds and folds the model's deltas into the cosine statistics; the estimators turn
 those into a :class:`~audit_callbacks.estimators.canary_report.CanaryReport`, and
 :meth:`CanaryAudit._log` writes it at the current ``global_step``, under the tags of
-:data:`TAGS`. The ``epsilon_lo_max`` bounds are maximised over thresholds on all canaries:
-tighter, but NOT valid 95% bounds at small epsilon (they exceed it in 7-10% of runs at
-epsilon 1); the ``epsilon_lo`` bounds choose the threshold on a held-out half and are valid.
+:data:`TAGS` (the names are explained in :mod:`audit_callbacks.estimators.canary_report`).
 """
 
 from __future__ import annotations
@@ -23,27 +21,29 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 
 from audit_callbacks.backends import CanaryBackend, CanaryConfig, FedAvgBackend, OpacusBackend
+from audit_callbacks.backends.base import check_config
 from audit_callbacks.callbacks import tensorboard as tb
-from audit_callbacks.callbacks.summary import write_summary
+from audit_callbacks.callbacks.summary import summary_dir, write_summary
 from audit_callbacks.canaries import KINDS
-from audit_callbacks.estimators.canary_report import CanaryReport, canary_report, cosine_null_pdf
+from audit_callbacks.estimators.canary_report import (
+    THREAT_MODELS,
+    CanaryReport,
+    canary_report,
+        estimate_names,
+    summary_json,
+)
 
 __all__ = ["CanaryAudit", "TAGS"]
 
-#: TensorBoard tag -> the report entry it shows (an estimate's name, or a report field).
+#: Every logged number: its name (the report's estimate or field, the summary JSON's key) ->
+#: its TensorBoard tag, always ``"audit/" + name``.
 TAGS: dict[str, str] = {
-    "audit/epsilon_final_model": "final_model",
-    "audit/epsilon_lo_final_model": "final_model_lower_bound_heldout",
-    "audit/epsilon_lo_max_final_model": "final_model_lower_bound",
-    "audit/epsilon_all_iterates": "all_iterates",
-    "audit/epsilon_lo_all_iterates": "all_iterates_lower_bound_heldout",
-    "audit/epsilon_lo_max_all_iterates": "all_iterates_lower_bound",
-    "audit/epsilon_analytic": "analytic_epsilon",
-    "audit/epsilon_analytic_rdp": "analytic_epsilons.rdp",
-    "audit/epsilon_analytic_prv": "analytic_epsilons.prv",
-    "audit/num_canaries": "num_canaries_participated",
+    name: f"audit/{name}"
+    for name in [*(n for tm in THREAT_MODELS for n in estimate_names(tm).values()),
+                 "epsilon_analytic", "epsilon_analytic_rdp", "epsilon_analytic_prv",
+                 "num_canaries_participated"]
 }
-_SOURCE = ("Andrew, Dehghani, Zhang, Hu, Dvijotham, Kairouz: One-shot Empirical Privacy "
+_SOURCE = ("Andrew, Kairouz, Oh, Oprea, McMahan, Suriyakumar: One-shot Empirical Privacy "
            "Estimation for Federated Learning (ICLR 2024), Alg. 2 (final model) and Alg. 3 "
            "(all iterates)")
 
@@ -139,6 +139,8 @@ class CanaryAudit(Callback):
         self.summary_path: str | None = None
         self._pending_state: dict[str, Any] | None = None
         self._last_logged = -1  # progress of the last logged report
+        self._skip_reason: str | None = None
+        self._summary_dir: str | None = None
         self._warned: set[str] = set()
 
     @property
@@ -163,15 +165,22 @@ class CanaryAudit(Callback):
             rank_zero_warn(message, category=UserWarning)
 
     # ------------------------------------------------------------------ set-up
+    @property
+    def block_name(self) -> str:
+        """The name of this audit's canary clients in DP-FedAvg (one per audit of a run)."""
+        return f"canary(seed={self.config.seed}, k={self.config.num_canaries})"
+
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit" or not callable(getattr(pl_module, "register_virtual_clients", None)):
             return  # Opacus: the DPOptimizer exists only after configure_optimizers (fit start)
         if self.backend is None or self.backend.stats.dim != pl_module.num_parameters:
-            self.backend = FedAvgBackend(self.config, pl_module, trainer, self._warn_once)
+            self.backend = FedAvgBackend(self.config, pl_module, trainer, self._warn_once,
+                                         name=self.block_name)
         else:  # a second fit: the same canaries go on
             self.backend.register()
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._summary_dir = summary_dir(trainer, self.summary_filename)  # fails here, not at the end
         if self.backend is None or isinstance(self.backend, OpacusBackend):
             if self.config.repeats is not None:
                 raise ValueError("CanaryAudit(repeats=...) is for DP-FedAvg; DP-SGD canaries are sampled")
@@ -180,24 +189,34 @@ class CanaryAudit(Callback):
             self.backend = OpacusBackend(self.config, trainer, self._warn_once)
         if self._pending_state is not None:
             state, self._pending_state = self._pending_state, None
-            self.backend.load_state_dict(state)
+            self._load(state)
         stats = self.backend.stats
         if stats.theta0 is None:
             stats.set_initial(self.backend.flat_parameters())
         analytic = ["audit/epsilon_analytic"]
         if isinstance(self.backend, OpacusBackend):
             analytic += ["audit/epsilon_analytic_rdp", "audit/epsilon_analytic_prv"]
-        tb.add_custom_scalars_layout(trainer, {"privacy audit": {
-            "epsilon (final model)": ["Multiline", ["audit/epsilon_final_model",
-                                                    "audit/epsilon_lo_final_model", *analytic]],
-            "epsilon (all iterates)": ["Multiline", ["audit/epsilon_all_iterates",
-                                                     "audit/epsilon_lo_all_iterates", *analytic]],
-            # custom-scalars tags are regular expressions: any val*acc* tag of the user's module
-            "accuracy": ["Multiline", [r"val.*acc.*"]],
-        }})
+        charts = {
+            f"epsilon ({tm.replace('_', ' ')})": ["Multiline", [TAGS[estimate_names(tm)[kind]] for kind in (
+                "estimate", "lower_bound", "gdp_lower_bound")] + analytic]
+            for tm in THREAT_MODELS
+        }
+        # custom-scalars tags are regular expressions: any val*acc* tag of the user's module
+        charts["accuracy"] = ["Multiline", [r"val.*acc.*"]]
+        tb.add_custom_scalars_layout(trainer, {"privacy audit": charts})
         if not trainer.loggers:
             self._warn_once("nologger", "CanaryAudit: no logger is attached, so estimates are not "
-                            "logged; they are written to the summary JSON at fit end")
+                            f"logged; they are written to {self._summary_dir} at fit end")
+
+    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        """Refuse a checkpoint whose audit differs from this one (it would restart silently)."""
+        states = checkpoint.get("callbacks") or {}
+        if self.state_key in states:
+            return
+        for key, state in states.items():
+            if str(key).startswith(type(self).__name__) and isinstance(state, dict) and state.get("config"):
+                check_config(state["config"], self._config_dict(), strict_resolved=False)
 
     # ------------------------------------------------------------------ training
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
@@ -225,16 +244,18 @@ class CanaryAudit(Callback):
         if self.backend is None or (trainer.current_epoch + 1) % self.every_n_epochs:
             return
         if self.backend.progress() != self._last_logged:
-            self._log(trainer, self.compute(), figures=False)
+            self._log(trainer, self.compute(step=int(trainer.global_step)), figures=False)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.backend is None:
             return
-        report = self.compute(bootstrap=self.bootstrap)
+        previous = self.last_report
+        report = self.compute(bootstrap=self.bootstrap, step=int(trainer.global_step))
         self._log(trainer, report, figures=True)
         if trainer.is_global_zero:
-            self.summary_path = write_summary(tb.log_dir(trainer), self.summary_filename,
-                                              self._summary(report))
+            stale = report is None and previous is not None
+            self.summary_path = write_summary(self._summary_dir or summary_dir(trainer, self.summary_filename),
+                                              self.summary_filename, self._summary(report or previous, stale))
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit" and self.backend is not None:
@@ -249,23 +270,27 @@ class CanaryAudit(Callback):
             return float(module.delta)
         return 1e-5 if isinstance(self.backend, OpacusBackend) else 1e-6
 
-    def compute(self, *, bootstrap: int = 0) -> CanaryReport | None:
-        """Every estimate from the canaries so far; None (with a warning) until 2 canaries took
-        part, or when the model has NaN or inf parameters. Logs nothing."""
+    def _skip(self, key: str, reason: str) -> None:
+        self._skip_reason = reason
+        self._warn_once(key, f"CanaryAudit: {reason}; no estimate")
+
+    def compute(self, *, bootstrap: int = 0, step: int = 0) -> CanaryReport | None:
+        """Every estimate from the canaries so far, as a :class:`CanaryReport`; None (with a
+        one-time warning, the reason kept for the summary) until 2 canaries took part, or when
+        the model has NaN or inf parameters. Logs nothing."""
         backend = self.backend
         if backend is None:
             return None
         with torch.inference_mode(False), torch.no_grad():  # validation runs in inference mode
             theta = backend.flat_parameters()
             if not bool(torch.isfinite(theta).all()):
-                self._warn_once("theta", "CanaryAudit: the model has NaN or inf parameters; no estimate")
+                self._skip("theta", "the model has NaN or inf parameters")
                 return None
             took = backend.participations > 0
             if int(took.sum()) < 2:
-                self._warn_once("few", "CanaryAudit: fewer than 2 canaries have taken part; no estimate yet")
+                self._skip("few", "fewer than 2 canaries have taken part")
                 return None
             raw = {key: v.numpy() for key, v in backend.stats.compute(theta).items()}
-        hadamard = backend.stats.canaries.kind == "hadamard"
         stats = {
             "final_observed": raw["final_observed"][took],
             "final_unobserved": raw["final_unobserved"],
@@ -273,20 +298,22 @@ class CanaryAudit(Callback):
             "all_unobserved": raw["all_unobserved"],
         }
         delta = self._delta()
-        result = canary_report(
-            stats["final_observed"], delta, dim=backend.stats.dim,
-            observed_all=stats["all_observed"] if stats["all_observed"].size else None,
-            unobserved_all=stats["all_unobserved"] if stats["all_unobserved"].size >= 2 else None,
-            unobserved_final=stats["final_unobserved"] if hadamard else None,
+        exact_null = backend.stats.canaries.kind == "gaussian"
+        estimates, skipped = canary_report(
+            {"final_model": stats["final_observed"], "all_iterates": stats["all_observed"]},
+            {"final_model": stats["final_unobserved"], "all_iterates": stats["all_unobserved"]},
+            delta, dim=backend.stats.dim if exact_null else None,
             alpha=self.alpha, bootstrap=bootstrap, seed=self.config.seed,
         )
         analytic = backend.analytic(delta)
+        if analytic.get("epsilon_analytic") == math.inf:
+            self._warn_once("nonoise", "CanaryAudit: no DP noise (noise_multiplier = 0): the "
+                            "analytic epsilon is infinite")
         self.last_report = CanaryReport(
-            estimates=result["estimates"], skipped=result["skipped"],
-            analytic_epsilon=analytic.pop("accountant"), analytic_epsilons=analytic,
+            estimates=estimates, skipped=skipped, **analytic,
             max_participations=int(backend.participations.max(initial=0)),
             num_canaries_participated=int(took.sum()), statistics=stats,
-            progress=backend.progress(),
+            progress=backend.progress(), step=step,
         )
         return self.last_report
 
@@ -299,98 +326,66 @@ class CanaryAudit(Callback):
         step = int(trainer.global_step)
         if report.progress != self._last_logged:
             self._last_logged = report.progress
-            tb.log_scalars(trainer, {tag: _field(report, key) for tag, key in TAGS.items()}, step)
+            tb.log_scalars(trainer, {tag: _field(report, name) for name, tag in TAGS.items()}, step)
             bins = tb.histogram_bins(trainer) if self.log_histograms else None
             if bins is not None:
-                s = report.statistics
-                tb.add_summaries(trainer, tb.histogram_summaries({
-                    "audit/cosine_final_observed": s["final_observed"],
-                    "audit/cosine_final_unobserved": s["final_unobserved"],
-                    "audit/cosine_all_observed": s["all_observed"],
-                    "audit/cosine_all_unobserved": s["all_unobserved"],
-                }, bins), step)
-        if figures and self.log_figures and tb.tensorboard_writer(trainer) is not None:
-            self._figures(trainer, report, step)
+                tb.add_summaries(trainer, tb.histogram_summaries(
+                    {f"audit/cosine_{key}": value for key, value in report.statistics.items()}, bins), step)
+        if figures and self.log_figures and self.backend is not None:
+            stats = self.backend.stats
+            tb.add_canary_figures(trainer, report.statistics, stats.dim,
+                                  exact_null=stats.canaries.kind == "gaussian", step=step)
 
-    def _figures(self, trainer: pl.Trainer, report: CanaryReport, step: int) -> None:
-        """Densities of observed and unobserved cosines (as Andrew et al., Figure 1)."""
-        assert self.backend is not None
-        s, dim = report.statistics, self.backend.stats.dim
-        null = None
-        if self.backend.stats.canaries.kind == "gaussian":
-            grid = np.linspace(-5, 5, 200) / math.sqrt(dim)
-            null = (grid, cosine_null_pdf(grid, dim))
-        tb.add_density_figure(
-            trainer, "audit/cosine_density_final_model",
-            {"observed canaries": s["final_observed"], "unobserved canaries": s["final_unobserved"]},
-            step, title="final model: canary cosines", null_pdf=null,
-        )
-        if s["all_observed"].size:
-            tb.add_density_figure(
-                trainer, "audit/cosine_density_all_iterates",
-                {"observed (max over rounds)": s["all_observed"],
-                 "unobserved (max over rounds)": s["all_unobserved"]},
-                step, title="all iterates: max cosine over rounds",
-            )
+    def _config_dict(self) -> dict[str, Any]:
+        """What the numbers depend on, checked against a checkpoint's on resume."""
+        backend = self.backend
+        return {
+            "canaries": self.config.kind, "seed": self.config.seed,
+            "requested_num_canaries": self.config.num_canaries,
+            "num_canaries": None if backend is None else self.num_canaries,
+            "num_unobserved": None if backend is None else self.num_unobserved,
+            "delta": self.delta, "training": None if backend is None else backend.training,
+        }
 
-    def _summary(self, report: CanaryReport | None) -> dict[str, Any]:
+    def _summary(self, report: CanaryReport | None, stale: bool) -> dict[str, Any]:
         backend = self.backend
         assert backend is not None and backend.stats is not None
         inputs = {
-            "training": backend.training,
-            "canaries": backend.stats.canaries.kind,
-            "num_canaries": self.num_canaries,
-            "num_unobserved": self.num_unobserved,
+            **self._config_dict(),
             "dim": backend.stats.dim,
             "delta": self._delta(),
             "alpha": self.alpha,
-            "seed": self.config.seed,
             "participations_histogram": np.bincount(backend.participations).tolist(),
             "rounds_skipped_non_finite": backend.stats.rounds_skipped,
             **backend.summary_inputs(),
         }
-        sign = "theta_T - theta_0" if backend.sign > 0 else "theta_0 - theta_T"
-        summary: dict[str, Any] = {
-            "callback": "CanaryAudit",
-            "source": _SOURCE,
-            "threat_models": {
-                "final_model": f"the adversary sees only the final model; statistic cos(c_j, {sign})",
-                "all_iterates": "the adversary sees every round's (step's) model; statistic "
-                                "max_t cos(c_j, model delta of round t)",
-            },
-            "inputs": inputs,
-            "tags": TAGS,
-        }
-        if report is None:
-            summary.update(estimates=None, skipped="fewer than 2 canaries took part, or the model "
-                           "has NaN or inf parameters")
-            return summary
-        summary.update(
-            estimates=report.estimates, skipped=report.skipped,
-            analytic_epsilon=report.analytic_epsilon, analytic_epsilons=report.analytic_epsilons,
-            max_participations=report.max_participations,
-            num_canaries_participated=report.num_canaries_participated,
-        )
-        return summary
+        return summary_json(report, stale=stale, skip_reason=self._skip_reason, inputs=inputs,
+                            tags=TAGS, source=_SOURCE, gradients=backend.sign < 0)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        return {} if self.backend is None or self.backend.stats is None else self.backend.state_dict()
+        if self.backend is None or self.backend.stats is None:
+            return {}
+        return {**self.backend.state_dict(), "config": self._config_dict()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not state_dict:
             return
         if isinstance(self.backend, FedAvgBackend):
-            self.backend.load_state_dict(state_dict)
+            self._load(state_dict)
         else:  # DP-SGD: restored before configure_optimizers; applied at fit start
             self._pending_state = state_dict
 
+    def _load(self, state: dict[str, Any]) -> None:
+        assert self.backend is not None
+        check_config(state.get("config") or {}, self._config_dict(), strict_resolved=True)
+        self.backend.load_state_dict(state)
 
-def _field(report: CanaryReport, key: str) -> float | None:
-    """A report field (``analytic_epsilons.rdp``: an entry of a dict field) or an estimate."""
-    head, _, tail = key.partition(".")
-    if not hasattr(report, head):
-        return report.value(key)
-    value = getattr(report, head)
-    value = value.get(tail) if tail else value
+
+def _field(report: CanaryReport, name: str) -> float | None:
+    """A report field or an estimate's value."""
+    if name in report.estimates or not hasattr(report, name):
+        return report.value(name)
+    value = getattr(report, name)
     return None if value is None else float(value)
+

@@ -492,22 +492,22 @@ class LDPAudit(Callback):
         return out
 
     def audit_summary(self, pl_module: DPFedAvg | None = None) -> dict[str, Any]:
-        """The JSON-able summary written at fit end (also callable any time)."""
+        """The JSON-able summary written at fit end (also callable any time). It holds no real
+        client's id and no value computed from one client's data: the crafted pairs' norms and
+        cosine are replaced by whether the pair reached the clip norm (``g1_at_clip``); they
+        stay in :attr:`history`, in memory only."""
         rnd = getattr(pl_module, "randomizer", None)
         by_adv: dict[str, dict[str, Any]] = {}
         for name in self.adversaries:
             recs = [r for r in self.history if r["adversary"] == name]
             if not recs:
                 continue
-            norms = [r["norm_g1"] for r in recs]
             by_adv[name] = {
                 "audits": len(recs),
-                "last": recs[-1],
+                "last": _public(recs[-1]),
                 "mean_epsilon": float(np.mean([r["epsilon"] for r in recs])),
                 "max_epsilon_lower_bound": float(max(r["epsilon_lower_bound"] for r in recs)),
-                "norm_g1_min": float(min(norms)),
-                "norm_g1_max": float(max(norms)),
-                "audits_with_norm_at_least_clip": int(sum(n >= r["clip_norm"] for n, r in zip(norms, recs, strict=True))),
+                "audits_with_norm_at_least_clip": int(sum(r["norm_g1"] >= r["clip_norm"] for r in recs)),
             }
         n = self.update_norms["count"]
         return {
@@ -534,13 +534,12 @@ class LDPAudit(Callback):
             "flags": self.flags,
             "exact_audit": self.exact,
             "adversaries": by_adv,
-            "client_update_norms": {
+            "client_update_norms": {  # aggregates only: no client's own value
                 "count": n,
                 "share_at_clip": (self.update_norms["at_clip"] / n) if n else None,
                 "mean": (self.update_norms["sum"] / n) if n else None,
-                "max": self.update_norms["max"] if n else None,
             },
-            "history": self.history,
+            "history": [_public(r) for r in self.history],
         }
 
     # ------------------------------------------------------------------ state
@@ -565,3 +564,14 @@ class LDPAudit(Callback):
         self.last_audited_round = int(state_dict["last_audited_round"])
         self.update_norms = dict(state_dict["update_norms"])
         self._warned = set(state_dict["warned"])
+
+
+_PRIVATE_FIELDS = ("client", "norm_g1", "norm_g2", "cosine_g1_g2")
+
+
+def _public(rec: dict[str, Any]) -> dict[str, Any]:
+    """An audit record without the audited client's id or values computed from its data."""
+    out = {k: v for k, v in rec.items() if k not in _PRIVATE_FIELDS}
+    if "norm_g1" in rec:
+        out["g1_at_clip"] = bool(rec["norm_g1"] >= rec["clip_norm"] * (1 - 1e-6))
+    return out

@@ -16,7 +16,7 @@ from lightning.pytorch.utilities import rank_zero_only
 
 __all__ = [
     "tensorboard_writer", "log_scalars", "add_custom_scalars_layout", "histogram_summaries",
-    "histogram_bins", "add_summaries", "add_density_figure", "log_dir",
+    "histogram_bins", "add_summaries", "add_density_figure", "add_canary_figures", "log_dir",
 ]
 
 
@@ -31,17 +31,17 @@ def tensorboard_writer(trainer: pl.Trainer) -> Any | None:
 
 
 def log_dir(trainer: pl.Trainer) -> str:
-    """Where a summary file goes: the first logger's ``log_dir``, else ``default_root_dir``."""
-    for logger in trainer.loggers:
-        path = getattr(logger, "log_dir", None)
-        if path:
-            return str(path)
-    return str(trainer.default_root_dir)
+    """Where a summary file goes: the run's own folder (:func:`~audit_callbacks.callbacks.
+    summary.run_dir`: the logger's versioned folder, else a fresh ``audit/version_N``)."""
+    from audit_callbacks.callbacks.summary import run_dir
+
+    return run_dir(trainer)
 
 
 def log_scalars(trainer: pl.Trainer, metrics: Mapping[str, float], step: int) -> None:
-    """Log finite scalars through every attached logger (as ``LearningRateMonitor`` does)."""
-    clean = {k: float(v) for k, v in metrics.items() if v is not None and np.isfinite(v)}
+    """Log scalars through every attached logger (as ``LearningRateMonitor`` does); None and
+    NaN are dropped, ``+inf`` (an infinite analytic epsilon) is kept."""
+    clean = {k: float(v) for k, v in metrics.items() if v is not None and not np.isnan(v)}
     if not clean or rank_zero_only.rank != 0:
         return
     for logger in trainer.loggers:
@@ -147,3 +147,33 @@ def density_figure(
         fig.text(0.5, 0.985, title, ha="center", va="top")
     ax.legend(loc="upper left", fontsize="small", frameon=False)
     return fig
+
+
+def add_canary_figures(
+    trainer: pl.Trainer, statistics: Mapping[str, np.ndarray], dim: int, *, exact_null: bool,
+    step: int,
+) -> None:
+    """Densities of observed and unobserved canary cosines for both threat models (as Andrew
+    et al., ICLR 2024, Figure 1), with the exact null of a random direction when the canaries
+    are uniform on the sphere (``exact_null``)."""
+    if tensorboard_writer(trainer) is None:
+        return
+    from audit_callbacks.estimators.canary_report import cosine_null_pdf
+
+    null = None
+    if exact_null:
+        grid = np.linspace(-5, 5, 200) / np.sqrt(dim)
+        null = (grid, cosine_null_pdf(grid, dim))
+    add_density_figure(
+        trainer, "audit/cosine_density_final_model",
+        {"observed canaries": statistics["final_observed"],
+         "unobserved canaries": statistics["final_unobserved"]},
+        step, title="final model: canary cosines", null_pdf=null,
+    )
+    if np.size(statistics["all_observed"]):
+        add_density_figure(
+            trainer, "audit/cosine_density_all_iterates",
+            {"observed (max over rounds)": statistics["all_observed"],
+             "unobserved (max over rounds)": statistics["all_unobserved"]},
+            step, title="all iterates: max cosine over rounds",
+        )

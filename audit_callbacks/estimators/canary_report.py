@@ -1,23 +1,54 @@
 """Every canary estimate of one audit, from the cosine statistics (numpy and scipy only).
 
-Andrew et al., "One-shot Empirical Privacy Estimation for Federated Learning" (ICLR 2024),
-Alg. 2 (final model) and Alg. 3 (all iterates); the formulas are in ``docs/methods.md``.
+Each threat model's observed (in) and unobserved (out) cosines go through one
+:class:`~audit_callbacks.estimators.score_auditor.CanaryScoreAuditor`. The names below are the
+keys of :attr:`CanaryReport.estimates`, of ``audit_summary.json``'s ``estimates`` and, after
+``audit/``, the TensorBoard tags (one name per quantity). ``<tm>`` is ``final_model`` or
+``all_iterates``:
+
+* ``epsilon_<tm>`` - the equal-variance two-Gaussian estimate (Andrew et al., ICLR 2024, §3.2,
+  with the equal variances their Thm 3.3 justifies): the headline number;
+* ``epsilon_<tm>_unequal_fit`` - Andrew et al.'s unequal-variance fit (biased upward at small
+  epsilon: +58% at epsilon 1 in ``benchmarks/lower_bounds.py``);
+* ``epsilon_lower_bound_<tm>`` - Clopper-Pearson on FPR and FNR with a Bonferroni correction
+  over a fixed set of thresholds: a valid (1 - alpha) lower bound, no assumption on the scores;
+* ``epsilon_gdp_lower_bound_<tm>`` - the parametric (1 - alpha) lower bound assuming Gaussian
+  scores of equal variance (Gaussian differential privacy, Dong, Roth, Su 2022), with a
+  goodness-of-fit p-value.
+
+The formulas are in ``docs/methods/canaries.md`` and ``docs/methods/score_auditor.md``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
 from scipy import stats
 
-from .canary_epsilon import estimate_epsilon_from_cosines
-from .estimate import Estimate
-from .lower_bound import estimate_epsilon_lower_bound_from_cosines
+from .score_auditor import CanaryScoreAuditor, ScoreAuditResult
 
-__all__ = ["CanaryReport", "canary_report", "cosine_null_pdf"]
+__all__ = [
+    "THREAT_MODELS", "CanaryReport", "canary_report", "cosine_null_pdf", "estimate_names",
+    "summary_estimates", "summary_json",
+]
+
+THREAT_MODELS = ("final_model", "all_iterates")
+
+
+def estimate_names(threat_model: str) -> dict[str, str]:
+    """The estimate names of one threat model: ``{kind: name}`` with kinds ``estimate``,
+    ``unequal_fit``, ``lower_bound``, ``gdp_lower_bound``."""
+    return {
+        "estimate": f"epsilon_{threat_model}",
+        "unequal_fit": f"epsilon_{threat_model}_unequal_fit",
+        "lower_bound": f"epsilon_lower_bound_{threat_model}",
+        "gdp_lower_bound": f"epsilon_gdp_lower_bound_{threat_model}",
+    }
 
 
 @dataclass(frozen=True)
@@ -25,25 +56,29 @@ class CanaryReport:
     """One canary audit's numbers at one point of training.
 
     Attributes:
-        estimates: name -> :class:`Estimate` (see :func:`canary_report` for the names).
-        skipped: name -> why that estimate is missing (degenerate statistics, too few canaries).
-        analytic_epsilon: the analytic epsilon of a canary at ``delta`` (None: infinite, or
-            unknown); ``analytic_epsilons`` holds the accountant's alternatives (DP-SGD: RDP, PRV).
+        estimates: name -> :class:`ScoreAuditResult` (see the module docstring for the names).
+        skipped: name -> why that estimate is missing (too few canaries, degenerate scores).
+        epsilon_analytic: the analytic epsilon of a canary at ``delta`` (``inf`` without DP
+            noise, None when unknown); ``epsilon_analytic_rdp``, ``epsilon_analytic_prv``:
+            Opacus' RDP and PRV accountants on the same history (DP-SGD only).
         max_participations: the most rounds (steps) any canary took part in.
         num_canaries_participated: observed canaries that took part at least once.
         statistics: the cosines: ``final_observed`` / ``all_observed`` ``[participated]``,
             ``final_unobserved`` / ``all_unobserved`` ``[k']`` (float64).
         progress: rounds (DP-FedAvg) or logical steps (DP-SGD) when it was computed.
+        step: the trainer's global step when it was computed.
     """
 
-    estimates: dict[str, Estimate]
+    estimates: dict[str, ScoreAuditResult]
     skipped: dict[str, str]
-    analytic_epsilon: float | None = None
-    analytic_epsilons: dict[str, float | None] = field(default_factory=dict)
+    epsilon_analytic: float | None = None
+    epsilon_analytic_rdp: float | None = None
+    epsilon_analytic_prv: float | None = None
     max_participations: int = 0
     num_canaries_participated: int = 0
     statistics: dict[str, np.ndarray] = field(default_factory=dict)
     progress: int = 0
+    step: int = 0
 
     def value(self, name: str) -> float | None:
         """The value of estimate ``name``, or None when it was skipped."""
@@ -58,83 +93,110 @@ def cosine_null_pdf(t: ArrayLike, dim: int) -> np.ndarray:
     return 0.5 * stats.beta.pdf((np.asarray(t, dtype=float) + 1.0) / 2.0, a, a)
 
 
-def _safe(fn: Any, *args: Any, **kwargs: Any) -> tuple[Estimate | None, str | None]:
-    try:
-        return fn(*args, **kwargs), None
-    except ValueError as err:  # degenerate statistics (e.g. zero variance): skip, say why
-        return None, str(err)
-
-
 def canary_report(
-    observed_final: ArrayLike,
+    observed: dict[str, np.ndarray],
+    unobserved: dict[str, np.ndarray],
     delta: float,
     *,
-    dim: int,
-    observed_all: ArrayLike | None = None,
-    unobserved_all: ArrayLike | None = None,
-    unobserved_final: ArrayLike | None = None,
+    dim: int | None = None,
     alpha: float = 0.05,
     bootstrap: int = 0,
     seed: int = 0,
-) -> dict[str, Any]:
-    """Estimates for both threat models.
+) -> tuple[dict[str, ScoreAuditResult], dict[str, str]]:
+    """Every estimate of both threat models.
 
     Args:
-        observed_final: ``[k]`` cosines ``cos(c_j, theta_T - theta_0)`` of canaries that took part.
-        delta: the target delta.
-        dim: d, the number of model parameters: the final-model null is the exact law of the
-            cosine of a uniform random direction, (1 + t)/2 ~ Beta((d-1)/2, (d-1)/2).
-        observed_all, unobserved_all: ``[k]`` and ``[k']`` max-over-rounds cosines (A5);
-            the all-iterates estimates are skipped when either is missing or has < 2 entries.
-        unobserved_final: ``[k']`` final-model cosines of canaries never inserted: when given,
-            the final-model null is this empirical sample instead of the exact law (Hadamard
-            canaries, whose cosines do not follow the Beta law exactly).
+        observed: ``{threat_model: [k] cosines}`` of the observed canaries that took part
+            (final model: ``cos(c_j, release)``; all iterates: the max over rounds).
+        unobserved: ``{threat_model: [k'] cosines}`` of canaries never inserted (the null).
+        delta: the target delta in (0, 1).
+        dim: the number of model parameters, given when the final-model null is the exact law
+            of the cosine of a uniform random direction (Gaussian canaries); None: the null is
+            the unobserved canaries alone (Hadamard canaries).
         alpha: the lower bounds hold with confidence 1 - alpha.
-        bootstrap: resamples for the point estimates' percentile intervals (0: none).
-        seed: seed of the bootstrap and of the held-out split.
+        bootstrap: resamples for the estimates' percentile intervals (0: none).
+        seed: seed of the bootstrap.
 
     Returns:
-        ``{"estimates": {name: Estimate}, "skipped": {name: reason}}`` with names
-        ``final_model`` (unequal-variance Gaussian fit, Andrew et al.), ``final_model_equal_variance``,
-        ``final_model_lower_bound`` (max over thresholds), ``final_model_lower_bound_heldout``
-        and the same four with ``all_iterates``. A name is absent when its statistics are
-        degenerate; ``skipped`` says why. No value is NaN or infinite.
+        ``(estimates, skipped)``: name -> result, and name -> the reason it is missing. No
+        value is NaN or infinite.
     """
-    estimates: dict[str, Estimate] = {}
+    estimates: dict[str, ScoreAuditResult] = {}
     skipped: dict[str, str] = {}
-    conf = 1.0 - alpha
+    for tm in THREAT_MODELS:
+        names = estimate_names(tm)
+        obs, unobs = observed.get(tm), unobserved.get(tm)
+        if obs is None or unobs is None or np.size(obs) < 2 or np.size(unobs) < 2:
+            why = "fewer than 2 observed or unobserved canaries (or no round yet)"
+            skipped.update({name: why for name in names.values()})
+            continue
+        try:
+            auditor = CanaryScoreAuditor(obs, unobs, dim=dim if tm == "final_model" else None)
+        except ValueError as err:  # e.g. all scores equal
+            skipped.update({name: str(err) for name in names.values()})
+            continue
+        calls: dict[str, Callable[[], ScoreAuditResult]] = {
+            "estimate": lambda a=auditor: a.epsilon_estimate(
+                delta, fit="equal", bootstrap=bootstrap, confidence=1 - alpha, seed=seed),
+            "unequal_fit": lambda a=auditor: a.epsilon_estimate(
+                delta, fit="unequal", bootstrap=bootstrap, confidence=1 - alpha, seed=seed),
+            "lower_bound": lambda a=auditor: a.epsilon_lower_bound(alpha, delta, threshold="bonferroni"),
+            "gdp_lower_bound": lambda a=auditor: a.epsilon_gdp_lower_bound(alpha, delta),
+        }
+        for kind, call in calls.items():
+            try:
+                estimates[names[kind]] = call()
+            except ValueError as err:  # degenerate scores: say why, never a NaN
+                skipped[names[kind]] = str(err)
+    return estimates, skipped
 
-    def add(name: str, threat: str, fn: Any, *args: Any, **kwargs: Any) -> None:
-        est, why = _safe(fn, *args, **kwargs)
-        if est is None:
-            skipped[name] = why or "skipped"
+
+def summary_json(
+    report: CanaryReport | None, *, stale: bool, skip_reason: str | None, inputs: dict[str, Any],
+    tags: dict[str, str], source: str, gradients: bool,
+) -> dict[str, Any]:
+    """The canary audit's ``audit_summary.json`` content: the inputs, every estimate with its
+    ``status`` (:func:`summary_estimates`), the analytic epsilon with its status, the tag of
+    every name. ``report`` is the fit end's, or with ``stale`` the last earlier one."""
+    sign = "theta_0 - theta_T" if gradients else "theta_T - theta_0"
+    summary: dict[str, Any] = {
+        "callback": "CanaryAudit",
+        "source": source,
+        "threat_models": {
+            "final_model": f"the adversary sees only the final model; statistic cos(c_j, {sign})",
+            "all_iterates": "the adversary sees every round's (step's) model; statistic "
+                            "max_t cos(c_j, model delta of round t)",
+        },
+        "inputs": inputs,
+        "tags": tags,
+        "estimates": summary_estimates(report, report.step if stale and report else None, skip_reason),
+    }
+    if report is not None:
+        eps = report.epsilon_analytic
+        summary.update(
+            epsilon_analytic=eps, epsilon_analytic_rdp=report.epsilon_analytic_rdp,
+            epsilon_analytic_prv=report.epsilon_analytic_prv,
+            epsilon_analytic_status="infinite: no DP noise (noise_multiplier = 0)"
+            if eps == math.inf else ("ok" if eps is not None else "unknown"),
+            max_participations=report.max_participations,
+            num_canaries_participated=report.num_canaries_participated,
+        )
+    return summary
+
+
+def summary_estimates(
+    report: CanaryReport | None, stale_from: int | None = None, reason: str | None = None,
+) -> dict[str, Any]:
+    """The summary JSON's ``estimates``: every name with its ``status`` (``ok``,
+    ``skipped: <reason>``, or ``stale: from step N`` when ``report`` is an earlier one)."""
+    names = [n for tm in THREAT_MODELS for n in estimate_names(tm).values()]
+    if report is None:
+        return {n: {"status": f"skipped: {reason or 'no estimate'}"} for n in names}
+    status = "ok" if stale_from is None else f"stale: from step {stale_from}"
+    out: dict[str, Any] = {}
+    for n in names:
+        if n in report.estimates:
+            out[n] = {"status": status, **vars(report.estimates[n])}
         else:
-            estimates[name] = replace(est, threat_model=threat)
-
-    sets: list[tuple[str, dict[str, Any]]] = []
-    if unobserved_final is None:
-        sets.append(("final_model", {"observed": observed_final, "dim": dim}))
-    elif np.size(unobserved_final) >= 2:
-        sets.append(("final_model", {"observed": observed_final, "unobserved": unobserved_final}))
-    else:
-        skipped["final_model"] = "the empirical null needs at least 2 unobserved canaries"
-    if observed_all is not None and unobserved_all is not None:
-        if np.size(observed_all) >= 2 and np.size(unobserved_all) >= 2:
-            sets.append(("all_iterates", {"observed": observed_all, "unobserved": unobserved_all}))
-        else:
-            skipped["all_iterates"] = "fewer than 2 observed or unobserved canaries"
-    else:
-        skipped["all_iterates"] = "no unobserved canaries or no rounds yet"
-
-    for prefix, inputs in sets:
-        obs = inputs["observed"]
-        side = {k: v for k, v in inputs.items() if k != "observed"}
-        add(prefix, prefix, estimate_epsilon_from_cosines, obs, delta, fit="unequal",
-            bootstrap=bootstrap, confidence=conf, seed=seed, **side)
-        add(f"{prefix}_equal_variance", prefix, estimate_epsilon_from_cosines, obs, delta,
-            fit="equal", bootstrap=bootstrap, confidence=conf, seed=seed, **side)
-        add(f"{prefix}_lower_bound", prefix, estimate_epsilon_lower_bound_from_cosines, obs,
-            delta, alpha=alpha, threshold="max", **side)
-        add(f"{prefix}_lower_bound_heldout", prefix, estimate_epsilon_lower_bound_from_cosines,
-            obs, delta, alpha=alpha, threshold="heldout", seed=seed, **side)
-    return {"estimates": estimates, "skipped": skipped}
+            out[n] = {"status": f"skipped: {report.skipped.get(n, reason or 'not computed')}"}
+    return out

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import math
+import secrets
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -35,6 +36,7 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 from torch.nn.utils import parameters_to_vector
 from torchmetrics.classification import MulticlassAccuracy
@@ -77,7 +79,17 @@ class DPFedAvg(pl.LightningModule):
         num_classes: for the accuracy metric (default: ``trainer.datamodule.num_classes``).
         client_datasets: the real clients' ``TensorDataset``s (default:
             ``trainer.datamodule.client_datasets``).
-        seed: seeds cohort sampling, local shuffling and the noise.
+        seed: seeds cohort sampling and local shuffling (and the noise, only with
+            ``reproducible_noise``).
+        reproducible_noise: False (default, secure): the server's DP noise and the local
+            randomizer's draws come from generators seeded from OS entropy, never logged and
+            never saved in a checkpoint, so nobody can regenerate the noise from
+            ``hparams.yaml`` or a checkpoint and subtract it from a released model (as Opacus'
+            ``secure_mode`` intends). A resumed run then draws fresh noise: its estimates agree
+            with an uninterrupted run's within their intervals, not bit for bit. True: they are
+            seeded from ``seed`` and checkpointed, so runs and resumes are exactly reproducible -
+            for tests and debugging only: anyone with the logs can remove the noise, and the
+            run has no differential privacy against them.
 
     Raises:
         ValueError: bad hyper-parameters; no clients; a population smaller than the cohort; a
@@ -103,6 +115,7 @@ class DPFedAvg(pl.LightningModule):
         client_datasets: Sequence[torch.utils.data.Dataset] | None = None,
         randomizer: Any | None = None,
         seed: int = 0,
+        reproducible_noise: bool = False,
     ) -> None:
         super().__init__()
         if noise_multiplier < 0 or not math.isfinite(noise_multiplier):
@@ -135,6 +148,7 @@ class DPFedAvg(pl.LightningModule):
         self.sampling = sampling
         self.delta = float(delta)
         self.seed = int(seed)
+        self.reproducible_noise = bool(reproducible_noise)
         self._num_classes = num_classes
         self._client_datasets = list(client_datasets) if client_datasets is not None else None
         self._client_tensors: list[tuple[torch.Tensor, torch.Tensor]] | None = None
@@ -208,7 +222,8 @@ class DPFedAvg(pl.LightningModule):
         """Add ``count`` virtual clients owned by ``owner`` to the population.
 
         Must be called before the first round (from a callback's ``setup`` or ``on_fit_start``).
-        Registering the same ``name`` again (e.g. a second ``fit``) replaces the block.
+        The same owner registering its ``name`` again (e.g. a second ``fit``) replaces its block;
+        another owner's block of that name is refused: its clients would silently vanish.
 
         Args:
             owner: the object that gives the updates: ``federated_client_update_sum`` (the
@@ -227,9 +242,15 @@ class DPFedAvg(pl.LightningModule):
         """
         if count < 0:
             raise ValueError(f"count must be >= 0, got {count}")
+        name = name or type(owner).__name__
+        clash = [b for b in self._blocks if b.name == name and b.owner is not owner]
+        if clash:
+            raise ValueError(
+                f"virtual clients named {name!r} are already registered by another "
+                f"{type(clash[0].owner).__name__}; give each owner its own name"
+            )
         if self.round > 0 and self._sampler is not None:
             raise RuntimeError("virtual clients must be registered before the first round")
-        name = name or type(owner).__name__
         self._blocks = [b for b in self._blocks if b.name != name]
         self._blocks.append(_VirtualBlock(owner, name, 0, int(count), schedule))
         self._sampler = None
@@ -461,14 +482,18 @@ class DPFedAvg(pl.LightningModule):
         if client_losses:
             self.log("train/client_loss", float(np.mean(client_losses)), on_step=True, on_epoch=True, batch_size=1)
         eps = self.analytic_epsilon()
+        if eps == math.inf and not self._warned_no_noise:
+            self._warned_no_noise = True
+            rank_zero_warn("DPFedAvg: noise_multiplier = 0: no DP noise, the analytic epsilon "
+                           "is infinite (logged as inf)", category=UserWarning)
         if eps is not None:
             self.log("privacy/epsilon_analytic", eps, on_step=True, on_epoch=False, batch_size=1)
 
     def _noise(self, d: int, like: torch.Tensor) -> torch.Tensor:
         if self._noise_gen is None or self._noise_gen.device != like.device:
             gen = torch.Generator(device=like.device)
-            gen.manual_seed(self.seed + 2)
-            if self._noise_gen is not None:
+            gen.manual_seed(self._generator_seed(2))
+            if self._noise_gen is not None and self._noise_gen.device.type == like.device.type:
                 gen.set_state(self._noise_gen.get_state())
             self._noise_gen = gen
         return torch.randn(d, generator=self._noise_gen, device=like.device, dtype=like.dtype)
@@ -476,9 +501,14 @@ class DPFedAvg(pl.LightningModule):
     def _ldp_generator(self, like: torch.Tensor) -> torch.Generator:
         if self._ldp_gen is None:
             gen = torch.Generator(device=like.device)
-            gen.manual_seed(self.seed + 3)
+            gen.manual_seed(self._generator_seed(3))
             self._ldp_gen = gen
         return self._ldp_gen
+
+    def _generator_seed(self, offset: int) -> int:
+        """``seed + offset`` with ``reproducible_noise``, else 63 bits of OS entropy (kept only
+        inside the generator, which is never saved)."""
+        return self.seed + offset if self.reproducible_noise else secrets.randbits(63)
 
     def participations(self) -> np.ndarray:
         """Rounds each population id took part in so far (real clients first), ``[N]``."""
@@ -490,14 +520,14 @@ class DPFedAvg(pl.LightningModule):
         """Epsilon at ``delta`` if the adversary knows the rounds (METHODS D).
 
         ``participations`` defaults to the most rounds any real client took part in. Returns
-        ``None`` without noise (infinite epsilon) or before any participation.
+        ``inf`` without noise (``noise_multiplier = 0``), ``None`` before the first round.
         """
         if participations is None:
             if self._participations is None:
                 return None
             participations = int(self._participations[: self.num_real_clients].max(initial=0))
         if self.noise_multiplier == 0:
-            return None
+            return math.inf
         if participations < 1:
             return 0.0
         return gaussian_epsilon(self.noise_multiplier, self.delta, compositions=participations)
@@ -525,10 +555,11 @@ class DPFedAvg(pl.LightningModule):
         if self._sampler is not None:
             state["sampler"] = self._sampler.state_dict()
             state["participations"] = self._participations.tolist()
-        if self._noise_gen is not None:
-            state["noise_gen"] = self._noise_gen.get_state()
-        if self._ldp_gen is not None:
-            state["ldp_gen"] = self._ldp_gen.get_state()
+        if self.reproducible_noise:  # secure noise is never written anywhere
+            if self._noise_gen is not None:
+                state["noise_gen"] = self._noise_gen.get_state()
+            if self._ldp_gen is not None:
+                state["ldp_gen"] = self._ldp_gen.get_state()
         checkpoint["dp_fedavg"] = state
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -545,11 +576,11 @@ class DPFedAvg(pl.LightningModule):
             assert self._sampler is not None
             self._sampler.load_state_dict(state["sampler"])
             self._participations = np.asarray(state["participations"], dtype=np.int64).copy()
-        if "noise_gen" in state:
+        if "noise_gen" in state and self.reproducible_noise:
             gen = torch.Generator(device="cpu")
             gen.set_state(state["noise_gen"])
             self._noise_gen = gen
-        if "ldp_gen" in state:
+        if "ldp_gen" in state and self.reproducible_noise:
             gen = torch.Generator(device="cpu")
             gen.set_state(state["ldp_gen"])
             self._ldp_gen = gen
