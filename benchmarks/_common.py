@@ -84,6 +84,26 @@ def machine_info() -> dict[str, Any]:
     }
 
 
+def git_state() -> dict[str, Any]:
+    """The commit measured and the files modified beside it (``git`` in the repository, else
+    the environment's ``AUDIT_BENCH_COMMIT``: a run from an exported snapshot of a commit)."""
+    import subprocess
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True,
+                                 check=True, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout.strip()
+
+    commit = git("rev-parse", "HEAD")
+    if commit is None:
+        return {"commit": os.environ.get("AUDIT_BENCH_COMMIT"), "modified": None, "snapshot": True}
+    status = git("status", "--porcelain") or ""
+    return {"commit": commit, "modified": [ln[3:] for ln in status.splitlines()], "snapshot": False}
+
+
 def _clean(obj: Any) -> Any:
     """JSON-safe copy: numpy scalars/arrays to Python, non-finite floats to None."""
     if isinstance(obj, dict):

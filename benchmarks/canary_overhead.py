@@ -1,100 +1,78 @@
-"""Cost of CanaryAudit on a DP-FedAvg run: wall-time ratio and peak memory.
+"""Cost of CanaryAudit (Hadamard and Gaussian canaries) on DP-FedAvg: wall ratio, the audit's
+own time, the estimation pass at d = 10^6 and peak memory.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/canary_overhead.py            # full, ~18 min
-    PYTHONPATH=. .venv/bin/python benchmarks/canary_overhead.py --quick    # smoke test
+    PYTHONPATH=. .venv/bin/python benchmarks/canary_overhead.py            # full, ~12 min
+    PYTHONPATH=. .venv/bin/python benchmarks/canary_overhead.py --quick    # smoke test, < 1 min
 
-(a) Wall time. The same DP-FedAvg run on scikit-learn digits is fitted with and without
-``CanaryAudit`` in ONE process: the datamodule is built once; every fit builds a fresh model and
-module from the same seed and uses the same Trainer settings (TensorBoardLogger into a temporary
-folder, validation every ``--rounds-per-epoch`` rounds, no checkpointing, no progress bar). The
-default run is ``make demo``'s: 200 rounds of 30 real clients. One untimed warm-up pair runs
-first, then timed pairs in ABBA order (baseline-audit, audit-baseline, ...: a machine that
-drifts slower or faster during the run favours neither side), and ``trainer.fit`` is timed with
-``time.perf_counter``. Reported: every time, the median of the pairs' ratios audit / baseline,
-the callback's own time on the training thread (its hooks, timed by a thin subclass; estimates
-computed on the background thread are not in it, their cost is in the ratio), and as
-diagnostics the CPU time of the training thread and of the other threads (canary generation). Canary clients are sampled like real clients (paper 003 Alg. 2), so at the same cohort
-size they would take slots from real clients; the audited run therefore samples
-``clients_per_round * (N + k) / N`` clients a round, which keeps the real clients a round (and,
-with shuffled sampling, the real local updates of the whole run) equal to the baseline's: the
-ratio compares runs that train the same real updates, with no correction.
-Scenario "default" uses CanaryAudit's defaults (k = min(1000, real clients), k' = k);
-scenario "k1000" sets 1000 canaries on 1000 real clients. One audited fit is then run under
-cProfile and the callback's hot spots are reported.
+Every fit runs in this process (except the memory fits): the data module is built once per
+scenario; a fit builds a fresh model and ``DPFedAvg`` module from seed 0 and uses the same
+Trainer (TensorBoardLogger into a temporary folder, no checkpointing, no progress bar), timed
+with ``perf_counter`` around ``trainer.fit``. Timed pairs run in ABBA order (baseline-audit,
+audit-baseline, ...), so a machine that drifts slower or faster favours neither side; the ratio
+is the median of the pairs' ratios audited / baseline with its sign-test interval. Canary
+clients are sampled like real clients (paper 003 Alg. 2), so the audited run samples
+``clients_per_round * (N + k) / N`` clients a round: both runs train the same real updates.
 
-(b) Memory at d ~ 1e6. Separate subprocesses (so ``ru_maxrss`` is isolated) run a short
-DP-FedAvg fit of an MLP with ~1e6 parameters, with and without
-``CanaryAudit(num_canaries=1000, num_unobserved=1000)``; the difference of their peak RSS is the
-audit's memory. The wall time of each estimation pass (2000 canaries regenerated) is recorded.
+(1) federated: a wider SmallCNN (~1.26e5 parameters) on digits split over 500 clients, 50 a
+    round, one local epoch at batch 1 (about 3 SGD steps a client), 1000 canaries of each kind
+    (default k'); the kinds' pairs are interleaved.
+(2) demo: ``make demo``'s run (200 rounds, 300 clients, 30 a round, SmallCNN, z = 0.1,
+    ``CanaryAudit()``). The audit's own time is measured by wrapping the callback's hooks and
+    the backend's protocol calls (``perf_counter`` and ``thread_time``; all on the training
+    thread) and reported as a share of the baseline fit.
+(3) pass: the estimation pass ``CanaryStatistics.compute`` at d = 10^6 after one round, for
+    Gaussian canaries (k = k' = 1000: 2000 canaries regenerated) and Hadamard canaries
+    (k = 1000, k' = 10^5: one transform), against ``torch.randn`` alone; the per-round
+    ``add_delta`` of Hadamard canaries and the canary sum of a round; torch on 1 and 2 threads.
+(4) memory: peak RSS of a short fit of an MLP with ~1e6 parameters with and without
+    ``CanaryAudit(1000, 1000)``, each variant in its own subprocess.
 
-Output: tables on stdout and ``benchmarks/results/canary_overhead.json``. Torch runs on one
-thread (``--threads``).
+Output: tables on stdout and ``benchmarks/results/canary_overhead.json``.
 """
 
 from __future__ import annotations
 
 import argparse
-import cProfile
 import json
 import logging
 import math
 import os
-import pstats
 import subprocess
 import sys
 import tempfile
 import time
 import warnings
+from collections import defaultdict
 from typing import Any
 
 import lightning.pytorch as pl
 import numpy as np
 import torch
 from _common import (
+    git_state,
     load_average,
     machine_info,
     median_interval,
     peak_rss_mb,
-    profile_tables,
     timed_fit,
-    timing_subclass,
     write_json,
 )
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from audit_callbacks.callbacks import CanaryAudit
+from audit_callbacks.canaries import CanarySet
+from audit_callbacks.canary_stats import CanaryStatistics
 from audit_callbacks.federated import DPFedAvg
 from datamodules import FederatedDataModule
 from models import MLP, build_model
 
-_HOOKS = (
-    "setup",
-    "on_fit_start",
-    "federated_client_update_sum",
-    "federated_client_updates",
-    "federated_client_update",
-    "on_federated_round_start",
-    "on_federated_round_end",
-    "on_validation_epoch_end",
-    "on_fit_end",
-    "compute",
+KINDS = ("hadamard", "gaussian")
+_CALLBACK_HOOKS = (
+    "setup", "on_fit_start", "on_train_batch_end", "on_federated_round_start",
+    "on_federated_round_end", "on_validation_epoch_end", "on_train_epoch_end", "on_fit_end",
+    "teardown",
 )
-
-
-class TimedCanaryAudit(timing_subclass(CanaryAudit, _HOOKS)):
-    """CanaryAudit whose hooks accumulate their own wall time (``hook_seconds``)."""
-
-    def own_seconds(self) -> float:
-        """Time inside the callback. Nested hooks are not added again: ``compute`` runs inside
-        two hooks, ``federated_client_updates`` inside ``federated_client_update_sum`` (a round
-        whose canaries were not generated ahead as one batch) and ``federated_client_update``
-        inside ``federated_client_updates`` (a canary whose batch was not generated ahead)."""
-        nested = {"compute"}
-        if self.hook_calls.get("federated_client_update_sum"):
-            nested.add("federated_client_updates")
-        if self.hook_calls.get("federated_client_updates") or self.hook_calls.get("federated_client_update_sum"):
-            nested.add("federated_client_update")
-        return sum(v for k, v in self.hook_seconds.items() if k not in nested)
+_BACKEND_CALLS = ("federated_client_update_sum", "federated_client_updates", "federated_client_update")
 
 
 def quiet() -> None:
@@ -102,43 +80,89 @@ def quiet() -> None:
     logging.getLogger("lightning.fabric").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
     warnings.filterwarnings("ignore", message=".*GPU available.*")
+    warnings.filterwarnings("ignore", message=".*canary clients.*")  # crowding: compensated
+
+
+# ---------------------------------------------------------------------------------- timing
+class AuditTimer:
+    """Wraps the callback's hooks and its backend's protocol calls on the instances (the
+    library is not modified): wall (``perf_counter``) and CPU (``thread_time``) seconds per
+    name. A call made inside another timed call is not counted twice."""
+
+    def __init__(self) -> None:
+        self.wall: dict[str, float] = defaultdict(float)
+        self.cpu: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+        self._depth = 0
+
+    def wrap(self, obj: Any, name: str, after: Any = None) -> None:
+        fn = getattr(obj, name, None)
+        if not callable(fn) or getattr(fn, "_timed", False):
+            return
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if self._depth:
+                return fn(*args, **kwargs)
+            self._depth += 1
+            w0, c0 = time.perf_counter(), time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.wall[name] += time.perf_counter() - w0
+                self.cpu[name] += time.thread_time() - c0
+                self.calls[name] += 1
+                self._depth -= 1
+                if after is not None:
+                    after()
+
+        timed._timed = True  # type: ignore[attr-defined]
+        setattr(obj, name, timed)
+
+    def attach(self, audit: CanaryAudit) -> None:
+        def wrap_backend() -> None:
+            if audit.backend is not None:
+                for name in _BACKEND_CALLS:
+                    self.wrap(audit.backend, name)
+
+        for name in _CALLBACK_HOOKS:
+            self.wrap(audit, name, after=wrap_backend if name == "setup" else None)
+
+    def totals(self) -> dict[str, float]:
+        return {"wall_s": sum(self.wall.values()), "cpu_s": sum(self.cpu.values())}
 
 
 # ---------------------------------------------------------------------------------- one fit
+def make_model(dm: FederatedDataModule, cfg: dict[str, Any]) -> torch.nn.Module:
+    if cfg["model"] == "mlp":
+        return MLP(math.prod(dm.input_shape), dm.num_classes, hidden=tuple(cfg["hidden"]))
+    return build_model("cnn", dm.input_shape, dm.num_classes, **cfg.get("cnn", {}))
+
+
 def fit_once(
-    dm: FederatedDataModule,
-    cfg: dict[str, Any],
-    audit: CanaryAudit | None,
-    log_root: str,
-    name: str,
-    *,
-    profile: cProfile.Profile | None = None,
+    dm: FederatedDataModule, cfg: dict[str, Any], audit_kwargs: dict[str, Any] | None,
+    log_root: str, name: str,
 ) -> dict[str, Any]:
-    """Fit a fresh model for ``cfg['rounds']`` rounds; returns times and counts."""
+    """Fit a fresh model for ``cfg['rounds']`` rounds, with ``CanaryAudit(**audit_kwargs)``
+    unless None (then ``clients_per_round`` is the baseline's)."""
     pl.seed_everything(cfg["seed"], verbose=False)
-    if cfg["model"] == "mlp_1e6":
-        model = MLP(math.prod(dm.input_shape), dm.num_classes, hidden=tuple(cfg["hidden"]))
-    else:
-        model = build_model(cfg["model"], dm.input_shape, dm.num_classes)
+    audit = timer = None
+    per_round = cfg["clients_per_round"]
+    if audit_kwargs is not None:
+        audit = CanaryAudit(**audit_kwargs)
+        timer = AuditTimer()
+        timer.attach(audit)
+        per_round = audited_per_round(cfg, audit_kwargs["num_canaries"])
     module = DPFedAvg(
-        model,
-        clients_per_round=cfg["clients_per_round"],
-        noise_multiplier=cfg["noise_multiplier"],
-        clip_norm=cfg["clip_norm"],
-        local_epochs=cfg["local_epochs"],
-        local_lr=cfg["local_lr"],
-        local_batch_size=cfg["local_batch_size"],
-        server_lr=cfg["server_lr"],
-        server_momentum=cfg["server_momentum"],
-        sampling=cfg["sampling"],
-        delta=cfg["delta"],
+        make_model(dm, cfg), clients_per_round=per_round, noise_multiplier=cfg["noise_multiplier"],
+        clip_norm=cfg["clip_norm"], local_epochs=cfg["local_epochs"], local_lr=cfg["local_lr"],
+        local_batch_size=cfg["local_batch_size"], server_lr=cfg["server_lr"],
+        server_momentum=cfg["server_momentum"], sampling=cfg["sampling"], delta=cfg["delta"],
         seed=cfg["seed"],
     )
-    # the time spent in real clients' local training, same wrapper for both variants
     local = {"s": 0.0, "n": 0}
     inner = module._local_update
 
-    def timed_local(cid: int, flat: torch.Tensor):
+    def timed_local(cid: int, flat: torch.Tensor) -> Any:
         t = time.perf_counter()
         try:
             return inner(cid, flat)
@@ -146,317 +170,351 @@ def fit_once(
             local["s"] += time.perf_counter() - t
             local["n"] += 1
 
-    module._local_update = timed_local  # instance attribute: the library is not modified
-
+    module._local_update = timed_local  # instance attribute, both variants
     trainer = pl.Trainer(
-        max_steps=cfg["rounds"],
-        max_epochs=-1,
-        logger=TensorBoardLogger(log_root, name=name),
-        callbacks=[audit] if audit is not None else [],
-        accelerator="cpu",
-        devices=1,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        num_sanity_val_steps=0,
-        log_every_n_steps=5,
+        max_steps=cfg["rounds"], max_epochs=-1, logger=TensorBoardLogger(log_root, name=name),
+        callbacks=[audit] if audit is not None else [], accelerator="cpu", devices=1,
+        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+        num_sanity_val_steps=0, log_every_n_steps=5,
     )
-    cpu0, main0 = time.process_time(), time.thread_time()
-    elapsed = timed_fit(trainer, module, dm, profile)
-    main_cpu = time.thread_time() - main0
+    main0 = time.thread_time()
+    elapsed = timed_fit(trainer, module, dm)
     out: dict[str, Any] = {
         "fit_s": elapsed,
-        # diagnostics: CPU time of the training thread, and of every other thread of the process
-        # (the canary thread; TensorBoard's writer thread)
-        "main_thread_cpu_s": main_cpu,
-        "other_threads_cpu_s": time.process_time() - cpu0 - main_cpu,
+        "main_thread_cpu_s": time.thread_time() - main0,
         "real_client_updates": local["n"],
         "local_update_s": local["s"],
         "num_parameters": module.num_parameters,
+        "clients_per_round": per_round,
         "val_accuracy": _metric(trainer, "val/accuracy"),
     }
-    if isinstance(audit, TimedCanaryAudit):
-        out["callback_s"] = audit.own_seconds()
-        out["callback_hooks_s"] = dict(audit.hook_seconds)
-        out["callback_hook_calls"] = dict(audit.hook_calls)
-        out["compute_s"] = list(audit.hook_times["compute"])
-        out["num_canaries"] = audit.num_canaries
-        out["num_unobserved"] = audit.num_unobserved
-        out["canary_participations"] = int(audit.participations.sum())
-        rep = audit.last_report or {}
-        est = rep.get("estimates", {})
-        out["epsilon"] = {k: est[k].value for k in ("final_model", "all_iterates") if k in est}
-        out["epsilon_analytic"] = rep.get("analytic_epsilon")
+    if audit is not None and timer is not None:
+        out.update(
+            audit_wall_s=timer.totals()["wall_s"], audit_cpu_s=timer.totals()["cpu_s"],
+            audit_wall_by_call_s=dict(timer.wall), audit_cpu_by_call_s=dict(timer.cpu),
+            audit_calls=dict(timer.calls), num_canaries=audit.num_canaries,
+            num_unobserved=audit.num_unobserved,
+            canary_participations=int(audit.participations.sum()),
+        )
+        rep = audit.last_report
+        if rep is not None:
+            out["epsilon"] = {k: _value(rep, k) for k in ("final_model", "all_iterates")}
     return out
 
 
-def audited_config(cfg: dict[str, Any], num_canaries: int) -> dict[str, Any]:
-    """The audited run's config: a cohort grown by (N + k) / N keeps the real clients a round."""
+def audited_per_round(cfg: dict[str, Any], k: int) -> int:
+    """A cohort grown by (N + k) / N keeps the real clients a round."""
     n = cfg["clients"]
-    return dict(cfg, clients_per_round=round(cfg["clients_per_round"] * (n + num_canaries) / n))
+    return round(cfg["clients_per_round"] * (n + k) / n)
+
+
+def _value(report: Any, key: str) -> float | None:
+    try:
+        return report.value(key)
+    except Exception:  # noqa: BLE001 - a name the report does not have: not needed for timing
+        return None
 
 
 def _metric(trainer: pl.Trainer, key: str) -> float | None:
-    v = trainer.callback_metrics.get(key)
-    return None if v is None else float(v)
+    value = trainer.callback_metrics.get(key)
+    return None if value is None else float(value)
 
 
-# ---------------------------------------------------------------------------------- (a)
-def timing_scenario(
-    label: str, cfg: dict[str, Any], audit_kwargs: dict[str, Any], reps: int, log_root: str,
+# ---------------------------------------------------------------------------------- ABBA pairs
+def abba(
+    dm: FederatedDataModule, cfg: dict[str, Any], variants: dict[str, dict[str, Any]], reps: int,
+    log_root: str, label: str, warmup: bool = True,
 ) -> dict[str, Any]:
-    dm = FederatedDataModule(
-        "digits", num_clients=cfg["clients"], rounds_per_epoch=cfg["rounds_per_epoch"],
-        seed=cfg["seed"],
-    )
-    dm.setup("fit")
-    sizes = dm.client_sizes
-    print(f"\n[{label}] digits, {cfg['clients']} real clients ({min(sizes)}-{max(sizes)} examples "
-          f"each), {cfg['clients_per_round']} per round, {cfg['rounds']} rounds, "
-          f"{cfg['model']}, local_epochs {cfg['local_epochs']}, {cfg['sampling']} sampling, "
-          f"z = {cfg['noise_multiplier']}, validation every {cfg['rounds_per_epoch']} rounds; "
-          f"CanaryAudit({_kw(audit_kwargs)})", flush=True)
-
-    k = audit_kwargs.get("num_canaries", min(1000, cfg["clients"]))
-    audit_cfg = audited_config(cfg, k)
+    """``reps`` ABBA pairs (baseline vs each audited variant; variants interleaved), after one
+    untimed warm-up fit of each (unless ``warmup`` is False). Returns per-variant ratios and
+    raw runs."""
+    runs: dict[str, list[tuple[dict, dict]]] = {v: [] for v in variants}
 
     def one(variant: str, i: int) -> dict[str, Any]:
-        audit = TimedCanaryAudit(**audit_kwargs) if variant == "audit" else None
-        res = fit_once(dm, audit_cfg if audit else cfg, audit, log_root, f"{label}_{variant}_{i}")
-        res["variant"] = variant
+        kwargs = variants.get(variant)
+        res = fit_once(dm, cfg, kwargs, log_root, f"{label}_{variant}_{i}")
         extra = ""
-        if variant == "audit":
-            extra = (f"  callback {res['callback_s']:.2f} s, k = {res['num_canaries']}, "
-                     f"k' = {res['num_unobserved']}")
-        print(f"  {variant:8s} rep {i}: fit {res['fit_s']:7.2f} s, real updates "
-              f"{res['real_client_updates']:5d} ({res['local_update_s']:.2f} s){extra}",
-              flush=True)
+        if kwargs is not None:
+            extra = (f", audit {res['audit_cpu_s']:.2f} s CPU / {res['audit_wall_s']:.2f} s wall"
+                     f" (k = {res['num_canaries']}, k' = {res['num_unobserved']})")
+        print(f"  {variant:9s} {i:2d}: fit {res['fit_s']:7.2f} s, {res['real_client_updates']} real"
+              f" updates ({res['local_update_s']:.2f} s){extra}", flush=True)
         return res
 
-    warmup = [one("baseline", -1), one("audit", -1)]
-    runs = []
-    for i in range(reps):  # ABBA: baseline first in even pairs, audit first in odd ones
-        order = ("baseline", "audit") if i % 2 == 0 else ("audit", "baseline")
-        for variant in order:
-            runs.append(one(variant, i))
-    base = [r for r in runs if r["variant"] == "baseline"]
-    aud = [r for r in runs if r["variant"] == "audit"]
-    tb = np.array([r["fit_s"] for r in base])
-    ta = np.array([r["fit_s"] for r in aud])
-    pair_ratios = ta / tb
-    lb = np.array([r["local_update_s"] for r in base])
-    la = np.array([r["local_update_s"] for r in aud])
-    cb = np.array([r["callback_s"] for r in aud])
-    result = {
-        "label": label,
-        "config": cfg,
-        "audited_clients_per_round": audit_cfg["clients_per_round"],
-        "audit_kwargs": audit_kwargs,
-        "num_canaries": aud[0]["num_canaries"],
-        "num_unobserved": aud[0]["num_unobserved"],
-        "num_parameters": aud[0]["num_parameters"],
-        "client_sizes_min_max": [min(sizes), max(sizes)],
-        "baseline_fit_s": tb.tolist(),
-        "audit_fit_s": ta.tolist(),
-        "warmup": warmup,
-        "pair_ratios": pair_ratios.tolist(),
-        "median_ratio": float(np.median(pair_ratios)),
-        # the sign-test interval of the median pair ratio (distribution-free; ~96% for 12 pairs)
-        "median_ratio_interval": median_interval(pair_ratios),
-        "mean_ratio": float(np.mean(pair_ratios)),
-        "ratio_of_medians": float(np.median(ta) / np.median(tb)),
-        "local_update_s_median": {"baseline": float(np.median(lb)), "audit": float(np.median(la))},
-        "main_thread_cpu_s_median": {
-            "baseline": float(np.median([r["main_thread_cpu_s"] for r in base])),
-            "audit": float(np.median([r["main_thread_cpu_s"] for r in aud])),
-        },
-        "other_threads_cpu_s_median": {
-            "baseline": float(np.median([r["other_threads_cpu_s"] for r in base])),
-            "audit": float(np.median([r["other_threads_cpu_s"] for r in aud])),
-        },
-        "callback_s_median": float(np.median(cb)),
-        "callback_fraction_of_baseline_median": float(np.median(cb / tb)),
-        "real_client_updates": {"baseline": int(base[0]["real_client_updates"]),
-                                "audit": int(aud[0]["real_client_updates"])},
-        "val_accuracy": {"baseline": base[0]["val_accuracy"], "audit": aud[0]["val_accuracy"]},
-        "callback_hooks_s_median": {
-            key: float(np.median([r["callback_hooks_s"].get(key, 0.0) for r in aud]))
-            for key in _HOOKS
-        },
-        "runs": runs,
-    }
-    ci = result["median_ratio_interval"]
-    print(f"  -> median ratio audit/baseline {result['median_ratio']:.3f} "
-          f"[{ci['lower']:.3f}, {ci['upper']:.3f}] ({100 * ci['coverage']:.1f}% sign-test interval; "
-          f"mean {result['mean_ratio']:.3f}, ratio of medians {result['ratio_of_medians']:.3f}; pairs "
-          f"{', '.join(f'{x:.3f}' for x in pair_ratios)}) at "
-          f"{result['real_client_updates']['audit']} / {result['real_client_updates']['baseline']} "
-          f"real updates; local training {np.median(la):.2f} / {np.median(lb):.2f} s; callback's "
-          f"own time on the training thread {result['callback_s_median']:.2f} s = "
-          f"{100 * result['callback_fraction_of_baseline_median']:.1f}% of the baseline fit",
-          flush=True)
-    mc, oc = result["main_thread_cpu_s_median"], result["other_threads_cpu_s_median"]
-    print(f"     CPU (median s): training thread {mc['audit']:.2f} / {mc['baseline']:.2f}, other "
-          f"threads {oc['audit']:.2f} / {oc['baseline']:.2f} (audit / baseline)", flush=True)
-    h = result["callback_hooks_s_median"]
-    canary_updates = (h["federated_client_update_sum"] or h["federated_client_updates"]
-                      or h["federated_client_update"])
-    print(f"     callback breakdown (median s): canary client updates "
-          f"{canary_updates:.2f}, round hooks "
-          f"{h['on_federated_round_start'] + h['on_federated_round_end']:.2f}, estimation "
-          f"passes + estimates ({aud[0]['callback_hook_calls'].get('compute', 0)}x compute) "
-          f"{h['compute']:.2f}, logging extras (histograms, figures, summary) "
-          f"{h['on_validation_epoch_end'] + h['on_fit_end'] - h['compute']:.2f}", flush=True)
-    return result
+    warm = [one("baseline", -1)] + [one(v, -1) for v in variants] if warmup else []
+    for i in range(reps):
+        for v in variants:
+            if i % 2 == 0:
+                b = one("baseline", i)
+                a = one(v, i)
+            else:
+                a = one(v, i)
+                b = one("baseline", i)
+            runs[v].append((b, a))
+    out: dict[str, Any] = {"config": cfg, "warmup": warm, "variants": {}}
+    for v, pairs in runs.items():
+        tb = np.array([b["fit_s"] for b, _ in pairs])
+        ta = np.array([a["fit_s"] for _, a in pairs])
+        ratios = ta / tb
+        cpu = np.array([a["audit_cpu_s"] for _, a in pairs])
+        wall = np.array([a["audit_wall_s"] for _, a in pairs])
+        first = pairs[0][1]
+        out["variants"][v] = {
+            "audit_kwargs": variants[v],
+            "num_canaries": first["num_canaries"],
+            "num_unobserved": first["num_unobserved"],
+            "num_parameters": first["num_parameters"],
+            "clients_per_round": {"baseline": cfg["clients_per_round"], "audit": first["clients_per_round"]},
+            "real_client_updates": {"baseline": pairs[0][0]["real_client_updates"],
+                                    "audit": first["real_client_updates"]},
+            "baseline_fit_s": tb.tolist(),
+            "audit_fit_s": ta.tolist(),
+            "pair_ratios": ratios.tolist(),
+            "median_ratio": float(np.median(ratios)),
+            "median_ratio_interval": median_interval(ratios),
+            "ratio_of_medians": float(np.median(ta) / np.median(tb)),
+            **cpu_ratio(pairs),
+            "audit_cpu_s_median": float(np.median(cpu)),
+            "audit_wall_s_median": float(np.median(wall)),
+            "audit_cpu_share_of_baseline_median": float(np.median(cpu / tb)),
+            "audit_wall_share_of_baseline_median": float(np.median(wall / tb)),
+            "audit_cpu_by_call_s_median": {
+                k: float(np.median([a["audit_cpu_by_call_s"].get(k, 0.0) for _, a in pairs]))
+                for k in first["audit_cpu_by_call_s"]
+            },
+            "audit_calls": first["audit_calls"],
+            "local_update_s_median": {"baseline": float(np.median([b["local_update_s"] for b, _ in pairs])),
+                                      "audit": float(np.median([a["local_update_s"] for _, a in pairs]))},
+            "val_accuracy": {"baseline": pairs[0][0]["val_accuracy"], "audit": first["val_accuracy"]},
+            "epsilon": first.get("epsilon"),
+            "pairs": [{"baseline": b, "audit": a} for b, a in pairs],
+        }
+    return out
 
 
-def profile_audit(
-    cfg: dict[str, Any], audit_kwargs: dict[str, Any], log_root: str, top: int = 25,
-) -> dict[str, Any]:
-    """One audited fit under cProfile: where the callback's time goes."""
-    dm = FederatedDataModule(
-        "digits", num_clients=cfg["clients"], rounds_per_epoch=cfg["rounds_per_epoch"],
-        seed=cfg["seed"],
-    )
-    dm.setup("fit")
-    prof = cProfile.Profile()
-    audit = TimedCanaryAudit(**audit_kwargs)
-    k = audit_kwargs.get("num_canaries", min(1000, cfg["clients"]))
-    res = fit_once(dm, audited_config(cfg, k), audit, log_root, "profile", profile=prof)
-    total = pstats.Stats(prof).total_tt
-    in_lib, heavy, text = profile_tables(prof, top, exclude=("dp_fedavg", "sampling"))
-    print(f"\n[profile] one audited fit under cProfile: {res['fit_s']:.2f} s (profiled), "
-          f"callback {res['callback_s']:.2f} s")
-    print(f"  {'cumtime s':>9} {'calls':>7}  callback / library function")
-    for r in in_lib[:15]:
-        print(f"  {r['cumtime_s']:9.3f} {r['calls']:7d}  {r['function']}")
-    return {
-        "fit_s_profiled": res["fit_s"],
-        "profiled_total_s": total,
-        "callback_s": res["callback_s"],
-        "callback_hooks_s": res["callback_hooks_s"],
-        "callback_hook_calls": res["callback_hook_calls"],
-        "audit_callbacks_by_cumtime": in_lib[:top],
-        "all_by_tottime": heavy,
-        "pstats_text": text,
-    }
+def cpu_ratio(pairs: list[tuple[dict, dict]]) -> dict[str, Any]:
+    """The training thread's CPU seconds (``thread_time``), audited / baseline, per pair: less
+    sensitive than wall time to the other processes on the machine."""
+    r = np.array([a["main_thread_cpu_s"] / b["main_thread_cpu_s"] for b, a in pairs])
+    return {"cpu_pair_ratios": r.tolist(), "cpu_median_ratio": float(np.median(r)),
+            "cpu_median_ratio_interval": median_interval(r)}
 
 
-def _kw(kwargs: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in kwargs.items()) or "defaults"
+def print_abba(title: str, res: dict[str, Any]) -> None:
+    print(f"\n{title}")
+    print(f"  {'kind':9s} {'k':>5} {'kprime':>7} {'d':>8} {'base s':>7} {'audit s':>7} "
+          f"{'ratio [interval] (coverage)':>33} {'audit CPU s':>11} {'share':>6}")
+    for v, r in res["variants"].items():
+        ci = r["median_ratio_interval"]
+        print(f"  {v:9s} {r['num_canaries']:5d} {r['num_unobserved']:7d} {r['num_parameters']:8d} "
+              f"{np.median(r['baseline_fit_s']):7.2f} {np.median(r['audit_fit_s']):7.2f} "
+              f"{r['median_ratio']:9.3f} [{ci['lower']:.3f}, {ci['upper']:.3f}] ({100 * ci['coverage']:.0f}%) "
+              f"{r['audit_cpu_s_median']:11.2f} {100 * r['audit_cpu_share_of_baseline_median']:5.1f}%")
+        cc = r["cpu_median_ratio_interval"]
+        print(f"            training-thread CPU ratio {r['cpu_median_ratio']:.3f} [{cc['lower']:.3f}, "
+              f"{cc['upper']:.3f}]")
+        calls = ", ".join(f"{k} {s:.2f}" for k, s in sorted(r["audit_cpu_by_call_s_median"].items(),
+                                                           key=lambda kv: -kv[1]) if s >= 0.005)
+        print(f"            pairs {', '.join(f'{x:.3f}' for x in r['pair_ratios'])}; audit CPU by call (s): "
+              f"{calls}; real updates {r['real_client_updates']['audit']} / "
+              f"{r['real_client_updates']['baseline']}", flush=True)
 
 
-# ---------------------------------------------------------------------------------- (b)
+# ---------------------------------------------------------------------------------- (3) pass
+def pass_benchmark(dim: int, k: int, k_gauss_un: int, k_had_un: int, threads: list[int]) -> dict[str, Any]:
+    """Seconds of the estimation pass (``compute`` after one ``add_delta``) at ``dim``."""
+    out: dict[str, Any] = {"dim": dim, "k": k, "gaussian_unobserved": k_gauss_un,
+                           "hadamard_unobserved": k_had_un, "by_threads": {}}
+    gen = torch.Generator().manual_seed(1)
+    theta0 = torch.zeros(dim)
+    delta = torch.randn(dim, generator=gen)
+    theta = theta0 + delta
+    for t in threads:
+        torch.set_num_threads(t)
+        row: dict[str, Any] = {}
+        # torch.randn alone: the physical limit of regeneration (same generator use as the canaries)
+        buf = torch.empty(dim)
+        g = torch.Generator()
+
+        def draws(n: int = 20, g: torch.Generator = g, buf: torch.Tensor = buf) -> None:
+            for i in range(n):
+                g.manual_seed(i)
+                torch.randn(dim, generator=g, out=buf)
+
+        _, times = _median_of(draws, 3)
+        row["randn_draws_per_s"] = 20 * dim / min(times)
+        # Gaussian: k + k' canaries regenerated once, against one buffered round and the release
+        gstats = CanaryStatistics(CanarySet(0, dim, k + k_gauss_un, kind="gaussian"), k, k_gauss_un)
+        gstats.set_initial(theta0)
+        gstats.add_delta(delta)
+        t0 = time.perf_counter()
+        gstats.compute(theta)
+        row["gaussian_pass_s"] = time.perf_counter() - t0
+        row["gaussian_draws_per_s"] = (k + k_gauss_un) * dim / row["gaussian_pass_s"]
+        # Hadamard: one transform scores every canary
+        hset = CanarySet(0, dim, k + k_had_un, kind="hadamard")
+        hstats = CanaryStatistics(hset, k, k_had_un)
+        hstats.set_initial(theta0)
+        hstats.add_delta(delta)
+        reps: list[float] = []
+        for i in range(5):
+            th = theta + i * 1e-3  # a new model each time: no cached result
+            t0 = time.perf_counter()
+            hstats.compute(th)
+            reps.append(time.perf_counter() - t0)
+        row["hadamard_pass_s"] = float(np.median(reps))
+        row["hadamard_pass_s_all"] = reps
+        row["hadamard_add_delta_s"], row["hadamard_add_delta_s_all"] = _median_of(
+            lambda h=hstats: h.add_delta(delta), 5)
+        # the transform alone (indices=None): add_delta passes range(k + k') as a list
+        row["hadamard_dots_no_indices_s"], _ = _median_of(lambda h=hset: h.dots(delta), 5)
+        idx = list(range(0, k, 25))  # a round's canary clients (40)
+        row["hadamard_round_sum_s"], _ = _median_of(lambda h=hset, i=idx: h.sum(i), 5)
+        row["speedup_gaussian_over_hadamard"] = row["gaussian_pass_s"] / row["hadamard_pass_s"]
+        out["by_threads"][str(t)] = row
+        print(f"  threads {t}: randn {row['randn_draws_per_s'] / 1e6:6.0f} M/s; Gaussian pass "
+              f"({k}+{k_gauss_un}) {row['gaussian_pass_s']:6.2f} s = "
+              f"{row['gaussian_draws_per_s'] / 1e6:.0f} M draws/s; Hadamard pass ({k}+{k_had_un}) "
+              f"{row['hadamard_pass_s']:.3f} s ({row['speedup_gaussian_over_hadamard']:.0f}x faster); "
+              f"Hadamard add_delta {row['hadamard_add_delta_s']:.3f} s (transform alone "
+              f"{row['hadamard_dots_no_indices_s']:.3f} s); sum of {len(idx)} canaries "
+              f"{row['hadamard_round_sum_s']:.3f} s", flush=True)
+    return out
+
+
+def per_round_hadamard(dim: int, k: int, k_un: int) -> dict[str, Any]:
+    """One round's fold at ``dim`` (the federated CNN's d): ``add_delta`` against the transform
+    alone (``dots`` with indices=None), on the current thread count."""
+    hset = CanarySet(0, dim, k + k_un, kind="hadamard")
+    hstats = CanaryStatistics(hset, k, k_un)
+    hstats.set_initial(torch.zeros(dim))
+    delta = torch.randn(dim, generator=torch.Generator().manual_seed(2))
+    hstats.add_delta(delta)
+    idx = list(range(k + k_un))
+    out = {"dim": dim, "k": k, "unobserved": k_un, "threads": torch.get_num_threads()}
+    out["add_delta_s"], _ = _median_of(lambda: hstats.add_delta(delta), 9)
+    out["dots_no_indices_s"], _ = _median_of(lambda: hset.dots(delta), 9)
+    out["index_list_s"], _ = _median_of(lambda: torch.as_tensor(hset._check_indices(idx)), 9)
+    print(f"  d = {dim:,}, k + k' = {k + k_un:,}: add_delta {1e3 * out['add_delta_s']:.1f} ms a round; "
+          f"the transform and selection alone (dots, indices=None) {1e3 * out['dots_no_indices_s']:.1f} ms; "
+          f"checking and converting range(k + k') as a list {1e3 * out['index_list_s']:.1f} ms", flush=True)
+    return out
+
+
+def _median_of(fn: Any, n: int) -> tuple[float, list[float]]:
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return float(np.median(times)), times
+
+
+# ---------------------------------------------------------------------------------- (4) memory
 def memory_child(variant: str, cfg: dict[str, Any]) -> dict[str, Any]:
-    """Runs in its own process: one short fit at d ~ 1e6; prints a JSON line."""
-    dm = FederatedDataModule(
-        "digits", num_clients=cfg["clients"], rounds_per_epoch=cfg["rounds_per_epoch"],
-        seed=cfg["seed"],
-    )
+    """Runs in its own process: one short fit at d ~ 1e6; returns a JSON-able dict."""
+    dm = FederatedDataModule("digits", num_clients=cfg["clients"],
+                             rounds_per_epoch=cfg["rounds_per_epoch"], seed=cfg["seed"])
     dm.setup("fit")
     rss_setup = peak_rss_mb()
-    audit = None
-    if variant == "audit":
-        audit = TimedCanaryAudit(cfg["num_canaries"], cfg["num_unobserved"])
+    reset = _reset_peak()  # the imports' peak would hide the fit's: VmHWM restarts here
+    kwargs = None if variant == "baseline" else {
+        "num_canaries": cfg["num_canaries"], "num_unobserved": cfg["num_unobserved"], "canaries": variant}
     with tempfile.TemporaryDirectory() as log_root:
-        res = fit_once(dm, cfg, audit, log_root, f"memory_{variant}")
-    res["variant"] = variant
-    res["peak_rss_before_fit_mib"] = rss_setup
-    res["peak_rss_mib"] = peak_rss_mb()
-    res["torch_threads"] = torch.get_num_threads()
+        res = fit_once(dm, cfg, kwargs, log_root, f"memory_{variant}")
+    res.update(variant=variant, peak_rss_before_fit_mib=rss_setup, peak_rss_mib=peak_rss_mb(),
+               fit_peak_rss_mib=_vm_hwm_mib() if reset else None, torch_threads=torch.get_num_threads())
     return res
 
 
+def _reset_peak() -> bool:
+    """Reset the kernel's peak RSS (VmHWM) of this process (Linux; False elsewhere)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return _vm_hwm_mib() is not None
+    except OSError:
+        return False
+
+
+def _vm_hwm_mib() -> float | None:
+    """VmHWM of /proc/self/status (peak RSS since the last reset), in MiB."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
 def memory_benchmark(cfg: dict[str, Any], threads: int) -> dict[str, Any]:
-    print(f"\n[memory] separate processes: MLP hidden={tuple(cfg['hidden'])}, "
-          f"{cfg['clients']} real clients, {cfg['clients_per_round']} per round, "
-          f"{cfg['rounds']} rounds (validation at the end); audit: "
-          f"CanaryAudit({cfg['num_canaries']}, {cfg['num_unobserved']})", flush=True)
-    results = {}
-    for variant in ("baseline", "audit"):
+    results: dict[str, Any] = {}
+    for variant in ("baseline", *KINDS):
         cmd = [sys.executable, os.path.abspath(__file__), "--memory-child", variant,
                "--memory-config", json.dumps(cfg), "--threads", str(threads)]
-        t = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        wall = time.perf_counter() - t
         if proc.returncode != 0:
             raise RuntimeError(f"memory child {variant} failed:\n{proc.stderr[-4000:]}")
-        line = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1]
-        res = json.loads(line)
-        res["process_wall_s"] = wall
+        res = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])
         results[variant] = res
-        extra = ""
-        if variant == "audit":
-            extra = ("; estimation passes " + ", ".join(f"{x:.1f} s" for x in res["compute_s"])
-                     + f"; callback total {res['callback_s']:.1f} s")
-        print(f"  {variant:8s}: d = {res['num_parameters']:,}, peak RSS "
-              f"{res['peak_rss_mib']:7.1f} MiB (before fit {res['peak_rss_before_fit_mib']:.1f}), "
+        extra = "" if variant == "baseline" else f", audit CPU {res['audit_cpu_s']:.1f} s"
+        hwm = res["fit_peak_rss_mib"]
+        print(f"  {variant:9s}: d = {res['num_parameters']:,}, peak RSS {res['peak_rss_mib']:7.1f} MiB "
+              f"(before fit {res['peak_rss_before_fit_mib']:.1f}; during the fit {hwm or float('nan'):.1f}), "
               f"fit {res['fit_s']:.1f} s{extra}", flush=True)
-    diff = results["audit"]["peak_rss_mib"] - results["baseline"]["peak_rss_mib"]
-    print(f"  -> audit peak RSS - baseline peak RSS = {diff:+.1f} MiB (target < 100 MB = "
-          f"{100e6 / 2**20:.1f} MiB)")
-    return {
-        "config": cfg,
-        "baseline": results["baseline"],
-        "audit": results["audit"],
-        "peak_rss_difference_mib": diff,
-        "peak_rss_difference_mb": diff * 2**20 / 1e6,
-        "target_mb": 100,
-        "estimation_pass_s": results["audit"]["compute_s"],
-    }
+    # the peak during the fit (VmHWM reset after the imports) where the kernel allows it
+    key = "fit_peak_rss_mib" if all(r["fit_peak_rss_mib"] for r in results.values()) else "peak_rss_mib"
+    base = results["baseline"][key]
+    out: dict[str, Any] = {"config": cfg, "runs": results, "target_mb": 100, "measure": key,
+                           "difference": {}}
+    for kind in KINDS:
+        diff = results[kind][key] - base
+        out["difference"][kind] = {"mib": diff, "mb": diff * 2**20 / 1e6,
+                                   "process_peak_mib": results[kind]["peak_rss_mib"] - results["baseline"]["peak_rss_mib"]}
+        print(f"  -> {kind}: audit - baseline = {diff:+.1f} MiB ({diff * 2**20 / 1e6:+.1f} MB; target <= 100 MB; "
+              f"{key})")
+    return out
 
 
 # ---------------------------------------------------------------------------------- main
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument("--rounds", type=int, default=200, help="rounds a fit (default: make demo's)")
-    p.add_argument("--rounds-per-epoch", type=int, default=25, help="rounds between validations")
-    p.add_argument("--clients", type=int, default=300, help="real clients (default scenario)")
-    p.add_argument("--clients-per-round", type=int, default=30)
-    p.add_argument("--model", choices=["cnn", "mlp"], default="cnn")
-    p.add_argument("--local-epochs", type=int, default=1)
-    p.add_argument("--noise-multiplier", type=float, default=0.1)
-    p.add_argument("--reps", type=int, default=12, help="timed pairs per scenario (ABBA order)")
-    p.add_argument("--reps-k1000", type=int, default=3, help="timed pairs, k = 1000 scenario")
-    p.add_argument("--memory-rounds", type=int, default=6)
-    p.add_argument("--skip-timing", action="store_true")
-    p.add_argument("--skip-k1000", action="store_true")
-    p.add_argument("--skip-profile", action="store_true")
-    p.add_argument("--skip-memory", action="store_true")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    p.add_argument("--quick", action="store_true", help="smoke test: few rounds, 1 pair")
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--fed-rounds", type=int, default=30, help="(1) rounds a fit")
+    p.add_argument("--fed-rounds-per-epoch", type=int, default=10, help="(1) rounds between estimates")
+    p.add_argument("--fed-reps", type=int, default=5, help="(1) ABBA pairs per kind")
+    p.add_argument("--demo-rounds", type=int, default=200, help="(2) rounds (make demo's)")
+    p.add_argument("--demo-reps", type=int, default=3, help="(2) ABBA pairs")
+    p.add_argument("--pass-dim", type=int, default=1_000_000, help="(3) d")
+    p.add_argument("--pass-threads", default="1,2", help="(3) torch threads, comma-separated")
+    p.add_argument("--memory-rounds", type=int, default=4)
+    p.add_argument("--skip", default="", help="comma-separated: federated,demo,pass,memory")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of the fits (default 1)")
+    p.add_argument("--quick", action="store_true", help="smoke test: tiny versions of everything")
     p.add_argument("--output", default=None, help="file name under benchmarks/results/")
-    p.add_argument("--memory-child", choices=["baseline", "audit"], help=argparse.SUPPRESS)
+    p.add_argument("--memory-child", choices=["baseline", *KINDS], help=argparse.SUPPRESS)
     p.add_argument("--memory-config", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    args.memory_hidden = [1000, 925]  # 64 -> 1000 -> 925 -> 10: 1,000,185 parameters
     if args.quick:
-        args.rounds, args.rounds_per_epoch, args.reps, args.reps_k1000 = 10, 5, 1, 1
-        args.memory_rounds = 2
+        args.fed_rounds, args.fed_rounds_per_epoch, args.fed_reps = 4, 4, 1
+        args.demo_rounds, args.demo_reps, args.pass_threads = 6, 1, "1"
+        args.pass_dim, args.memory_rounds, args.memory_hidden = 100_000, 2, [200, 200]
     if args.output is None:
         args.output = "canary_overhead_quick.json" if args.quick else "canary_overhead.json"
     return args
 
 
-def base_config(args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        "clients": args.clients,
-        "clients_per_round": args.clients_per_round,
-        "rounds": args.rounds,
-        "rounds_per_epoch": args.rounds_per_epoch,
-        "model": args.model,
-        "local_epochs": args.local_epochs,
-        "local_lr": 0.05,
-        "local_batch_size": 8,
-        "server_lr": 1.0,
-        "server_momentum": 0.9,
-        "noise_multiplier": args.noise_multiplier,
-        "clip_norm": 1.0,
-        "sampling": "shuffle",
-        "delta": 1e-6,
-        "seed": 0,
+def train_config(**over: Any) -> dict[str, Any]:
+    cfg = {
+        "model": "cnn", "clients": 300, "clients_per_round": 30, "rounds": 200, "rounds_per_epoch": 25,
+        "local_epochs": 1, "local_lr": 0.05, "local_batch_size": 8, "server_lr": 1.0,
+        "server_momentum": 0.9, "noise_multiplier": 0.1, "clip_norm": 1.0, "sampling": "shuffle",
+        "delta": 1e-6, "seed": 0,
     }
+    cfg.update(over)
+    return cfg
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
@@ -464,65 +522,89 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     torch.set_num_threads(args.threads)
     quiet()
     if args.memory_child:
-        res = memory_child(args.memory_child, json.loads(args.memory_config))
-        print(json.dumps(res))
+        print(json.dumps(memory_child(args.memory_child, json.loads(args.memory_config))))
         return None
-
-    print(f"CanaryAudit overhead; torch threads = {torch.get_num_threads()}, "
-          f"{os.cpu_count()} CPUs")
+    skip = set(filter(None, args.skip.split(",")))
+    print(f"CanaryAudit overhead; torch threads = {torch.get_num_threads()}, {os.cpu_count()} CPUs, "
+          f"load {load_average()}", flush=True)
     payload: dict[str, Any] = {
         "benchmark": "canary_overhead",
-        "command": " ".join(sys.argv),
+        "command": " ".join([os.path.relpath(sys.executable), *sys.argv]),
         "machine": machine_info(),
-        "target": {"wall_ratio_max": 1.05, "memory_mb_max": 100},
+        "torch_version": torch.__version__,
+        "git": git_state(),
+        "targets": {"federated_wall_ratio_max": 1.03, "demo_audit_share_max": 0.03,
+                    "hadamard_pass_s_max": 0.2, "pass_speedup_min": 50, "memory_mb_max": 100},
     }
-    cfg = base_config(args)
+    t_start = time.perf_counter()
     with tempfile.TemporaryDirectory() as log_root:
-        if not args.skip_timing:
-            payload["timing_default"] = timing_scenario("default", cfg, {}, args.reps, log_root)
-            if not args.skip_k1000:
-                cfg_k = dict(cfg, clients=1000)
-                payload["timing_k1000"] = timing_scenario(
-                    "k1000", cfg_k, {"num_canaries": 1000, "num_unobserved": 1000},
-                    args.reps_k1000, log_root,
-                )
-        if not args.skip_profile:
-            payload["profile_default"] = profile_audit(cfg, {}, log_root)
-    if not args.skip_memory:
-        mem_cfg = dict(
-            cfg, model="mlp_1e6", hidden=[1000, 925], clients=1000,
-            rounds=args.memory_rounds, rounds_per_epoch=args.memory_rounds,
-            num_canaries=1000, num_unobserved=1000,
-        )
-        payload["memory_d1e6"] = memory_benchmark(mem_cfg, args.threads)
-
+        if "federated" not in skip:
+            cfg = train_config(clients=500, clients_per_round=50, rounds=args.fed_rounds,
+                               rounds_per_epoch=args.fed_rounds_per_epoch, local_batch_size=1,
+                               noise_multiplier=0.3, cnn={"channels": [32, 64], "hidden": 400})
+            dm = FederatedDataModule("digits", num_clients=cfg["clients"],
+                                     rounds_per_epoch=cfg["rounds_per_epoch"], seed=cfg["seed"])
+            dm.setup("fit")
+            print(f"\n[1] federated: wide CNN, {cfg['clients']} clients, {cfg['clients_per_round']} a round, "
+                  f"{cfg['rounds']} rounds, batch 1; 1000 canaries of each kind, {args.fed_reps} ABBA pairs each",
+                  flush=True)
+            variants = {kind: {"num_canaries": 1000, "canaries": kind} for kind in KINDS}
+            payload["federated"] = abba(dm, cfg, variants, args.fed_reps, log_root, "fed",
+                                        warmup=not args.quick)
+            print_abba("[1] federated scenario (ratio: median of ABBA pairs audited / baseline)",
+                       payload["federated"])
+        if "demo" not in skip:
+            cfg = train_config(rounds=args.demo_rounds, rounds_per_epoch=min(25, args.demo_rounds))
+            dm = FederatedDataModule("digits", num_clients=cfg["clients"],
+                                     rounds_per_epoch=cfg["rounds_per_epoch"], seed=cfg["seed"])
+            dm.setup("fit")
+            print(f"\n[2] make demo's scenario: {cfg['rounds']} rounds, CanaryAudit() (k = 300), "
+                  f"{args.demo_reps} ABBA pairs", flush=True)
+            payload["demo"] = abba(dm, cfg, {"hadamard": {"num_canaries": 300}}, args.demo_reps,
+                                   log_root, "demo", warmup=not args.quick)
+            print_abba("[2] make demo's scenario", payload["demo"])
+    if "pass" not in skip:
+        threads = [int(t) for t in args.pass_threads.split(",")]
+        k_had_un = min(100_000, (1 << (args.pass_dim - 1).bit_length()) - 1000)
+        print(f"\n[3] estimation pass at d = {args.pass_dim:,}", flush=True)
+        payload["pass"] = pass_benchmark(args.pass_dim, 1000, 1000, k_had_un, threads)
+        torch.set_num_threads(args.threads)
+        payload["pass"]["per_round_at_cnn_dim"] = per_round_hadamard(125_626, 1000, 100_000)
+        torch.set_num_threads(args.threads)
+    if "memory" not in skip:
+        mem_cfg = train_config(model="mlp", hidden=args.memory_hidden, clients=1000,
+                               rounds=args.memory_rounds, rounds_per_epoch=args.memory_rounds,
+                               num_canaries=1000, num_unobserved=1000)
+        print(f"\n[4] memory: MLP hidden {args.memory_hidden}, 1000 clients, 30 real a round, "
+              f"{args.memory_rounds} rounds; CanaryAudit(1000, 1000) of each kind, separate processes",
+              flush=True)
+        payload["memory"] = memory_benchmark(mem_cfg, args.threads)
+    payload["total_s"] = time.perf_counter() - t_start
     payload["load_average_end"] = load_average()
     summarize(payload)
-    path = write_json(args.output, payload)
-    print(f"wrote {path}")
+    print(f"wrote {write_json(args.output, payload)}")
     return payload
 
 
 def summarize(payload: dict[str, Any]) -> None:
-    print("\nsummary")
-    for key in ("timing_default", "timing_k1000"):
-        r = payload.get(key)
-        if r is None:
-            continue
-        tb, ta = np.median(r["baseline_fit_s"]), np.median(r["audit_fit_s"])
-        print(f"  {r['label']:8s} k = {r['num_canaries']:4d}, k' = {r['num_unobserved']:4d}, "
-              f"d = {r['num_parameters']:,}: baseline median {tb:.2f} s,"
-              f" audit median {ta:.2f} s, median ratio at equal real updates "
-              f"{r['median_ratio']:.3f} (target <= 1.05), callback "
-              f"{100 * r['callback_fraction_of_baseline_median']:.1f}% of baseline; "
-              f"val accuracy {r['val_accuracy']['baseline']:.3f} -> "
-              f"{r['val_accuracy']['audit']:.3f}")
-    m = payload.get("memory_d1e6")
-    if m is not None:
-        print(f"  memory   d = {m['audit']['num_parameters']:,}: peak RSS baseline "
-              f"{m['baseline']['peak_rss_mib']:.0f} MiB, audit {m['audit']['peak_rss_mib']:.0f} "
-              f"MiB, difference {m['peak_rss_difference_mb']:+.1f} MB; estimation passes "
-              + ", ".join(f"{x:.1f} s" for x in m["estimation_pass_s"]))
+    print(f"\nsummary (total {payload['total_s']:.0f} s)")
+    for key, target in (("federated", "ratio <= 1.03"), ("demo", "audit share <= 3%")):
+        for v, r in payload.get(key, {}).get("variants", {}).items():
+            ci = r["median_ratio_interval"]
+            print(f"  {key:9s} {v:9s} d = {r['num_parameters']:,}: ratio {r['median_ratio']:.3f} "
+                  f"[{ci['lower']:.3f}, {ci['upper']:.3f}] (training-thread CPU {r['cpu_median_ratio']:.3f}), audit CPU {r['audit_cpu_s_median']:.2f} s = "
+                  f"{100 * r['audit_cpu_share_of_baseline_median']:.1f}% of the baseline fit ({target})")
+    p = payload.get("pass")
+    if p:
+        for t, row in p["by_threads"].items():
+            print(f"  pass      d = {p['dim']:,}, {t} thread(s): Gaussian {row['gaussian_pass_s']:.2f} s "
+                  f"({row['gaussian_draws_per_s'] / 1e6:.0f} M/s vs randn {row['randn_draws_per_s'] / 1e6:.0f} M/s),"
+                  f" Hadamard {row['hadamard_pass_s']:.3f} s ({row['speedup_gaussian_over_hadamard']:.0f}x), "
+                  f"Hadamard add_delta {row['hadamard_add_delta_s']:.3f} s a round")
+    m = payload.get("memory")
+    if m:
+        print("  memory    " + ", ".join(f"{k}: {d['mb']:+.1f} MB" for k, d in m["difference"].items())
+              + f" over the baseline's {m['runs']['baseline'][m['measure']]:.0f} MiB ({m['measure']}; target <= 100 MB)")
 
 
 if __name__ == "__main__":
