@@ -59,7 +59,7 @@ def test_the_noise_cannot_be_regenerated_from_the_logs_by_default(tmp_path, repr
     candidates = []
     for offset in range(8):
         candidates.append(torch.randn(noise.numel(), generator=torch.Generator().manual_seed(logged_seed + offset)))
-    for key, value in state.items():
+    for value in state.values():
         if isinstance(value, torch.Tensor) and value.dtype == torch.uint8:
             gen = torch.Generator()
             gen.set_state(value)

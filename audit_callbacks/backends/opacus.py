@@ -52,16 +52,30 @@ class OpacusBackend(CanaryBackend):
         self, config: CanaryConfig, trainer: Any, warn: Callable[[str, str], None],
     ) -> None:
         super().__init__(config, warn)
-        opt = find_dp_optimizer(trainer.optimizers)
-        if opt is None:
-            raise TypeError(
-                "CanaryAudit audits DP-FedAvg (audit_callbacks.federated.DPFedAvg) or Opacus "
-                "DP-SGD, but the trainer has no Opacus DPOptimizer: return the optimizer of "
-                "PrivacyEngine().make_private(...) from configure_optimizers"
-            )
-        self.accountant, rate = find_accountant(opt)
-        if config.sample_rate is not None:
-            rate = config.sample_rate
+        opt = _dp_optimizer(trainer)
+        self._make_stats(int(sum(p.numel() for p in opt.params)), num_examples(trainer))
+        self.injector: GradientCanaryInjector | None = None
+        self.accountant: Any = None
+        self._history: list[tuple[float, float, int]] = []  # carried into a new accountant
+        self.bind(trainer)
+
+    def bind(self, trainer: Any) -> None:
+        """Attach to the trainer's ``DPOptimizer``, at every fit start: the canaries, their
+        participations and the step count go on. A new accountant (a new ``PrivacyEngine`` in
+        ``configure_optimizers``: a repeated ``fit`` or a resumed run) receives the history
+        so far, so that its epsilon, and the analytic epsilon here, cover the whole training.
+
+        Raises:
+            TypeError: no ``DPOptimizer``; ValueError: a model of another size, no rate.
+        """
+        assert self.stats is not None
+        opt = _dp_optimizer(trainer)
+        dim = int(sum(p.numel() for p in opt.params))
+        if dim != self.stats.dim:
+            raise ValueError(f"CanaryAudit: the model has {dim} parameters, the audit's canaries {self.stats.dim}")
+        accountant, rate = find_accountant(opt)
+        if self.config.sample_rate is not None:
+            rate = self.config.sample_rate
         if rate is None:
             batches = num_batches(trainer)
             if not batches:
@@ -70,18 +84,38 @@ class OpacusBackend(CanaryBackend):
                     "and no sized train dataloader); pass CanaryAudit(sample_rate=...)"
                 )
             rate = 1.0 / batches
-            warn("rate", "CanaryAudit: no Opacus accountant found on the optimizer's step hook; "
-                 f"canaries join with rate 1/len(train_dataloader) = {rate:.4g}")
-        if self.accountant is None:
-            warn("acc", "CanaryAudit: no Opacus accountant found on the optimizer's step hook; "
-                 "the analytic epsilon is computed from the steps this callback counts")
-        self._make_stats(int(sum(p.numel() for p in opt.params)), num_examples(trainer))
-        assert self.stats is not None
+            self.warn("rate", "CanaryAudit: no Opacus accountant found on the optimizer's step "
+                      f"hook; canaries join with rate 1/len(train_dataloader) = {rate:.4g}")
+        if accountant is None:
+            self.warn("acc", "CanaryAudit: no Opacus accountant found on the optimizer's step hook; "
+                      "the analytic epsilon is computed from the steps this callback counts")
+        steps = 0
+        if self.injector is not None:
+            steps = self.injector.steps
+            self.injector.detach()
+        if self.accountant is not None and accountant is not self.accountant:
+            self._history = [tuple(h) for h in self.accountant.history]
         self.injector = GradientCanaryInjector(opt, self.stats.canaries, self.num_canaries, rate,
-                                               seed=config.seed)
-        self.participations = self.injector.participations  # one array, counted by the injector
+                                               seed=self.config.seed)
+        self.injector.participations = self.participations  # one array, counted by the injector
+        self.injector.steps = steps
+        self.accountant = accountant
+        self._carry_history()
         self._theta_prev = self.flat_parameters()
-        self._steps_seen = 0
+        self._steps_seen = steps
+
+    def _carry_history(self) -> None:
+        """Put the history so far in front of the accountant's own, once."""
+        acc, old = self.accountant, self._history
+        if acc is None or not old:
+            return
+        current = [tuple(h) for h in acc.history]
+        if current[: len(old)] == old:
+            return  # the same accountant, or one that holds the history already
+        acc.history = [*old, *current]
+        self.warn("history", f"CanaryAudit: a new Opacus accountant (resumed or repeated fit): "
+                  f"{sum(h[2] for h in old)} earlier steps were put back into its history, so "
+                  "its epsilon covers the whole training")
 
     def flat_parameters(self) -> torch.Tensor:
         return flat_parameters(self.injector.optimizer.params)
@@ -130,9 +164,27 @@ class OpacusBackend(CanaryBackend):
         self.injector.detach()
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "steps": int(self.injector.steps)}
+        history = [] if self.accountant is None else [list(h) for h in self.accountant.history]
+        return {**super().state_dict(), "steps": int(self.injector.steps),
+                "accountant_history": history}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`, the accountant's history included (Opacus'
+        ``PrivacyEngine`` is not in Lightning's checkpoint: without this a resumed run's
+        accountant would count only the steps after the resume)."""
         super().load_state_dict(state)
         self.injector.steps = self._steps_seen = int(state.get("steps", 0))
+        self._history = [tuple(h) for h in state.get("accountant_history", [])]
+        self._carry_history()
         self._theta_prev = self.flat_parameters()
+
+
+def _dp_optimizer(trainer: Any) -> Any:
+    opt = find_dp_optimizer(trainer.optimizers)
+    if opt is None:
+        raise TypeError(
+            "CanaryAudit audits DP-FedAvg (audit_callbacks.federated.DPFedAvg) or Opacus "
+            "DP-SGD, but the trainer has no Opacus DPOptimizer: return the optimizer of "
+            "PrivacyEngine().make_private(...) from configure_optimizers"
+        )
+    return opt

@@ -181,11 +181,11 @@ class CanaryAudit(Callback):
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._summary_dir = summary_dir(trainer, self.summary_filename)  # fails here, not at the end
-        if self.backend is None or isinstance(self.backend, OpacusBackend):
+        if isinstance(self.backend, OpacusBackend):
+            self.backend.bind(trainer)  # a repeated fit: the audit goes on
+        elif self.backend is None:
             if self.config.repeats is not None:
                 raise ValueError("CanaryAudit(repeats=...) is for DP-FedAvg; DP-SGD canaries are sampled")
-            if self.backend is not None:
-                self.backend.detach()
             self.backend = OpacusBackend(self.config, trainer, self._warn_once)
         if self._pending_state is not None:
             state, self._pending_state = self._pending_state, None

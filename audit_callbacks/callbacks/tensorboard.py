@@ -1,7 +1,8 @@
 """TensorBoard extras for the audit callbacks: custom-scalars layout, histograms, figures.
 
-Everything here is a no-op unless a Lightning ``TensorBoardLogger`` is attached, and runs on
-rank zero only. Plain scalars go through every attached logger (see :func:`log_scalars`).
+Everything here is a no-op unless a ``TensorBoardLogger`` (``lightning.pytorch`` or
+``pytorch_lightning``) is attached, and runs on rank zero only. Plain scalars go through every
+attached logger (see :func:`log_scalars`).
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from typing import Any
 
 import lightning.pytorch as pl
 import numpy as np
-from lightning.pytorch.loggers import TensorBoardLogger
-from lightning.pytorch.utilities import rank_zero_only
+
+from audit_callbacks._lightning import is_tensorboard_logger
 
 __all__ = [
     "tensorboard_writer", "log_scalars", "add_custom_scalars_layout", "histogram_summaries",
@@ -21,11 +22,12 @@ __all__ = [
 
 
 def tensorboard_writer(trainer: pl.Trainer) -> Any | None:
-    """The ``SummaryWriter`` of the first ``TensorBoardLogger``, or None (also off rank zero)."""
-    if rank_zero_only.rank != 0:
+    """The ``SummaryWriter`` of the first ``TensorBoardLogger`` (of either Lightning namespace),
+    or None (also off rank zero)."""
+    if not trainer.is_global_zero:
         return None
     for logger in trainer.loggers:
-        if isinstance(logger, TensorBoardLogger):
+        if is_tensorboard_logger(logger):
             return logger.experiment
     return None
 
@@ -42,7 +44,7 @@ def log_scalars(trainer: pl.Trainer, metrics: Mapping[str, float], step: int) ->
     """Log scalars through every attached logger (as ``LearningRateMonitor`` does); None and
     NaN are dropped, ``+inf`` (an infinite analytic epsilon) is kept."""
     clean = {k: float(v) for k, v in metrics.items() if v is not None and not np.isnan(v)}
-    if not clean or rank_zero_only.rank != 0:
+    if not clean or not trainer.is_global_zero:
         return
     for logger in trainer.loggers:
         logger.log_metrics(clean, step=step)

@@ -41,12 +41,13 @@ from torch import nn
 from torch.nn.utils import parameters_to_vector
 from torchmetrics.classification import MulticlassAccuracy
 
+from audit_callbacks._lightning import is_lightning_module, overrides
 from audit_callbacks.estimators import gaussian_epsilon
 from audit_callbacks.federated.clipping import clip_updates_
 from audit_callbacks.federated.protocol import Cohort
 from audit_callbacks.federated.sampling import CohortSampler
 
-__all__ = ["DPFedAvg"]
+__all__ = ["DPFedAvg", "DPFedAvgMixin"]
 
 Schedule = Callable[[int], Iterable[int]]
 
@@ -58,12 +59,19 @@ class _VirtualBlock:
         )
 
 
-class DPFedAvg(pl.LightningModule):
+class DPFedAvgMixin:
     """DP-FedAvg over a user model, one round per ``training_step``.
 
+    :class:`DPFedAvg` is this on ``lightning.pytorch``; ``audit_callbacks.pytorch_lightning.
+    DPFedAvg`` is the same on the standalone ``pytorch_lightning`` namespace, for scripts whose
+    ``Trainer`` comes from there.
+
     Args:
-        model: the ``nn.Module`` to train (logits out), or a ``LightningModule`` whose
-            ``training_step((x, y), batch_idx)`` returns the loss (a tensor or ``{"loss": ...}``).
+        model: the ``nn.Module`` to train (logits out), or a ``LightningModule`` (either
+            namespace) whose ``training_step((x, y), batch_idx)`` returns the loss (a tensor or
+            ``{"loss": ...}``); its own ``validation_step`` / ``test_step``, when it defines
+            them, are used for evaluation (its ``self.log`` calls reach the trainer's loggers),
+            else the cross-entropy loss and accuracy of ``model(x)`` are logged.
         loss_fn: ``loss_fn(logits, y)`` for an ``nn.Module`` model (default cross-entropy).
         clients_per_round: m, the cohort size (expected size for Poisson sampling); the noisy
             sum is always divided by m.
@@ -249,6 +257,9 @@ class DPFedAvg(pl.LightningModule):
                 f"virtual clients named {name!r} are already registered by another "
                 f"{type(clash[0].owner).__name__}; give each owner its own name"
             )
+        same = [b for b in self._blocks if b.name == name and b.owner is owner]
+        if same and same[0].count == int(count) and same[0].schedule == schedule:
+            return name  # a repeated fit: the population does not change
         if self.round > 0 and self._sampler is not None:
             raise RuntimeError("virtual clients must be registered before the first round")
         self._blocks = [b for b in self._blocks if b.name != name]
@@ -352,7 +363,7 @@ class DPFedAvg(pl.LightningModule):
         return update, (float(np.mean(losses)) if losses else math.nan)
 
     def _client_loss(self, worker: nn.Module, x: torch.Tensor, y: torch.Tensor, i: int) -> torch.Tensor:
-        if isinstance(worker, pl.LightningModule):
+        if is_lightning_module(worker):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # self.log outside a trainer
                 out = worker.training_step((x, y), i)
@@ -543,10 +554,25 @@ class DPFedAvg(pl.LightningModule):
             self.log(f"{prefix}/accuracy", metric, on_step=False, on_epoch=True, prog_bar=True)
         return loss
 
-    def validation_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+    def _user_step(self, name: str, batch: Any, batch_idx: int) -> Any:
+        """The wrapped LightningModule's own ``validation_step`` / ``test_step``, its
+        ``self.log`` routed to this module's trainer and hook."""
+        inner = self.model
+        inner.trainer = self.trainer
+        inner._current_fx_name = self._current_fx_name
+        try:
+            return getattr(inner, name)(batch, batch_idx)
+        finally:
+            inner._current_fx_name = None
+
+    def validation_step(self, batch: Any, batch_idx: int) -> Any:
+        if is_lightning_module(self.model) and overrides(self.model, "validation_step"):
+            return self._user_step("validation_step", batch, batch_idx)
         return self._eval_step(batch, "val", self.val_accuracy)
 
-    def test_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+    def test_step(self, batch: Any, batch_idx: int) -> Any:
+        if is_lightning_module(self.model) and overrides(self.model, "test_step"):
+            return self._user_step("test_step", batch, batch_idx)
         return self._eval_step(batch, "test", self.test_accuracy)
 
     # ------------------------------------------------------------------ checkpointing
@@ -584,3 +610,7 @@ class DPFedAvg(pl.LightningModule):
             gen = torch.Generator(device="cpu")
             gen.set_state(state["ldp_gen"])
             self._ldp_gen = gen
+
+
+class DPFedAvg(DPFedAvgMixin, pl.LightningModule):
+    __doc__ = DPFedAvgMixin.__doc__
