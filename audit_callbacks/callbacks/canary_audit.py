@@ -20,6 +20,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 
+from audit_callbacks._lightning import overrides
 from audit_callbacks.backends import CanaryBackend, CanaryConfig, FedAvgBackend, OpacusBackend
 from audit_callbacks.backends.base import check_config
 from audit_callbacks.callbacks import tensorboard as tb
@@ -78,7 +79,10 @@ class CanaryAudit(Callback):
         seed: the canaries' seed: canary j is a function of (seed, j). Canaries are public by
             design; the seed may be logged.
         every_n_epochs: estimate and log every n epochs (at the validation's end, or at the
-            training epoch's end without a validation loop), and always at fit end.
+            training epoch's end without a validation loop), and always at fit end. A repeated
+            ``fit`` continues the same audit (canaries, participations, steps; for Opacus the
+            accountant's history is carried into a new ``PrivacyEngine``), and a resumed run
+            restores it from the checkpoint, the accountant's history included.
         max_buffered_rounds: Gaussian canaries: model deltas kept between passes over the
             canaries (default: as many as fit in 16 MiB). The estimates do not depend on it.
         log_histograms, log_figures: TensorBoard extras (need a ``TensorBoardLogger``).
@@ -207,6 +211,9 @@ class CanaryAudit(Callback):
         if not trainer.loggers:
             self._warn_once("nologger", "CanaryAudit: no logger is attached, so estimates are not "
                             f"logged; they are written to {self._summary_dir} at fit end")
+        if not overrides(pl_module, "validation_step") or not trainer.limit_val_batches:
+            self._warn_once("noval", "CanaryAudit: no validation loop: estimates are computed at "
+                            f"the end of every {self.every_n_epochs} training epoch(s) and at fit end")
 
     def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            checkpoint: dict[str, Any]) -> None:
