@@ -21,7 +21,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy.special import betainc, betaln
 
-from ._validation import check_dim
+from ._validation import as_float_array, check_dim, check_size, make_rng
 
 __all__ = [
     "cosine_null_cdf",
@@ -35,7 +35,7 @@ _SWITCH = 1e-280
 
 
 def _check_t(t: ArrayLike) -> np.ndarray:
-    arr = np.asarray(t, dtype=float)
+    arr = as_float_array(t, "t", allow_int=True)
     if not np.all(np.isfinite(arr)):
         raise ValueError("t contains NaN or inf")
     return arr
@@ -146,23 +146,28 @@ def cosine_null_logcdf(t: ArrayLike, dim: int) -> float | np.ndarray:
 
 
 def cosine_null_sample(
-    rng: np.random.Generator, dim: int, size: int | tuple[int, ...]
+    rng: np.random.Generator | int | None, dim: int, size: int | tuple[int, ...]
 ) -> np.ndarray:
     """Exact draws of the cosine null: 2 B - 1 with B ~ Beta((d-1)/2, (d-1)/2).
 
     Args:
-        rng: a numpy Generator (seeded by the caller).
+        rng: a numpy Generator (seeded by the caller), a non-negative integer seed for
+            :func:`numpy.random.default_rng`, or None for a fresh unseeded generator (draws
+            that differ from call to call: pass a Generator or a seed for reproducible ones).
         dim: dimension d >= 2.
-        size: output shape.
+        size: output shape (a non-negative integer or a tuple of them).
 
     Returns:
         array of the given shape with values in [-1, 1].
 
     Raises:
-        ValueError: dim is not an integer >= 2.
+        ValueError: dim is not an integer >= 2; rng is not a Generator, a seed or None; size
+            is not a shape.
 
     Source: METHODS A1.
     """
     d = check_dim(dim)
+    gen = make_rng(rng)
+    shape = check_size(size)
     a = 0.5 * (d - 1)
-    return 2.0 * rng.beta(a, a, size=size) - 1.0
+    return 2.0 * gen.beta(a, a, size=shape if isinstance(size, (tuple, list)) else shape[0]) - 1.0
