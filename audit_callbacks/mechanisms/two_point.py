@@ -63,14 +63,21 @@ class TwoPoint(PerCoordinateRandomizer):
         return x.clamp(self.center - self.radius, self.center + self.radius)
 
     def high_probability(self, w: Tensor) -> Tensor:
-        """P(output = c + B) for (clipped) inputs w, float64, same shape."""
-        s = ((w.to(torch.float64) - self.center) / self.radius).clamp(-1.0, 1.0)
-        return 0.5 * (self._p_top * (1.0 + s) + self._p_bottom * (1.0 - s))
+        """P(output = c + B) for (clipped) inputs w, float64, same shape.
+
+        ``0.5 (p_top (1 + s) + p_bottom (1 - s))``, s = clamp((w - c)/r), evaluated in place on
+        two float64 buffers (the same operations, so the same bits, as the plain expression).
+        """
+        s = w.to(torch.float64, copy=True).sub_(self.center).div_(self.radius).clamp_(-1.0, 1.0)
+        p = torch.add(s, 1.0).mul_(self._p_top)  # (1 + s) p_top
+        p.add_(s.neg_().add_(1.0).mul_(self._p_bottom))  # + (1 - s) p_bottom
+        return p.mul_(0.5)
 
     def randomize(self, x: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """``x [B, d] -> [B, d]`` with entries in ``{c - B, c + B}``; coordinates independent."""
-        w = self.project(x)
-        high = _uniform(w.shape, w, generator) < self.high_probability(w)
+        p_high = self.high_probability(self.project(x))
+        high = _uniform(p_high.shape, p_high, generator) < p_high
+        del p_high
         lo, hi = self.outputs
         return torch.where(
             high,
