@@ -473,3 +473,80 @@ def test_table_covers_the_public_api() -> None:
         assert set(mod.__all__) <= set(attacks.__all__)
     assert {"epsilon_from_counts", "confusion_counts"} <= set(error_rates.__all__)
     assert "shuffle_test" in shuffle.__all__
+
+
+# ------------------------------------------------------------ the cases issue 16 listed
+def test_issue16_tensor_cosines_are_converted() -> None:
+    want = estimators.epsilon_from_cosines(COS, 1e-5, dim=10**4)
+    grad = torch.tensor(COS, requires_grad=True)
+    assert estimators.epsilon_from_cosines(grad, 1e-5, dim=10**4) == want
+    bf16 = torch.tensor(COS).to(torch.bfloat16)
+    rounded = torch.tensor(COS).to(torch.bfloat16).double().numpy()
+    assert estimators.epsilon_from_cosines(bf16, 1e-5, dim=10**4) == (
+        estimators.epsilon_from_cosines(rounded, 1e-5, dim=10**4)
+    )
+    assert estimators.estimate_epsilon_lower_bound_from_cosines(
+        grad, 1e-5, dim=10**4
+    ).value == estimators.epsilon_lower_bound_from_cosines(COS, 1e-5, dim=10**4)
+
+
+def test_issue16_boolean_cosines_are_rejected() -> None:
+    with pytest.raises(ValueError, match="observed must hold floating-point numbers"):
+        estimators.epsilon_from_cosines(COS > 0, 1e-5, dim=10**4)  # was epsilon 35028
+
+
+def test_issue16_tiny_delta_converges_or_names_the_input() -> None:
+    eps = estimators.epsilon_from_cosines(COS, 1e-300, dim=10**4)
+    assert math.isfinite(eps) and eps > estimators.epsilon_from_cosines(COS, 1e-5, dim=10**4)
+    m, s = float(COS.mean()), float(COS.std(ddof=1))
+    assert math.isfinite(estimators.epsilon_two_gaussians(m, s, 0.0, 0.01, 1e-300))
+    assert estimators.gaussian_epsilon(1.0, 1e-300) == pytest.approx(37.4488479, rel=1e-8)
+    with pytest.raises(ValueError, match="noise_multiplier"):
+        estimators.gaussian_epsilon(1e-300, 1e-5)  # mu = 1e300: "Failed to converge" before
+
+
+def test_issue16_cosine_null_sample_without_a_generator() -> None:
+    x = estimators.cosine_null_sample(None, 100, 1000)  # a fresh default generator
+    assert x.shape == (1000,) and np.all(np.abs(x) <= 1.0)
+    assert np.array_equal(estimators.cosine_null_sample(3, 100, 5),
+                          estimators.cosine_null_sample(np.random.default_rng(3), 100, 5))
+    with pytest.raises(ValueError, match="rng"):
+        estimators.cosine_null_sample("3", 100, 5)
+
+
+def test_issue16_exact_epsilon_of_a_continuous_mechanism() -> None:
+    with pytest.raises(ValueError, match="ldp_epsilon_test"):
+        mechanisms.exact_epsilon(LDPSGD(1.0, 1.0))  # AttributeError before
+
+
+def test_issue16_two_point_prediction_at_epsilon_zero() -> None:
+    with pytest.raises(ValueError, match="epsilon"):
+        ldp_fl_inference.two_point_prediction(0.6, 0.0, 0.0, 1.0)  # NaN before
+    # the closed form is eq. 2 itself
+    e = math.exp(1.0)
+    assert ldp_fl_inference.two_point_prediction(0.6, 1.0, 0.5, 2.0) == pytest.approx(
+        0.5 + 2.0 * (e + 1) * 0.2 / (e - 1), rel=1e-14
+    )
+
+
+def test_ldp_epsilon_test_leaves_its_inputs_alone() -> None:
+    g1 = np.linspace(0.5, 1.5, 64)
+    g2 = -g1[::-1].copy()
+    keep1, keep2 = g1.copy(), g2.copy()
+    for path in ("fast", "batched"):
+        attacks.ldp_epsilon_test(LDPSGD(1.0, 1.0), g1, g2, trials=20, path=path)
+    assert np.array_equal(g1, keep1) and np.array_equal(g2, keep2)
+
+
+def test_ldp_test_geometry_matches_float64_reference() -> None:
+    rng = np.random.default_rng(5)
+    g1 = rng.standard_normal(3 * ldp_test._BLOCK + 17).astype(np.float32)
+    g2 = (rng.standard_normal(g1.size) - 0.3 * g1).astype(np.float32)
+    _, _, geom = ldp_test._check_pair(g1, g2)
+    a1, a2 = g1.astype(np.float64), g2.astype(np.float64)
+    n1, n2 = np.linalg.norm(a1), np.linalg.norm(a2)
+    c = float(np.dot(a1 / n1, a2 / n2))
+    assert geom.norm_g1 == pytest.approx(n1, rel=1e-12)
+    assert geom.norm_g2 == pytest.approx(n2, rel=1e-12)
+    assert geom.cosine == pytest.approx(c, rel=1e-11)
+    assert geom.sine == pytest.approx(np.linalg.norm(a2 / n2 - c * a1 / n1), rel=1e-11)
