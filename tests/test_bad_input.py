@@ -262,6 +262,8 @@ for nm, (cls, kw, eps_arg) in MECHS.items():
     add(nm, lambda x, m=mech: m.randomize(x, generator=torch.Generator().manual_seed(0)), {
         "x": ROWS}, "x", ROWS_TABLE, _rows_values())
     add(nm, mech.project, {"x": ROWS}, "x", ROWS_TABLE, _rows_values())
+    add(nm, mech.debias, {"y": ROWS}, "y",
+        {k: v for k, v in ROWS_TABLE.items() if v == ERR}, _rows_values())
     add(nm, mech.epsilon_for_dim, {"d": 3}, "d", COUNT, COUNT_VALUES)
 add("LDPSGD", LDPSGD, {"epsilon0": 1.0, "clip_norm": 1.0}, "clip_norm", pos())
 add("TwoPoint", TwoPoint, {"epsilon": 1.0}, "radius", pos(), {**_scalars(1.0), **LIMITS})

@@ -105,8 +105,10 @@ def epsilon_from_cosines(
         eps >= 0 (nats), always finite.
 
     Raises:
-        ValueError: both or neither of dim / unobserved; NaN/inf, |cos| > 1 or fewer than 2
-            values; a sample with zero variance; delta not in (0, 1); dim < 2.
+        ValueError: both or neither of dim / unobserved; NaN/inf, |cos| > 1, fewer than 2
+            values, not 1-D, or not floating-point (booleans, integers, complex numbers and
+            objects are rejected; tensors of any float dtype, with requires_grad, on any
+            device, are converted); a sample with zero variance; delta not in (0, 1); dim < 2.
 
     Source: paper 003 Alg. 1-3, §3.2; METHODS A2, A3, A4, A5.
     """

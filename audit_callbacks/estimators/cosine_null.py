@@ -56,13 +56,15 @@ def cosine_null_sf(t: ArrayLike, dim: int) -> float | np.ndarray:
 
     Args:
         t: threshold(s), any shape; values outside [-1, 1] give 1 (t < -1) or 0 (t > 1).
+            Arrays or tensors of any real dtype (float16/bfloat16, requires_grad, any device).
         dim: dimension d >= 2 of the sphere (number of model parameters).
 
     Returns:
         float for a scalar t, else an array of t's shape, in [0, 1].
 
     Raises:
-        ValueError: t contains NaN/inf, or dim is not an integer >= 2.
+        ValueError: t contains NaN/inf, booleans or complex numbers, or dim is not an
+            integer >= 2.
 
     Source: paper 003 Thm 3.1; METHODS A1. Uses sf(t) = I_{(1-t)/2}((d-1)/2, (d-1)/2).
     """
@@ -81,7 +83,8 @@ def cosine_null_cdf(t: ArrayLike, dim: int) -> float | np.ndarray:
         float for a scalar t, else an array of t's shape, in [0, 1].
 
     Raises:
-        ValueError: t contains NaN/inf, or dim is not an integer >= 2.
+        ValueError: t contains NaN/inf, booleans or complex numbers, or dim is not an
+            integer >= 2.
 
     Source: paper 003 Thm 3.1; METHODS A1. Uses cdf(t) = I_{(1+t)/2}((d-1)/2, (d-1)/2).
     """
@@ -125,7 +128,8 @@ def cosine_null_logsf(t: ArrayLike, dim: int) -> float | np.ndarray:
         float or array of t's shape, in [-inf, 0]; -inf only for t >= 1.
 
     Raises:
-        ValueError: t contains NaN/inf, or dim is not an integer >= 2.
+        ValueError: t contains NaN/inf, booleans or complex numbers, or dim is not an
+            integer >= 2.
 
     Source: METHODS A1. log(betainc) where sf >= 1e-280; below, the two-term asymptotic
     expansion of the upper tail (integration by parts of (1 - s^2)^((d-3)/2)), whose relative
@@ -139,7 +143,8 @@ def cosine_null_logcdf(t: ArrayLike, dim: int) -> float | np.ndarray:
     """log P(T <= t) under the cosine null (= logsf(-t) by symmetry); see :func:`cosine_null_logsf`.
 
     Raises:
-        ValueError: t contains NaN/inf, or dim is not an integer >= 2.
+        ValueError: t contains NaN/inf, booleans or complex numbers, or dim is not an
+            integer >= 2.
     """
     d = check_dim(dim)
     return _out(_logsf_raw(-_check_t(t), d))

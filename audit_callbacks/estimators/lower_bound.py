@@ -211,7 +211,8 @@ def epsilon_lower_bound_from_cosines(
         eps_lo >= 0 (nats), finite.
 
     Raises:
-        ValueError: both or neither of dim / unobserved; empty input, NaN/inf or |cos| > 1;
+        ValueError: both or neither of dim / unobserved; empty input, NaN/inf, |cos| > 1, not
+            1-D or not floating-point (as :func:`epsilon_from_cosines`);
             delta or alpha not in (0, 1); dim < 2.
 
     Source: paper 003 §5.1; METHODS A6; Jagielski et al. (2020); Zanella-Beguelin et al. (2022).
