@@ -134,7 +134,7 @@ def _as_flat_tensor(g: Any, name: str) -> tuple[torch.Tensor, tuple[int, ...]]:
         arr = to_numpy(g, name)
         if arr.dtype.kind not in "iuf":
             raise ValueError(f"{name} must be a tensor or array of real numbers, got {arr.dtype}")
-        t = torch.from_numpy(arr) if arr.dtype.kind == "f" else torch.from_numpy(arr * 1.0)
+        t = torch.from_numpy(arr if arr.dtype.kind == "f" else arr.astype(np.float32))
     if t.dtype == torch.bool or t.is_complex():
         raise ValueError(f"{name} must be real-valued, got dtype {t.dtype}")
     if not t.is_floating_point() or t.dtype in (torch.float16, torch.bfloat16):
