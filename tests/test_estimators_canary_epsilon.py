@@ -202,13 +202,25 @@ def test_bad_options_raise(kwargs) -> None:
 
 
 def test_bootstrap_drops_degenerate_replicates() -> None:
-    # k = 2: about half of the resamples repeat one value (zero variance) and are dropped
-    e = estimate_epsilon_from_cosines([0.01, 0.03], 1e-5, dim=10**4, bootstrap=200, seed=0)
-    assert 50 < e.extras["bootstrap_dropped"] < 150
-    assert math.isfinite(e.lower) and math.isfinite(e.upper)
+    # k = 3: a ninth of the resamples repeat one value (zero variance) and are dropped
+    e = estimate_epsilon_from_cosines([0.01, 0.03, 0.02], 1e-5, dim=10**4, bootstrap=200, seed=0)
+    assert 5 < e.extras["bootstrap_dropped"] < 50
+    assert math.isfinite(e.lower) and math.isfinite(e.upper) and e.lower < e.upper
     # the equal fit never needs the observed variance
     e = estimate_epsilon_from_cosines([0.01, 0.03], 1e-5, dim=10**4, fit="equal", bootstrap=50)
     assert e.extras["bootstrap_dropped"] == 0
+
+
+def test_bootstrap_of_two_values_raises_instead_of_a_zero_width_interval() -> None:
+    # issue 16: k = 2 gave lower == upper == value (every kept resample is the sample itself)
+    with pytest.raises(ValueError, match="at least 3 observed"):
+        estimate_epsilon_from_cosines([0.01, 0.03], 1e-5, dim=10**4, bootstrap=200, seed=0)
+    with pytest.raises(ValueError, match="at least 3 unobserved"):
+        estimate_epsilon_from_cosines(
+            [0.01, 0.03, 0.02], 1e-5, unobserved=[0.0, 0.01], fit="equal", bootstrap=20
+        )
+    # no bootstrap: the point estimate of two values is still given
+    assert estimate_epsilon_from_cosines([0.01, 0.03], 1e-5, dim=10**4).lower is None
 
 
 def test_equal_fit_bootstrap_is_the_general_root_at_sd_ratio_one() -> None:

@@ -227,3 +227,22 @@ def test_bad_threshold_and_too_few_to_split() -> None:
         estimate_epsilon_lower_bound_from_cosines(
             [0.1, 0.2], 1e-5, unobserved=[0.0], threshold="heldout"
         )
+
+
+@pytest.mark.parametrize("threat", ["final_model", "all_iterates"])
+def test_pruned_maximum_is_the_full_evaluation(threat: str) -> None:
+    # issue 16: the Jeffreys quantiles (and the null's tail) are evaluated only at a grid of
+    # thresholds and where their bound can reach the grid's best; same index and value as the
+    # evaluation over every threshold
+    from audit_callbacks.estimators.lower_bound import _Side
+
+    rng = np.random.default_rng(11)
+    for shift in (0.0, 1.0, 4.0):
+        x = (shift + rng.standard_normal(30_000)) / 100.0
+        u = rng.standard_normal(25_000) / 100.0 if threat == "all_iterates" else None
+        side = _Side(x, 10**4 if u is None else None, u, 0.05)
+        taus = side.candidates()
+        full = side.bound(taus, 1e-5)
+        i, res = side.best(taus, 1e-5)
+        assert i == int(np.argmax(full["eps"]))
+        assert res["eps"][0] == full["eps"][i] and res["fn"][0] == full["fn"][i]

@@ -37,6 +37,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from audit_callbacks.estimators._validation import check_count, check_positive_finite, make_rng
+
 __all__ = [
     "ADVERSARIES",
     "CraftedPair",
@@ -79,6 +81,11 @@ class CraftedPair:
         return self.g1, self.g2
 
 
+def _check_int(value: Any, name: str, minimum: int) -> int:
+    """An integer >= minimum (bool, floats with a fraction, NaN rejected)."""
+    return check_count(value, name, minimum)
+
+
 def _make_pair(name: str, g1: torch.Tensor, g2: torch.Tensor, **details: Any) -> CraftedPair:
     n1 = float(g1.double().norm())
     n2 = float(g2.double().norm())
@@ -93,45 +100,81 @@ def _trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     return params
 
 
+def _check_x(x: Any, params: list[torch.nn.Parameter], minimum: int = 1) -> torch.Tensor:
+    """x as a detached floating tensor in the parameters' dtype (any float dtype accepted)."""
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"x must be a torch.Tensor of examples, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise ValueError(f"x must be a floating-point tensor, got dtype {x.dtype}")
+    if x.dim() < 1 or x.shape[0] < minimum:
+        raise ValueError(f"x must hold at least {minimum} example(s), got shape {tuple(x.shape)}")
+    x = x.detach()
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError("x contains NaN or inf")
+    dtype = next((p.dtype for p in params if p.is_floating_point()), x.dtype)
+    return x.to(dtype)
+
+
+def _check_y(y: Any, n: int) -> torch.Tensor:
+    """y as a 1-D tensor of n non-negative integer class indices."""
+    if not isinstance(y, torch.Tensor):
+        raise ValueError(f"y must be a torch.Tensor of class indices, got {type(y).__name__}")
+    if y.dtype == torch.bool or y.is_floating_point() or y.is_complex():
+        raise ValueError(f"y must hold integer class indices, got dtype {y.dtype}")
+    if y.dim() != 1 or y.shape[0] != n:
+        raise ValueError(
+            f"y must have shape [{n}] (one label per example of x), got {tuple(y.shape)}"
+        )
+    if bool((y < 0).any()):
+        raise ValueError("y holds negative class indices")
+    return y
+
+
 def flat_gradient(
     model: torch.nn.Module, loss_fn: LossFn, x: torch.Tensor, y: torch.Tensor
 ) -> torch.Tensor:
     """Flat gradient [P] of ``loss_fn(model(x), y)`` over the trainable parameters (eval mode).
 
-    Parameters that the loss does not reach contribute zeros.
+    Parameters that the loss does not reach contribute zeros. ``x`` may have any float dtype
+    (it is detached and cast to the parameters' dtype).
 
     Raises:
-        ValueError: the loss is not a scalar or the model has no trainable parameters.
+        ValueError: x not a finite floating tensor; y not a 1-D tensor of non-negative integer
+            labels, one per example; the loss is not a scalar, fails on (x, y) (e.g. a label
+            beyond the model's classes) or has a non-finite gradient; no trainable parameters.
     """
     params = _trainable(model)
+    x = _check_x(x, params)
+    y = _check_y(y, int(x.shape[0]))
     was_training = model.training
     model.eval()
     try:
         with torch.enable_grad():
-            loss = loss_fn(model(x), y)
+            try:
+                loss = loss_fn(model(x), y)
+            except (RuntimeError, IndexError) as exc:
+                raise ValueError(f"loss_fn(model(x), y) failed on these x, y: {exc}") from None
             if loss.numel() != 1:
                 raise ValueError(f"loss_fn must return a scalar, got shape {tuple(loss.shape)}")
             grads = torch.autograd.grad(loss.reshape(()), params, allow_unused=True)
     finally:
         model.train(was_training)
-    return torch.cat(
+    flat = torch.cat(
         [
             (g if g is not None else torch.zeros_like(p)).reshape(-1)
             for g, p in zip(grads, params, strict=True)
         ]
     ).detach()
+    if not bool(torch.isfinite(flat).all()):
+        raise ValueError("the gradient of loss_fn(model(x), y) is not finite (check the model)")
+    return flat
 
 
-def _check_data(x: torch.Tensor, y: torch.Tensor, minimum: int = 1) -> int:
-    if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
-        raise ValueError("x and y must be tensors")
-    if x.shape[0] != y.shape[0]:
-        raise ValueError(
-            f"x and y must have the same number of examples, got {x.shape[0]} and {y.shape[0]}"
-        )
-    if x.shape[0] < minimum:
-        raise ValueError(f"need at least {minimum} example(s), got {x.shape[0]}")
-    return int(x.shape[0])
+def _check_data(
+    model: torch.nn.Module, x: Any, y: Any, minimum: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    xs = _check_x(x, _trainable(model), minimum)
+    return xs, _check_y(y, int(xs.shape[0]))
 
 
 def benign_pair(
@@ -149,10 +192,12 @@ def benign_pair(
         rng: numpy Generator or seed for the choice of the two examples.
 
     Raises:
-        ValueError: fewer than 2 examples, mismatched x/y.
+        ValueError: fewer than 2 examples; x not a finite floating tensor; y not one
+            non-negative integer label per example; rng not a Generator, seed or None.
     """
-    n = _check_data(x, y, minimum=2)
-    i, j = (int(v) for v in np.random.default_rng(rng).choice(n, size=2, replace=False))
+    x, y = _check_data(model, x, y, minimum=2)
+    n = int(x.shape[0])
+    i, j = (int(v) for v in make_rng(rng).choice(n, size=2, replace=False))
     g1 = flat_gradient(model, loss_fn, x[i : i + 1], y[i : i + 1])
     g2 = flat_gradient(model, loss_fn, x[j : j + 1], y[j : j + 1])
     return _make_pair("benign", g1, g2, index1=i, index2=j, label1=int(y[i]), label2=int(y[j]))
@@ -175,16 +220,17 @@ def label_flip_pair(
         (others as :func:`benign_pair`)
 
     Raises:
-        ValueError: num_classes < 2, a label outside [0, C).
+        ValueError: num_classes not an integer >= 2 or not above every label; x, y, rng as
+            :func:`benign_pair`.
     """
-    n = _check_data(x, y)
-    if int(num_classes) < 2:
-        raise ValueError(f"num_classes must be >= 2, got {num_classes}")
-    gen = np.random.default_rng(rng)
+    x, y = _check_data(model, x, y)
+    n = int(x.shape[0])
+    num_classes = _check_int(num_classes, "num_classes", 2)
+    if int(y.max()) >= num_classes:
+        raise ValueError(f"num_classes = {num_classes} but y holds the label {int(y.max())}")
+    gen = make_rng(rng)
     i = int(gen.integers(n))
     label1 = int(y[i])
-    if not 0 <= label1 < num_classes:
-        raise ValueError(f"label {label1} outside [0, {num_classes})")
     label2 = int(gen.integers(num_classes - 1))
     label2 += int(label2 >= label1)
     y1 = y[i : i + 1]
@@ -204,9 +250,13 @@ def gradient_flip_pair(
     """Gradient flip: g1 = gradient of a random example, g2 = -g1 (Table 2, row 3).
 
     Reaches eps0 against LDP-SGD only when |g1| >= L (paper 000 §3.1).
+
+    Raises:
+        ValueError: x, y, rng as :func:`benign_pair`.
     """
-    n = _check_data(x, y)
-    i = int(np.random.default_rng(rng).integers(n))
+    x, y = _check_data(model, x, y)
+    n = int(x.shape[0])
+    i = int(make_rng(rng).integers(n))
     g1 = flat_gradient(model, loss_fn, x[i : i + 1], y[i : i + 1])
     return _make_pair("gradient_flip", g1, -g1, index=i, label=int(y[i]))
 
@@ -235,17 +285,23 @@ def collusion_pair(
         (others as :func:`benign_pair`)
 
     Raises:
-        ValueError: no example with ``target_label`` or none with another label, bad steps/lr.
+        ValueError: no example with ``target_label`` or none with another label; steps not an
+            integer >= 0; lr not finite > 0; target_label not an integer; x, y, rng as
+            :func:`benign_pair`.
 
     Details returned: target_label, steps, lr, train_loss_start/_end, index, label.
     """
-    _check_data(x, y)
-    if int(steps) < 0 or not (math.isfinite(float(lr)) and float(lr) > 0):
-        raise ValueError(f"steps must be >= 0 and lr > 0, got {steps}, {lr}")
+    x, y = _check_data(model, x, y)
+    steps = _check_int(steps, "steps", 0)
+    lr = check_positive_finite(lr, "lr")
+    target_label = _check_int(target_label, "target_label", 0)
+    gen = make_rng(rng)
     same = torch.nonzero(y == target_label).reshape(-1)
     other = torch.nonzero(y != target_label).reshape(-1)
     if same.numel() == 0:
-        raise ValueError(f"no example has label {target_label} to train the malicious model")
+        raise ValueError(
+            f"no example of y has target_label {target_label} to train the malicious model on"
+        )
     if other.numel() == 0:
         raise ValueError(f"every example has label {target_label}; x1 needs another label")
     malicious = copy.deepcopy(model)
@@ -263,7 +319,7 @@ def collusion_pair(
                 if grd is not None:
                     prm.sub_(float(lr) * grd)
         losses.append(float(loss.detach()))
-    i = int(other[int(np.random.default_rng(rng).integers(other.numel()))])
+    i = int(other[int(gen.integers(other.numel()))])
     g1 = flat_gradient(malicious, loss_fn, x[i : i + 1], y[i : i + 1])
     return _make_pair(
         "collusion",
@@ -293,14 +349,18 @@ def dummy_pair(
         dim: d >= 1. clip_norm: L > 0. dtype, device: of the returned tensors.
 
     Raises:
-        ValueError: dim < 1 or clip_norm not finite > 0.
+        ValueError: dim not an integer >= 1; clip_norm not finite > 0; dtype not a floating
+            torch dtype.
     """
-    d = int(dim)
-    if d < 1 or d != dim:
-        raise ValueError(f"dim must be an integer >= 1, got {dim!r}")
-    L = float(clip_norm)
-    if not (math.isfinite(L) and L > 0):
-        raise ValueError(f"clip_norm must be finite and > 0, got {clip_norm!r}")
+    d = _check_int(dim, "dim", 1)
+    L = check_positive_finite(clip_norm, "clip_norm")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating torch dtype, got {dtype!r}")
+    finfo = torch.finfo(dtype)
+    if not finfo.tiny <= L / math.sqrt(d) <= finfo.max:
+        raise ValueError(
+            f"clip_norm / sqrt(dim) = {L / math.sqrt(d):.3g} is not representable in {dtype}"
+        )
     lam = L / math.sqrt(d)
     g1 = torch.full((d,), lam, dtype=dtype, device=device)
     return _make_pair("dummy", g1, -g1, lam=lam, clip_norm=L)
@@ -319,10 +379,12 @@ def craft_pair(name: str, *args: Any, **kwargs: Any) -> CraftedPair:
     """``ADVERSARIES[name](*args, **kwargs)``.
 
     Raises:
-        ValueError: unknown name (the message lists the known ones).
+        ValueError: unknown name (the message lists the known ones); the adversary's own errors.
     """
     try:
         fn = ADVERSARIES[name]
-    except KeyError:
-        raise ValueError(f"unknown adversary {name!r}; known: {sorted(ADVERSARIES)}") from None
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"unknown adversary name {name!r}; known: {sorted(ADVERSARIES)}"
+        ) from None
     return fn(*args, **kwargs)

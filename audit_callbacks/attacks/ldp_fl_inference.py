@@ -30,13 +30,42 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
+from audit_callbacks.estimators._validation import (
+    as_float_array,
+    check_positive_finite,
+    check_real_finite,
+    check_seed,
+)
+
 __all__ = ["InferencePrediction", "LDPFLInferenceAttack", "two_point_prediction"]
 
 
 def two_point_prediction(p: ArrayLike, epsilon: float, center: float, radius: float) -> np.ndarray:
-    """Paper 002 eq. 2: the weight predicted from the share ``p`` of high outputs."""
-    e = math.exp(epsilon)
-    return center + radius * (e + 1.0) * (2.0 * np.asarray(p, dtype=float) - 1.0) / (e - 1.0)
+    """Paper 002 eq. 2: the weight predicted from the share ``p`` of high outputs.
+
+    ``c + r (2p - 1) / tanh(eps/2)`` (= eq. 2's ``(e^eps + 1)/(e^eps - 1)``, without overflow).
+
+    Args:
+        p: share(s) of high outputs, floats in [0, 1], any shape (tensors are converted).
+        epsilon: per-coordinate epsilon of the two-point mechanism, > 0 and finite. At 0 the
+            outputs carry no information about the weight (eq. 2 divides by e^0 - 1 = 0), so
+            no prediction exists.
+        center, radius: the domain ``[c - r, c + r]``, c finite, r > 0.
+
+    Returns:
+        float64 array of p's shape.
+
+    Raises:
+        ValueError: epsilon <= 0 or not finite; p not floats in [0, 1] (NaN, inf, booleans);
+            center not finite; radius <= 0 or not finite.
+    """
+    e = check_positive_finite(epsilon, "epsilon")
+    c = check_real_finite(center, "center")
+    r = check_positive_finite(radius, "radius")
+    share = as_float_array(p, "p", allow_int=True)
+    if not np.all(np.isfinite(share)) or np.any(share < 0.0) or np.any(share > 1.0):
+        raise ValueError("p must be shares in [0, 1] (no NaN or inf)")
+    return c + r * (2.0 * share - 1.0) / math.tanh(e / 2.0)
 
 
 @dataclass(frozen=True)
@@ -67,7 +96,10 @@ class LDPFLInferenceAttack:
         center, radius: the mechanism's domain ``[c - r, c + r]`` (r > 0).
         invert: maps the mean of the released values to a predicted weight (default: identity,
             which is eq. 2 for the two-point mechanism and exact for any unbiased mechanism).
-        seed: seed of the random split of the history into halves.
+        seed: seed of the random split of the history into halves (non-negative integer).
+
+    Raises:
+        ValueError: center not finite, radius not finite > 0, invert not callable, a bad seed.
 
     Memory: two ``[rounds, d]`` float64 arrays (per-round sums and counts of released values).
     """
@@ -76,12 +108,12 @@ class LDPFLInferenceAttack:
         self, center: float = 0.0, radius: float = 1.0, *,
         invert: Callable[[np.ndarray], np.ndarray] | None = None, seed: int = 0,
     ) -> None:
-        if not (radius > 0 and math.isfinite(radius)) or not math.isfinite(center):
-            raise ValueError(f"need a finite center and radius > 0, got {center}, {radius}")
-        self.center = float(center)
-        self.radius = float(radius)
+        self.center = check_real_finite(center, "center")
+        self.radius = check_positive_finite(radius, "radius")
+        if invert is not None and not callable(invert):
+            raise ValueError(f"invert must be callable, got {invert!r}")
         self.invert = invert or (lambda m: m)
-        self._rng = np.random.default_rng(seed)
+        self._rng = np.random.default_rng(check_seed(seed))
         self._sums: list[np.ndarray] = []
         self._counts: list[np.ndarray] = []
 
@@ -104,8 +136,13 @@ class LDPFLInferenceAttack:
         self._rng.bit_generator.state = state["rng"]
 
     def observe(self, released: ArrayLike) -> None:
-        """Store one round: ``released`` is ``[n]`` (one weight) or ``[n, d]`` (n clients)."""
-        arr = np.asarray(released, dtype=float)
+        """Store one round: ``released`` is ``[n]`` (one weight) or ``[n, d]`` (n clients).
+
+        Raises:
+            ValueError: released is empty, NaN/inf, boolean or complex, has another number of
+                weights than earlier rounds, or more than 2 dimensions.
+        """
+        arr = as_float_array(released, "released", allow_int=True)
         if arr.ndim == 1:
             arr = arr[:, None]
         if arr.ndim != 2 or arr.shape[0] < 1:
@@ -129,10 +166,17 @@ class LDPFLInferenceAttack:
             target: optional ``[d]`` (or scalar) true mean weight, for the error metric.
 
         Raises:
-            RuntimeError: before any round was observed.
+            RuntimeError: before any round was observed (a call-order error, not an argument).
+            ValueError: a target that is NaN/inf, boolean or not a scalar or ``[d]`` array.
         """
         if not self._sums:
             raise RuntimeError("no round observed yet")
+        tgt = None
+        if target is not None:
+            tgt = as_float_array(target, "target", allow_int=True)
+            d = self._sums[0].shape[0]
+            if not np.all(np.isfinite(tgt)) or tgt.ndim > 1 or tgt.size not in (1, d):
+                raise ValueError(f"target must be a finite scalar or [{d}] array")
         n = self.rounds
         prediction = self._predict(np.arange(n))
         p1 = p2 = conf = None
@@ -143,8 +187,8 @@ class LDPFLInferenceAttack:
             p2 = self._predict(perm[half:])
             conf = 1.0 / (0.01 + np.abs(p2 - p1) / (2.0 * self.radius))
         error = None
-        if target is not None:
-            error = np.abs(prediction - np.asarray(target, dtype=float)) / (2.0 * self.radius)
+        if tgt is not None:
+            error = np.abs(prediction - tgt) / (2.0 * self.radius)
         return InferencePrediction(n, prediction, p1, p2, conf, error)
 
 

@@ -57,6 +57,13 @@ import numpy as np
 import torch
 
 from audit_callbacks.estimators import Estimate, epsilon_from_error_rates
+from audit_callbacks.estimators._validation import (
+    check_alpha,
+    check_count,
+    check_positive_finite,
+    check_seed,
+    to_numpy,
+)
 from audit_callbacks.estimators.error_rates import (
     GameStatistics,
     confusion_counts,
@@ -114,49 +121,92 @@ class PairGeometry:
         return math.pi if self.collinear else math.atan2(self.sine, self.cosine)
 
 
-def _as_flat_tensor(g: Any, name: str) -> torch.Tensor:
+class MechanismError(ValueError, TypeError):
+    """A ``mechanism`` that cannot be run (a ValueError; also a TypeError, as it was before)."""
+
+
+def _as_flat_tensor(g: Any, name: str) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """g as a flat floating tensor, without copying float32/float64 input (a tensor keeps its
+    device; requires_grad is dropped; float16/bfloat16 and integers become float32)."""
     if isinstance(g, torch.Tensor):
         t = g.detach()
     else:
-        try:
-            t = torch.as_tensor(np.asarray(g))
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"{name} must be a tensor or array of numbers") from exc
+        arr = to_numpy(g, name)
+        if arr.dtype.kind not in "iuf":
+            raise ValueError(f"{name} must be a tensor or array of real numbers, got {arr.dtype}")
+        t = torch.from_numpy(arr if arr.dtype.kind == "f" else arr.astype(np.float32))
     if t.dtype == torch.bool or t.is_complex():
         raise ValueError(f"{name} must be real-valued, got dtype {t.dtype}")
     if not t.is_floating_point() or t.dtype in (torch.float16, torch.bfloat16):
         t = t.to(torch.float32)
-    return t
+    return t.reshape(-1), tuple(t.shape)
+
+
+_BLOCK = 1 << 21  # elements per float64 block of the geometry passes (16 MiB)
+
+
+def _blocks(t1: torch.Tensor, t2: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    for start in range(0, t1.numel(), _BLOCK):
+        yield (
+            t1[start : start + _BLOCK].to(torch.float64, copy=True),  # scaled in place below
+            t2[start : start + _BLOCK].to(torch.float64, copy=True),
+        )
+
+
+def _geometry(t1: torch.Tensor, t2: torch.Tensor) -> tuple[float, float, float, float, bool]:
+    """(|g1|, |g2|, c, s, identical) in float64 by blocks: no full-length copy of either input.
+
+    Three passes: max |entry| (and the finiteness and equality checks), the scaled sums of
+    squares and the dot product, then the Gram-Schmidt residual s = |u2 - c u1|.
+    """
+    m1 = m2 = 0.0
+    identical = True
+    for name, t in (("g1", t1), ("g2", t2)):
+        for start in range(0, t.numel(), _BLOCK):
+            if not bool(torch.isfinite(t[start : start + _BLOCK]).all()):
+                raise ValueError(f"{name} contains NaN or inf")
+    for b1, b2 in _blocks(t1, t2):
+        m1 = max(m1, float(b1.abs().max()))
+        m2 = max(m2, float(b2.abs().max()))
+        identical = identical and bool(torch.equal(b1, b2))
+    if m1 == 0.0 or m2 == 0.0:
+        return m1, m2, 0.0, 0.0, identical
+    s11 = s22 = s12 = 0.0
+    for b1, b2 in _blocks(t1, t2):
+        b1.div_(m1)
+        b2.div_(m2)
+        s11 += float(b1 @ b1)
+        s22 += float(b2 @ b2)
+        s12 += float(b1 @ b2)
+    r1, r2 = math.sqrt(s11), math.sqrt(s22)
+    c = min(1.0, max(-1.0, s12 / (r1 * r2)))
+    n1, n2 = m1 * r1, m2 * r2
+    res = 0.0
+    for b1, b2 in _blocks(t1, t2):
+        b2.div_(n2).sub_(b1.div_(n1), alpha=c)
+        res += float(b2 @ b2)
+    return n1, n2, c, math.sqrt(res), identical
 
 
 def _check_pair(g1: Any, g2: Any) -> tuple[torch.Tensor, torch.Tensor, PairGeometry]:
-    t1, t2 = _as_flat_tensor(g1, "g1"), _as_flat_tensor(g2, "g2")
-    if t1.shape != t2.shape:
-        raise ValueError(
-            f"g1 and g2 must have the same shape, got {tuple(t1.shape)} and {tuple(t2.shape)}"
-        )
+    (t1, shape1), (t2, shape2) = _as_flat_tensor(g1, "g1"), _as_flat_tensor(g2, "g2")
+    if shape1 != shape2:
+        raise ValueError(f"g1 and g2 must have the same shape, got {shape1} and {shape2}")
     if t1.numel() == 0:
         raise ValueError("g1 and g2 are empty")
-    t1, t2 = t1.reshape(-1), t2.reshape(-1)
     if t1.dtype != t2.dtype:
         dt = torch.promote_types(t1.dtype, t2.dtype)
         t1, t2 = t1.to(dt), t2.to(dt)
-    a1 = t1.to("cpu", torch.float64).numpy()
-    a2 = t2.to("cpu", torch.float64).numpy()
-    for name, a in (("g1", a1), ("g2", a2)):
-        if not np.all(np.isfinite(a)):
-            raise ValueError(f"{name} contains NaN or inf")
-    n1, n2 = float(np.linalg.norm(a1)), float(np.linalg.norm(a2))
+    if t1.device != t2.device:
+        raise ValueError(f"g1 and g2 are on different devices: {t1.device} and {t2.device}")
+    n1, n2, c, s, identical = _geometry(t1, t2)
     if n1 == 0.0 or n2 == 0.0:
         raise ValueError(
             "g1 and g2 must be non-zero (LDP-SGD normalises x/|x|; the cosine "
             "of a zero vector is undefined)"
         )
-    if np.array_equal(a1, a2):
+    if identical:
         raise ValueError("g1 == g2: the two inputs are identical, there is nothing to distinguish")
-    u1, u2 = a1 / n1, a2 / n2
-    c = float(np.clip(np.dot(u1, u2), -1.0, 1.0))
-    s = float(np.linalg.norm(u2 - c * u1))
     collinear = s <= _COLLINEAR_TOL
     if collinear and c > 0:
         raise ValueError(
@@ -166,33 +216,23 @@ def _check_pair(g1: Any, g2: Any) -> tuple[torch.Tensor, torch.Tensor, PairGeome
     if collinear:
         c, s = -1.0, 0.0
     geom = PairGeometry(
-        dim=int(a1.size), norm_g1=n1, norm_g2=n2, cosine=c, sine=s, collinear=collinear
+        dim=int(t1.numel()), norm_g1=n1, norm_g2=n2, cosine=c, sine=s, collinear=collinear
     )
     return t1, t2, geom
 
 
 def _check_trials(trials: Any) -> int:
-    if isinstance(trials, bool) or not isinstance(trials, (int, np.integer)):
-        if isinstance(trials, float) and trials.is_integer():
-            trials = int(trials)
-        else:
-            raise ValueError(f"trials must be an integer >= 1, got {trials!r}")
-    if int(trials) < 1:
-        raise ValueError(f"trials must be >= 1, got {trials}")
-    return int(trials)
+    return check_count(trials, "trials", minimum=1)
 
 
 def _check_alpha(alpha: Any) -> float:
-    a = float(alpha)
-    if not (0.0 < a < 1.0):
-        raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
-    return a
+    return check_alpha(alpha)
 
 
 def _check_positive_int(x: Any, name: str) -> int:
-    if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or int(x) < 1:
+    if isinstance(x, float) and not x.is_integer():
         raise ValueError(f"{name} must be an integer >= 1, got {x!r}")
-    return int(x)
+    return check_count(x, name, minimum=1)
 
 
 # --------------------------------------------------------------------------------------------
@@ -285,7 +325,7 @@ def _batched_chunks(
     gen = torch.Generator(device=device)
     gen.manual_seed(int(seed))
     d = t1.numel()
-    units: torch.Tensor | None = None
+    units: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     done = 0
     while done < trials:
         m = min(batch, trials - done)
@@ -293,6 +333,7 @@ def _batched_chunks(
         rows = torch.where(b2[:, None], t2[None, :], t1[None, :])
         with torch.no_grad():
             out = mechanism.randomize(rows, generator=gen)
+        del rows
         if not isinstance(out, torch.Tensor) or tuple(out.shape) != (m, d):
             raise ValueError(
                 f"mechanism.randomize returned shape "
@@ -300,12 +341,16 @@ def _batched_chunks(
             )
         if not out.is_floating_point():
             out = out.to(t1.dtype)
-        if units is None or units.dtype != out.dtype:
-            units = torch.stack([t1 / t1.norm(), t2 / t2.norm()], dim=1).to(out.dtype)  # [d, 2]
+        if units is None or units[0].dtype != out.dtype:
+            # the inputs themselves when the dtypes agree (no [d, 2] copy); cos = <out, g>/|g|
+            v1, v2 = (t if t.dtype == out.dtype else t.to(out.dtype) for t in (t1, t2))
+            units = (v1, v2, torch.stack([v1.norm(), v2.norm()]))
         norm_out = torch.linalg.vector_norm(out, dim=1)  # inf/NaN iff a row has inf/NaN
         if not bool(torch.isfinite(norm_out).all()):
             raise ValueError("mechanism.randomize returned NaN or inf")
-        cos = (out @ units) / norm_out.clamp_min(torch.finfo(out.dtype).tiny)[:, None]
+        dots = torch.stack([out @ units[0], out @ units[1]], dim=1) / units[2]
+        cos = dots / norm_out.clamp_min(torch.finfo(out.dtype).tiny)[:, None]
+        del out, dots
         yield b2.cpu().numpy(), (cos[:, 0] - cos[:, 1]).to("cpu", torch.float64).numpy()
         done += m
 
@@ -315,7 +360,7 @@ def _default_batch(d: int) -> int:
 
 
 def _resolve_path(mechanism: Any, path: str) -> str:
-    if path not in ("auto", "fast", "batched"):
+    if not isinstance(path, str) or path not in ("auto", "fast", "batched"):
         raise ValueError(f"path must be 'auto', 'fast' or 'batched', got {path!r}")
     if path == "auto" and supports_fast_path(mechanism):
         return "fast"
@@ -327,7 +372,10 @@ def _resolve_path(mechanism: Any, path: str) -> str:
             )
         return "fast"
     if not callable(getattr(mechanism, "randomize", None)):
-        raise TypeError("the batched path needs mechanism.randomize(x, generator)")
+        raise MechanismError(
+            f"mechanism must have randomize(x, generator) for the batched path, got "
+            f"{type(mechanism).__name__}"
+        )
     return "batched"
 
 
@@ -428,13 +476,10 @@ def ldp_sgd_error_rates(epsilon0: float, clip_norm: float, g1: Any, g2: Any) -> 
         g1, g2: [d] tensors/arrays (same shape, finite, non-zero, not positively collinear).
 
     Raises:
-        ValueError: invalid arguments (as :func:`ldp_epsilon_test`).
+        ValueError: epsilon0 or clip_norm not finite > 0; g1, g2 as :func:`ldp_epsilon_test`.
     """
-    e, L = float(epsilon0), float(clip_norm)
-    if not (math.isfinite(e) and e > 0 and math.isfinite(L) and L > 0):
-        raise ValueError(
-            f"epsilon0 and clip_norm must be finite and > 0, got {epsilon0!r}, {clip_norm!r}"
-        )
+    e = check_positive_finite(epsilon0, "epsilon0")
+    L = check_positive_finite(clip_norm, "clip_norm")
     _, _, geom = _check_pair(g1, g2)
     return _closed_form_rates(geom, e, L)
 
@@ -450,6 +495,9 @@ def ldp_sgd_test_epsilon(epsilon0: float, clip_norm: float, g1: Any, g2: Any) ->
     What the test converges to for this pair against LDP-SGD: eps0 for the dummy pair (and any
     g2 = -k g1 with |g1|, |g2| >= L), 2 artanh(tanh(eps0/2) |g|/L) for gradient flip with
     |g| < L.
+
+    Raises:
+        ValueError: as :func:`ldp_sgd_error_rates`.
     """
     fpr, fnr = ldp_sgd_error_rates(epsilon0, clip_norm, g1, g2)
     return float(epsilon_from_error_rates(fpr, fnr))
@@ -492,12 +540,13 @@ def ldp_test_statistics(
         as :func:`ldp_epsilon_test`.
     """
     k = _check_trials(trials)
+    sd = check_seed(seed)
     t1, t2, geom = _check_pair(g1, g2)
     method = _resolve_path(mechanism, path)
     bs = None if batch_size is None else _check_positive_int(batch_size, "batch_size")
     cs = _check_positive_int(chunk_size, "chunk_size")
     bs_list, st_list = [], []
-    for b2, stat in _chunks(mechanism, t1, t2, geom, k, seed, method, bs, cs):
+    for b2, stat in _chunks(mechanism, t1, t2, geom, k, sd, method, bs, cs):
         bs_list.append(np.where(b2, 2, 1).astype(np.int8))
         st_list.append(stat)
     return np.concatenate(bs_list), np.concatenate(st_list)
@@ -534,23 +583,31 @@ def ldp_epsilon_test(
     Returns:
         :class:`LDPTestResult` (``to_estimate()`` for an :class:`Estimate`).
 
+    Memory: g1 and g2 are used in place (float32 stays float32; float16/bfloat16 and integer
+    input become float32, tensors keep their device); the geometry is computed in float64
+    blocks of 2^21 entries, so the test itself adds no full-length copy of either input (the
+    batched path holds one [B, d] batch of rows and the mechanism's own working memory).
+
     Raises:
-        ValueError: trials < 1 or not an integer, alpha not in (0, 1), shape mismatch, empty,
-            NaN/inf, zero, identical or positively collinear g1/g2, ``path="fast"`` without
-            LDP-SGD parameters, a mechanism returning the wrong shape or NaN.
-        TypeError: ``path="batched"`` with no callable ``mechanism.randomize``.
+        ValueError: trials < 1 or not an integer, alpha not in (0, 1), seed not a non-negative
+            integer, shape mismatch, empty, NaN/inf, boolean or complex, zero, identical or
+            positively collinear g1/g2, ``path`` unknown, ``path="fast"`` without LDP-SGD
+            parameters, a mechanism returning the wrong shape or NaN, ``mechanism`` without a
+            callable ``randomize`` on the batched path (:class:`MechanismError`, also a
+            TypeError).
 
     Source: paper 000 Alg. 2, eqs. 3-4, §4.1; METHODS C2-C3.
     """
     k = _check_trials(trials)
     a = _check_alpha(alpha)
+    sd = check_seed(seed)
     t1, t2, geom = _check_pair(g1, g2)
     method = _resolve_path(mechanism, path)
     bs = None if batch_size is None else _check_positive_int(batch_size, "batch_size")
     cs = _check_positive_int(chunk_size, "chunk_size")
     tally = np.zeros(4, dtype=np.int64)  # tp, fn, fp, tn
     start = time.perf_counter()
-    for b2, stat in _chunks(mechanism, t1, t2, geom, k, seed, method, bs, cs):
+    for b2, stat in _chunks(mechanism, t1, t2, geom, k, sd, method, bs, cs):
         tally += confusion_counts(b2, stat < 0.0)  # guess 1 iff the statistic is >= 0 (eq. 4)
     elapsed = time.perf_counter() - start
     ce = epsilon_from_counts(*(int(c) for c in tally), a)
@@ -572,6 +629,6 @@ def ldp_epsilon_test(
         norm_g1=geom.norm_g1,
         norm_g2=geom.norm_g2,
         cosine_g1_g2=geom.cosine,
-        seed=int(seed),
+        seed=sd,
         elapsed_s=elapsed,
     )

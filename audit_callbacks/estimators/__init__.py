@@ -1,6 +1,14 @@
 """Pure numpy/scipy estimators: epsilon of Gaussian pairs, the cosine null, canary estimates,
 eps_lo lower bounds, binomial confidence intervals and error-rate epsilons.
 
+Input rules (every public function here, and the attacks and mechanisms): a bad argument raises
+ValueError naming it, never TypeError/RuntimeError from a conversion, and no function returns
+NaN. Tensors are converted by the estimators themselves (any float dtype including bfloat16 and
+float16, requires_grad, any device: detached, moved to the CPU, widened to float64); statistics
+such as cosines must be floating-point (booleans, integers, complex numbers, objects rejected);
+NaN, inf, empty and wrongly shaped input is rejected; deltas must lie in (0, 1) and are resolved
+down to 1e-300; a root finder that cannot represent its answer names the input out of range.
+
 Sources: paper 003 (Andrew et al., one-shot empirical privacy estimation) and METHODS.md
 sections A and D; Balle & Wang (2018) for the analytic Gaussian mechanism.
 """

@@ -105,8 +105,10 @@ def epsilon_from_cosines(
         eps >= 0 (nats), always finite.
 
     Raises:
-        ValueError: both or neither of dim / unobserved; NaN/inf, |cos| > 1 or fewer than 2
-            values; a sample with zero variance; delta not in (0, 1); dim < 2.
+        ValueError: both or neither of dim / unobserved; NaN/inf, |cos| > 1, fewer than 2
+            values, not 1-D, or not floating-point (booleans, integers, complex numbers and
+            objects are rejected; tensors of any float dtype, with requires_grad, on any
+            device, are converted); a sample with zero variance; delta not in (0, 1); dim < 2.
 
     Source: paper 003 Alg. 1-3, §3.2; METHODS A2, A3, A4, A5.
     """
@@ -140,6 +142,13 @@ def estimate_epsilon_from_cosines(
     each replicate refitted the same way) is returned as [lower, upper]. Replicates whose
     resample has zero variance are dropped and counted in ``extras["bootstrap_dropped"]``.
 
+    Small samples: a sample whose sd is fitted (``observed`` with fit="unequal", ``unobserved``
+    always) needs k >= 3 values for a bootstrap. With k = 2 every resample either repeats one
+    value (zero variance: dropped) or is the sample itself, so every kept replicate equals the
+    point estimate and the "interval" has zero width although nothing about the uncertainty
+    was learnt; that case raises ValueError instead of reporting it. (fit="equal" with ``dim``
+    fits only the observed mean, and k = 2 resamples do vary: it is allowed.)
+
     Args:
         observed: shape (k,), k >= 2, cosines in [-1, 1].
         delta: target delta in (0, 1).
@@ -160,7 +169,8 @@ def estimate_epsilon_from_cosines(
 
     Raises:
         ValueError: as :func:`epsilon_from_cosines`; fit not in {"unequal", "equal"};
-            bootstrap < 0; confidence not in (0, 1); every bootstrap replicate degenerate.
+            bootstrap < 0; confidence not in (0, 1); every bootstrap replicate degenerate;
+            bootstrap > 0 with fewer than 3 values in a sample whose sd is fitted (see above).
 
     Source: paper 003 §3-4, Thm 3.3; METHODS A2-A5.
     """
@@ -175,6 +185,7 @@ def estimate_epsilon_from_cosines(
     lower = upper = None
     dropped = 0
     if b > 0:
+        _check_bootstrap_sizes(obs, unobs, fit)
         reps, dropped = _bootstrap_standardized(obs, d, unobs, fit, b, seed)
         if reps[0].size == 0:
             raise ValueError("every bootstrap replicate had zero variance")
@@ -208,6 +219,20 @@ def estimate_epsilon_from_cosines(
             "bootstrap_dropped": dropped,
         },
     )
+
+
+def _check_bootstrap_sizes(obs: np.ndarray, unobs: np.ndarray | None, fit: str) -> None:
+    """A fitted sd needs k >= 3 values to bootstrap (k = 2: every kept resample is the sample)."""
+    sizes = [] if fit == "equal" else [("observed", obs.size)]
+    if unobs is not None:
+        sizes.append(("unobserved", unobs.size))
+    for name, size in sizes:
+        if size < 3:
+            raise ValueError(
+                f"bootstrap needs at least 3 {name} values when their sd is fitted, got {size}: "
+                "with 2, every resample with a non-zero variance is the sample itself, so the "
+                "interval would have zero width"
+            )
 
 
 def _row_mean_sd(x: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -21,7 +21,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy.special import betainc, betaln
 
-from ._validation import check_dim
+from ._validation import as_float_array, check_dim, check_size, make_rng
 
 __all__ = [
     "cosine_null_cdf",
@@ -35,7 +35,7 @@ _SWITCH = 1e-280
 
 
 def _check_t(t: ArrayLike) -> np.ndarray:
-    arr = np.asarray(t, dtype=float)
+    arr = as_float_array(t, "t", allow_int=True)
     if not np.all(np.isfinite(arr)):
         raise ValueError("t contains NaN or inf")
     return arr
@@ -56,13 +56,15 @@ def cosine_null_sf(t: ArrayLike, dim: int) -> float | np.ndarray:
 
     Args:
         t: threshold(s), any shape; values outside [-1, 1] give 1 (t < -1) or 0 (t > 1).
+            Arrays or tensors of any real dtype (float16/bfloat16, requires_grad, any device).
         dim: dimension d >= 2 of the sphere (number of model parameters).
 
     Returns:
         float for a scalar t, else an array of t's shape, in [0, 1].
 
     Raises:
-        ValueError: t contains NaN/inf, or dim is not an integer >= 2.
+        ValueError: t contains NaN/inf, booleans or complex numbers, or dim is not an
+            integer >= 2.
 
     Source: paper 003 Thm 3.1; METHODS A1. Uses sf(t) = I_{(1-t)/2}((d-1)/2, (d-1)/2).
     """
@@ -81,7 +83,8 @@ def cosine_null_cdf(t: ArrayLike, dim: int) -> float | np.ndarray:
         float for a scalar t, else an array of t's shape, in [0, 1].
 
     Raises:
-        ValueError: t contains NaN/inf, or dim is not an integer >= 2.
+        ValueError: t contains NaN/inf, booleans or complex numbers, or dim is not an
+            integer >= 2.
 
     Source: paper 003 Thm 3.1; METHODS A1. Uses cdf(t) = I_{(1+t)/2}((d-1)/2, (d-1)/2).
     """
@@ -125,7 +128,8 @@ def cosine_null_logsf(t: ArrayLike, dim: int) -> float | np.ndarray:
         float or array of t's shape, in [-inf, 0]; -inf only for t >= 1.
 
     Raises:
-        ValueError: t contains NaN/inf, or dim is not an integer >= 2.
+        ValueError: t contains NaN/inf, booleans or complex numbers, or dim is not an
+            integer >= 2.
 
     Source: METHODS A1. log(betainc) where sf >= 1e-280; below, the two-term asymptotic
     expansion of the upper tail (integration by parts of (1 - s^2)^((d-3)/2)), whose relative
@@ -139,30 +143,36 @@ def cosine_null_logcdf(t: ArrayLike, dim: int) -> float | np.ndarray:
     """log P(T <= t) under the cosine null (= logsf(-t) by symmetry); see :func:`cosine_null_logsf`.
 
     Raises:
-        ValueError: t contains NaN/inf, or dim is not an integer >= 2.
+        ValueError: t contains NaN/inf, booleans or complex numbers, or dim is not an
+            integer >= 2.
     """
     d = check_dim(dim)
     return _out(_logsf_raw(-_check_t(t), d))
 
 
 def cosine_null_sample(
-    rng: np.random.Generator, dim: int, size: int | tuple[int, ...]
+    rng: np.random.Generator | int | None, dim: int, size: int | tuple[int, ...]
 ) -> np.ndarray:
     """Exact draws of the cosine null: 2 B - 1 with B ~ Beta((d-1)/2, (d-1)/2).
 
     Args:
-        rng: a numpy Generator (seeded by the caller).
+        rng: a numpy Generator (seeded by the caller), a non-negative integer seed for
+            :func:`numpy.random.default_rng`, or None for a fresh unseeded generator (draws
+            that differ from call to call: pass a Generator or a seed for reproducible ones).
         dim: dimension d >= 2.
-        size: output shape.
+        size: output shape (a non-negative integer or a tuple of them).
 
     Returns:
         array of the given shape with values in [-1, 1].
 
     Raises:
-        ValueError: dim is not an integer >= 2.
+        ValueError: dim is not an integer >= 2; rng is not a Generator, a seed or None; size
+            is not a shape.
 
     Source: METHODS A1.
     """
     d = check_dim(dim)
+    gen = make_rng(rng)
+    shape = check_size(size)
     a = 0.5 * (d - 1)
-    return 2.0 * rng.beta(a, a, size=size) - 1.0
+    return 2.0 * gen.beta(a, a, size=shape if isinstance(size, (tuple, list)) else shape[0]) - 1.0

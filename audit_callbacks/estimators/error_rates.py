@@ -61,7 +61,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy.special import betaincinv
 
-from ._validation import check_alpha, check_count, check_real_finite
+from ._validation import as_float_array, check_alpha, check_count, check_real_finite
 from .estimate import Estimate
 
 __all__ = [
@@ -132,17 +132,24 @@ def epsilon_from_error_rates_array(
         array of the broadcast shape, values in [0, inf] (inf as in the scalar version).
 
     Raises:
-        ValueError: NaN/inf or values outside [0, 1] in fpr or fnr; delta outside [0, 1).
+        ValueError: NaN/inf, booleans, complex numbers or values outside [0, 1] in fpr or fnr
+            (tensors of any float dtype are converted); shapes that do not broadcast; delta
+            outside [0, 1).
     """
-    f = np.asarray(fpr, dtype=float)
-    n = np.asarray(fnr, dtype=float)
+    f = as_float_array(fpr, "fpr", allow_int=True)
+    n = as_float_array(fnr, "fnr", allow_int=True)
     for name, arr in (("fpr", f), ("fnr", n)):
         if not np.all(np.isfinite(arr)):
             raise ValueError(f"{name} contains NaN or inf")
         if np.any(arr < 0.0) or np.any(arr > 1.0):
             raise ValueError(f"{name} must be in [0, 1]")
     d = _check_delta0(delta)
-    f, n = np.broadcast_arrays(f, n)
+    try:
+        f, n = np.broadcast_arrays(f, n)
+    except ValueError:
+        raise ValueError(
+            f"fpr and fnr must broadcast together, got shapes {f.shape} and {n.shape}"
+        ) from None
     return np.asarray(_eps_from_rates(f, n, d), dtype=float)
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from ._validation import check_real_finite
 
 
 @dataclass(frozen=True)
@@ -34,10 +35,18 @@ class Estimate:
     extras: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        """Raises ValueError when value (or lower/upper, when given) is not a finite real
+        scalar (bool, complex, str, arrays and NaN/inf are rejected; 0-d tensors converted)."""
         for name in ("value", "lower", "upper"):
             v = getattr(self, name)
-            if v is not None and not math.isfinite(v):
-                raise ValueError(f"Estimate.{name} must be finite, got {v!r}")
+            if v is None and name != "value":
+                continue
+            try:
+                f = check_real_finite(v, name)
+            except ValueError as exc:
+                raise ValueError(f"Estimate.{exc}") from None
+            if type(v) is not float:
+                object.__setattr__(self, name, f)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

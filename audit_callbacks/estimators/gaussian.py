@@ -20,7 +20,7 @@ from numpy.typing import ArrayLike
 from scipy.optimize import brentq
 from scipy.special import log_ndtr, ndtri
 
-from ._validation import check_delta, check_positive_finite, check_real_finite
+from ._validation import as_float_array, check_delta, check_positive_finite, check_real_finite
 
 __all__ = [
     "gaussian_delta",
@@ -32,6 +32,8 @@ __all__ = [
 ]
 
 _LN2 = math.log(2.0)
+# mu^2 (and the standardized pair's m^2, 1/r^2) must stay far from overflow: epsilon ~ mu^2/2
+_MAX_MU = 1e150
 
 
 def _log1mexp(x: np.ndarray) -> np.ndarray:
@@ -187,7 +189,10 @@ def gaussian_epsilon(
 
     Raises:
         ValueError: noise_multiplier <= 0 (a noiseless mechanism has infinite epsilon) or not
-            finite; delta not in (0, 1); sensitivity < 0; compositions not an integer >= 1.
+            finite; delta not in (0, 1); sensitivity < 0; compositions not an integer >= 1;
+            mu = sqrt(compositions) * sensitivity / noise_multiplier above 1e150 (noise_multiplier
+            too small: the epsilon, about mu^2/2, is not representable). Tensors (any float
+            dtype, requires_grad) are accepted as scalars; booleans are not.
 
     Source: Balle & Wang (2018) Thm 8 and Alg. 1; METHODS A2 (z = 4.22, 1.54, 0.541 ->
     eps = 1, 3, 10 at delta = 1e-6) and D (z = 0.0496, 0.0986, 0.2317 -> 298, 98.8, 29.2).
@@ -210,6 +215,11 @@ def _epsilon_of_mu(mu: float, d: float) -> float:
     if f(0.0) <= 0.0:
         return 0.0
     hi = mu * mu / 2.0 - mu * float(ndtri(d))
+    if not math.isfinite(hi) or mu > _MAX_MU:
+        raise ValueError(
+            f"mu = sqrt(compositions) * sensitivity / noise_multiplier = {mu:.4g} is too large: "
+            f"its epsilon (about mu^2/2) is not representable (mu must be <= {_MAX_MU:g})"
+        )
     hi = max(hi, 1e-12)
     for _ in range(200):
         if f(hi) <= 0.0:
@@ -217,7 +227,15 @@ def _epsilon_of_mu(mu: float, d: float) -> float:
         hi = 2.0 * hi + 1.0
     else:  # pragma: no cover - the bracket above is provably valid
         raise RuntimeError("could not bracket the Gaussian-mechanism epsilon")
-    return float(brentq(f, 0.0, hi, xtol=1e-13, rtol=4 * np.finfo(float).eps, maxiter=500))
+    return _root(f, hi, 1e-13, f"mu = {mu!r}, delta = {d!r}")
+
+
+def _root(f: Any, hi: float, xtol: float, inputs: str) -> float:
+    """brentq on [0, hi]; a failure to converge becomes a ValueError naming the inputs."""
+    try:
+        return float(brentq(f, 0.0, hi, xtol=xtol, rtol=4 * np.finfo(float).eps, maxiter=500))
+    except RuntimeError as exc:  # pragma: no cover - the brackets are valid and f is monotone
+        raise ValueError(f"epsilon did not converge for {inputs} ({exc}); out of range") from None
 
 
 def gaussian_epsilon_array(mu: ArrayLike, delta: float) -> np.ndarray:
@@ -236,13 +254,16 @@ def gaussian_epsilon_array(mu: ArrayLike, delta: float) -> np.ndarray:
         float64 array of eps >= 0 (nats), same shape as ``mu``.
 
     Raises:
-        ValueError: a negative or non-finite mu, delta not in (0, 1).
+        ValueError: a negative, non-finite or boolean mu, or one above 1e150; delta not in
+            (0, 1).
 
     Source: Balle & Wang (2018) Thm 8; METHODS A2/A3 (the equal-variance pair).
     """
-    arr = np.asarray(mu, dtype=float)
+    arr = as_float_array(mu, "mu", allow_int=True)
     if not np.all(np.isfinite(arr)) or np.any(arr < 0):
         raise ValueError("mu must be finite and >= 0")
+    if np.any(arr > _MAX_MU):
+        raise ValueError(f"mu must be <= {_MAX_MU:g} (its epsilon is not representable)")
     d = check_delta(delta)
     out = np.zeros(arr.shape)
     log_target = math.log(d)
@@ -287,7 +308,7 @@ def _standardize(
     s0 = check_positive_finite(sigma_null, "sigma_null")
     m = (mu1 - mu0) / s0
     r = s1 / s0
-    if not (math.isfinite(m) and math.isfinite(r) and r > 0.0 and math.isfinite(1.0 / r)):
+    if not (abs(m) <= _MAX_MU and 1.0 / _MAX_MU <= r <= _MAX_MU):
         raise ValueError(
             "the standardized pair (mu_observed - mu_null)/sigma_null = "
             f"{m!r}, sigma_observed/sigma_null = {r!r} is not representable"
@@ -492,7 +513,7 @@ def _eps_upper_bracket(m: np.ndarray, r: np.ndarray, delta: float) -> np.ndarray
     mass <= delta/2, and on the hull of J, |L| <= |a| M^2 + |b| M + |c| (M = max |x| on J).
     For eps above that, S and S' lie outside J, so both H's are <= delta/2.
     """
-    z = float(ndtri(1.0 - delta / 4.0))
+    z = -float(ndtri(delta / 4.0))  # = Phi^-1(1 - delta/4), also for delta below 1e-16
     a, b, c = _loss_coefficients(m, r)
     big_m = np.maximum(np.abs(m) + z * r, z)
     bound = np.abs(a) * big_m * big_m + np.abs(b) * big_m + np.abs(c)
@@ -560,7 +581,9 @@ def epsilon_two_gaussians(
         eps >= 0 (nats), finite.
 
     Raises:
-        ValueError: non-finite inputs, a standard deviation <= 0, delta not in (0, 1).
+        ValueError: non-finite inputs, a standard deviation <= 0, delta not in (0, 1), or a
+            pair outside the representable range (|mu_observed - mu_null| / sigma_null above
+            1e150, or sigma_observed / sigma_null outside [1e-150, 1e150]).
 
     Source: paper 003 §3.2 ("Algorithm for exact computation of eps comparing two general
     Gaussian distributions"); METHODS A3. With equal sds it equals the analytic Gaussian
@@ -589,7 +612,7 @@ def _epsilon_standardized_scalar(m: float, r: float, delta: float) -> float:
         hi *= 2.0
     else:  # pragma: no cover - the bracket is provably valid
         raise RuntimeError("could not bracket epsilon for the Gaussian pair")
-    return float(brentq(f, 0.0, hi, xtol=1e-12, rtol=4 * np.finfo(float).eps, maxiter=500))
+    return _root(f, hi, 1e-12, f"the standardized pair m = {m!r}, r = {r!r}, delta = {delta!r}")
 
 
 def _illinois(

@@ -23,7 +23,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy.stats import beta as beta_dist
 
-from ._validation import check_alpha, check_count
+from ._validation import check_alpha, check_count, to_numpy
 
 __all__ = [
     "clopper_pearson_interval",
@@ -37,7 +37,7 @@ __all__ = [
 
 def _check_kn(k: ArrayLike, n: int) -> tuple[np.ndarray, int]:
     nn = check_count(n, "n", minimum=1)
-    karr = np.asarray(k)
+    karr = to_numpy(k, "k")
     if karr.dtype == bool or not (
         np.issubdtype(karr.dtype, np.integer) or np.issubdtype(karr.dtype, np.floating)
     ):

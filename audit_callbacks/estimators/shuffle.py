@@ -42,7 +42,13 @@ import numpy as np
 from scipy.special import logsumexp
 from scipy.stats import binom
 
-from ._validation import check_alpha, check_count, check_delta, check_positive_finite
+from ._validation import (
+    check_alpha,
+    check_count,
+    check_delta,
+    check_positive_finite,
+    check_seed,
+)
 from .error_rates import (
     CountEpsilon,
     GameStatistics,
@@ -306,23 +312,26 @@ def shuffle_test(
         n: clients shuffled together, integer >= 1.
         trials: number of games, integer >= 1.
         alpha: in (0, 1) (alpha/2 per rate).
-        seed: seed of ``numpy.random.default_rng``.
+        seed: seed of ``numpy.random.default_rng``, a non-negative integer.
         chunk_size: trials simulated per vectorised chunk.
 
     Returns:
         :class:`ShuffleTestResult`.
 
     Raises:
-        ValueError: invalid arguments.
+        ValueError: an argument outside its range or of the wrong type (named in the message):
+            epsilon0 not finite > 0; n, trials, chunk_size not integers >= 1; alpha not in
+            (0, 1); seed not a non-negative integer.
     """
     e = _check_eps0(epsilon0)
     nn = check_count(n, "n", minimum=1)
     k = check_count(trials, "trials", minimum=1)
     a = check_alpha(alpha)
     chunk = check_count(chunk_size, "chunk_size", minimum=1)
+    sd = check_seed(seed)
     p = _p_keep(e)
     tau = nn * p
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(sd)
     tally = np.zeros(4, dtype=np.int64)  # tp, fn, fp, tn
     done = 0
     while done < k:
@@ -335,5 +344,5 @@ def shuffle_test(
         done += m
     ce = epsilon_from_counts(*(int(c) for c in tally), a)
     return ShuffleTestResult(
-        **ce.game_fields(), alpha=a, trials=k, epsilon0=e, n=nn, tau=tau, seed=int(seed)
+        **ce.game_fields(), alpha=a, trials=k, epsilon0=e, n=nn, tau=tau, seed=sd
     )

@@ -24,6 +24,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from audit_callbacks.estimators._validation import as_float_array, check_real_finite
+
 __all__ = [
     "ExactAudit",
     "LocalRandomizer",
@@ -38,36 +40,24 @@ _MAX_EPSILON = 700.0
 
 def _check_epsilon(epsilon: float, name: str = "epsilon") -> float:
     """Return ``epsilon`` as a float; raise ValueError unless 0 < epsilon <= 700 (finite)."""
-    try:
-        eps = float(epsilon)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a real number, got {epsilon!r}") from None
-    if not math.isfinite(eps) or eps <= 0:
-        raise ValueError(f"{name} must be > 0 and finite, got {epsilon!r}")
+    eps = _check_positive(epsilon, name)
     if eps > _MAX_EPSILON:
         raise ValueError(f"{name} must be <= {_MAX_EPSILON} (exp(epsilon) overflows), got {eps}")
     return eps
 
 
 def _check_positive(value: float, name: str) -> float:
-    """Return ``value`` as a float; raise ValueError unless it is > 0 and finite."""
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a real number, got {value!r}") from None
-    if not math.isfinite(v) or v <= 0:
+    """Return ``value`` as a float; raise ValueError unless it is a real scalar > 0, finite
+    (bool, str, None, complex and arrays are rejected; 0-d tensors of any dtype converted)."""
+    v = _check_finite(value, name)
+    if v <= 0:
         raise ValueError(f"{name} must be > 0 and finite, got {value!r}")
     return v
 
 
 def _check_finite(value: float, name: str) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a real number, got {value!r}") from None
-    if not math.isfinite(v):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    return v
+    """Return ``value`` as a float; raise ValueError unless it is a finite real scalar."""
+    return check_real_finite(value, name)
 
 
 def _check_int(value: int, name: str, minimum: int) -> int:
@@ -211,13 +201,30 @@ class PerCoordinateRandomizer(LocalRandomizer):
         return f"{type(self).__name__}(epsilon={self.epsilon_per_coordinate!r}, dim={self.dim!r})"
 
 
-def _as_inputs(inputs: Tensor | Sequence[float] | np.ndarray) -> Tensor:
-    t = torch.as_tensor(inputs, dtype=torch.float64).detach().cpu().reshape(-1)
+def _as_inputs(inputs: Tensor | Sequence[float] | np.ndarray, name: str = "inputs") -> Tensor:
+    """Input values as a flat float64 CPU tensor (any real dtype, requires_grad, any device).
+
+    Raises:
+        ValueError: empty, NaN/inf, booleans, complex numbers or non-numbers.
+    """
+    arr = as_float_array(inputs, name, allow_int=True)
+    t = torch.from_numpy(np.array(arr, dtype=np.float64)).reshape(-1)
     if t.numel() == 0:
-        raise ValueError("inputs must hold at least one value")
+        raise ValueError(f"{name} must hold at least one value")
     if not bool(torch.isfinite(t).all()):
-        raise ValueError("inputs contain NaN or infinite values")
+        raise ValueError(f"{name} contain NaN or infinite values")
     return t
+
+
+def _check_discrete(mechanism: object) -> None:
+    """The exact audit enumerates a discrete per-coordinate law; anything else is refused."""
+    if not isinstance(mechanism, PerCoordinateRandomizer):
+        raise ValueError(
+            "mechanism must be a discrete PerCoordinateRandomizer (TwoPoint, GRR, Staircase, "
+            f"BrokenStaircase) whose output law can be enumerated, got {type(mechanism).__name__}"
+            "; a continuous randomizer (LDPSGD, GaussianRandomizer) has no finite output set: "
+            "audit it empirically with audit_callbacks.attacks.ldp_epsilon_test"
+        )
 
 
 class ExactAudit(NamedTuple):
@@ -249,12 +256,19 @@ def exact_epsilon_witness(
 
     This is the epsilon of ONE coordinate; a whole ``d``-dim row of independent coordinates has
     ``d`` times it (the composition is tight for product mechanisms under pure DP).
+
+    Raises:
+        ValueError: ``mechanism`` is not a :class:`PerCoordinateRandomizer` (e.g. LDPSGD or the
+            Gaussian randomizer, whose outputs are continuous); ``inputs`` empty, NaN/inf,
+            boolean or complex; ``chunk_elements`` not an integer >= 1; a mechanism whose
+            ``output_distribution`` is inconsistent.
     """
+    _check_discrete(mechanism)
+    step = _check_int(chunk_elements, "chunk_elements", 1)
     xs = mechanism.default_inputs() if inputs is None else _as_inputs(inputs)
     xs = _as_inputs(xs)
     values: Tensor | None = None
     col_max = col_min = arg_max = arg_min = None
-    step = max(1, int(chunk_elements))
     start = 0
     while start < xs.numel():
         # size chunks from the first chunk's output count
@@ -314,5 +328,9 @@ def exact_epsilon(
 
     ``inf`` if some output has zero probability under one input and positive under another.
     See :func:`exact_epsilon_witness` (which also returns the pair and output attaining it).
+
+    Raises:
+        ValueError: as :func:`exact_epsilon_witness` (a continuous mechanism such as LDPSGD is
+            refused with a pointer to the empirical test).
     """
     return exact_epsilon_witness(mechanism, inputs).epsilon

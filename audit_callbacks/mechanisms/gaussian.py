@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
 from audit_callbacks.estimators import gaussian_epsilon
+from audit_callbacks.estimators._validation import check_delta
 from audit_callbacks.mechanisms.base import LocalRandomizer, _check_positive, _check_rows
 
 __all__ = ["GaussianRandomizer"]
@@ -30,6 +29,10 @@ class GaussianRandomizer(LocalRandomizer):
         noise_multiplier: z > 0 (noise sd in units of C).
         clip_norm: C > 0.
         delta: the delta of the claim, in (0, 1).
+
+    Raises:
+        ValueError: noise_multiplier or clip_norm not a finite real > 0 (too small a
+            noise_multiplier: epsilon0 not representable); delta not a real in (0, 1).
     """
 
     name = "gaussian"
@@ -39,12 +42,7 @@ class GaussianRandomizer(LocalRandomizer):
     def __init__(self, noise_multiplier: float, clip_norm: float, delta: float) -> None:
         self.noise_multiplier: float = _check_positive(noise_multiplier, "noise_multiplier")
         self.clip_norm: float = _check_positive(clip_norm, "clip_norm")
-        try:
-            dl = float(delta)
-        except (TypeError, ValueError):
-            raise ValueError(f"delta must be a real number in (0, 1), got {delta!r}") from None
-        if not (0.0 < dl < 1.0) or math.isnan(dl):
-            raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+        dl = check_delta(delta)
         self.delta: float = dl
         self.sensitivity: float = LOCAL_SENSITIVITY
         self.epsilon0: float = float(

@@ -52,7 +52,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from audit_callbacks.mechanisms.base import _check_finite, _check_int, _check_rows, _uniform
+from audit_callbacks.mechanisms.base import (
+    _check_epsilon,
+    _check_finite,
+    _check_int,
+    _check_rows,
+    _uniform,
+)
 from audit_callbacks.mechanisms.grid import GridRandomizer
 
 __all__ = [
@@ -138,12 +144,18 @@ def staircase_alphas(
             with sizes that need not sum to it; :class:`BrokenStaircase`) does not normalise.
 
     Raises:
-        ValueError: fewer than 2 groups, an empty group, or ``domain_size`` < 1.
+        ValueError: epsilon not in (0, 700]; sizes not a sequence of >= 2 integers >= 1;
+            ``domain_size`` < 1.
     """
+    eps = _check_epsilon(epsilon)
+    if isinstance(sizes, (str, bytes)) or not hasattr(sizes, "__len__"):
+        raise ValueError(f"sizes must be a sequence of group sizes, got {sizes!r}")
+    sizes = tuple(_check_int(n, "sizes", 1) for n in sizes)
     m = len(sizes)
-    if m < 2 or min(sizes) < 1:
-        raise ValueError(f"need >= 2 groups of size >= 1, got {tuple(sizes)}")
+    if m < 2:
+        raise ValueError(f"sizes must hold >= 2 groups of size >= 1, got {sizes}")
     d = sum(sizes) if domain_size is None else _check_int(domain_size, "domain_size", 1)
+    epsilon = eps
     k = math.exp(epsilon)
     weighted = sum((j - 1) * n for j, n in enumerate(sizes, start=1))
     alpha_m = (m - 1) / ((m - 1) * d * k - math.expm1(epsilon) * weighted)

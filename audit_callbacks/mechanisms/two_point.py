@@ -12,7 +12,6 @@ from audit_callbacks.mechanisms.base import (
     _as_inputs,
     _check_finite,
     _check_positive,
-    _uniform,
 )
 
 __all__ = ["TwoPoint"]
@@ -64,13 +63,36 @@ class TwoPoint(PerCoordinateRandomizer):
 
     def high_probability(self, w: Tensor) -> Tensor:
         """P(output = c + B) for (clipped) inputs w, float64, same shape."""
-        s = ((w.to(torch.float64) - self.center) / self.radius).clamp(-1.0, 1.0)
-        return 0.5 * (self._p_top * (1.0 + s) + self._p_bottom * (1.0 - s))
+        return self._probability_from(w.detach().to(torch.float64, copy=True))
+
+    def _probability_from(self, s: Tensor) -> Tensor:
+        """P(high) from a float64 buffer holding the clipped inputs (the buffer is overwritten).
+
+        ``0.5 (p_top (1 + s) + p_bottom (1 - s))``, s = clamp((w - c)/r), evaluated in place on
+        two float64 buffers: the same operations, so the same bits, as the plain expression.
+        """
+        s.sub_(self.center).div_(self.radius).clamp_(-1.0, 1.0)
+        p = torch.add(s, 1.0).mul_(self._p_top)  # (1 + s) p_top
+        p.add_(s.neg_().add_(1.0).mul_(self._p_bottom))  # + (1 - s) p_bottom
+        return p.mul_(0.5)
 
     def randomize(self, x: Tensor, generator: torch.Generator | None = None) -> Tensor:
-        """``x [B, d] -> [B, d]`` with entries in ``{c - B, c + B}``; coordinates independent."""
-        w = self.project(x)
-        high = _uniform(w.shape, w, generator) < self.high_probability(w)
+        """``x [B, d] -> [B, d]`` with entries in ``{c - B, c + B}``; coordinates independent.
+
+        Memory: two float64 ``[B, d]`` buffers besides the output. The first holds
+        :meth:`project` (x) (x clamped at the clip bounds as x's dtype rounds them: the same
+        values, without a copy in x's dtype), then the uniform draws of the comparison (the
+        draws ``torch.rand`` would make, written into it).
+        """
+        self._check_input(x)
+        lo_t, hi_t = (
+            float(torch.tensor(v, dtype=x.dtype))
+            for v in (self.center - self.radius, self.center + self.radius)
+        )
+        buf = x.detach().to(torch.float64, copy=True).clamp_(lo_t, hi_t)
+        p_high = self._probability_from(buf)
+        high = buf.uniform_(0.0, 1.0, generator=generator) < p_high
+        del buf, p_high
         lo, hi = self.outputs
         return torch.where(
             high,
