@@ -40,6 +40,8 @@ EXCLUDED = {
     "LayerFactorization", "SignAmbiguousLabels", "craft_malicious_features", "factorize_layer",
     "label_attack_statistic", "reconstruct_labels", "reconstruct_labels_malicious_input_layer",
     "reconstruct_labels_second_last_layer",
+    # a result type (its fields are checked finite on construction, tests/test_score_auditor.py)
+    "ScoreAuditResult",
     # abstract bases (their methods are covered through the concrete mechanisms)
     "LocalRandomizer", "PerCoordinateRandomizer", "GridRandomizer",
 }
@@ -229,6 +231,22 @@ add("shuffle_test", es.shuffle_test, {"epsilon0": 1.0, "n": 50, "trials": 100}, 
     COUNT, COUNT_VALUES)
 add("shuffle_test", es.shuffle_test, {"epsilon0": 1.0, "n": 50, "trials": 100}, "seed",
     {"str": ERR, "neg": ERR}, {"str": "x", "neg": -1})
+
+# the canary score auditor: any scores, every method's alpha and delta
+def _audit(in_scores=COS, out_scores=NULL, method="epsilon_estimate", **kw):
+    return getattr(es.CanaryScoreAuditor(in_scores, out_scores), method)(**kw)
+
+
+for side in ("in_scores", "out_scores"):
+    add("CanaryScoreAuditor", _audit, {"in_scores": COS, "out_scores": NULL, "delta": 1e-5}, side,
+        {**STAT_ARRAY, "int": FIN})  # any scores: integer scores (counts) are scores too
+add("CanaryScoreAuditor", _audit, {"delta": 1e-5}, "delta", DELTA)
+for method in ("epsilon_lower_bound", "epsilon_one_run"):  # delta = 0 allowed
+    add("CanaryScoreAuditor", _audit, {"method": method, "alpha": 0.05, "delta": 1e-5}, "delta",
+        {**DELTA, "0": FIN})
+for method in ("epsilon_lower_bound", "epsilon_gdp_lower_bound", "epsilon_one_run_fdp"):
+    add("CanaryScoreAuditor", _audit, {"method": method, "alpha": 0.05, "delta": 1e-5}, "alpha", ALPHA)
+
 
 # --------------------------------------------------------------------- mechanisms
 ROWS = torch.tensor([[0.3, -0.2, 0.5], [0.1, 0.0, -0.4]], dtype=torch.float64)

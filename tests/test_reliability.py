@@ -80,11 +80,13 @@ def test_a_secure_resume_agrees_with_an_uninterrupted_run(tmp_path):
     dm, module = _module(noise=1.0, clients=30, per_round=10)
     second = CanaryAudit(30, 300, seed=3, bootstrap=100)
     fit(dm, module, [second], 16, tmp_path / "c", logger=False, ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
-    # fresh noise after the resume: the same experiment, another noise draw; the two runs'
-    # 95% bootstrap intervals overlap
+    # fresh noise after the resume: the same experiment, another noise draw. The difference of
+    # the two estimates in units of their bootstrap standard errors (half-width / 1.96) stays
+    # below 3.5 (measured over 24 pairs of secure runs: at most 1.82)
     a, b = full.last_report.estimates, second.last_report.estimates
     for name in ("epsilon_final_model", "epsilon_all_iterates"):
-        assert a[name].lower <= b[name].upper and b[name].lower <= a[name].upper, name
+        se = math.hypot((a[name].upper - a[name].lower) / 3.92, (b[name].upper - b[name].lower) / 3.92)
+        assert abs(a[name].value - b[name].value) < 3.5 * se, name
     assert (second.participations == full.participations).all()  # sampling stays reproducible
 
 

@@ -611,8 +611,9 @@ class CanaryScoreAuditor:
         return ScoreAuditResult(
             value=eps, method="gdp_noncentral_t", source=SRC_GDP, alpha=a, delta=d,
             counts=self._counts(), gof_pvalue=gof,
-            details={"mu_hat": mu_hat, "mu_lower": mu_lo, "t_statistic": t_obs, "df": df,
-                     "gof_test": gof_name, "equal_variance_pvalue": ev},
+            details={"mu_hat": mu_hat, "mu_lower": mu_lo if math.isfinite(mu_lo) else None,
+                     "t_statistic": t_obs, "df": df, "gof_test": gof_name,
+                     "equal_variance_pvalue": ev},
         )
 
 
@@ -682,7 +683,10 @@ def _pvalue(test: Any, *args: Any, **kwargs: Any) -> float | None:
 
 
 def _nct_lower(t_obs: float, df: int, alpha: float) -> float:
-    """lambda_lo with P[T <= t_obs; df, lambda_lo] = 1 - alpha (may be negative)."""
+    """lambda_lo with P[T <= t_obs; df, lambda_lo] = 1 - alpha (may be negative); -inf when
+    1 - alpha rounds to 1 (alpha < 1e-15): no finite bound is resolvable, and -inf is valid."""
+    if 1.0 - alpha >= 1.0 or not math.isfinite(float(ndtri(1.0 - alpha))):
+        return -math.inf
 
     def f(lam: float) -> float:
         return float(stats.nct.cdf(t_obs, df, lam)) - (1.0 - alpha)
