@@ -78,7 +78,8 @@ class OpacusBackend(CanaryBackend):
         self._make_stats(int(sum(p.numel() for p in opt.params)), num_examples(trainer))
         assert self.stats is not None
         self.injector = GradientCanaryInjector(opt, self.stats.canaries, self.num_canaries, rate,
-                                               seed=config.seed)
+                                               seed=config.seed,
+                                               world_size=int(getattr(trainer, "world_size", 1)))
         self.participations = self.injector.participations  # one array, counted by the injector
         self._theta_prev = self.flat_parameters()
         self._steps_seen = 0
