@@ -11,7 +11,9 @@ Modes:
   batches are Poisson samples of the whole training set, drawn from a generator seeded by
   ``(seed, epoch, step)`` and split across the ranks (rank r takes every W-th selected example),
   so a one-process run (``--devices 1``) sees exactly the same global batches; with the same
-  noise seed on rank 0 the two runs take the same steps up to float rounding.
+  noise seed on rank 0 the two runs take the same steps up to float rounding. With
+  ``--loader opacus`` the batches come from ``make_private(poisson_sampling=True)`` instead
+  (Opacus' ``DistributedUniformWithReplacementSampler`` under DDP), as most users train.
 * ``plain``: each rank calls ``make_private`` on the bare network (a one-process ``DPOptimizer``
   per rank) with its own shard of the data, as a LightningModule written for one process does;
   ``CanaryAudit`` must refuse this at fit start (``--audit 0``: train without the audit and
@@ -151,7 +153,10 @@ class Classifier(pl.LightningModule):
     def configure_optimizers(self) -> torch.optim.Optimizer:
         a, world, rank = self.args, self.trainer.world_size, self.trainer.global_rank
         n = len(self.dataset)
-        if a.mode == "distributed":
+        if a.mode == "distributed" and a.loader == "opacus":  # Opacus' own distributed Poisson loader
+            loader = DataLoader(self.dataset, batch_size=-(-n // a.steps))
+            module = DPDDP(self.net) if world > 1 else self.net
+        elif a.mode == "distributed":
             sampler = SharedPoissonBatches(n, 1.0 / a.steps, a.steps, a.seed, rank, world)
             loader = DataLoader(self.dataset, batch_sampler=sampler)
             module: nn.Module = DPDDP(self.net) if world > 1 else self.net
@@ -163,7 +168,7 @@ class Classifier(pl.LightningModule):
         self.engine = PrivacyEngine(accountant="rdp")
         _, optimizer, self.loader = self.engine.make_private(
             module=module, optimizer=optimizer, data_loader=loader, noise_multiplier=a.noise,
-            max_grad_norm=a.clip, poisson_sampling=False,
+            max_grad_norm=a.clip, poisson_sampling=a.loader == "opacus",
             noise_generator=torch.Generator().manual_seed(a.seed + 17),
         )
         return optimizer
@@ -175,6 +180,9 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--mode", choices=["distributed", "plain"], default="distributed")
     parser.add_argument("--audit", type=int, default=1)
+    parser.add_argument("--loader", choices=["shared", "opacus"], default="shared",
+                        help="distributed mode: the shared Poisson batches, or make_private's "
+                             "Poisson loader (DistributedUniformWithReplacementSampler under DDP)")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--steps", type=int, default=9, help="logical steps per epoch (rate 1/steps)")
     parser.add_argument("--noise", type=float, default=0.8)
