@@ -6,11 +6,13 @@ replaced that Opacus relies on:
 
 * the accountant keeps its single ``step_hook`` slot: :func:`chain_step_hook` installs a hook that
   calls the previous one first (``previous`` stays reachable for :func:`find_accountant`);
-* gradient canaries (METHODS A7) go in through :class:`GradientCanaryInjector`, which wraps the
+* gradient canaries go in through :class:`GradientCanaryInjector`, which wraps the
   optimizer's ``add_noise`` on the instance, so they are added to the sum of clipped per-example
   gradients once per logical step (Opacus calls ``add_noise`` only when a step is taken, after
   ``BatchMemoryManager`` or gradient accumulation has gathered the whole logical batch) and
-  receive the same noise and the same ``1 / expected_batch_size`` scaling as real examples.
+  receive the same noise and the same ``1 / expected_batch_size`` scaling as real examples;
+  under data-parallel training (Opacus' ``DistributedDPOptimizer``) on rank 0 only, so that
+  each canary enters the all-reduced gradient once (:func:`canary_placement`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from audit_callbacks.canaries import CanarySet
 __all__ = [
     "GradientCanaryInjector",
     "accountant_epsilon",
+    "canary_placement",
     "analytic_epsilons",
     "chain_step_hook",
     "find_accountant",
@@ -179,7 +182,7 @@ def analytic_epsilons(history: Sequence[tuple[float, float, int]], delta: float)
         ``{"rdp": eps, "prv": eps}``; None where the accountant cannot answer (no steps yet, or
         the PRV accountant's numerical domain is exceeded).
 
-    Source: METHODS D (the Opacus accountants give epsilon(delta) after t steps at rate q).
+    Source: Opacus' ``RDPAccountant`` and ``PRVAccountant`` (epsilon(delta) after t steps at rate q).
     """
     out: dict[str, float | None] = {"rdp": None, "prv": None}
     if not history:
@@ -191,8 +194,91 @@ def analytic_epsilons(history: Sequence[tuple[float, float, int]], delta: float)
     return out
 
 
+_DISTRIBUTED_FIX = (
+    "wrap the network in opacus.distributed.DifferentiallyPrivateDistributedDataParallel "
+    "(DPDDP) before PrivacyEngine.make_private, so that Opacus returns a DistributedDPOptimizer "
+    "(noise on rank 0 only, privatized gradients averaged across ranks), and give make_private "
+    "the whole training set's loader (Trainer(use_distributed_sampler=False) with "
+    "poisson_sampling=True lets Opacus' DistributedUniformWithReplacementSampler shard it)"
+)
+
+
+def _supported_distributed() -> tuple[type, ...]:
+    """Opacus' distributed optimizers whose ``add_noise`` adds noise on rank 0 only and whose
+    ``step`` all-reduces ``p.grad`` afterwards (the flat-clipping ones)."""
+    from opacus.optimizers import DistributedDPOptimizer, DistributedDPOptimizerFastGradientClipping
+
+    return (DistributedDPOptimizer, DistributedDPOptimizerFastGradientClipping)
+
+
+def _unsupported_distributed() -> tuple[type, ...]:
+    """Opacus' distributed optimizers the canaries cannot enter through ``add_noise``: the
+    per-layer one adds noise in backward hooks; the FSDP one holds parameter shards."""
+    from opacus.optimizers import FSDPOptimizerFastGradientClipping
+    from opacus.optimizers.ddp_perlayeroptimizer import DistributedPerLayerOptimizer
+
+    return (DistributedPerLayerOptimizer, FSDPOptimizerFastGradientClipping)
+
+
+def canary_placement(optimizer: DPOptimizer, world_size: int = 1) -> tuple[bool, float]:
+    """Where and with what weight a canary enters the clipped sum of ``optimizer``.
+
+    Opacus' data-parallel DP-SGD (``DistributedDPOptimizer``): every rank clips and sums its own
+    examples' gradients into ``p.summed_grad``; ``add_noise`` adds the noise on rank 0 only (the
+    other ranks set ``p.grad = p.summed_grad``); ``scale_grad`` divides by
+    ``expected_batch_size * accumulated_iterations``, where ``make_private`` has set
+    ``expected_batch_size`` to the *per-rank* expected batch ``B / world_size`` (B the global
+    expected batch); ``reduce_gradients`` then all-reduces ``p.grad`` (SUM) and divides by
+    ``world_size`` (``loss_reduction="mean"``). A real example's clipped gradient ``g`` on any rank
+    thus reaches the global gradient as ``g / (B / W) / W = g / B``, exactly as in one process
+    with expected batch B, and a canary added to rank 0's ``summed_grad`` alone with weight
+    ``max_grad_norm`` reaches it as ``max_grad_norm * c / B``: the weight of one example, so the
+    scale is 1 (with ``loss_reduction="sum"`` nothing is divided and the same holds). Adding it
+    on every rank, as a one-process injector would, counts it ``world_size`` times.
+
+    Args:
+        optimizer: the run's ``DPOptimizer``.
+        world_size: the number of training processes (``trainer.world_size``).
+
+    Returns:
+        ``(insert_here, scale)``: whether this process adds the canaries, and their weight in
+        units of ``max_grad_norm`` (1.0).
+
+    Raises:
+        RuntimeError: ``world_size > 1`` with a non-distributed ``DPOptimizer`` (each rank would
+            add its own full noise to its own gradient, and Lightning's DDP averages the raw
+            gradients during backward, before Opacus overwrites ``p.grad``, so the ranks' models
+            drift apart and the accountant is charged each rank's own rate; the message names the
+            fix), with Opacus' per-layer or FSDP distributed optimizers, or a distributed
+            optimizer whose world size differs from ``world_size``.
+    """
+    if isinstance(optimizer, _unsupported_distributed()):
+        raise RuntimeError(
+            f"CanaryAudit: gradient canaries support Opacus' flat-clipping data-parallel "
+            f"optimizers (DistributedDPOptimizer), not {type(optimizer).__name__} (its noise is "
+            "added per layer in backward hooks or on parameter shards); use clipping='flat' "
+            "with DPDDP"
+        )
+    if isinstance(optimizer, _supported_distributed()):
+        opt_world = int(getattr(optimizer, "world_size", 1))
+        if world_size not in (1, opt_world):
+            raise RuntimeError(f"CanaryAudit: the trainer runs {world_size} processes, Opacus' "
+                               f"{type(optimizer).__name__} {opt_world}")
+        return int(getattr(optimizer, "rank", 0)) == 0, 1.0
+    if world_size > 1:
+        raise RuntimeError(
+            f"CanaryAudit: the trainer runs {world_size} processes (DDP) but the optimizer is a "
+            f"one-process Opacus {type(optimizer).__name__}: every rank adds its own noise and "
+            "steps with its own privatized gradient (Lightning's DDP averages the gradients before "
+            "Opacus replaces them), the accountant is charged each rank's own sampling rate, and "
+            f"the audit would not describe the run. Fix: {_DISTRIBUTED_FIX}"
+        )
+    return True, 1.0
+
+
 class GradientCanaryInjector:
-    """Add example-level gradient canaries to a ``DPOptimizer``'s clipped sum (METHODS A7).
+    """Add example-level gradient canaries to a ``DPOptimizer``'s clipped sum (Andrew et al.,
+    ICLR 2024, with a canary in the place of a training example).
 
     At every logical step each observed canary ``j < num_observed`` joins independently with
     probability ``q = min(1, sample_rate * optimizer.accumulated_iterations)``, the rate the
@@ -202,26 +288,38 @@ class GradientCanaryInjector:
     The draws of step ``t`` come from ``numpy.random.default_rng([seed, 0xA7, t])``, so the only
     state is the step counter and the participation counts.
 
+    Data-parallel training (Opacus' ``DistributedDPOptimizer``, the optimizer ``make_private``
+    returns for a ``DPDDP`` model): every rank makes the same draws and counts the same
+    participations, but only rank 0 adds the canaries, with weight ``max_grad_norm``, so that
+    after Opacus' all-reduce each canary has the weight of one real example's clipped gradient
+    in the global gradient (:func:`canary_placement`). ``sample_rate`` is then the rate of one
+    example in the *global* logical batch, which is the rate ``make_private`` charges the
+    accountant with (``1 / len(data_loader)`` of the distributed Poisson loader).
+
     Args:
         optimizer: the run's ``DPOptimizer``; its ``add_noise`` is wrapped on the instance.
         canaries: the canary set, dimension = total number of the optimizer's parameters.
         num_observed: k, canaries ``0..k-1`` may join; the rest are never inserted.
-        sample_rate: Poisson sampling rate of one example per physical batch.
+        sample_rate: Poisson sampling rate of one example per physical batch (global batch).
         seed: the seed of the join draws.
+        world_size: the number of training processes (``trainer.world_size``).
 
     Raises:
         ValueError: the canary dimension does not match the parameters, a rate not in (0, 1].
+        RuntimeError: a data-parallel run the canaries cannot audit (:func:`canary_placement`).
     """
 
     def __init__(
         self, optimizer: DPOptimizer, canaries: CanarySet, num_observed: int, sample_rate: float,
-        *, seed: int = 0,
+        *, seed: int = 0, world_size: int = 1,
     ) -> None:
         dim = sum(p.numel() for p in optimizer.params)
         if dim != canaries.dim:
             raise ValueError(f"canaries have dimension {canaries.dim}, the optimizer's parameters {dim}")
         if not 0 < sample_rate <= 1:
             raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate}")
+        self.inserts, self.scale = canary_placement(optimizer, int(world_size))
+        self.world_size = int(getattr(optimizer, "world_size", world_size))
         self.optimizer = optimizer
         self.canaries = canaries
         self.num_observed = int(num_observed)
@@ -242,14 +340,15 @@ class GradientCanaryInjector:
         rate = min(1.0, self.sample_rate * opt.accumulated_iterations)
         idx = self.joined(self.steps, rate)
         if idx.size:
-            params = opt.params
-            device = params[0].summed_grad.device
-            total = self.canaries.sum(idx.tolist(), device=device).mul_(float(opt.max_grad_norm))
-            offset = 0
-            for p in params:
-                n = p.numel()
-                p.summed_grad.add_(total[offset:offset + n].view_as(p.summed_grad).to(p.summed_grad.dtype))
-                offset += n
+            if self.inserts:
+                params = opt.params
+                device = params[0].summed_grad.device
+                total = self.canaries.sum(idx.tolist(), device=device).mul_(float(opt.max_grad_norm) * self.scale)
+                offset = 0
+                for p in params:
+                    n = p.numel()
+                    p.summed_grad.add_(total[offset:offset + n].view_as(p.summed_grad).to(p.summed_grad.dtype))
+                    offset += n
             np.add.at(self.participations, idx, 1)
         self.steps += 1
         self._original()

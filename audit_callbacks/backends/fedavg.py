@@ -41,6 +41,12 @@ def crowding_warning(k: int, n_real: int, per_round: int | None) -> str | None:
             f"slows learning{hint}, or pass a smaller num_canaries")
 
 
+def _world_size(trainer: Any) -> int:
+    """``trainer.world_size`` (processes: nodes x devices), 1 when the trainer has none."""
+    value = getattr(trainer, "world_size", 1)
+    return value if isinstance(value, int) else 1
+
+
 class FedAvgBackend(CanaryBackend):
     """Canary clients of a ``DPFedAvg`` module.
 
@@ -52,6 +58,11 @@ class FedAvgBackend(CanaryBackend):
         name: the name of the canary clients' block in the module (distinct per audit).
 
     Raises:
+        RuntimeError: the trainer runs more than one process (``trainer.world_size > 1``, e.g.
+            ``strategy="ddp"`` or ``"ddp_spawn"`` with ``devices=2``): ``DPFedAvg`` simulates
+            every client of a round in one process, so each rank would run the same full rounds
+            with its own noise and its own canary clients, and the audit would describe none of
+            them.
         ValueError: a model with fewer than 2 parameters, more Hadamard canaries than the
             transform length.
     """
@@ -63,6 +74,14 @@ class FedAvgBackend(CanaryBackend):
         self, config: CanaryConfig, module: Any, trainer: Any, warn: Callable[[str, str], None],
         *, name: str = "canary",
     ) -> None:
+        world_size = _world_size(trainer)
+        if world_size > 1:
+            raise RuntimeError(
+                f"CanaryAudit: DP-FedAvg runs every client of a round in one process, but the "
+                f"trainer runs {world_size} processes (world_size={world_size}, a DDP strategy): "
+                "each rank would run the same full rounds with its own noise and canary clients. "
+                "Train DPFedAvg with one process (Trainer(devices=1), strategy 'auto')"
+            )
         super().__init__(config, warn)
         self.module = module
         self.name = name

@@ -96,7 +96,8 @@ class OpacusBackend(CanaryBackend):
         if self.accountant is not None and accountant is not self.accountant:
             self._history = [tuple(h) for h in self.accountant.history]
         self.injector = GradientCanaryInjector(opt, self.stats.canaries, self.num_canaries, rate,
-                                               seed=self.config.seed)
+                                               seed=self.config.seed,
+                                               world_size=int(getattr(trainer, "world_size", 1)))
         self.injector.participations = self.participations  # one array, counted by the injector
         self.injector.steps = steps
         self.accountant = accountant

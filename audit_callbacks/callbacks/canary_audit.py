@@ -184,7 +184,8 @@ class CanaryAudit(Callback):
             self.backend.register()
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._summary_dir = summary_dir(trainer, self.summary_filename)  # fails here, not at the end
+        if trainer.is_global_zero:  # only rank 0 writes; a bad path fails here, not at the end
+            self._summary_dir = summary_dir(trainer, self.summary_filename)
         if isinstance(self.backend, OpacusBackend):
             self.backend.bind(trainer)  # a repeated fit: the audit goes on
         elif self.backend is None:
