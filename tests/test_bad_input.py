@@ -267,10 +267,11 @@ ROWS_TABLE = {"nan": ERR, "inf": ERR, "empty": ERR, "1d": ERR, "bool": ERR, "int
               "complex": ERR, "numpy": ERR, "bf16": FIN, "f16": FIN, "grad": FIN}
 MECHS: dict[str, tuple[type, dict[str, Any], str]] = {
     "LDPSGD": (LDPSGD, {"epsilon0": 1.0, "clip_norm": 1.0}, "epsilon0"),
-    "TwoPoint": (TwoPoint, {"epsilon": 1.0}, "epsilon"),
-    "GRR": (GRR, {"epsilon": 1.0}, "epsilon"),
-    "Staircase": (Staircase, {"epsilon": 1.0}, "epsilon"),
-    "BrokenStaircase": (BrokenStaircase, {"epsilon": 1.0, "defect": "per_group"}, "epsilon"),
+    "TwoPoint": (TwoPoint, {"epsilon_per_coordinate": 1.0}, "epsilon_per_coordinate"),
+    "GRR": (GRR, {"epsilon_per_coordinate": 1.0}, "epsilon_per_coordinate"),
+    "Staircase": (Staircase, {"epsilon_per_coordinate": 1.0}, "epsilon_per_coordinate"),
+    "BrokenStaircase": (BrokenStaircase, {"epsilon_per_coordinate": 1.0, "defect": "per_group"},
+                        "epsilon_per_coordinate"),
     "GaussianRandomizer": (GaussianRandomizer,
                            {"noise_multiplier": 1.0, "clip_norm": 1.0, "delta": 1e-5}, "delta"),
 }
@@ -284,10 +285,10 @@ for nm, (cls, kw, eps_arg) in MECHS.items():
         {k: v for k, v in ROWS_TABLE.items() if v == ERR}, _rows_values())
     add(nm, mech.epsilon_for_dim, {"d": 3}, "d", COUNT, COUNT_VALUES)
 add("LDPSGD", LDPSGD, {"epsilon0": 1.0, "clip_norm": 1.0}, "clip_norm", pos())
-add("TwoPoint", TwoPoint, {"epsilon": 1.0}, "radius", pos(), {**_scalars(1.0), **LIMITS})
-add("TwoPoint", TwoPoint, {"epsilon": 1.0}, "center", {**SCALAR, "neg": FIN},
+add("TwoPoint", TwoPoint, {"epsilon_per_coordinate": 1.0}, "radius", pos(), {**_scalars(1.0), **LIMITS})
+add("TwoPoint", TwoPoint, {"epsilon_per_coordinate": 1.0}, "center", {**SCALAR, "neg": FIN},
     {**_scalars(0.0), **LIMITS})
-add("GRR", GRR, {"epsilon": 1.0}, "precision", COUNT, COUNT_VALUES)
+add("GRR", GRR, {"epsilon_per_coordinate": 1.0}, "precision", COUNT, COUNT_VALUES)
 add("GaussianRandomizer", GaussianRandomizer,
     {"noise_multiplier": 1.0, "clip_norm": 1.0, "delta": 1e-5}, "noise_multiplier",
     pos(**{"1e-300": ERR}))
@@ -571,3 +572,16 @@ def test_ldp_test_geometry_matches_float64_reference(monkeypatch: pytest.MonkeyP
     assert geom.norm_g2 == pytest.approx(n2, rel=1e-12)
     assert geom.cosine == pytest.approx(c, rel=1e-11)
     assert geom.sine == pytest.approx(np.linalg.norm(a2 / n2 - c * a1 / n1), rel=1e-11)
+
+
+def test_the_old_epsilon_keyword_of_per_coordinate_randomizers_is_deprecated():
+    # one name per quantity: epsilon_per_coordinate (one coordinate), epsilon0 (a whole row)
+    with pytest.warns(DeprecationWarning, match="epsilon_per_coordinate"):
+        old = TwoPoint(epsilon=2.0, dim=3)
+    new = TwoPoint(epsilon_per_coordinate=2.0, dim=3)
+    assert old.epsilon_per_coordinate == new.epsilon_per_coordinate == 2.0
+    assert new.epsilon0 == 6.0  # the whole row's budget, by composition
+    with pytest.warns(DeprecationWarning):
+        assert Staircase(epsilon=1.0).epsilon_per_coordinate == 1.0
+    with pytest.raises(ValueError, match="epsilon"):
+        TwoPoint(epsilon=1.0, epsilon_per_coordinate=1.0)

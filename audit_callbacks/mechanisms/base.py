@@ -16,9 +16,11 @@ audit them exactly: the largest ``|log P(y|x) - log P(y|x')|`` over input pairs 
 from __future__ import annotations
 
 import abc
+import functools
 import math
-from collections.abc import Sequence
-from typing import NamedTuple
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 import torch
@@ -29,6 +31,7 @@ from audit_callbacks.estimators._validation import as_float_array, check_real_fi
 __all__ = [
     "ExactAudit",
     "LocalRandomizer",
+    "accepts_old_epsilon",
     "PerCoordinateRandomizer",
     "exact_epsilon",
     "exact_epsilon_witness",
@@ -36,6 +39,32 @@ __all__ = [
 
 # exp(eps) must stay finite, with room for the sums the discrete mechanisms form from it.
 _MAX_EPSILON = 700.0
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def accepts_old_epsilon(init: F) -> F:
+    """Accept the deprecated keyword ``epsilon=`` of a per-coordinate randomizer for
+    ``epsilon_per_coordinate=`` (for one release), with a ``DeprecationWarning``. The two
+    budgets have two names: ``epsilon_per_coordinate`` for one coordinate's release,
+    ``epsilon0`` for a whole row's (``LDPSGD(epsilon0=...)``, and every randomizer's
+    ``epsilon0`` property)."""
+
+    @functools.wraps(init)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if "epsilon" in kwargs:
+            if "epsilon_per_coordinate" in kwargs:
+                raise ValueError("epsilon: give epsilon_per_coordinate only (epsilon is its old name)")
+            warnings.warn(
+                f"{type(self).__name__}(epsilon=...) is deprecated: pass epsilon_per_coordinate= "
+                "(the budget of one coordinate; epsilon0 is the budget of a whole row)",
+                DeprecationWarning, stacklevel=2,
+            )
+            kwargs["epsilon_per_coordinate"] = kwargs.pop("epsilon")
+        return init(self, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
 
 
 def _check_epsilon(epsilon: float, name: str = "epsilon") -> float:
@@ -154,8 +183,10 @@ class PerCoordinateRandomizer(LocalRandomizer):
 
     per_coordinate = True
 
-    def __init__(self, epsilon: float, dim: int | None = None) -> None:
-        self.epsilon_per_coordinate: float = _check_epsilon(epsilon)
+    @accepts_old_epsilon
+    def __init__(self, epsilon_per_coordinate: float, dim: int | None = None) -> None:
+        self.epsilon_per_coordinate: float = _check_epsilon(epsilon_per_coordinate,
+                                                            "epsilon_per_coordinate")
         self.dim: int | None = None if dim is None else _check_int(dim, "dim", 1)
 
     @property

@@ -23,6 +23,7 @@ from audit_callbacks.mechanisms.base import (
     _check_positive,
     _check_rows,
     _uniform,
+    accepts_old_epsilon,
 )
 
 __all__ = ["GRR", "GridRandomizer"]
@@ -42,7 +43,8 @@ class GridRandomizer(PerCoordinateRandomizer):
     """Base of the per-coordinate mechanisms on the grid ``c - r + k 10^-p`` (k = 0..D-1).
 
     Args:
-        epsilon: per-coordinate epsilon, > 0.
+        epsilon_per_coordinate: the epsilon of one coordinate's release, > 0 (old name:
+            ``epsilon``, deprecated).
         center: c, rounded to p decimals (stored rounded in ``self.center``).
         radius: r > 0, rounded to p decimals (must stay >= 10^-p).
         precision: p, an integer in [0, 12].
@@ -55,9 +57,10 @@ class GridRandomizer(PerCoordinateRandomizer):
         dim: optional row length (see :class:`PerCoordinateRandomizer`).
     """
 
+    @accepts_old_epsilon
     def __init__(
         self,
-        epsilon: float,
+        epsilon_per_coordinate: float,
         center: float = 0.0,
         radius: float = 1.0,
         precision: int = 1,
@@ -65,7 +68,7 @@ class GridRandomizer(PerCoordinateRandomizer):
         rounding: str = "nearest",
         dim: int | None = None,
     ) -> None:
-        super().__init__(epsilon, dim)
+        super().__init__(epsilon_per_coordinate, dim)
         _check_finite(center, "center")
         _check_positive(radius, "radius")
         self.precision: int = _check_int(precision, "precision", 0)

@@ -58,6 +58,7 @@ from audit_callbacks.mechanisms.base import (
     _check_int,
     _check_rows,
     _uniform,
+    accepts_old_epsilon,
 )
 from audit_callbacks.mechanisms.grid import GridRandomizer
 
@@ -137,7 +138,8 @@ def staircase_alphas(
     ``alpha_1 / alpha_m = e^eps``.
 
     Args:
-        epsilon: per-coordinate epsilon, > 0.
+        epsilon_per_coordinate: the epsilon of one coordinate's release, > 0 (old name:
+            ``epsilon``, deprecated).
         sizes: group sizes ``n_1..n_m``, m >= 2, each >= 1.
         domain_size: D in ``alpha_m``; default ``sum(sizes)``, which makes
             ``sum_j n_j alpha_j = 1``. Another D (the public reference code passes the true D
@@ -237,14 +239,16 @@ class _StaircaseGroups(GridRandomizer):
     Subclasses call :meth:`_set_groups` with their sizes and group masses.
 
     Args:
-        epsilon, center, radius, precision, rounding, dim: as :class:`~.grid.GridRandomizer`.
+        epsilon_per_coordinate, center, radius, precision, rounding, dim: as
+            :class:`~.grid.GridRandomizer`.
         groups: m >= 2 (<= D).
         delta_d: the group-size step Delta_d (real); default ``floor(D / (m (m - 1)))``.
     """
 
+    @accepts_old_epsilon
     def __init__(
         self,
-        epsilon: float,
+        epsilon_per_coordinate: float,
         center: float,
         radius: float,
         precision: int,
@@ -254,7 +258,7 @@ class _StaircaseGroups(GridRandomizer):
         rounding: str,
         dim: int | None,
     ) -> None:
-        super().__init__(epsilon, center, radius, precision, rounding=rounding, dim=dim)
+        super().__init__(epsilon_per_coordinate, center, radius, precision, rounding=rounding, dim=dim)
         self.groups: int = _check_groups(self.domain_size, groups)
         self.delta_d: float = float(
             default_delta(self.domain_size, self.groups) if delta_d is None else delta_d
@@ -342,9 +346,10 @@ class Staircase(_StaircaseGroups):
 
     name = "staircase"
 
+    @accepts_old_epsilon
     def __init__(
         self,
-        epsilon: float,
+        epsilon_per_coordinate: float,
         center: float = 0.0,
         radius: float = 1.0,
         precision: int = 1,
@@ -357,7 +362,7 @@ class Staircase(_StaircaseGroups):
         dim: int | None = None,
     ) -> None:
         super().__init__(
-            epsilon, center, radius, precision, groups, delta_d, rounding=rounding, dim=dim
+            epsilon_per_coordinate, center, radius, precision, groups, delta_d, rounding=rounding, dim=dim
         )
         sizes = staircase_group_sizes(self.domain_size, self.groups, self.delta_d)
         self.alphas: Tensor = staircase_alphas(self.epsilon_per_coordinate, sizes)
@@ -481,9 +486,10 @@ class BrokenStaircase(_StaircaseGroups):
 
     name = "broken_staircase"
 
+    @accepts_old_epsilon
     def __init__(
         self,
-        epsilon: float,
+        epsilon_per_coordinate: float,
         center: float = 0.0,
         radius: float = 1.0,
         precision: int = 1,
@@ -496,7 +502,7 @@ class BrokenStaircase(_StaircaseGroups):
         if defect not in _DEFECTS:
             raise ValueError(f"defect must be one of {_DEFECTS}, got {defect!r}")
         super().__init__(
-            epsilon, center, radius, precision, groups, delta_d, rounding="nearest", dim=dim
+            epsilon_per_coordinate, center, radius, precision, groups, delta_d, rounding="nearest", dim=dim
         )
         self.defect: str = defect
         d, m, eps = self.domain_size, self.groups, self.epsilon_per_coordinate

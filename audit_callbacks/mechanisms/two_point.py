@@ -12,6 +12,7 @@ from audit_callbacks.mechanisms.base import (
     _as_inputs,
     _check_finite,
     _check_positive,
+    accepts_old_epsilon,
 )
 
 __all__ = ["TwoPoint"]
@@ -32,7 +33,8 @@ class TwoPoint(PerCoordinateRandomizer):
     ``sigma(t) = 1/(1 + e^-t)``, algebraically eq. 1 and exact at both ends.
 
     Args:
-        epsilon: per-coordinate epsilon, > 0.
+        epsilon_per_coordinate: the epsilon of one coordinate's release, > 0 (old name:
+            ``epsilon``, deprecated).
         center: c (finite).
         radius: r > 0.
         dim: optional row length (see :class:`PerCoordinateRandomizer`).
@@ -40,10 +42,12 @@ class TwoPoint(PerCoordinateRandomizer):
 
     name = "two_point"
 
+    @accepts_old_epsilon
     def __init__(
-        self, epsilon: float, center: float = 0.0, radius: float = 1.0, dim: int | None = None
+        self, epsilon_per_coordinate: float, center: float = 0.0, radius: float = 1.0,
+        dim: int | None = None,
     ) -> None:
-        super().__init__(epsilon, dim)
+        super().__init__(epsilon_per_coordinate, dim)
         self.center: float = _check_finite(center, "center")
         self.radius: float = _check_positive(radius, "radius")
         eps = self.epsilon_per_coordinate
@@ -117,6 +121,6 @@ class TwoPoint(PerCoordinateRandomizer):
 
     def __repr__(self) -> str:
         return (
-            f"TwoPoint(epsilon={self.epsilon_per_coordinate!r}, center={self.center!r}, "
+            f"TwoPoint(epsilon_per_coordinate={self.epsilon_per_coordinate!r}, center={self.center!r}, "
             f"radius={self.radius!r}, dim={self.dim!r})"
         )
