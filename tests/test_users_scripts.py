@@ -153,3 +153,46 @@ def test_the_callbacks_accept_a_pytorch_lightning_tensorboard_logger():
     assert not is_tensorboard_logger(pl.loggers.CSVLogger(os.devnull))
     assert is_lightning_module(pl.LightningModule()) and is_lightning_module(L.LightningModule())
     assert not is_lightning_module(nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("how", ["make_private_with_epsilon", "gdp_accountant"])
+def test_other_opacus_entry_points_give_the_accountants_epsilon(tmp_path, how):
+    class Module(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = nn.Sequential(nn.Linear(30, 16), nn.ReLU(), nn.Linear(16, 2))
+
+        def training_step(self, batch, batch_idx):
+            return nn.functional.cross_entropy(self.net(batch[0]), batch[1])
+
+        def train_dataloader(self):
+            x, y = load_breast_cancer_tensors()
+            return DataLoader(TensorDataset(x, y.long()), batch_size=64)
+
+        def configure_optimizers(self):
+            optimizer = torch.optim.SGD(self.net.parameters(), lr=0.5)
+            self.trainer.fit_loop.setup_data()
+            loader = self.trainer.train_dataloader
+            if how == "make_private_with_epsilon":
+                self.privacy_engine = PrivacyEngine()
+                _, optimizer, _ = self.privacy_engine.make_private_with_epsilon(
+                    module=self.net, optimizer=optimizer, data_loader=loader, target_epsilon=3.0,
+                    target_delta=1e-5, epochs=3, max_grad_norm=1.0)
+            else:
+                self.privacy_engine = PrivacyEngine(accountant="gdp")
+                _, optimizer, _ = self.privacy_engine.make_private(
+                    module=self.net, optimizer=optimizer, data_loader=loader, noise_multiplier=1.0,
+                    max_grad_norm=1.0)
+            return optimizer
+
+    audit = CanaryAudit(100, bootstrap=0)
+    module = Module()
+    _trainer(L, tmp_path, 3, [audit], logger=False).fit(module)
+    eps = module.privacy_engine.get_epsilon(1e-5)
+    assert audit.last_report.epsilon_analytic == pytest.approx(eps)
+    if how == "make_private_with_epsilon":
+        assert eps == pytest.approx(3.0, rel=0.05)
+    # the canaries joined at the rate the accountant was charged
+    q = module.privacy_engine.accountant.history[0][1]
+    assert audit.backend.injector.sample_rate == pytest.approx(q)
