@@ -1,0 +1,131 @@
+"""Flower ``ArrayRecord`` <-> flat model vectors, reply checks, and the atomic summary file.
+
+A model is audited as one flat float32 vector ``[d]``: the floating arrays of the global
+``ArrayRecord``, in its key order, each flattened in C order. Integer arrays (e.g. BatchNorm's
+``num_batches_tracked``) are not part of ``d``: a canary client leaves them as they are.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord
+
+from audit_callbacks.callbacks.summary import to_jsonable, versions
+
+__all__ = ["Layout", "write_summary_atomic"]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The shapes of a model's arrays: ``(key, shape, dtype)`` for every array, in order.
+
+    Attributes:
+        entries: one ``(key, shape, numpy dtype string)`` per array of the record.
+        dim: d, the number of floating entries (the length of the flat vectors).
+    """
+
+    entries: tuple[tuple[str, tuple[int, ...], str], ...]
+    dim: int
+
+    @classmethod
+    def of(cls, record: ArrayRecord) -> Layout:
+        """The layout of ``record``.
+
+        Raises:
+            ValueError: the record has no floating array with at least 2 entries in all.
+        """
+        entries, dim = [], 0
+        for key, arr in record.items():
+            nd = arr.numpy()
+            entries.append((str(key), tuple(int(s) for s in nd.shape), nd.dtype.str))
+            if np.issubdtype(nd.dtype, np.floating):
+                dim += int(nd.size)
+        if dim < 2:
+            raise ValueError(f"the model has {dim} floating parameter(s); canaries need d >= 2")
+        return cls(tuple(entries), dim)
+
+    def mismatch(self, record: ArrayRecord) -> str | None:
+        """Why ``record`` is not a model of this layout with finite weights, or None."""
+        keys = [str(k) for k in record.keys()]
+        mine = [e[0] for e in self.entries]
+        if keys != mine:
+            missing = sorted(set(mine) - set(keys))[:3]
+            extra = sorted(set(keys) - set(mine))[:3]
+            return f"its arrays are not the model's (missing {missing}, unexpected {extra})"
+        for (key, shape, dtype), arr in zip(self.entries, record.values(), strict=True):
+            try:
+                nd = arr.numpy()
+            except Exception as err:  # noqa: BLE001 - undecodable bytes are bad input
+                return f"array {key!r} cannot be decoded ({err})"
+            if tuple(nd.shape) != shape:
+                return f"array {key!r} has shape {tuple(nd.shape)}, the model's is {shape}"
+            floating = np.issubdtype(np.dtype(dtype), np.floating)
+            if floating != np.issubdtype(nd.dtype, np.floating) or (
+                not floating and not np.issubdtype(nd.dtype, np.number)
+            ):
+                return f"array {key!r} has dtype {nd.dtype}, the model's is {dtype}"
+            if floating and not np.isfinite(nd).all():
+                return f"array {key!r} has NaN or inf entries"
+        return None
+
+    def flatten(self, record: ArrayRecord) -> torch.Tensor:
+        """The floating arrays of ``record`` as one flat float32 vector ``[d]`` (CPU)."""
+        parts = []
+        for (_, _, dtype), arr in zip(self.entries, record.values(), strict=True):
+            if np.issubdtype(np.dtype(dtype), np.floating):
+                parts.append(np.asarray(arr.numpy(), dtype=np.float32).reshape(-1))
+        return torch.from_numpy(np.concatenate(parts))
+
+    def add_flat(self, record: ArrayRecord, flat: torch.Tensor) -> ArrayRecord:
+        """A new record: ``record`` plus the flat vector ``flat`` ``[d]`` on its floating arrays
+        (each cast back to its dtype); integer arrays are copied."""
+        vec = flat.detach().cpu().numpy()
+        out: dict[str, Array] = {}
+        pos = 0
+        for (key, shape, dtype), arr in zip(self.entries, record.values(), strict=True):
+            nd = arr.numpy()
+            if np.issubdtype(np.dtype(dtype), np.floating):
+                n = int(np.prod(shape, dtype=np.int64))
+                nd = (nd + vec[pos:pos + n].reshape(shape)).astype(nd.dtype, copy=False)
+                pos += n
+            out[key] = Array(np.ascontiguousarray(nd))
+        return ArrayRecord(out)
+
+
+def _flwr_version() -> str:
+    try:
+        return metadata.version("flwr")
+    except metadata.PackageNotFoundError:  # pragma: no cover - this module imports flwr
+        return "not installed"
+
+
+def write_summary_atomic(directory: str, filename: str, summary: Mapping[str, Any]) -> str:
+    """Write ``summary`` (with package versions, Flower's included) as indented JSON, atomically:
+    into a temporary file in ``directory``, then ``os.replace`` onto the name, so a reader never
+    sees a half-written file. Returns the path."""
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, filename)
+    payload = dict(summary)
+    payload.setdefault("versions", {**versions(), "flwr": _flwr_version()})
+    text = json.dumps(to_jsonable(payload), indent=2, allow_nan=False)
+    fd, tmp = tempfile.mkstemp(prefix=f".{filename}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
