@@ -69,8 +69,9 @@ class Layout:
             if tuple(nd.shape) != shape:
                 return f"array {key!r} has shape {tuple(nd.shape)}, the model's is {shape}"
             floating = np.issubdtype(np.dtype(dtype), np.floating)
-            if floating != np.issubdtype(nd.dtype, np.floating) or (
-                not floating and not np.issubdtype(nd.dtype, np.number)
+            # an integer array may come back as floats (FedAvg averages every array in float64)
+            if (floating and not np.issubdtype(nd.dtype, np.floating)) or (
+                not np.issubdtype(nd.dtype, np.number) or np.issubdtype(nd.dtype, np.complexfloating)
             ):
                 return f"array {key!r} has dtype {nd.dtype}, the model's is {dtype}"
             if floating and not np.isfinite(nd).all():

@@ -204,6 +204,7 @@ class CanaryStrategy(Strategy):
         self._offset = 0  # rounds of a restored state: a resumed run's server rounds add to it
         self._finished_at = -1
         self._warned: set[str] = set()
+        self._early: list[tuple[dict[str, float | None], int]] = []  # evaluations before round 1
 
     # ------------------------------------------------------------------ helpers
     def _warn(self, key: str, message: str) -> None:
@@ -395,9 +396,12 @@ class CanaryStrategy(Strategy):
         t_inner = time.perf_counter()
         try:
             arrays, metrics = self.strategy.aggregate_train(server_round, checked)
-        except InconsistentMessageReplies as err:
-            LOGGER.log(WARNING, "CanaryStrategy: round %d: the wrapped strategy rejected the "
-                       "replies (%s); the round is skipped", server_round, err)
+        except (InconsistentMessageReplies, ZeroDivisionError) as err:
+            # ZeroDivisionError: flwr 1.41's fixed clipping divides by the norm of a client's
+            # update, so a client that returns the model unchanged stops its server app
+            LOGGER.log(WARNING, "CanaryStrategy: round %d: the wrapped strategy could not "
+                       "aggregate the replies (%s: %s); the round is skipped", server_round,
+                       type(err).__name__, err)
             arrays, metrics = None, None
         inner += time.perf_counter() - t_inner
         self.backend.rounds = self._offset + server_round
@@ -471,8 +475,12 @@ class CanaryStrategy(Strategy):
 
         def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
             res = evaluate_fn(server_round, arrays) if evaluate_fn is not None else None
-            if res is not None and self.reporter is not None:
-                self.reporter.scalars(_numeric(res, "val/"), self._offset + server_round)
+            if res is not None:
+                self._early.append((_numeric(res, "val/"), server_round))
+                if self.reporter is not None:
+                    for values, rnd in self._early:
+                        self.reporter.scalars(values, self._offset + rnd)
+                    self._early.clear()
             return res
 
         result = super().start(grid, initial_arrays, num_rounds, timeout, train_config,

@@ -1,0 +1,306 @@
+"""CanaryStrategy through Flower's own strategies and DP wrappers, on an in-process grid.
+
+Every run here is Flower's ``Strategy.start`` loop (FedAvg sampling, the DP wrapper's clipping
+and noise, FedAvg's aggregation) over ``LocalGrid`` nodes; the real runtimes are exercised by
+``test_flower_deployment.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+
+flwr = pytest.importorskip("flwr")
+
+from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict  # noqa: E402
+from flwr.serverapp.strategy import (  # noqa: E402
+    DifferentialPrivacyClientSideFixedClipping,
+    DifferentialPrivacyServerSideFixedClipping,
+    FedAvg,
+)
+from scipy import stats  # noqa: E402
+
+from audit_callbacks.callbacks.canary_audit import TAGS  # noqa: E402
+from audit_callbacks.flower import CanaryStrategy, LocalGrid  # noqa: E402
+
+D_IN, D_OUT = 100, 4  # a linear model: d = 100 * 4 + 4 = 404 parameters
+
+
+def _model(with_int: bool = False) -> ArrayRecord:
+    """The global model; ``with_int`` adds an int64 array (outside d; Flower's DP wrappers
+    cannot clip integer arrays, so only without them)."""
+    rng = np.random.default_rng(0)
+    arrays = {"w": Array(rng.normal(0, 0.1, (D_OUT, D_IN)).astype(np.float32)),
+              "b": Array(np.zeros(D_OUT, np.float32))}
+    if with_int:
+        arrays["steps"] = Array(np.zeros(1, np.int64))
+    return ArrayRecord(arrays)
+
+
+def _client(step: float = 0.05, weight: float = 1.0, fail: set[int] | None = None,
+            bad: set[int] | None = None):
+    """Node i moves the model toward a fixed random target of its own (a data-driven update)."""
+    targets = {}
+
+    def handler(msg, i):
+        if fail and i in fail:
+            raise RuntimeError(f"node {i} crashed")
+        arrays = msg.content["arrays"]
+        if i not in targets:
+            targets[i] = np.random.default_rng(100 + i).normal(0, 1, (D_OUT, D_IN)).astype(np.float32)
+        w = arrays["w"].numpy()
+        out = {"w": Array((w + step * (targets[i] - w)).astype(np.float32)),
+               "b": Array(arrays["b"].numpy().copy())}
+        if "steps" in arrays:
+            out["steps"] = Array(arrays["steps"].numpy() + 1)
+        if bad and i in bad:
+            out["w"] = Array(np.zeros((3, 3), np.float32))  # not the model's weights
+        return RecordDict({"arrays": ArrayRecord(out),
+                           "metrics": MetricRecord({"num-examples": weight, "loss": float(i)})})
+
+    return handler
+
+
+def _run(tmp_path, *, n=20, k=60, fraction=0.2, z=0.5, clip=1.0, rounds=8, handler=None,
+         seed=0, dp="server", **kw):
+    random.seed(seed)
+    np.random.seed(seed)
+    inner = FedAvg(fraction_train=fraction, fraction_evaluate=0.0, min_available_nodes=n,
+                   min_train_nodes=1)
+    m = max(int((n + k) * fraction), 1)
+    if dp == "server":
+        inner = DifferentialPrivacyServerSideFixedClipping(inner, z, clip, m)
+    elif dp == "client":
+        inner = DifferentialPrivacyClientSideFixedClipping(inner, z, clip, m)
+    else:
+        kw.update(noise_multiplier=z, clip_norm=clip)
+    kw.setdefault("bootstrap", 20)
+    strategy = CanaryStrategy(inner, num_canaries=k, log_dir=str(tmp_path), seed=seed, **kw)
+    grid = LocalGrid(n, handler or _client())
+    result = strategy.start(grid, _model(with_int=dp is None), num_rounds=rounds)
+    return strategy, result, grid
+
+
+def _finite_estimates(summary):
+    for name, est in (summary["estimates"] or {}).items():
+        assert est["value"] is not None and math.isfinite(est["value"]), name
+
+
+def test_summary_and_tensorboard(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    strategy, result, _ = _run(tmp_path, rounds=6, every_n_rounds=2)
+    summary = json.loads((tmp_path / "audit_summary.json").read_text())
+    assert summary["callback"] == "CanaryStrategy" and summary["tags"] == TAGS
+    assert summary["versions"]["flwr"] == flwr.__version__ if hasattr(flwr, "__version__") else True
+    assert summary["inputs"]["num_canaries"] == 60 and summary["inputs"]["rounds"] == 6
+    assert summary["inputs"]["clients_per_round"] == 16
+    assert set(summary["estimates"]) >= {"final_model", "all_iterates"}
+    _finite_estimates(summary)
+    assert summary["max_participations"] == int(strategy.participations.max())
+    acc = EventAccumulator(str(tmp_path)).Reload()
+    tags = acc.Tags()["scalars"]
+    for tag in ("audit/epsilon_final_model", "audit/epsilon_all_iterates",
+                "audit/epsilon_analytic", "audit/num_canaries"):
+        assert tag in tags
+    assert [e.step for e in acc.Scalars("audit/epsilon_final_model")] == [2, 4, 6]
+    assert "audit/cosine_final_observed" in acc.Tags()["histograms"]
+    assert not list(tmp_path.glob(".audit_summary.json.*"))  # the temp file was renamed
+    assert strategy.last_report.progress == 6
+
+
+def test_canary_enters_the_clipped_sum_before_the_noise(tmp_path):
+    """Real clients that do not move: the release is theta + (C / m) sum_j c_j exactly."""
+    seen = []
+
+    class Spy(CanaryStrategy):
+        def aggregate_train(self, server_round, replies):
+            before = self._prev[1].clone()
+            out = super().aggregate_train(server_round, replies)
+            seen.append((before, self.backend.theta.clone(), list(self._last_inserted)))
+            return out
+
+        def _canary_replies(self, pending, valid, base):
+            self._last_inserted = [j for j, _ in pending]
+            return super()._canary_replies(pending, valid, base)
+
+    random.seed(1)
+    # no DP wrapper: flwr 1.41's clipping divides by the norm of an update, zero here
+    inner = FedAvg(fraction_train=0.25, fraction_evaluate=0.0, min_available_nodes=8)
+    strategy = Spy(inner, num_canaries=32, noise_multiplier=0.0, clip_norm=2.0, log_dir=None,
+                   bootstrap=0)
+    strategy._last_inserted = []
+    strategy.start(LocalGrid(8, _client(step=0.0)), _model(), num_rounds=3)
+    canaries = strategy.backend.stats.canaries
+    assert any(inserted for _, _, inserted in seen)
+    for before, after, inserted in seen:
+        expected = canaries.sum(inserted) * 2.0 / 10 if inserted else torch.zeros_like(before)
+        torch.testing.assert_close(after - before, expected, atol=1e-6, rtol=1e-4)
+
+
+def test_participations_are_binomial(tmp_path):
+    # 100 real nodes: a cohort without a real client (whose canaries are not inserted, see
+    # test_cohort_without_a_real_client) has probability about 0.9^100
+    n, k, fraction, rounds = 100, 300, 0.1, 25
+    strategy, _, grid = _run(tmp_path, n=n, k=k, fraction=fraction, rounds=rounds,
+                             handler=_client(step=0.0), bootstrap=0, every_n_rounds=100, dp=None,
+                             canaries="gaussian")
+    q = int((n + k) * fraction) / (n + k)
+    assert strategy.sample_rate == pytest.approx(q)
+    parts = strategy.participations
+    mean, var = rounds * q, rounds * q * (1 - q)
+    assert abs(parts.mean() - mean) < 4 * math.sqrt(var / k)
+    # goodness of fit of the counts to Binomial(rounds, q) (bins with small expectation merged)
+    observed = np.bincount(parts, minlength=rounds + 1).astype(float)
+    expected = stats.binom.pmf(np.arange(rounds + 1), rounds, q) * k
+    top = int(np.flatnonzero(expected >= 5).max())
+    obs = np.r_[observed[:top], observed[top:].sum()]
+    exp = np.r_[expected[:top], expected[top:].sum()]
+    low = int(np.flatnonzero(exp >= 5).min())
+    obs = np.r_[obs[:low + 1].sum(), obs[low + 1:]]
+    exp = np.r_[exp[:low + 1].sum(), exp[low + 1:]]
+    assert stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue > 1e-3
+    # the real nodes were sampled at the same rate
+    real = np.bincount(grid.sent, minlength=n + 1)[1:]
+    assert abs(real.mean() - mean) < 4 * math.sqrt(var / n) + 1
+
+
+def test_no_noise_canaries_stand_out(tmp_path):
+    strategy, _, _ = _run(tmp_path, z=0.0, rounds=8, bootstrap=0)
+    report = strategy.last_report
+    s = report.statistics
+    null_sd = s["all_unobserved"].std()
+    assert s["all_observed"].mean() > s["all_unobserved"].mean() + 5 * null_sd
+    assert s["final_observed"].mean() > s["final_unobserved"].mean() + 3 * s["final_unobserved"].std()
+    assert report.analytic_epsilon is None  # no noise: infinite analytic epsilon
+    assert report.value("all_iterates_lower_bound_heldout") > 1.0
+
+
+def test_large_noise_estimate_falls_toward_zero(tmp_path):
+    """z = 30: the equal-variance estimates are near 0 and the lower bounds are 0. The
+    unequal-variance fit (Andrew et al.) keeps a floor of about 1.5-2 here from the sampling
+    noise of 60 canaries' variance ratio, so it is only required to fall far below z = 0.3's."""
+    small, _, _ = _run(tmp_path / "small", z=0.3, rounds=8, bootstrap=0)
+    large, _, _ = _run(tmp_path / "large", z=30.0, rounds=8, bootstrap=0)
+    for name in ("final_model", "all_iterates"):
+        assert large.last_report.value(f"{name}_equal_variance") < 0.5
+        assert large.last_report.value(f"{name}_lower_bound_heldout") < 0.1
+        assert large.last_report.value(name) < 0.3 * small.last_report.value(name)
+        assert small.last_report.value(f"{name}_lower_bound_heldout") > 1.0
+
+
+def test_bad_arguments():
+    inner = FedAvg()
+    with pytest.raises(ValueError, match="clip_norm"):
+        CanaryStrategy(inner, noise_multiplier=1.0, clip_norm=0.0)
+    with pytest.raises(ValueError, match="noise_multiplier"):
+        CanaryStrategy(inner, noise_multiplier=-1.0, clip_norm=1.0)
+    with pytest.raises(ValueError, match="no noise_multiplier"):
+        CanaryStrategy(inner)
+    with pytest.raises(ValueError, match="num_canaries"):
+        CanaryStrategy(inner, num_canaries=1, noise_multiplier=1.0, clip_norm=1.0)
+
+
+def test_failures_and_bad_replies_are_skipped_not_nan(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="flwr")
+    # node 0 crashes, node 1 answers with arrays that are not the model: with the DP wrapper
+    # (which skips rounds with failures) those rounds count no canary participation
+    strategy, _, grid = _run(tmp_path, n=6, k=30, fraction=0.5, rounds=6,
+                             handler=_client(fail={0}, bad={1}))
+    events = strategy.round_events
+    assert any("not aggregated" in e for e in events.values())
+    assert "not model weights" in caplog.text and "counted as a failure" in caplog.text
+    folded = [r for r, e in events.items() if e.startswith("folded")]
+    assert strategy.backend.stats.rounds_seen == len(folded)
+    summary = json.loads((tmp_path / "audit_summary.json").read_text())
+    _finite_estimates(summary)
+    # without a DP wrapper FedAvg aggregates the valid replies and the canaries
+    plain, result, _ = _run(tmp_path / "plain", n=6, k=30, fraction=0.5, rounds=4, dp=None,
+                            handler=_client(fail={0}, bad={1}))
+    assert plain.backend.stats.rounds_seen == 4
+    assert plain.layout.dim == D_IN * D_OUT + D_OUT  # the int64 array is not audited
+    assert "steps" in result.arrays  # carried through (canary clients copy it)
+
+
+def test_cohort_without_a_real_client(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="flwr")
+    # 1 real node among 200 canaries, 2 sampled a round: most rounds have no real client
+    strategy, _, _ = _run(tmp_path, n=1, k=200, fraction=0.01, rounds=5, dp=None)
+    assert "no valid real reply" in caplog.text
+    assert int(strategy.participations.sum()) <= 5
+    summary = json.loads((tmp_path / "audit_summary.json").read_text())
+    assert summary["estimates"] is None or all(
+        math.isfinite(e["value"]) for e in summary["estimates"].values())
+
+
+def test_client_side_clipping_and_unequal_weights(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="flwr")
+    strategy, _, _ = _run(tmp_path, dp="client", rounds=4)
+    assert strategy.backend.stats.rounds_seen == 4 and strategy.participations.sum() > 0
+
+    def weighted(msg, i):
+        out = _client()(msg, i)
+        out["metrics"]["num-examples"] = float(i + 1)
+        return out
+
+    _run(tmp_path / "w", rounds=2, handler=weighted)
+    assert "unequal 'num-examples'" in caplog.text
+
+
+def test_dp_wrapper_outside_is_detected(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="flwr")
+    random.seed(0)
+    inner = CanaryStrategy(FedAvg(fraction_train=0.5, fraction_evaluate=0.0, min_available_nodes=4),
+                           num_canaries=8, noise_multiplier=1.0, clip_norm=1.0, log_dir=None,
+                           bootstrap=0)
+    outer = DifferentialPrivacyServerSideFixedClipping(inner, 1.0, 1.0, 6)
+    outer.start(LocalGrid(4, _client()), _model(), num_rounds=2)
+    assert "not the one this wrapper released" in caplog.text
+
+
+def test_state_round_trip_and_resume(tmp_path):
+    first, result, _ = _run(tmp_path / "a", rounds=4, bootstrap=0)
+    state = first.state_dict()
+    second = CanaryStrategy(
+        DifferentialPrivacyServerSideFixedClipping(
+            FedAvg(fraction_train=0.2, fraction_evaluate=0.0, min_available_nodes=20), 0.5, 1.0, 16),
+        num_canaries=60, log_dir=str(tmp_path / "b"), bootstrap=0)
+    second.load_state_dict(state)
+    second.start(LocalGrid(20, _client()), result.arrays, num_rounds=1)
+    assert second.backend.rounds == 5
+    assert second.backend.stats.rounds_seen == 5
+    assert (second.participations >= first.participations).all()
+    torch.testing.assert_close(second.backend.stats.theta0, first.backend.stats.theta0)
+    bad = CanaryStrategy(FedAvg(), num_canaries=61, noise_multiplier=1.0, clip_norm=1.0, log_dir=None)
+    bad.load_state_dict(state)
+    with pytest.raises(ValueError, match="num_observed|participations"):
+        bad.start(LocalGrid(20, _client()), result.arrays, num_rounds=1)
+
+
+def test_evaluate_fn_accuracy_is_logged(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    random.seed(0)
+    inner = DifferentialPrivacyServerSideFixedClipping(
+        FedAvg(fraction_train=0.5, fraction_evaluate=0.0, min_available_nodes=4), 0.5, 1.0, 8)
+    strategy = CanaryStrategy(inner, num_canaries=12, log_dir=str(tmp_path), bootstrap=0)
+    strategy.start(LocalGrid(4, _client()), _model(), num_rounds=3,
+                   evaluate_fn=lambda rnd, arrays: MetricRecord({"accuracy": 0.1 * rnd}))
+    acc = EventAccumulator(str(tmp_path)).Reload()
+    assert [round(e.value, 6) for e in acc.Scalars("val/accuracy")] == [0.0, 0.1, 0.2, 0.3]
+
+
+def test_unchanged_model_reply_does_not_stop_the_server(tmp_path, caplog):
+    """flwr 1.41's server-side clipping divides by the update's norm: a client that returns the
+    global model unchanged raises ZeroDivisionError inside the DP wrapper; the round is
+    skipped with a logged reason instead of stopping the server app."""
+    caplog.set_level(logging.WARNING, logger="flwr")
+    strategy, _, _ = _run(tmp_path, n=4, k=8, fraction=0.5, rounds=2, handler=_client(step=0.0))
+    assert "ZeroDivisionError" in caplog.text
+    assert strategy.backend.stats.rounds_seen == 0 and strategy.participations.sum() == 0
