@@ -304,3 +304,20 @@ def test_unchanged_model_reply_does_not_stop_the_server(tmp_path, caplog):
     strategy, _, _ = _run(tmp_path, n=4, k=8, fraction=0.5, rounds=2, handler=_client(step=0.0))
     assert "ZeroDivisionError" in caplog.text
     assert strategy.backend.stats.rounds_seen == 0 and strategy.participations.sum() == 0
+
+
+def test_library_imports_without_flwr():
+    """With flwr unimportable the library and CanaryAudit import; audit_callbacks.flower raises
+    an ImportError that says how to install the extra."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['flwr'] = None\n"
+            "import audit_callbacks, audit_callbacks.callbacks, audit_callbacks.estimators\n"
+            "from audit_callbacks.callbacks import CanaryAudit\n"
+            "try:\n    import audit_callbacks.flower\nexcept ImportError as err:\n"
+            "    print('IMPORT-ERROR', err)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert 'IMPORT-ERROR audit_callbacks.flower needs Flower: pip install "audit-callbacks[flower]"' \
+        in out.stdout
