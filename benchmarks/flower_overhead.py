@@ -1,6 +1,6 @@
 """Cost of ``CanaryStrategy`` in a Flower round: time in the wrapper against the round's wall time.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/flower_overhead.py            # ~2-4 min on 2 CPUs
+    PYTHONPATH=. .venv/bin/python benchmarks/flower_overhead.py            # ~3 min on 2 CPUs
     PYTHONPATH=. .venv/bin/python benchmarks/flower_overhead.py --quick    # smoke test
 
 Every run is Flower's own ``Strategy.start`` loop (FedAvg sampling, the server-side fixed-clipping
@@ -26,6 +26,9 @@ reported separately. Scenarios: digits MLPs with d = 2,410 and d = 38,890 (real 
 a synthetic model with d = 1,000,000 whose clients take one cheap step (the wrapper's worst
 case relative to the clients' work).
 
+Then the example's Flower simulation (``examples/flower_canary_audit.py``, Ray backend,
+``--simulation-rounds`` rounds) reports the wrapper's share of a real runtime's strategy time.
+
 Output: a table on stdout and ``benchmarks/results/flower_overhead.json`` (with Flower's
 version).
 """
@@ -36,15 +39,18 @@ import argparse
 import random
 import statistics
 import sys
+import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from _common import machine_info, write_json  # noqa: E402
 from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict  # noqa: E402
 from flwr.serverapp.strategy import (  # noqa: E402
     DifferentialPrivacyServerSideFixedClipping,
@@ -52,7 +58,6 @@ from flwr.serverapp.strategy import (  # noqa: E402
 )
 
 from audit_callbacks.flower import CanaryStrategy, LocalGrid, local_sgd  # noqa: E402
-from benchmarks._common import machine_info, write_json  # noqa: E402
 
 
 def _digits_handler(hidden: int, n: int, seed: int):
@@ -132,6 +137,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--repeats", type=int, default=2, help="ABBA pairs per scenario")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--no-simulation", action="store_true", help="skip the Ray simulation run")
+    p.add_argument("--simulation-rounds", type=int, default=20)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     rounds = 6 if args.quick else 25
@@ -179,6 +186,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"  slowdown x{row['slowdown_vs_baseline_median']:.2f}"
               f"  (baseline round {1e3 * row['baseline_round_wall_s_median']:.1f} ms;"
               f" final round {max(row['final_round_wrapper_s']):.2f} s in the wrapper)", flush=True)
+    simulation = None
+    if not args.quick and not args.no_simulation:
+        # the example's Flower simulation (Ray): the wrapper's share of a real runtime's round
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+        import flower_canary_audit as example
+
+        with tempfile.TemporaryDirectory() as tmp:
+            res = example.main(["--rounds", str(args.simulation_rounds), "--log-dir", tmp])
+        simulation = {
+            "what": "examples/flower_canary_audit.py (run_simulation, Ray, 2 actors): 200 "
+                    "clients + 100 canaries, cohort 30, MLP d = 2,410",
+            "rounds": args.simulation_rounds,
+            "strategy_seconds": res["seconds"],
+            "wrapper_seconds": res["wrapper_seconds"],
+            "wrapper_share": res["wrapper_seconds"] / res["seconds"],
+        }
+        print(f"simulation: {args.simulation_rounds} rounds in {res['seconds']:.1f} s, "
+              f"{res['wrapper_seconds']:.2f} s in the wrapper "
+              f"({100 * simulation['wrapper_share']:.2f}%)", flush=True)
     payload = {
         "benchmark": "flower_overhead",
         "flwr": metadata.version("flwr"),
@@ -187,6 +213,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "quick": args.quick, "repeats": args.repeats,
         "machine": machine_info(),
         "scenarios": results,
+        "simulation": simulation,
     }
     if not args.quick:
         path = write_json("flower_overhead.json", payload)

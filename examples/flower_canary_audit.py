@@ -136,10 +136,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     def row(name: str, key: str) -> str:
         e = est.get(key)
         if not e:
-            return f"  {name:<38} {'-':>10}"
+            return f"  {name:<40} {'-':>10}"
         lo, hi = e.get("lower"), e.get("upper")
         ci = f"  [{lo:.3g}, {hi:.3g}]" if lo is not None and hi is not None else ""
-        return f"  {name:<38} {e['value']:>10.3f}{ci}"
+        return f"  {name:<40} {e['value']:>10.3f}{ci}"
 
     print()
     print(f"Flower DP-FedAvg on digits: {args.rounds} rounds, {args.clients} clients + "
@@ -151,12 +151,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"  test accuracy {out['accuracy']:.3f}; {summary.get('num_canaries_participated', 0)} "
           f"canaries took part (at most {summary.get('max_participations', 0)} times each)")
     print(f"  epsilon at delta = {args.delta:g} (intervals: 95% bootstrap)")
-    print(row("final model (Gaussian fit, paper)", "final_model"))
+    print(row("final model (Gaussian fit, Andrew et al.)", "final_model"))
     print(row("final model, 95% lower bound", "final_model_lower_bound_heldout"))
-    print(row("all iterates (Gaussian fit, paper)", "all_iterates"))
+    print(row("all iterates (Gaussian fit, Andrew et al.)", "all_iterates"))
     print(row("all iterates, 95% lower bound", "all_iterates_lower_bound_heldout"))
     analytic = summary.get("analytic_epsilon")
-    print(f"  {'analytic (rounds known)':<38} {analytic if analytic is None else round(analytic, 3)!s:>10}")
+    print(f"  {'analytic (rounds known)':<40} {analytic if analytic is None else round(analytic, 3)!s:>10}")
     print(f"  TensorBoard: tensorboard --logdir {args.log_dir}; summary: {out['summary_path']}")
     return {"summary": summary, **out}
 

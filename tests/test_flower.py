@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import random
+from importlib import metadata
 
 import numpy as np
 import pytest
@@ -98,7 +99,7 @@ def test_summary_and_tensorboard(tmp_path):
     strategy, result, _ = _run(tmp_path, rounds=6, every_n_rounds=2)
     summary = json.loads((tmp_path / "audit_summary.json").read_text())
     assert summary["callback"] == "CanaryStrategy" and summary["tags"] == TAGS
-    assert summary["versions"]["flwr"] == flwr.__version__ if hasattr(flwr, "__version__") else True
+    assert summary["versions"]["flwr"] == metadata.version("flwr")
     assert summary["inputs"]["num_canaries"] == 60 and summary["inputs"]["rounds"] == 6
     assert summary["inputs"]["clients_per_round"] == 16
     assert set(summary["estimates"]) >= {"final_model", "all_iterates"}
@@ -240,9 +241,40 @@ def test_cohort_without_a_real_client(tmp_path, caplog):
 
 
 def test_client_side_clipping_and_unequal_weights(tmp_path, caplog):
+    """Client-side fixed clipping: the clients clip with Flower's ``fixedclipping_mod``; the
+    canaries (norm C) need none. With z = 0 every released delta is an average of updates of
+    norm <= C, so its norm is <= C (the clients' raw updates have norm ~40)."""
+    from flwr.app import Message
+    from flwr.clientapp.mod import fixedclipping_mod
+
     caplog.set_level(logging.WARNING, logger="flwr")
-    strategy, _, _ = _run(tmp_path, dp="client", rounds=4)
+    raw = _client(step=2.0)
+
+    def clipped(msg, i):
+        reply = fixedclipping_mod(msg, None, lambda m, ctx: Message(raw(m, i), reply_to=m))
+        if reply.has_error():
+            raise RuntimeError(reply.error.reason)
+        return reply.content
+
+    deltas = []
+
+    class Spy(CanaryStrategy):
+        def aggregate_train(self, server_round, replies):
+            before = self._prev[1].clone()
+            out = super().aggregate_train(server_round, replies)
+            deltas.append(float(torch.linalg.vector_norm(self.backend.theta - before)))
+            return out
+
+    random.seed(0)
+    inner = DifferentialPrivacyClientSideFixedClipping(
+        FedAvg(fraction_train=0.2, fraction_evaluate=0.0, min_available_nodes=20), 0.0, 1.0, 16)
+    strategy = Spy(inner, num_canaries=60, log_dir=None, bootstrap=0)
+    strategy.start(LocalGrid(20, clipped), _model(), num_rounds=4)
     assert strategy.backend.stats.rounds_seen == 4 and strategy.participations.sum() > 0
+    assert max(deltas) <= 1.0 + 1e-4 and min(deltas) > 0.05
+    # unclipped, the same clients move the model much further
+    unclipped, _, _ = _run(tmp_path / "raw", rounds=1, handler=raw, dp=None, z=0.0)
+    assert float(torch.linalg.vector_norm(unclipped.backend.theta - unclipped.backend.stats.theta0)) > 1.5
 
     def weighted(msg, i):
         out = _client()(msg, i)
