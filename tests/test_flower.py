@@ -353,3 +353,45 @@ def test_library_imports_without_flwr():
     assert out.returncode == 0, out.stderr
     assert 'IMPORT-ERROR audit_callbacks.flower needs Flower: pip install "audit-callbacks[flower]"' \
         in out.stdout
+
+
+def test_accounted_dp_wrapper_counts_the_canaries_in_its_cohort(tmp_path):
+    """Flower's accounted mode (``accountant=``) requires exactly num_sampled_clients messages
+    and replies with equal weights: with CanaryStrategy outside, the cohort it checks holds the
+    canaries, and every round is composed once (a counting accountant stands in for Flower's
+    RDP one, whose dp-accounting dependency is not installed here)."""
+    from flwr.supercore.privacy_accounting import (
+        NeighboringRelation,
+        PrivacyConfig,
+        PrivacySpent,
+        SamplingMethod,
+    )
+
+    n, k, fraction = 20, 60, 0.2
+    m = int((n + k) * fraction)
+
+    class Counting:
+        def __init__(self) -> None:
+            self.config = PrivacyConfig(1e-6, n + k, NeighboringRelation.ADD_OR_REMOVE_ONE,
+                                        SamplingMethod.NO_AMPLIFICATION)
+            self.events = []
+
+        def compose(self, event, count=1):
+            self.events.append(event)
+
+        def would_exceed(self, event, max_epsilon=None):
+            return False
+
+        def get_privacy_spent(self, delta=None):
+            return PrivacySpent(0.0, 1e-6, len(self.events), "counting")
+
+    accountant = Counting()
+    random.seed(0)
+    np.random.seed(0)
+    dp = DifferentialPrivacyServerSideFixedClipping(
+        FedAvg(fraction_train=fraction, fraction_evaluate=0.0, min_available_nodes=n), 0.5, 1.0,
+        m, accountant=accountant)
+    strategy = CanaryStrategy(dp, num_canaries=k, log_dir=None, bootstrap=0)
+    strategy.start(LocalGrid(n, _client()), _model(), num_rounds=3)
+    assert [e.sample_size for e in accountant.events] == [m, m, m]
+    assert strategy.backend.stats.rounds_seen == 3 and strategy.participations.sum() > 0
