@@ -89,17 +89,25 @@ class Layout:
     def add_flat(self, record: ArrayRecord, flat: torch.Tensor) -> ArrayRecord:
         """A new record: ``record`` plus the flat vector ``flat`` ``[d]`` on its floating arrays
         (each cast back to its dtype); integer arrays are copied."""
-        vec = flat.detach().cpu().numpy()
-        out: dict[str, Array] = {}
-        pos = 0
-        for (key, shape, dtype), arr in zip(self.entries, record.values(), strict=True):
-            nd = arr.numpy()
-            if np.issubdtype(np.dtype(dtype), np.floating):
-                n = int(np.prod(shape, dtype=np.int64))
-                nd = (nd + vec[pos:pos + n].reshape(shape)).astype(nd.dtype, copy=False)
-                pos += n
-            out[key] = Array(np.ascontiguousarray(nd))
-        return ArrayRecord(out)
+        return self.add_rows(record, flat.reshape(1, -1))[0]
+
+    def add_rows(self, record: ArrayRecord, rows: torch.Tensor) -> list[ArrayRecord]:
+        """``[add_flat(record, rows[i]) for i]`` with ``record`` decoded once (``rows``:
+        ``[b, d]``)."""
+        base = [arr.numpy() for arr in record.values()]
+        vecs = rows.detach().cpu().numpy()
+        out = []
+        for vec in vecs:
+            arrays: dict[str, Array] = {}
+            pos = 0
+            for (key, shape, dtype), nd in zip(self.entries, base, strict=True):
+                if np.issubdtype(np.dtype(dtype), np.floating):
+                    n = int(np.prod(shape, dtype=np.int64))
+                    nd = (nd + vec[pos:pos + n].reshape(shape)).astype(nd.dtype, copy=False)
+                    pos += n
+                arrays[key] = Array(np.ascontiguousarray(nd))
+            out.append(ArrayRecord(arrays))
+        return out
 
 
 def _flwr_version() -> str:

@@ -338,8 +338,8 @@ class CanaryStrategy(Strategy):
         js = [j for j, _ in pending]
         updates = self.backend.stats.canaries.batch(js, scale=self.clip_norm)
         out = []
-        for row, (_, instruction) in enumerate(pending):
-            record = self.layout.add_flat(base, updates[row])
+        records = self.layout.add_rows(base, updates)
+        for record, (_, instruction) in zip(records, pending, strict=True):
             content = RecordDict({name: record for name in template.array_records.keys()})
             for name, rec in metric_records.items():
                 content[name] = rec
