@@ -22,7 +22,7 @@ canary replies, folding the delta into the statistics, and the estimate every
 ``every_n_rounds`` rounds), the audited round's wall time, their ratio, and the slowdown of the
 audited run against the baseline (which also counts Flower clipping and averaging the canary
 replies). The last round (the final estimate with a 200-resample bootstrap and the summary) is
-reported separately. Scenarios: digits MLPs with d = 2,410 and d = 38,890 (real local SGD), and
+reported separately. Scenarios: digits MLPs with d = 2,410 and d = 38,410 (real local SGD), and
 a synthetic model with d = 1,000,000 whose clients take one cheap step (the wrapper's worst
 case relative to the clients' work).
 

@@ -395,3 +395,44 @@ def test_accounted_dp_wrapper_counts_the_canaries_in_its_cohort(tmp_path):
     strategy.start(LocalGrid(n, _client()), _model(), num_rounds=3)
     assert [e.sample_size for e in accountant.events] == [m, m, m]
     assert strategy.backend.stats.rounds_seen == 3 and strategy.participations.sum() > 0
+
+
+def test_resume_equals_uninterrupted(tmp_path):
+    """3 rounds, state_dict, a new strategy resumed for 3 more rounds (Python's and numpy's
+    global generators, which Flower samples and noises with, carried over) gives the
+    uninterrupted 6-round run's statistics, participations and model exactly."""
+    full, _, _ = _run(tmp_path / "full", rounds=6, bootstrap=0)
+    first, result, _ = _run(tmp_path / "a", rounds=3, bootstrap=0)
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    second = CanaryStrategy(
+        DifferentialPrivacyServerSideFixedClipping(
+            FedAvg(fraction_train=0.2, fraction_evaluate=0.0, min_available_nodes=20,
+                   min_train_nodes=1), 0.5, 1.0, 16),
+        num_canaries=60, log_dir=str(tmp_path / "b"), bootstrap=0)
+    second.load_state_dict(first.state_dict())
+    random.setstate(python_state)
+    np.random.set_state(numpy_state)
+    second.start(LocalGrid(20, _client()), result.arrays, num_rounds=3)
+    assert second.backend.rounds == 6
+    np.testing.assert_array_equal(second.participations, full.participations)
+    assert torch.equal(second.backend.theta, full.backend.theta)
+    assert torch.equal(second.backend.stats.max_cos, full.backend.stats.max_cos)
+    a, b = second.compute(), full.compute()
+    assert a.estimates["final_model"].value == b.estimates["final_model"].value
+    assert a.estimates["all_iterates"].value == b.estimates["all_iterates"].value
+
+
+def test_an_error_in_the_audit_does_not_stop_training(tmp_path, caplog, monkeypatch):
+    from audit_callbacks.flower._audit import Reporter
+
+    caplog.set_level(logging.WARNING, logger="flwr")
+
+    def broken(self, *, bootstrap=0):
+        raise RuntimeError("estimator broke")
+
+    monkeypatch.setattr(Reporter, "compute", broken)
+    strategy, result, _ = _run(tmp_path, rounds=3)
+    assert strategy.backend.rounds == 3 and strategy.backend.stats.rounds_seen == 3
+    assert "no estimate after round 3 (RuntimeError: estimator broke)" in caplog.text
+    summary = json.loads((tmp_path / "audit_summary.json").read_text())
+    assert summary["estimates"] is None

@@ -425,8 +425,7 @@ class CanaryStrategy(Strategy):
             self.round_events.setdefault(server_round, f"folded ({len(inserted)} canaries, "
                                          f"{failures} failures)")
             if self.backend.rounds % self.every_n_rounds == 0:
-                self.last_report = self.reporter.compute()
-                self.reporter.log(self.last_report)
+                self._report(bootstrap=0)
         self._tick(server_round, start, inner)
         return arrays, metrics
 
@@ -504,13 +503,29 @@ class CanaryStrategy(Strategy):
         if self._finished_at == self.backend.rounds:
             return self.summary_path
         self._finished_at = self.backend.rounds
-        report = self.compute(bootstrap=self.bootstrap)
-        self.reporter.log(report)
+        report = self._report(bootstrap=self.bootstrap)
         summary = self.reporter.summary(report)
         summary["inputs"]["round_events"] = {str(k): v for k, v in self.round_events.items()}
         if self.log_dir is not None:
-            self.summary_path = write_summary_atomic(self.log_dir, self.summary_filename, summary)
+            try:
+                self.summary_path = write_summary_atomic(self.log_dir, self.summary_filename,
+                                                         summary)
+            except OSError as err:
+                LOGGER.log(WARNING, "CanaryStrategy: the summary could not be written (%s)", err)
         return self.summary_path
+
+    def _report(self, *, bootstrap: int) -> CanaryReport | None:
+        """Compute and log the estimates; an error in the audit is logged, never raised into
+        the server app (the training goes on)."""
+        assert self.reporter is not None
+        try:
+            self.last_report = self.reporter.compute(bootstrap=bootstrap)
+            self.reporter.log(self.last_report)
+        except (ValueError, RuntimeError, FloatingPointError, OSError) as err:
+            LOGGER.log(WARNING, "CanaryStrategy: no estimate after round %d (%s: %s)",
+                       self.backend.rounds if self.backend else 0, type(err).__name__, err)
+            self.last_report = None
+        return self.last_report
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
