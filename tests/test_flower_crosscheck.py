@@ -80,6 +80,7 @@ def _overlap(a, b) -> bool:
     return a.lower <= b.upper and b.lower <= a.upper
 
 
+@pytest.mark.filterwarnings("ignore:CanaryAudit. 150 canary clients outnumber")  # by design
 def test_flower_and_dpfedavg_estimates_agree(tmp_path):
     dm = _data()
     flower, lightning = _flower(dm, tmp_path), _lightning(dm, tmp_path)
