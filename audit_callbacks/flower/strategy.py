@@ -226,14 +226,16 @@ class CanaryStrategy(Strategy):
         """q = m / (N + k) of a FedAvg-style inner strategy (None before the first round)."""
         return None if self.backend is None else self.backend.inputs.get("sample_rate")
 
-    def _setup(self, arrays: ArrayRecord, grid: Grid) -> None:
+    def _setup(self, arrays: ArrayRecord, grid: Grid) -> float:
         """At the first round: wait for the strategy's minimum of real nodes, make the canaries
-        for the model's d, and check the DP wrapper's cohort size."""
+        for the model's d, and check the DP wrapper's cohort size. Returns the seconds waited."""
         need = int(_find(self.strategy, "min_available_nodes") or 1)
+        waited = time.perf_counter()
         while len(real := list(grid.get_node_ids())) < need:
             LOGGER.log(INFO, "CanaryStrategy: waiting for nodes: %d connected (minimum %d)",
                        len(real), need)
             time.sleep(1)
+        waited = time.perf_counter() - waited
         self.layout = Layout.of(arrays)
         backend = FlowerBackend(self.config, self._warn, self.layout.dim, len(real),
                                 self.noise_multiplier)
@@ -264,6 +266,7 @@ class CanaryStrategy(Strategy):
             self._restore(state)
         if backend.stats.theta0 is None:
             backend.stats.set_initial(self.layout.flatten(arrays))
+        return waited
 
     # ------------------------------------------------------------------ training
     def configure_train(
@@ -275,9 +278,9 @@ class CanaryStrategy(Strategy):
         Raises:
             ValueError: ``arrays`` is not a model of the first round's layout.
         """
-        start = time.perf_counter()
+        start, waited = time.perf_counter(), 0.0
         if self.backend is None:
-            self._setup(arrays, grid)
+            waited = self._setup(arrays, grid)  # waiting for nodes is not the wrapper's cost
         assert self.layout is not None and self.backend is not None
         why = self.layout.mismatch(arrays)
         if why is not None:
@@ -289,7 +292,7 @@ class CanaryStrategy(Strategy):
         t_inner = time.perf_counter()
         messages = list(self.strategy.configure_train(
             server_round, arrays, config, _CanaryGrid(grid, self._virtual)))
-        inner = time.perf_counter() - t_inner
+        inner = time.perf_counter() - t_inner + waited
         real, canary = [], []
         for msg in messages:
             dst = int(msg.metadata.dst_node_id)
