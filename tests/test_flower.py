@@ -436,3 +436,23 @@ def test_an_error_in_the_audit_does_not_stop_training(tmp_path, caplog, monkeypa
     assert "no estimate after round 3 (RuntimeError: estimator broke)" in caplog.text
     summary = json.loads((tmp_path / "audit_summary.json").read_text())
     assert summary["estimates"] is None
+
+
+@pytest.mark.parametrize("name", ["FedProx", "FedAvgM", "FedAdam"])
+def test_other_fedavg_style_strategies(tmp_path, name):
+    """The sampling and the canary replies go through FedAvg's subclasses too; the released
+    model (after FedAvgM's momentum or FedAdam's server step) is what the statistics fold."""
+    import flwr.serverapp.strategy as strategies
+
+    kwargs = {"FedProx": {"proximal_mu": 0.1}, "FedAvgM": {"server_momentum": 0.9},
+              "FedAdam": {"eta": 0.05}}[name]
+    random.seed(0)
+    np.random.seed(0)
+    inner = getattr(strategies, name)(fraction_train=0.5, fraction_evaluate=0.0,
+                                      min_available_nodes=8, **kwargs)
+    strategy = CanaryStrategy(DifferentialPrivacyServerSideFixedClipping(inner, 0.5, 1.0, 20),
+                              num_canaries=32, log_dir=None, bootstrap=0)
+    result = strategy.start(LocalGrid(8, _client()), _model(), num_rounds=3)
+    assert strategy.backend.stats.rounds_seen == 3 and strategy.participations.sum() > 0
+    flat = strategy.layout.flatten(result.arrays)
+    assert torch.equal(flat, strategy.backend.theta)
