@@ -13,6 +13,7 @@ import torch
 
 from audit_callbacks.canaries import CanarySet
 from audit_callbacks.canary_stats import CanaryStatistics
+from audit_callbacks.estimators.canary_report import CanaryReport, canary_report
 
 __all__ = ["CanaryBackend", "CanaryConfig", "check_config", "num_batches", "num_examples", "total_rounds"]
 
@@ -91,6 +92,54 @@ class CanaryBackend:
         if not self.stats.add_delta(delta):
             self.warn("nan", f"CanaryAudit: {what} produced a model delta with NaN or inf; it is "
                       "skipped by the all-iterates statistic")
+
+    def report(
+        self, delta: float, *, alpha: float, bootstrap: int, step: int = 0,
+    ) -> CanaryReport | str:
+        """Every estimate from the canaries so far, as a :class:`CanaryReport`, or the reason
+        there is none (fewer than 2 canaries took part, a model with NaN or inf parameters).
+        The bootstrap is seeded from the canaries' seed."""
+        assert self.stats is not None
+        with torch.inference_mode(False), torch.no_grad():  # validation runs in inference mode
+            theta = self.flat_parameters()
+            if not bool(torch.isfinite(theta).all()):
+                return "the model has NaN or inf parameters"
+            took = self.participations > 0
+            if int(took.sum()) < 2:
+                return "fewer than 2 canaries have taken part"
+            raw = {key: v.numpy() for key, v in self.stats.compute(theta).items()}
+        stats = {
+            "final_observed": raw["final_observed"][took],
+            "final_unobserved": raw["final_unobserved"],
+            "all_observed": raw["all_observed"][took] if raw["all_observed"].size else raw["all_observed"],
+            "all_unobserved": raw["all_unobserved"],
+        }
+        exact_null = self.stats.canaries.kind == "gaussian"
+        estimates, skipped = canary_report(
+            {"final_model": stats["final_observed"], "all_iterates": stats["all_observed"]},
+            {"final_model": stats["final_unobserved"], "all_iterates": stats["all_unobserved"]},
+            delta, dim=self.stats.dim if exact_null else None,
+            alpha=alpha, bootstrap=bootstrap, seed=self.config.seed,
+        )
+        return CanaryReport(
+            estimates=estimates, skipped=skipped, **self.analytic(delta),
+            max_participations=int(self.participations.max(initial=0)),
+            num_canaries_participated=int(took.sum()), statistics=stats,
+            progress=self.progress(), step=step,
+        )
+
+    def audit_inputs(self, delta: float, alpha: float) -> dict[str, Any]:
+        """The summary JSON's ``inputs``: the audit's settings and the training's."""
+        assert self.stats is not None
+        return {
+            "canaries": self.stats.canaries.kind, "seed": self.config.seed,
+            "requested_num_canaries": self.config.num_canaries,
+            "num_canaries": self.num_canaries, "num_unobserved": self.num_unobserved,
+            "training": self.training, "dim": self.stats.dim, "delta": delta, "alpha": alpha,
+            "participations_histogram": np.bincount(self.participations).tolist(),
+            "rounds_skipped_non_finite": self.stats.rounds_skipped,
+            **self.summary_inputs(),
+        }
 
     # subclasses ---------------------------------------------------------------------------
     def flat_parameters(self) -> torch.Tensor:

@@ -26,27 +26,9 @@ from audit_callbacks.backends.base import check_config
 from audit_callbacks.callbacks import tensorboard as tb
 from audit_callbacks.callbacks.summary import summary_dir, write_summary
 from audit_callbacks.canaries import KINDS
-from audit_callbacks.estimators.canary_report import (
-    THREAT_MODELS,
-    CanaryReport,
-    canary_report,
-        estimate_names,
-    summary_json,
-)
+from audit_callbacks.estimators.canary_report import TAGS, CanaryReport, chart_layout, summary_json
 
 __all__ = ["CanaryAudit", "TAGS"]
-
-#: Every logged number: its name (the report's estimate or field, the summary JSON's key) ->
-#: its TensorBoard tag, always ``"audit/" + name``.
-TAGS: dict[str, str] = {
-    name: f"audit/{name}"
-    for name in [*(n for tm in THREAT_MODELS for n in estimate_names(tm).values()),
-                 "epsilon_analytic", "epsilon_analytic_rdp", "epsilon_analytic_prv",
-                 "num_canaries_participated"]
-}
-_SOURCE = ("Andrew, Kairouz, Oh, Oprea, McMahan, Suriyakumar: One-shot Empirical Privacy "
-           "Estimation for Federated Learning (ICLR 2024), Alg. 2 (final model) and Alg. 3 "
-           "(all iterates)")
 
 
 class CanaryAudit(Callback):
@@ -201,14 +183,7 @@ class CanaryAudit(Callback):
         analytic = ["audit/epsilon_analytic"]
         if isinstance(self.backend, OpacusBackend):
             analytic += ["audit/epsilon_analytic_rdp", "audit/epsilon_analytic_prv"]
-        charts = {
-            f"epsilon ({tm.replace('_', ' ')})": ["Multiline", [TAGS[estimate_names(tm)[kind]] for kind in (
-                "estimate", "lower_bound", "gdp_lower_bound")] + analytic]
-            for tm in THREAT_MODELS
-        }
-        # custom-scalars tags are regular expressions: any val*acc* tag of the user's module
-        charts["accuracy"] = ["Multiline", [r"val.*acc.*"]]
-        tb.add_custom_scalars_layout(trainer, {"privacy audit": charts})
+        tb.add_custom_scalars_layout(trainer, chart_layout(analytic))
         if not trainer.loggers:
             self._warn_once("nologger", "CanaryAudit: no logger is attached, so estimates are not "
                             f"logged; they are written to {self._summary_dir} at fit end")
@@ -278,52 +253,22 @@ class CanaryAudit(Callback):
             return float(module.delta)
         return 1e-5 if isinstance(self.backend, OpacusBackend) else 1e-6
 
-    def _skip(self, key: str, reason: str) -> None:
-        self._skip_reason = reason
-        self._warn_once(key, f"CanaryAudit: {reason}; no estimate")
-
     def compute(self, *, bootstrap: int = 0, step: int = 0) -> CanaryReport | None:
         """Every estimate from the canaries so far, as a :class:`CanaryReport`; None (with a
         one-time warning, the reason kept for the summary) until 2 canaries took part, or when
         the model has NaN or inf parameters. Logs nothing."""
-        backend = self.backend
-        if backend is None:
+        if self.backend is None:
             return None
-        with torch.inference_mode(False), torch.no_grad():  # validation runs in inference mode
-            theta = backend.flat_parameters()
-            if not bool(torch.isfinite(theta).all()):
-                self._skip("theta", "the model has NaN or inf parameters")
-                return None
-            took = backend.participations > 0
-            if int(took.sum()) < 2:
-                self._skip("few", "fewer than 2 canaries have taken part")
-                return None
-            raw = {key: v.numpy() for key, v in backend.stats.compute(theta).items()}
-        stats = {
-            "final_observed": raw["final_observed"][took],
-            "final_unobserved": raw["final_unobserved"],
-            "all_observed": raw["all_observed"][took] if raw["all_observed"].size else raw["all_observed"],
-            "all_unobserved": raw["all_unobserved"],
-        }
-        delta = self._delta()
-        exact_null = backend.stats.canaries.kind == "gaussian"
-        estimates, skipped = canary_report(
-            {"final_model": stats["final_observed"], "all_iterates": stats["all_observed"]},
-            {"final_model": stats["final_unobserved"], "all_iterates": stats["all_unobserved"]},
-            delta, dim=backend.stats.dim if exact_null else None,
-            alpha=self.alpha, bootstrap=bootstrap, seed=self.config.seed,
-        )
-        analytic = backend.analytic(delta)
-        if analytic.get("epsilon_analytic") == math.inf:
+        report = self.backend.report(self._delta(), alpha=self.alpha, bootstrap=bootstrap, step=step)
+        if isinstance(report, str):
+            self._skip_reason = report
+            self._warn_once(report, f"CanaryAudit: {report}; no estimate")
+            return None
+        if report.epsilon_analytic == math.inf:
             self._warn_once("nonoise", "CanaryAudit: no DP noise (noise_multiplier = 0): the "
                             "analytic epsilon is infinite")
-        self.last_report = CanaryReport(
-            estimates=estimates, skipped=skipped, **analytic,
-            max_participations=int(backend.participations.max(initial=0)),
-            num_canaries_participated=int(took.sum()), statistics=stats,
-            progress=backend.progress(), step=step,
-        )
-        return self.last_report
+        self.last_report = report
+        return report
 
     # ------------------------------------------------------------------ output
     def _log(self, trainer: pl.Trainer, report: CanaryReport | None, *, figures: bool) -> None:
@@ -334,7 +279,7 @@ class CanaryAudit(Callback):
         step = int(trainer.global_step)
         if report.progress != self._last_logged:
             self._last_logged = report.progress
-            tb.log_scalars(trainer, {tag: _field(report, name) for name, tag in TAGS.items()}, step)
+            tb.log_scalars(trainer, report.scalars(), step)
             bins = tb.histogram_bins(trainer) if self.log_histograms else None
             if bins is not None:
                 tb.add_summaries(trainer, tb.histogram_summaries(
@@ -356,19 +301,10 @@ class CanaryAudit(Callback):
         }
 
     def _summary(self, report: CanaryReport | None, stale: bool) -> dict[str, Any]:
-        backend = self.backend
-        assert backend is not None and backend.stats is not None
-        inputs = {
-            **self._config_dict(),
-            "dim": backend.stats.dim,
-            "delta": self._delta(),
-            "alpha": self.alpha,
-            "participations_histogram": np.bincount(backend.participations).tolist(),
-            "rounds_skipped_non_finite": backend.stats.rounds_skipped,
-            **backend.summary_inputs(),
-        }
-        return summary_json(report, stale=stale, skip_reason=self._skip_reason, inputs=inputs,
-                            tags=TAGS, source=_SOURCE, gradients=backend.sign < 0)
+        assert self.backend is not None
+        return summary_json(report, stale=stale, skip_reason=self._skip_reason,
+                            inputs=self.backend.audit_inputs(self._delta(), self.alpha),
+                            gradients=self.backend.sign < 0)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
@@ -388,12 +324,4 @@ class CanaryAudit(Callback):
         assert self.backend is not None
         check_config(state.get("config") or {}, self._config_dict(), strict_resolved=True)
         self.backend.load_state_dict(state)
-
-
-def _field(report: CanaryReport, name: str) -> float | None:
-    """A report field or an estimate's value."""
-    if name in report.estimates or not hasattr(report, name):
-        return report.value(name)
-    value = getattr(report, name)
-    return None if value is None else float(value)
 

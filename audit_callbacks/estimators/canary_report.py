@@ -33,11 +33,14 @@ from scipy import stats
 from .score_auditor import CanaryScoreAuditor, ScoreAuditResult
 
 __all__ = [
-    "THREAT_MODELS", "CanaryReport", "canary_report", "cosine_null_pdf", "estimate_names",
-    "summary_estimates", "summary_json",
+    "SOURCE", "TAGS", "THREAT_MODELS", "CanaryReport", "canary_report", "chart_layout",
+    "cosine_null_pdf", "estimate_names", "summary_estimates", "summary_json",
 ]
 
 THREAT_MODELS = ("final_model", "all_iterates")
+SOURCE = ("Andrew, Kairouz, Oh, Oprea, McMahan, Suriyakumar: One-shot Empirical Privacy "
+          "Estimation for Federated Learning (ICLR 2024), Alg. 2 (final model) and Alg. 3 "
+          "(all iterates)")
 
 
 def estimate_names(threat_model: str) -> dict[str, str]:
@@ -49,6 +52,29 @@ def estimate_names(threat_model: str) -> dict[str, str]:
         "lower_bound": f"epsilon_lower_bound_{threat_model}",
         "gdp_lower_bound": f"epsilon_gdp_lower_bound_{threat_model}",
     }
+
+
+#: Every logged number: its name (a report's estimate or field, the summary JSON's key) ->
+#: its TensorBoard tag, always ``"audit/" + name``.
+TAGS: dict[str, str] = {
+    name: f"audit/{name}"
+    for name in [*(n for tm in THREAT_MODELS for n in estimate_names(tm).values()),
+                 "epsilon_analytic", "epsilon_analytic_rdp", "epsilon_analytic_prv",
+                 "num_canaries_participated"]
+}
+
+
+def chart_layout(analytic_tags: list[str]) -> dict[str, dict[str, list[Any]]]:
+    """TensorBoard's Custom Scalars layout: one chart per threat model (estimate, valid lower
+    bound, parametric lower bound, the analytic epsilons), and the accuracy beside them (any
+    ``val*acc*`` tag: custom-scalars tags are regular expressions)."""
+    charts: dict[str, list[Any]] = {
+        f"epsilon ({tm.replace('_', ' ')})": ["Multiline", [TAGS[estimate_names(tm)[kind]] for kind in (
+            "estimate", "lower_bound", "gdp_lower_bound")] + list(analytic_tags)]
+        for tm in THREAT_MODELS
+    }
+    charts["accuracy"] = ["Multiline", [r"val.*acc.*"]]
+    return {"privacy audit": charts}
 
 
 @dataclass(frozen=True)
@@ -84,6 +110,15 @@ class CanaryReport:
         """The value of estimate ``name``, or None when it was skipped."""
         est = self.estimates.get(name)
         return None if est is None else est.value
+
+    def scalars(self) -> dict[str, float | None]:
+        """``{tag: value}`` of every name in :data:`TAGS` (None where skipped)."""
+        out: dict[str, float | None] = {}
+        for name, tag in TAGS.items():
+            value = getattr(self, name) if name not in self.estimates and hasattr(self, name) \
+                else self.value(name)
+            out[tag] = None if value is None else float(value)
+        return out
 
 
 def cosine_null_pdf(t: ArrayLike, dim: int) -> np.ndarray:
@@ -153,22 +188,22 @@ def canary_report(
 
 def summary_json(
     report: CanaryReport | None, *, stale: bool, skip_reason: str | None, inputs: dict[str, Any],
-    tags: dict[str, str], source: str, gradients: bool,
+    gradients: bool, callback: str = "CanaryAudit",
 ) -> dict[str, Any]:
     """The canary audit's ``audit_summary.json`` content: the inputs, every estimate with its
     ``status`` (:func:`summary_estimates`), the analytic epsilon with its status, the tag of
     every name. ``report`` is the fit end's, or with ``stale`` the last earlier one."""
     sign = "theta_0 - theta_T" if gradients else "theta_T - theta_0"
     summary: dict[str, Any] = {
-        "callback": "CanaryAudit",
-        "source": source,
+        "callback": callback,
+        "source": SOURCE,
         "threat_models": {
             "final_model": f"the adversary sees only the final model; statistic cos(c_j, {sign})",
             "all_iterates": "the adversary sees every round's (step's) model; statistic "
                             "max_t cos(c_j, model delta of round t)",
         },
         "inputs": inputs,
-        "tags": tags,
+        "tags": TAGS,
         "estimates": summary_estimates(report, report.step if stale and report else None, skip_reason),
     }
     if report is not None:
