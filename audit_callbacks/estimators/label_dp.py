@@ -133,6 +133,15 @@ class LabelDPBounds:
         flipped_clip_factors: c'_r = min(1, C / (|k_r| ||g_r||)).
         noise_std: s = sigma C / N_e, sd of the noise on the mean gradient.
         delta, noise_multiplier, max_grad_norm, expected_batch_size, n: the inputs (n = N).
+        num_classes: K (2 for the binary sigmoid form).
+        worst_labels: K classes only: [N] the replacement label y' != y_r that maximises
+            LB[r]; ``p1``, ``lower_bound``, ``statistic_mean1`` ([N, K]), ``flipped_grad_norms``
+            and ``flipped_clip_factors`` are at that label. None for the binary form.
+
+    K classes (``probs`` [N, K]): ``statistic_mean0`` is [N, K]; ``optimal_test_mu`` and
+    ``layer_pair_mu`` are maxima over y'; ``all_params_pair_mu`` is the triangle-inequality
+    value (min(||g_r||, C) + min(max_y' ||g_r(y')||, C)) / (sigma C), an upper bound on the exact
+    all-parameter pair (the flipped gradient's direction is not an input), still <= 2 / sigma.
     """
 
     p0: np.ndarray
@@ -162,6 +171,8 @@ class LabelDPBounds:
     max_grad_norm: float
     expected_batch_size: float
     n: int
+    num_classes: int = 2
+    worst_labels: np.ndarray | None = None
 
     # Per-example B9 epsilons: one vectorised root finding each, on first access (a callback
     # that logs only the batch maxima, computed with one root each, never pays for them).
@@ -389,8 +400,25 @@ def label_dp_lower_bound(
     bias: bool = True,
     gram_inv_diag: ArrayLike | None = None,
     grad_scale: float = 1.0,
+    flipped_grad_norms: ArrayLike | None = None,
 ) -> LabelDPBounds:
-    """Closed-form label-DP lower bounds for one DP-SGD step (paper 004 Alg. 2; METHODS B7-B9).
+    """Label-DP lower bounds for one DP-SGD step (Yuan, Xue, Wang & Shen 2022, Alg. 2).
+
+    Two forms, chosen by the shape of ``probs``:
+
+    * K classes, softmax last layer (``probs`` [N, K], ``labels`` in 0..K-1; this project's
+      extension, derived in docs/methods/label_dp_multiclass.md): the attack statistic of row r
+      is the K-vector a_r = N_e [(Cm^T Cm)^{-1} Cm^T G~^T]_r ~ N(c_r kappa (p_r - e_{y_r}),
+      tau_r^2 I_K) with tau_r = sigma C sqrt(v_r) (eq. (2) there); the attack outputs
+      argmin_k a_r[k]. P0[r] = P(argmin = y_r) and P1[r] = P(argmin = y_r) with row r's label
+      replaced by y' (its own clip factor c'_r(y')) are the one-dimensional integrals
+      integral phi(z) prod_{k != y} Phi((m_k - m_y) / tau_r + z) dz (eq. (3)), computed by a
+      log-domain trapezoid rule accurate to 1e-8 relative; LB[r] = max_{y'} log((P0 - delta) /
+      P1) (eq. (5)). ``flipped_grad_norms`` [N, K] gives ||g_r(k)|| for every label k (the
+      clip factor of the replaced label); without it P1 is maximised over c' in [0, 1] on a
+      41-point grid (conservative). At K = 2 this equals the binary form at noise sigma /
+      sqrt(2) (the two logits' statistics differ by twice the binary one).
+    * Binary single-logit model (``probs`` [N], the form below).
 
     Binary single-logit model, last-layer threat model: the adversary sees the privatized mean
     gradient of the last linear layer (weights and bias) and the layer's inputs, and runs the
@@ -422,6 +450,9 @@ def label_dp_lower_bound(
             ``accumulate_grad_batches``, so kappa = 1 / accumulate_grad_batches there);
             ``grad_norms`` are the norms of those scaled gradients. See the module docstring.
             Default 1.
+        flipped_grad_norms: K classes only: [N, K] norms of the whole per-example gradient
+            (scaled by kappa, before clipping) had example r carried label k, each >= its
+            last-layer part kappa ||p_r - e_k|| ||x~_r||; None: unknown (see above).
 
     Returns:
         :class:`LabelDPBounds`: per-example ``p0``, ``p1``, ``lower_bound`` [N], the batch
@@ -437,6 +468,20 @@ def label_dp_lower_bound(
     """
     x, eps = _as_2d(features, "features")
     n = x.shape[0]
+    p_in = np.asarray(probs)
+    if p_in.ndim == 2 and p_in.shape[1] >= 2:
+        from ._label_dp_multiclass import multiclass_lower_bound
+
+        if p_in.dtype == bool or not np.issubdtype(p_in.dtype, np.number):
+            raise ValueError(f"probs must be a real array, got dtype {p_in.dtype}")
+        return multiclass_lower_bound(  # type: ignore[return-value]
+            x, eps, p_in.astype(float), labels, grad_norms, flipped_grad_norms,
+            c_max=check_positive_finite(max_grad_norm, "max_grad_norm"),
+            sigma=check_positive_finite(noise_multiplier, "noise_multiplier"),
+            n_e=_check_expected_batch(expected_batch_size), delta=check_delta(delta), bias=bool(bias),
+            gram_inv_diag=gram_inv_diag, scale=check_positive_finite(grad_scale, "grad_scale"))
+    if flipped_grad_norms is not None:
+        raise ValueError("flipped_grad_norms is for K-class probs [N, K] only (binary: computed from grad_norms)")
     p = _as_1d(probs, "probs", n)
     _check_probs(p)
     y = _check_labels(labels, n)

@@ -1,0 +1,257 @@
+"""Multi-class label-DP lower bound of one DP-SGD step (softmax last layer, K classes).
+
+Extends the binary bound of Yuan, Xue, Wang & Shen (2022), "Deep Gradient Attacks with Strong
+DP-SGD Lower Bounds for Label Privacy", §3 eq. (1)-(3) and Alg. 2, to K classes; the derivation
+is in docs/methods/label_dp_multiclass.md. Private helpers of
+:mod:`audit_callbacks.estimators.label_dp`; the public entry point is
+:func:`audit_callbacks.estimators.label_dp.label_dp_lower_bound` with ``probs`` of shape [N, K].
+
+Model (docs/methods/label_dp_multiclass.md, eq. (1)-(4)). The attack statistic of example r is
+the K-vector a_r = N_e [(Cm^T Cm)^{-1} Cm^T G~^T]_r; under D0 it is Gaussian with mean
+m_r = c_r kappa (p_r - e_{y_r}) and covariance tau_r^2 I_K, tau_r = sigma C sqrt(v_r),
+v_r = [(Cm^T Cm)^{-1}]_rr. The attack outputs argmin_k a_r[k]. With ``d_k = (m_k - m_y) / tau``,
+
+    P(argmin = y) = integral phi(z) prod_{k != y} Phi(d_k + z) dz,                        (3)
+
+computed here by the trapezoid rule in the log domain around the mode of the (log-concave)
+integrand; the rule converges geometrically for this entire integrand and the tests check it
+against :func:`scipy.integrate.quad` to 1e-8 (relative).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy.special import log_ndtr, logsumexp
+
+_LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
+_TAIL = 9.0  # the integrand is below exp(-TAIL^2 / 2) of its mode beyond +-TAIL (curvature >= 1)
+_STEP = 0.4  # trapezoid step in units of the mode's width 1 / sqrt(-h''(z*))
+CLIP_GRID = np.concatenate([[0.0], np.geomspace(1e-3, 1.0, 40)])  # c' grid without flipped norms
+
+
+def _mills(u: np.ndarray) -> np.ndarray:
+    """phi(u) / Phi(u), stable for very negative u."""
+    return np.exp(-0.5 * u * u - _LOG_SQRT_2PI - log_ndtr(u))
+
+
+def log_prob_argmin(d: np.ndarray) -> np.ndarray:
+    """log P(argmin = y) = log integral phi(z) prod_k Phi(d_k + z) dz for rows d [M, K - 1].
+
+    d_k = (m_k - m_y) / tau (standardised gaps of the competitors to the target class). Finite
+    for any finite d (log-domain trapezoid around the mode z* of the log-integrand
+    h(z) = log phi(z) + sum_k log Phi(d_k + z), which is concave with h'' <= -1).
+    """
+    d = np.asarray(d, dtype=float)
+    if d.ndim != 2:
+        raise ValueError(f"d must be 2-D [M, K - 1], got shape {d.shape}")
+    if d.shape[1] == 0:
+        return np.zeros(d.shape[0])
+    z = np.zeros(d.shape[0])
+    for _ in range(100):  # Newton on the concave h, from z = 0
+        u = d + z[:, None]
+        lam = _mills(u)
+        grad = -z + lam.sum(axis=1)
+        curv = 1.0 + (lam * (u + lam)).sum(axis=1)
+        step = grad / curv
+        z = z + step
+        if float(np.max(np.abs(step))) < 1e-12 * max(1.0, float(np.max(np.abs(z)))):
+            break
+    u = d + z[:, None]
+    lam = _mills(u)
+    width = 1.0 / np.sqrt(1.0 + (lam * (u + lam)).sum(axis=1))  # [M], <= 1
+    h = _STEP * width
+    half = int(math.ceil(_TAIL / float(h.min())))
+    # per-row grids z* + h j, j = -J..J, J = ceil(TAIL / h_row) (rows with wider peaks use fewer
+    # points of the common index range: masked)
+    j = np.arange(-half, half + 1, dtype=float)
+    grid = z[:, None] + h[:, None] * j[None, :]  # [M, 2J + 1]
+    inside = np.abs(j)[None, :] * h[:, None] <= _TAIL
+    logf = -0.5 * grid * grid - _LOG_SQRT_2PI
+    for k in range(d.shape[1]):
+        logf = logf + log_ndtr(d[:, k : k + 1] + grid)
+    logf = np.where(inside, logf, -np.inf)
+    return logsumexp(logf, axis=1) + np.log(h)
+
+
+def gaps(means: np.ndarray, target: np.ndarray, sd: np.ndarray) -> np.ndarray:
+    """[M, K - 1] standardised gaps (m_k - m_target) / sd over k != target."""
+    m, k = means.shape
+    keep = np.ones((m, k), dtype=bool)
+    keep[np.arange(m), target] = False
+    diff = (means - means[np.arange(m), target][:, None]) / sd[:, None]
+    return diff[keep].reshape(m, k - 1)
+
+
+def attack_success_log_prob(means: np.ndarray, target: np.ndarray, sd: np.ndarray) -> np.ndarray:
+    """log P(argmin_k (means[r] + sd_r * noise)[k] = target[r]) for each row r (eq. (3))."""
+    return log_prob_argmin(gaps(means, target, sd))
+
+
+def check_multiclass(probs: np.ndarray, labels: object, n: int) -> np.ndarray:
+    """Validate [N, K] softmax probabilities and integer labels in 0..K-1; return labels int64."""
+    k = probs.shape[1]
+    if k < 2:
+        raise ValueError(f"probs must have K >= 2 columns (softmax), got shape {probs.shape}")
+    if (probs < 0.0).any() or (probs > 1.0).any():
+        raise ValueError("probs must lie in [0, 1] (softmax probabilities)")
+    if (np.abs(probs.sum(axis=1) - 1.0) > 1e-4).any():
+        raise ValueError("probs rows must sum to 1 (softmax probabilities), up to 1e-4")
+    y = np.asarray(labels)
+    if y.dtype == bool or not np.issubdtype(y.dtype, np.number):
+        raise ValueError(f"labels must be integers in 0..{k - 1}, got dtype {y.dtype}")
+    y = y.reshape(-1)
+    if y.shape[0] != n:
+        raise ValueError(f"labels must have shape [{n}], got {np.asarray(labels).shape}")
+    if not np.isfinite(y).all() or (y != np.round(y)).any() or (y < 0).any() or (y >= k).any():
+        raise ValueError(f"labels must be integers in 0..{k - 1} (K = {k} columns of probs)")
+    return y.astype(np.int64)
+
+
+def multiclass_bounds(
+    *, coef: np.ndarray, y: np.ndarray, clip: np.ndarray, flip_clip: np.ndarray | None,
+    scale: float, sd: np.ndarray, n_e: float, delta: float,
+) -> dict[str, np.ndarray]:
+    """P0, P1 (worst replaced label), LB per example (docs/methods/label_dp_multiclass.md (5)-(7)).
+
+    Args:
+        coef: [N, K] the softmax probabilities p_r (p_r - e_k is formed per label k below).
+        y: [N] observed labels.
+        clip: [N] observed clip factors c_r.
+        flip_clip: [N, K] clip factors c'_r(y') of the whole gradient at label y', or None (the
+            clip factor is unknown: P1 is maximised over c' in ``CLIP_GRID``, conservative).
+        scale: kappa. sd: [N] tau_r / N_e. n_e: N_e. delta: delta.
+    """
+    p = coef
+    n, k = p.shape
+    rows = np.arange(n)
+    onehot = np.eye(k)
+    m0 = clip[:, None] * scale * (p - onehot[y]) / n_e  # [N, K]
+    log_p0 = attack_success_log_prob(m0, y, sd)
+    # every (r, y') with y' != y_r
+    alt = np.array([[j for j in range(k) if j != y[r]] for r in range(n)], dtype=np.int64)  # [N, K-1]
+    rr = np.repeat(rows, k - 1)
+    yy = alt.reshape(-1)
+    base = scale * (p[rr] - onehot[yy]) / n_e  # [N(K-1), K] before the clip factor
+    if flip_clip is not None:
+        cf = flip_clip[rr, yy]
+        log_p1 = attack_success_log_prob(cf[:, None] * base, y[rr], sd[rr])
+    else:
+        grid = CLIP_GRID
+        g = grid.shape[0]
+        means = (grid[None, :, None] * base[:, None, :]).reshape(-1, k)
+        lp = attack_success_log_prob(means, np.repeat(y[rr], g), np.repeat(sd[rr], g))
+        lp = lp.reshape(-1, g)
+        best = np.argmax(lp, axis=1)
+        log_p1 = lp[np.arange(lp.shape[0]), best]
+        cf = grid[best]
+    log_p1 = log_p1.reshape(n, k - 1)
+    ok = np.exp(log_p0) > delta
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_num = log_p0 + np.log1p(-delta * np.exp(-log_p0))
+    lb_all = np.where(ok[:, None], log_num[:, None] - log_p1, -np.inf)  # [N, K-1]
+    worst = np.argmax(np.where(np.isfinite(lb_all), lb_all, -np.inf) if ok.any() else -log_p1, axis=1)
+    worst = np.where(ok, worst, np.argmin(log_p1, axis=1))
+    m1_all = (cf[:, None] * base).reshape(n, k - 1, k)
+    mu_all = np.linalg.norm(m1_all - m0[:, None, :], axis=2) / sd[:, None]  # [N, K-1]
+    return {
+        "log_p0": log_p0,
+        "log_p1": log_p1[rows, worst],
+        "lower_bound": lb_all[rows, worst],
+        "worst_labels": alt[rows, worst],
+        "statistic_mean0": m0,
+        "statistic_mean1": m1_all[rows, worst],
+        "flipped_clip": cf.reshape(n, k - 1)[rows, worst],
+        "optimal_test_mu": mu_all.max(axis=1),
+        "coef_shift_norm_max": (np.linalg.norm(m1_all - m0[:, None, :], axis=2) * n_e).max(axis=1),
+    }
+
+
+def multiclass_lower_bound(
+    x: np.ndarray, eps: float, probs: np.ndarray, labels: object, grad_norms: object,
+    flipped_grad_norms: object, *, c_max: float, sigma: float, n_e: float, delta: float,
+    bias: bool, gram_inv_diag: object, scale: float,
+) -> object:
+    """The K-class branch of ``label_dp_lower_bound`` (inputs already checked for type/finite)."""
+    from . import label_dp as ld  # the binary module holds the shared helpers and the result type
+
+    n = x.shape[0]
+    if probs.shape[0] != n:
+        raise ValueError(f"probs must have shape [{n}, K] (one row per row of features), got {probs.shape}")
+    if not np.isfinite(probs).all():
+        raise ValueError("probs contains NaN or inf")
+    y = check_multiclass(probs, labels, n)
+    k = probs.shape[1]
+    g = ld._as_1d(grad_norms, "grad_norms", n)
+    if (g < 0).any():
+        raise ValueError("grad_norms must be >= 0")
+    xt = ld._design(x, bias)
+    xnorm = np.linalg.norm(xt, axis=1)
+    onehot = np.eye(k)
+    layer_part = scale * np.linalg.norm(probs[:, None, :] - onehot[None], axis=2) * xnorm[:, None]  # [N, K]
+    bad = g < layer_part[np.arange(n), y] * (1.0 - ld._GRAD_NORM_RTOL)
+    if bad.any():
+        r = int(np.flatnonzero(bad)[0])
+        raise ValueError(
+            f"grad_norms[{r}] = {g[r]:.6g} is smaller than the norm of that example's last-layer "
+            f"gradient kappa ||p - e_y|| ||[x, 1]|| = {layer_part[r, y[r]]:.6g}: pass the norm of the "
+            "whole per-example gradient over all parameters, before clipping"
+        )
+    flip_clip = gf = None
+    if flipped_grad_norms is not None:
+        gf = np.asarray(flipped_grad_norms, dtype=float)
+        if gf.shape != (n, k):
+            raise ValueError(f"flipped_grad_norms must have shape [{n}, {k}], got {gf.shape}")
+        if not np.isfinite(gf).all() or (gf < layer_part * (1.0 - ld._GRAD_NORM_RTOL)).any():
+            raise ValueError(
+                "flipped_grad_norms must be finite and >= the last-layer part kappa ||p - e_k|| "
+                "||[x, 1]|| of the gradient at each label k (whole per-example gradient norms)"
+            )
+        flip_clip = ld._clip(gf, c_max)
+    if gram_inv_diag is None:
+        v = ld._gram_inv_diag(xt, eps)
+    else:
+        v = ld._as_1d(gram_inv_diag, "gram_inv_diag", n)
+        if xt.shape[1] < n:
+            ld._gram_inv_diag(xt, eps)  # raises the N > d error
+        if (v <= 0).any():
+            raise ValueError("gram_inv_diag must be > 0 (diagonal of the inverse of a positive definite matrix)")
+    clip = ld._clip(g, c_max)
+    s = sigma * c_max / n_e
+    sd = s * np.sqrt(v)
+    out = multiclass_bounds(coef=probs, y=y, clip=clip, flip_clip=flip_clip, scale=scale, sd=sd,
+                            n_e=n_e, delta=delta)
+    lb = out["lower_bound"]
+    ok = np.isfinite(lb)
+    if ok.any():
+        best = int(np.argmax(np.where(ok, lb, -np.inf)))
+        batch = float(max(0.0, lb[best]))
+    else:
+        best, batch = -1, 0.0
+    rows = np.arange(n)
+    worst = out["worst_labels"]
+    if gf is not None:
+        g_flip = gf[rows, worst]
+        g_flip_max = gf.max(axis=1)
+    else:  # unknown: the all-parameter pair takes the largest possible clipped norm, C
+        g_flip = np.full(n, np.inf)
+        g_flip_max = g_flip
+    mu_opt = out["optimal_test_mu"]
+    mu_layer = out["coef_shift_norm_max"] * xnorm / (sigma * c_max)
+    mu_all = (np.minimum(g, c_max) + np.minimum(g_flip_max, c_max)) / (sigma * c_max)
+    eps_max = [ld._epsilon_of_mu(float(m.max()), delta) for m in (mu_opt, mu_layer, mu_all)]
+    ro = ld._readonly
+    return ld.LabelDPBounds(
+        p0=ro(np.exp(out["log_p0"])), p1=ro(np.exp(out["log_p1"])), log_p0=ro(out["log_p0"]),
+        log_p1=ro(out["log_p1"]), lower_bound=ro(lb), epsilon_lower_bound=batch, best_index=best,
+        optimal_test_mu=ro(mu_opt), optimal_test_epsilon_max=float(eps_max[0]),
+        layer_pair_mu=ro(mu_layer), layer_pair_epsilon_max=float(eps_max[1]),
+        all_params_pair_mu=ro(mu_all), all_params_pair_epsilon_max=float(eps_max[2]),
+        single_step_epsilon=float(ld._single_step_epsilon(sigma, delta)),
+        statistic_mean0=ro(out["statistic_mean0"]), statistic_mean1=ro(out["statistic_mean1"]),
+        statistic_std=ro(sd), gram_inv_diag=ro(v), clip_factors=ro(clip),
+        flipped_grad_norms=ro(g_flip), flipped_clip_factors=ro(out["flipped_clip"]), noise_std=float(s),
+        delta=delta, noise_multiplier=sigma, max_grad_norm=c_max, expected_batch_size=n_e, n=n,
+        num_classes=k, worst_labels=ro(worst),
+    )
