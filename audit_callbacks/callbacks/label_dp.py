@@ -88,6 +88,9 @@ class LabelDPLowerBound(StepAuditCallback):
       Gaussian mechanism with sensitivity 2C (mu = 2 / sigma, no amplification);
     * ``label_dp/epsilon_accountant`` - the run's Opacus accountant (amplified, composed),
       logged at each training epoch end;
+    * ``label_dp/expected_attack_accuracy`` - mean over the batch of P0[r], the probability that
+      the last-layer attack recovers label r at this noise (what ``LabelReconstructionAttack``'s
+      batch accuracy averages to);
     * ``label_dp/attacked_fraction``, ``label_dp/skip_reason`` - coverage (see
       :mod:`audit_callbacks.callbacks.label_base`).
 
@@ -258,6 +261,7 @@ class LabelDPLowerBound(StepAuditCallback):
             "label_dp/epsilon_pair_layer": float(res.layer_pair_epsilon_max),
             "label_dp/epsilon_pair_all_params": float(res.all_params_pair_epsilon_max),
             "label_dp/epsilon_single_step": float(res.single_step_epsilon),
+            "label_dp/expected_attack_accuracy": float(np.mean(res.p0)),
         }
         if self.second_last:
             sl = self._second_last(data, probs, y, norms, kw)
