@@ -85,6 +85,7 @@ from .gaussian import _epsilon_of_mu, gaussian_epsilon, gaussian_epsilon_array
 
 __all__ = [
     "LabelDPBounds",
+    "argmin_attack_success_probability",
     "extrapolate_lower_bound",
     "extrapolation_factor",
     "flipped_clip_factors",
@@ -659,3 +660,34 @@ def extrapolate_lower_bound(
     if lb < 0:
         raise ValueError(f"lb_one_batch must be >= 0, got {lb_one_batch!r}")
     return lb * extrapolation_factor(num_batches, batch_size, exact=exact)
+
+
+def argmin_attack_success_probability(means: ArrayLike, labels: ArrayLike, sd: ArrayLike) -> np.ndarray:
+    """P(argmin_k a_r[k] = labels[r]) for a_r ~ N(means[r], sd_r^2 I_K), one per row.
+
+    The success probability of the K-class last-layer label attack (docs/methods/
+    label_dp_multiclass.md eq. (3)): the one-dimensional integral
+    integral phi(z) prod_{k != y} Phi((m_k - m_y) / sd + z) dz, by quadrature (1e-8 relative).
+
+    Args:
+        means: [M, K] means of the attack statistic (K >= 2). labels: [M] integers in 0..K-1.
+        sd: [M] (or scalar) standard deviations, > 0.
+
+    Returns:
+        float64 [M] probabilities.
+
+    Raises:
+        ValueError: shapes inconsistent, labels out of range, sd <= 0, NaN/inf.
+    """
+    from ._label_dp_multiclass import attack_success_log_prob
+
+    m = np.asarray(means, dtype=float)
+    if m.ndim != 2 or m.shape[1] < 2 or not np.isfinite(m).all():
+        raise ValueError(f"means must be a finite [M, K] array with K >= 2, got shape {m.shape}")
+    y = np.asarray(labels).reshape(-1)
+    if y.shape[0] != m.shape[0] or (y != np.round(y)).any() or (y < 0).any() or (y >= m.shape[1]).any():
+        raise ValueError(f"labels must be [{m.shape[0]}] integers in 0..{m.shape[1] - 1}")
+    s = np.broadcast_to(np.asarray(sd, dtype=float), (m.shape[0],))
+    if not np.isfinite(s).all() or (s <= 0).any():
+        raise ValueError("sd must be finite and > 0")
+    return np.exp(attack_success_log_prob(m, y.astype(np.int64), s))
