@@ -90,6 +90,7 @@ class StepAuditCallback(Callback):
         self._tap: LayerTap | None = None
         self._hook: Any = None
         self._latest: dict[str, float] = {}
+        self._log_this_batch = True
         self._trainer: pl.Trainer | None = None
         self._warned: set[str] = set()
         self.steps = 0
@@ -171,6 +172,8 @@ class StepAuditCallback(Callback):
         self._hook = chain_step_hook(self.optimizer, self._step_hook)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        connector = getattr(trainer, "_logger_connector", None)
+        self._log_this_batch = bool(getattr(connector, "should_update_logs", True))
         if self._tap is None:
             return
         self._tap.active = True
@@ -202,8 +205,7 @@ class StepAuditCallback(Callback):
         # per-step scalars follow the Trainer's log_every_n_steps (as self.log(on_step=True) and
         # LearningRateMonitor do); the latest attacked values and the coverage are logged at
         # every logged step, so attacked steps off the interval still reach the logger
-        connector = getattr(trainer, "_logger_connector", None)
-        if not bool(getattr(connector, "should_update_logs", True)) or self.last_reason is None:
+        if not self._log_this_batch or self.last_reason is None:
             return
         metrics = {k: float(v) for k, v in self._latest.items() if v is not None and math.isfinite(v)}
         metrics[f"{self.prefix}/attacked_fraction"] = self.attacked_fraction

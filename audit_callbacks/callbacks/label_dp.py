@@ -90,7 +90,7 @@ class LabelDPLowerBound(StepAuditCallback):
       logged at each training epoch end;
     * ``label_dp/expected_attack_accuracy`` - mean over the batch of P0[r], the probability that
       the last-layer attack recovers label r at this noise (what ``LabelReconstructionAttack``'s
-      batch accuracy averages to);
+      batch accuracy averages to; K classes: on logged steps only, see ``max_pairs``);
     * ``label_dp/attacked_fraction``, ``label_dp/skip_reason`` - coverage (see
       :mod:`audit_callbacks.callbacks.label_base`).
 
@@ -111,9 +111,13 @@ class LabelDPLowerBound(StepAuditCallback):
         summary_filename: JSON at fit end (None: none).
         observer: a :class:`LabelStepObserver` shared with ``LabelReconstructionAttack``
             (default: the one attached to the optimizer).
+        max_pairs: K classes: evaluate the integrals for the 16 (default) pairs (example,
+            replacement label) ranked first by a closed-form upper bound on their bound (a
+            valid lower bound, at most the exhaustive one: the tests find them equal), and P0
+            of every example only on logged steps; None: every pair at every step.
 
     Raises:
-        ValueError: ``delta`` outside (0, 1), ``every_n_steps`` < 1.
+        ValueError: ``delta`` outside (0, 1), ``every_n_steps`` < 1, ``max_pairs`` < 1.
     Never aborts the fit: on a model it cannot audit (no ``nn.Linear`` last layer, no Opacus
     optimizer, noise multiplier 0, a loss other than log-loss / cross-entropy on that layer)
     it warns once, logs why (text in TensorBoard) and disables itself; a step it cannot audit
@@ -126,12 +130,15 @@ class LabelDPLowerBound(StepAuditCallback):
     def __init__(
         self, *, every_n_steps: int = 1, delta: float | None = None, second_last: bool = False,
         label_fn: Any = None, summary_filename: str | None = "label_dp_summary.json",
-        observer: LabelStepObserver | None = None,
+        observer: LabelStepObserver | None = None, max_pairs: int | None = 16,
     ) -> None:
         super().__init__(every_n_steps=every_n_steps, label_fn=label_fn, summary_filename=summary_filename,
                          observer=observer)
         if delta is not None and not 0 < delta < 1:
             raise ValueError(f"delta must be in (0, 1), got {delta}")
+        if max_pairs is not None and (isinstance(max_pairs, bool) or not isinstance(max_pairs, int) or max_pairs < 1):
+            raise ValueError(f"max_pairs must be None or an integer >= 1, got {max_pairs!r}")
+        self.max_pairs = max_pairs
         self.delta = delta
         self.second_last = bool(second_last)
         self._delta_used = 1e-5
@@ -243,7 +250,8 @@ class LabelDPLowerBound(StepAuditCallback):
         try:
             v = self.observer.factorization(optimizer, self._last, x, bias).gram_inv_diag
             res = label_dp_lower_bound(x.numpy(), probs, y, norms, bias=bias, gram_inv_diag=v.numpy(),
-                                       flipped_grad_norms=flipped, **kw)
+                                       flipped_grad_norms=flipped, max_pairs=self.max_pairs,
+                                       p0_for_all=self._log_this_batch, **kw)
         except ValueError as err:
             self._skip("rank_deficient", str(err))
             return None
@@ -261,8 +269,9 @@ class LabelDPLowerBound(StepAuditCallback):
             "label_dp/epsilon_pair_layer": float(res.layer_pair_epsilon_max),
             "label_dp/epsilon_pair_all_params": float(res.all_params_pair_epsilon_max),
             "label_dp/epsilon_single_step": float(res.single_step_epsilon),
-            "label_dp/expected_attack_accuracy": float(np.mean(res.p0)),
         }
+        if np.isfinite(res.p0).all():  # all rows' P0: computed on logged steps (max_pairs)
+            record["label_dp/expected_attack_accuracy"] = float(np.mean(res.p0))
         if self.second_last:
             sl = self._second_last(data, probs, y, norms, kw)
             if sl is not None:
@@ -282,7 +291,7 @@ class LabelDPLowerBound(StepAuditCallback):
             layers = list(self._ghost.values())
             out = relu_mlp_label_grad_norms(
                 [m.weight for m in layers], [sq[k] for k in self._ghost], torch.as_tensor(probs),
-                torch.as_tensor(y), kappa, [by_id[id(m.bias)] for m in layers])
+                torch.as_tensor(y), kappa, [by_id[id(m.bias)] for m in layers], dtype=torch.float32)
         self.flipped_norms = "exact (ReLU MLP back-propagation)" if out is not None else \
             "unknown: P1 maximised over the clip factor (conservative)"
         return None if out is None else out.numpy()

@@ -26,8 +26,8 @@ import numpy as np
 from scipy.special import log_ndtr, logsumexp
 
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
-_TAIL = 9.0  # the integrand is below exp(-TAIL^2 / 2) of its mode beyond +-TAIL (curvature >= 1)
-_STEP = 0.4  # trapezoid step in units of the mode's width 1 / sqrt(-h''(z*))
+_TAIL = 8.0  # the integrand is below exp(-TAIL^2 / 2) of its mode beyond +-TAIL (curvature >= 1)
+_STEP = 0.7  # trapezoid step in units of the mode's width 1 / sqrt(-h''(z*))
 CLIP_GRID = np.concatenate([[0.0], np.geomspace(1e-3, 1.0, 40)])  # c' grid without flipped norms
 
 
@@ -61,18 +61,26 @@ def log_prob_argmin(d: np.ndarray) -> np.ndarray:
     u = d + z[:, None]
     lam = _mills(u)
     width = 1.0 / np.sqrt(1.0 + (lam * (u + lam)).sum(axis=1))  # [M], <= 1
+    # Left of the mode the curvature only grows (-lambda' decreases in u), so TAIL widths hold
+    # all but exp(-TAIL^2 / 2) of the mass on the left; on the right the curvature may fall to 1
+    # (h'' <= -1 always), so the grid runs to z* + TAIL. One grid of step STEP * width per row.
     h = _STEP * width
-    half = int(math.ceil(_TAIL / float(h.min())))
-    # per-row grids z* + h j, j = -J..J, J = ceil(TAIL / h_row) (rows with wider peaks use fewer
-    # points of the common index range: masked)
-    j = np.arange(-half, half + 1, dtype=float)
-    grid = z[:, None] + h[:, None] * j[None, :]  # [M, 2J + 1]
-    inside = np.abs(j)[None, :] * h[:, None] <= _TAIL
+    j = np.arange(-int(math.ceil(_TAIL / _STEP)), int(math.ceil(_TAIL / float(h.min()))) + 1, dtype=float)
+    grid = z[:, None] + h[:, None] * j[None, :]
+    inside = (j[None, :] * h[:, None]) <= _TAIL
+    return _trapezoid(d, grid, h, inside)[1]
+
+
+def _trapezoid(
+    d: np.ndarray, grid: np.ndarray, h: np.ndarray, inside: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """log-integrand on ``grid`` [M, G] and log of its trapezoid sum with steps ``h`` [M]."""
     logf = -0.5 * grid * grid - _LOG_SQRT_2PI
     for k in range(d.shape[1]):
         logf = logf + log_ndtr(d[:, k : k + 1] + grid)
-    logf = np.where(inside, logf, -np.inf)
-    return logsumexp(logf, axis=1) + np.log(h)
+    if inside is not None:
+        logf = np.where(inside, logf, -np.inf)
+    return logf, logsumexp(logf, axis=1) + np.log(h)
 
 
 def gaps(means: np.ndarray, target: np.ndarray, sd: np.ndarray) -> np.ndarray:
@@ -111,9 +119,10 @@ def check_multiclass(probs: np.ndarray, labels: object, n: int) -> np.ndarray:
 
 def multiclass_bounds(
     *, coef: np.ndarray, y: np.ndarray, clip: np.ndarray, flip_clip: np.ndarray | None,
-    scale: float, sd: np.ndarray, n_e: float, delta: float,
+    scale: float, sd: np.ndarray, n_e: float, delta: float, max_pairs: int | None = None,
+    p0_for_all: bool = True,
 ) -> dict[str, np.ndarray]:
-    """P0, P1 (worst replaced label), LB per example (docs/methods/label_dp_multiclass.md (5)-(7)).
+    """P0, P1 (worst replaced label), LB per example (docs/methods/label_dp_multiclass.md (4)-(5)).
 
     Args:
         coef: [N, K] the softmax probabilities p_r (p_r - e_k is formed per label k below).
@@ -122,39 +131,73 @@ def multiclass_bounds(
         flip_clip: [N, K] clip factors c'_r(y') of the whole gradient at label y', or None (the
             clip factor is unknown: P1 is maximised over c' in ``CLIP_GRID``, conservative).
         scale: kappa. sd: [N] tau_r / N_e. n_e: N_e. delta: delta.
+        max_pairs: None: evaluate every (r, y') pair. An integer (with ``flip_clip``): only the
+            ``max_pairs`` pairs with the largest closed-form upper bound on LB (below); the
+            others get LB = -inf and P1 = NaN. Every value is still a valid lower bound (any
+            replacement is a neighbour) and at most the exhaustive one.
+        p0_for_all: with ``max_pairs``: P0 of every row (else only of the evaluated rows, NaN
+            elsewhere).
+
+    Upper bound used for the ranking: argmin = y implies a_y < a_k for each k, so
+    P0 <= min_k Phi((m_k - m_y) / (tau sqrt 2)); and by Harris' inequality (the events
+    {a_k > a_y} are all increasing in (a_k, -a_y)), P1 >= prod_k Phi((m'_k - m'_y) / (tau sqrt 2)).
     """
     p = coef
     n, k = p.shape
     rows = np.arange(n)
     onehot = np.eye(k)
     m0 = clip[:, None] * scale * (p - onehot[y]) / n_e  # [N, K]
-    log_p0 = attack_success_log_prob(m0, y, sd)
     # every (r, y') with y' != y_r
-    alt = np.array([[j for j in range(k) if j != y[r]] for r in range(n)], dtype=np.int64)  # [N, K-1]
+    alt = (np.arange(k - 1)[None, :] + (np.arange(k - 1)[None, :] >= y[:, None])).astype(np.int64)  # [N, K-1]
     rr = np.repeat(rows, k - 1)
     yy = alt.reshape(-1)
     base = scale * (p[rr] - onehot[yy]) / n_e  # [N(K-1), K] before the clip factor
-    if flip_clip is not None:
+    ranked = flip_clip is not None and max_pairs is not None
+    if ranked:
         cf = flip_clip[rr, yy]
-        log_p1 = attack_success_log_prob(cf[:, None] * base, y[rr], sd[rr])
+        m1 = cf[:, None] * base
+        p0_up = np.exp(log_ndtr(gaps(m0, y, sd * math.sqrt(2.0))).min(axis=1))
+        lo = log_ndtr(gaps(m1, y[rr], sd[rr] * math.sqrt(2.0))).sum(axis=1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ub = np.where(p0_up[rr] > delta, np.log(p0_up[rr] - delta) - lo, -np.inf)
+        todo = np.argsort(-ub, kind="stable")[: int(max_pairs)]
+        todo = todo[np.isfinite(ub[todo])]
+        eval_rows = rows if p0_for_all else np.unique(rr[todo])
+    else:
+        eval_rows = rows
+    log_p0 = np.full(n, np.nan)
+    log_p0[eval_rows] = attack_success_log_prob(m0[eval_rows], y[eval_rows], sd[eval_rows])
+    with np.errstate(invalid="ignore"):
+        ok = np.exp(log_p0) > delta
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_num = np.where(ok, log_p0 + np.log1p(-delta * np.exp(-np.where(ok, log_p0, 0.0))), -np.inf)
+    if ranked:
+        log_p1 = np.full(n * (k - 1), np.nan)
+        log_p1[todo] = attack_success_log_prob(m1[todo], y[rr[todo]], sd[rr[todo]])
+        mu = np.linalg.norm(m1 - m0[rr], axis=1) / sd[rr]
+    elif flip_clip is not None:
+        cf = flip_clip[rr, yy]
+        m1 = cf[:, None] * base
+        mu = np.linalg.norm(m1 - m0[rr], axis=1) / sd[rr]
+        log_p1 = attack_success_log_prob(m1, y[rr], sd[rr])
     else:
         grid = CLIP_GRID
         g = grid.shape[0]
         means = (grid[None, :, None] * base[:, None, :]).reshape(-1, k)
         lp = attack_success_log_prob(means, np.repeat(y[rr], g), np.repeat(sd[rr], g))
         lp = lp.reshape(-1, g)
-        best = np.argmax(lp, axis=1)
-        log_p1 = lp[np.arange(lp.shape[0]), best]
-        cf = grid[best]
+        best_c = np.argmax(lp, axis=1)
+        log_p1 = lp[np.arange(lp.shape[0]), best_c]
+        cf = grid[best_c]
+        m1 = cf[:, None] * base
+        mu = np.linalg.norm(m1 - m0[rr], axis=1) / sd[rr]
     log_p1 = log_p1.reshape(n, k - 1)
-    ok = np.exp(log_p0) > delta
-    with np.errstate(divide="ignore", invalid="ignore"):
-        log_num = log_p0 + np.log1p(-delta * np.exp(-log_p0))
-    lb_all = np.where(ok[:, None], log_num[:, None] - log_p1, -np.inf)  # [N, K-1]
-    worst = np.argmax(np.where(np.isfinite(lb_all), lb_all, -np.inf) if ok.any() else -log_p1, axis=1)
-    worst = np.where(ok, worst, np.argmin(log_p1, axis=1))
-    m1_all = (cf[:, None] * base).reshape(n, k - 1, k)
-    mu_all = np.linalg.norm(m1_all - m0[:, None, :], axis=2) / sd[:, None]  # [N, K-1]
+    with np.errstate(invalid="ignore"):
+        lb_all = np.where(ok[:, None] & np.isfinite(log_p1), log_num[:, None] - log_p1, -np.inf)  # [N, K-1]
+    order = ub.reshape(n, k - 1) if ranked else -np.nan_to_num(log_p1, nan=np.inf)
+    worst = np.where(np.isfinite(lb_all).any(axis=1), np.argmax(lb_all, axis=1), np.argmax(order, axis=1))
+    m1_all = m1.reshape(n, k - 1, k)
+    shift = np.linalg.norm(m1_all - m0[:, None, :], axis=2)  # [N, K-1]
     return {
         "log_p0": log_p0,
         "log_p1": log_p1[rows, worst],
@@ -163,15 +206,16 @@ def multiclass_bounds(
         "statistic_mean0": m0,
         "statistic_mean1": m1_all[rows, worst],
         "flipped_clip": cf.reshape(n, k - 1)[rows, worst],
-        "optimal_test_mu": mu_all.max(axis=1),
-        "coef_shift_norm_max": (np.linalg.norm(m1_all - m0[:, None, :], axis=2) * n_e).max(axis=1),
+        "optimal_test_mu": mu.reshape(n, k - 1).max(axis=1),
+        "coef_shift_norm_max": (shift * n_e).max(axis=1),
     }
 
 
 def multiclass_lower_bound(
     x: np.ndarray, eps: float, probs: np.ndarray, labels: object, grad_norms: object,
     flipped_grad_norms: object, *, c_max: float, sigma: float, n_e: float, delta: float,
-    bias: bool, gram_inv_diag: object, scale: float,
+    bias: bool, gram_inv_diag: object, scale: float, max_pairs: int | None = None,
+    p0_for_all: bool = True,
 ) -> object:
     """The K-class branch of ``label_dp_lower_bound`` (inputs already checked for type/finite)."""
     from . import label_dp as ld  # the binary module holds the shared helpers and the result type
@@ -221,7 +265,7 @@ def multiclass_lower_bound(
     s = sigma * c_max / n_e
     sd = s * np.sqrt(v)
     out = multiclass_bounds(coef=probs, y=y, clip=clip, flip_clip=flip_clip, scale=scale, sd=sd,
-                            n_e=n_e, delta=delta)
+                            n_e=n_e, delta=delta, max_pairs=max_pairs, p0_for_all=p0_for_all)
     lb = out["lower_bound"]
     ok = np.isfinite(lb)
     if ok.any():

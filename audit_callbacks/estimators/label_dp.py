@@ -402,6 +402,8 @@ def label_dp_lower_bound(
     gram_inv_diag: ArrayLike | None = None,
     grad_scale: float = 1.0,
     flipped_grad_norms: ArrayLike | None = None,
+    max_pairs: int | None = None,
+    p0_for_all: bool = True,
 ) -> LabelDPBounds:
     """Label-DP lower bounds for one DP-SGD step (Yuan, Xue, Wang & Shen 2022, Alg. 2).
 
@@ -454,10 +456,13 @@ def label_dp_lower_bound(
         flipped_grad_norms: K classes only: [N, K] norms of the whole per-example gradient
             (scaled by kappa, before clipping) had example r carried label k, each >= its
             last-layer part kappa ||p_r - e_k|| ||x~_r||; None: unknown (see above).
+        max_pairs, p0_for_all: K classes with ``flipped_grad_norms``: evaluate only the
+            ``max_pairs`` pairs (r, y') with the largest closed-form upper bound on LB (valid,
+            <= exhaustive; P1 NaN, LB -inf elsewhere), and P0 of every row or (False) of theirs.
 
     Returns:
         :class:`LabelDPBounds`: per-example ``p0``, ``p1``, ``lower_bound`` [N], the batch
-        ``epsilon_lower_bound`` (finite, >= 0) and the B9 bounds. No NaN anywhere.
+        ``epsilon_lower_bound`` (finite, >= 0) and the B9 bounds. No NaN (but see max_pairs).
 
     Raises:
         ValueError: shapes or values invalid (see above); N > p (+1 with bias) or a
@@ -480,7 +485,8 @@ def label_dp_lower_bound(
             c_max=check_positive_finite(max_grad_norm, "max_grad_norm"),
             sigma=check_positive_finite(noise_multiplier, "noise_multiplier"),
             n_e=_check_expected_batch(expected_batch_size), delta=check_delta(delta), bias=bool(bias),
-            gram_inv_diag=gram_inv_diag, scale=check_positive_finite(grad_scale, "grad_scale"))
+            gram_inv_diag=gram_inv_diag, scale=check_positive_finite(grad_scale, "grad_scale"),
+            max_pairs=max_pairs, p0_for_all=bool(p0_for_all))
     if flipped_grad_norms is not None:
         raise ValueError("flipped_grad_norms is for K-class probs [N, K] only (binary: computed from grad_norms)")
     p = _as_1d(probs, "probs", n)
