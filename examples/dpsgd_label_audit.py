@@ -1,9 +1,9 @@
-"""Label privacy of Opacus DP-SGD on breast cancer: paper 004's Figures 1 and 2, and one audited run.
+"""Label privacy of Opacus DP-SGD on breast cancer: Yuan et al.'s (2022) Figures 1 and 2, and one audited run.
 
     python examples/dpsgd_label_audit.py            # default sweep, about a minute on 2 cores
     python examples/dpsgd_label_audit.py --quick    # seconds (smoke test)
 
-Paper 004's setting (Yuan et al., §4; METHODS B): an MLP with two hidden layers of 200 ReLU
+The setting of Yuan, Xue, Wang & Shen (2022, §4): an MLP with two hidden layers of 200 ReLU
 units and one sigmoid logit, trained with Opacus DP-SGD (``make_private`` in
 ``configure_optimizers``), Poisson batches of expected size 64, lr 0.1, on scikit-learn's breast
 cancer data (569 x 30, binary labels; the paper used the UCI cervical cancer and bank marketing
@@ -11,9 +11,9 @@ data, so its numbers are not reproduced, only the shape of its figures).
 
 (a) Figure 1: for each noise multiplier sigma of ``--sigmas`` (clip norm C = ``--clip``), train
 ``--epochs`` epochs with :class:`LabelDPLowerBound` on every step and record, in nats at delta:
-the maximum over steps of the per-batch lower bound from the last layer (paper Alg. 2, METHODS
-B8) and from the second-last layer (Alg. 4, B5), the extrapolated bound (B10), the exact
-single-pair epsilon over all parameters (B9, the most an adversary of one step could show), the
+the maximum over steps of the per-batch lower bound from the last layer (Yuan et al. 2022
+Alg. 2) and from the second-last layer (Alg. 4), the extrapolated bound (App. A.3.1), the exact
+single-pair epsilon over all parameters (Gaussian-pair, the most an adversary of one step could show), the
 single-step upper bound for replacing one label (the Gaussian with sensitivity 2/sigma) and the
 accountant's epsilon for the whole run (Opacus RDP, amplified by sampling, add/remove
 neighbours; the paper's "DP-SGD upper bound"). :class:`LabelReconstructionAttack` runs beside it
@@ -34,7 +34,7 @@ sweep point), ``label_dp_bounds.png`` (two panels, log scales), ``label_dp_multi
 three callbacks' summary JSON files.
 
 Check printed (and asserted by tests/test_examples_dpsgd_label.py): no per-batch bound (last
-layer, second-last layer, B9) ever exceeds the single-step upper bound, and per step the B9 order
+layer, second-last layer, Gaussian-pair) ever exceeds the single-step upper bound, and per step the Gaussian-pair order
 sign test <= optimal test <= exact pair (layer) <= exact pair (all parameters) <= single step
 holds. The extrapolated bound is an estimate, not a bound; it is printed against the single-step
 bound but not checked.
@@ -90,7 +90,7 @@ CSV_FIELDS = (
     "fit_s",
 )
 
-# per-batch bounds of one step, in B9 order (each <= the next, all <= the single-step bound)
+# per-batch bounds of one step, in Gaussian-pair order (each <= the next, all <= the single-step bound)
 _CHAIN = (
     "label_dp/epsilon_lo_batch",
     "label_dp/epsilon_lo_optimal_test",
@@ -226,13 +226,13 @@ def summarize_bounds(lb: LabelDPLowerBound) -> dict[str, Any]:
 
 
 def check_records(records: list[dict[str, float]], single_step: float, tag: str) -> list[str]:
-    """Failures of: every per-batch bound <= single-step bound, and the B9 order per step."""
+    """Failures of: every per-batch bound <= single-step bound, and the Gaussian-pair order per step."""
     out = []
     for r in records:
         chain = [r[k] for k in _CHAIN if k in r]
         for a, b in zip(chain, chain[1:], strict=False):
             if a > b * (1 + _REL) + 1e-12:
-                out.append(f"{tag} step {int(r['step'])}: B9 order broken: {chain}")
+                out.append(f"{tag} step {int(r['step'])}: Gaussian-pair order broken: {chain}")
                 break
         for key in (*_CHAIN[:-1], "label_dp/epsilon_lo_second_last"):
             if key in r and not r[key] <= single_step * (1 + _REL):
@@ -326,12 +326,12 @@ _LINES = (  # key, label, style
     ),
     (
         "epsilon_lo_extrapolated",
-        "last layer, extrapolated to the run (B10)",
+        "last layer, extrapolated to the run (App. A.3.1)",
         dict(marker="o", color="C0", linestyle=":"),
     ),
     (
         "epsilon_pair_all_params_max",
-        "exact pair of one step, all parameters (B9)",
+        "exact pair of one step, all parameters (Gaussian-pair)",
         dict(marker="^", color="C2", linestyle="--"),
     ),
     ("epsilon_single_step", "single-step upper bound (Gaussian, 2/sigma)", dict(color="k")),
@@ -539,7 +539,7 @@ def multiclass(args: argparse.Namespace) -> tuple[list[dict[str, Any]], str, str
 
 def print_table(rows: list[dict[str, Any]], run: dict[str, Any], args: argparse.Namespace) -> None:
     head = (
-        f"  {'sweep':<6} {'sigma':>5} {'C':>5} {'last':>7} {'2nd-last':>8} {'extrap.':>7} {'B9 pair':>8} "
+        f"  {'sweep':<6} {'sigma':>5} {'C':>5} {'last':>7} {'2nd-last':>8} {'extrap.':>7} {'pair all':>8} "
         f"{'1-step UB':>9} {'account.':>9} {'attack acc':>10} {'val acc':>7}"
     )
     print(f"\nLabel-DP epsilon (nats, delta = {args.delta:g}); lower bounds are maxima over steps")
@@ -568,9 +568,9 @@ def print_table(rows: list[dict[str, Any]], run: dict[str, Any], args: argparse.
             "label-DP lower bound, second-last layer (max over steps)",
             run["epsilon_lo_second_last_max"],
         ),
-        ("label-DP lower bound, extrapolated to the run (B10)", run["epsilon_lo_extrapolated"]),
+        ("label-DP lower bound, extrapolated to the run (App. A.3.1)", run["epsilon_lo_extrapolated"]),
         (
-            "exact pair epsilon of one step, all parameters (B9, max)",
+            "exact pair epsilon of one step, all parameters (Gaussian-pair, max)",
             run["epsilon_pair_all_params_max"],
         ),
         ("single-step upper bound, replace one label (2/sigma)", run["epsilon_single_step"]),
@@ -615,9 +615,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ok = not failures
     worst = max((r["epsilon_lo_last_max"] or 0.0) / r["epsilon_single_step"] for r in [*rows, run])
     print(
-        f"\n[{'PASS' if ok else 'FAIL'}] every per-batch lower bound (last layer, second-last layer, B9; "
+        f"\n[{'PASS' if ok else 'FAIL'}] every per-batch lower bound (last layer, second-last layer, Gaussian-pair; "
         f"binary and 10-class) "
-        f"<= the single-step upper bound, and the B9 order holds at every step "
+        f"<= the single-step upper bound, and the Gaussian-pair order holds at every step "
         f"(largest ratio last-layer bound / single-step bound: {worst:.3f})"
     )
     for f in failures[:10]:
