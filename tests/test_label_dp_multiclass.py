@@ -164,3 +164,9 @@ def test_ranked_evaluation_gives_the_batch_bound():
             np.testing.assert_array_equal(fast.p0, full.p0)
             few = label_dp_lower_bound(x, probs, y, g, max_pairs=16, p0_for_all=False, **kw)
             assert few.epsilon_lower_bound == fast.epsilon_lower_bound and np.isnan(few.p0).any()
+        # without flipped norms (P1 maximised over the clip factor): the same ranking
+        kw.pop("flipped_grad_norms")
+        full = label_dp_lower_bound(x, probs, y, g, **kw)
+        fast = label_dp_lower_bound(x, probs, y, g, max_pairs=16, **kw)
+        assert fast.epsilon_lower_bound <= full.epsilon_lower_bound + 1e-12
+        assert fast.epsilon_lower_bound >= 0.9 * full.epsilon_lower_bound, sigma

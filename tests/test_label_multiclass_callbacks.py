@@ -152,3 +152,23 @@ def test_unsupported_loss_warns_once_and_steps_aside(tmp_path):
     assert sum("unsupported_loss" in str(w.message) for w in record) == 1
     assert bound.disabled_reason == "unsupported_loss" and bound.records == []
     assert bound.skips["unsupported_loss"] == 1 and bound.steps == 1
+
+
+class _TanhClassifier(DPSGDClassifier):
+    def __init__(self, model, **kw):
+        for i, m in enumerate(model.net):
+            if isinstance(m, nn.ReLU):
+                model.net[i] = nn.Tanh()
+        super().__init__(model, **kw)
+
+
+def test_without_per_label_norms_the_conservative_bound_still_covers_every_step(tmp_path):
+    """A tanh MLP: the per-label gradient norms are not available (not a ReLU chain), so P1 is
+    maximised over the replaced label's clip factor; every step is still bounded, below the
+    single-step bound."""
+    bound = LabelDPLowerBound(summary_filename=None)
+    _fit(tmp_path, [bound], hidden=(128, 128), module_cls=_TanhClassifier, noise=0.5)
+    assert bound.flipped_norms.startswith("unknown") and bound.attacked_fraction == 1.0
+    single = gaussian_epsilon(0.5, 1e-5, sensitivity=2.0)
+    assert all(0 <= r["label_dp/epsilon_lo_batch"] <= single for r in bound.records)
+    assert max(r["label_dp/epsilon_lo_batch"] for r in bound.records) > 0

@@ -131,9 +131,9 @@ def multiclass_bounds(
         flip_clip: [N, K] clip factors c'_r(y') of the whole gradient at label y', or None (the
             clip factor is unknown: P1 is maximised over c' in ``CLIP_GRID``, conservative).
         scale: kappa. sd: [N] tau_r / N_e. n_e: N_e. delta: delta.
-        max_pairs: None: evaluate every (r, y') pair. An integer (with ``flip_clip``): only the
-            ``max_pairs`` pairs with the largest closed-form upper bound on LB (below); the
-            others get LB = -inf and P1 = NaN. Every value is still a valid lower bound (any
+        max_pairs: None: evaluate every (r, y') pair. An integer: only the ``max_pairs`` pairs
+            with the largest closed-form upper bound on LB (below); the others get LB = -inf
+            and P1 = NaN. Every value is still a valid lower bound (any
             replacement is a neighbour) and at most the exhaustive one.
         p0_for_all: with ``max_pairs``: P0 of every row (else only of the evaluated rows, NaN
             elsewhere).
@@ -152,18 +152,28 @@ def multiclass_bounds(
     rr = np.repeat(rows, k - 1)
     yy = alt.reshape(-1)
     base = scale * (p[rr] - onehot[yy]) / n_e  # [N(K-1), K] before the clip factor
-    ranked = flip_clip is not None and max_pairs is not None
-    if ranked:
+    ranked = max_pairs is not None
+    grid = CLIP_GRID if flip_clip is None else None
+    if grid is None:
         cf = flip_clip[rr, yy]
-        m1 = cf[:, None] * base
+    if ranked:
         p0_up = np.exp(log_ndtr(gaps(m0, y, sd * math.sqrt(2.0))).min(axis=1))
-        lo = log_ndtr(gaps(m1, y[rr], sd[rr] * math.sqrt(2.0))).sum(axis=1)
+        if grid is None:
+            lo = log_ndtr(gaps(cf[:, None] * base, y[rr], sd[rr] * math.sqrt(2.0))).sum(axis=1)
+        else:  # P1 is maximised over c': rank by the largest Harris bound over the grid
+            g = grid.shape[0]
+            means = (grid[None, :, None] * base[:, None, :]).reshape(-1, k)
+            lo_g = log_ndtr(gaps(means, np.repeat(y[rr], g), np.repeat(sd[rr], g) * math.sqrt(2.0)))
+            lo_g = lo_g.sum(axis=1).reshape(-1, g)
+            cf = grid[np.argmax(lo_g, axis=1)]
+            lo = lo_g.max(axis=1)
         with np.errstate(divide="ignore", invalid="ignore"):
             ub = np.where(p0_up[rr] > delta, np.log(p0_up[rr] - delta) - lo, -np.inf)
         todo = np.argsort(-ub, kind="stable")[: int(max_pairs)]
         todo = todo[np.isfinite(ub[todo])]
         eval_rows = rows if p0_for_all else np.unique(rr[todo])
     else:
+        todo = np.arange(n * (k - 1))
         eval_rows = rows
     log_p0 = np.full(n, np.nan)
     log_p0[eval_rows] = attack_success_log_prob(m0[eval_rows], y[eval_rows], sd[eval_rows])
@@ -171,30 +181,24 @@ def multiclass_bounds(
         ok = np.exp(log_p0) > delta
     with np.errstate(divide="ignore", invalid="ignore"):
         log_num = np.where(ok, log_p0 + np.log1p(-delta * np.exp(-np.where(ok, log_p0, 0.0))), -np.inf)
-    if ranked:
-        log_p1 = np.full(n * (k - 1), np.nan)
-        log_p1[todo] = attack_success_log_prob(m1[todo], y[rr[todo]], sd[rr[todo]])
-        mu = np.linalg.norm(m1 - m0[rr], axis=1) / sd[rr]
-    elif flip_clip is not None:
-        cf = flip_clip[rr, yy]
-        m1 = cf[:, None] * base
-        mu = np.linalg.norm(m1 - m0[rr], axis=1) / sd[rr]
-        log_p1 = attack_success_log_prob(m1, y[rr], sd[rr])
+    log_p1 = np.full(n * (k - 1), np.nan)
+    if grid is None:
+        log_p1[todo] = attack_success_log_prob(cf[todo, None] * base[todo], y[rr[todo]], sd[rr[todo]])
     else:
-        grid = CLIP_GRID
+        cf = np.asarray(cf if ranked else np.zeros(n * (k - 1)), dtype=float).copy()
         g = grid.shape[0]
-        means = (grid[None, :, None] * base[:, None, :]).reshape(-1, k)
-        lp = attack_success_log_prob(means, np.repeat(y[rr], g), np.repeat(sd[rr], g))
+        means = (grid[None, :, None] * base[todo][:, None, :]).reshape(-1, k)
+        lp = attack_success_log_prob(means, np.repeat(y[rr[todo]], g), np.repeat(sd[rr[todo]], g))
         lp = lp.reshape(-1, g)
         best_c = np.argmax(lp, axis=1)
-        log_p1 = lp[np.arange(lp.shape[0]), best_c]
-        cf = grid[best_c]
-        m1 = cf[:, None] * base
-        mu = np.linalg.norm(m1 - m0[rr], axis=1) / sd[rr]
+        log_p1[todo] = lp[np.arange(lp.shape[0]), best_c]
+        cf[todo] = grid[best_c]
+    m1 = cf[:, None] * base
+    mu = np.linalg.norm(m1 - m0[rr], axis=1) / sd[rr]
     log_p1 = log_p1.reshape(n, k - 1)
     with np.errstate(invalid="ignore"):
         lb_all = np.where(ok[:, None] & np.isfinite(log_p1), log_num[:, None] - log_p1, -np.inf)  # [N, K-1]
-    order = ub.reshape(n, k - 1) if ranked else -np.nan_to_num(log_p1, nan=np.inf)
+    order = ub.reshape(n, k - 1) if ranked else -log_p1
     worst = np.where(np.isfinite(lb_all).any(axis=1), np.argmax(lb_all, axis=1), np.argmax(order, axis=1))
     m1_all = m1.reshape(n, k - 1, k)
     shift = np.linalg.norm(m1_all - m0[:, None, :], axis=2)  # [N, K-1]

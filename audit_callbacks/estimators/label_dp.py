@@ -457,7 +457,7 @@ def label_dp_lower_bound(
         flipped_grad_norms: K classes only: [N, K] norms of the whole per-example gradient
             (scaled by kappa, before clipping) had example r carried label k, each >= its
             last-layer part kappa ||p_r - e_k|| ||x~_r||; None: unknown (see above).
-        max_pairs, p0_for_all: K classes with ``flipped_grad_norms``: evaluate only the
+        max_pairs, p0_for_all: K classes: evaluate the integrals (P1) only for the
             ``max_pairs`` pairs (r, y') with the largest closed-form upper bound on LB (valid,
             <= exhaustive; P1 NaN, LB -inf elsewhere), and P0 of every row or (False) of theirs.
 
