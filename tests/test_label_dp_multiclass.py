@@ -164,6 +164,15 @@ def test_ranked_evaluation_gives_the_batch_bound():
             np.testing.assert_array_equal(fast.p0, full.p0)
             few = label_dp_lower_bound(x, probs, y, g, max_pairs=16, p0_for_all=False, **kw)
             assert few.epsilon_lower_bound == fast.epsilon_lower_bound and np.isnan(few.p0).any()
+            # the norms asked lazily, for the evaluated pairs only (what the callback does)
+            asked = []
+            lazy = dict(kw, flipped_grad_norms=lambda r, k, asked=asked, gf=gf: asked.append(len(r)) or gf[r, k])
+            every = label_dp_lower_bound(x, probs, y, g, **lazy)
+            assert every.epsilon_lower_bound == full.epsilon_lower_bound and asked == [30 * 9]
+            asked.clear()
+            ranked = label_dp_lower_bound(x, probs, y, g, max_pairs=16, **lazy)
+            assert ranked.epsilon_lower_bound <= full.epsilon_lower_bound + 1e-12 and asked == [64]
+            assert ranked.epsilon_lower_bound >= 0.9 * full.epsilon_lower_bound
         # without flipped norms (P1 maximised over the clip factor): the same ranking
         kw.pop("flipped_grad_norms")
         full = label_dp_lower_bound(x, probs, y, g, **kw)

@@ -138,16 +138,15 @@ def gradient_scale(
 def relu_mlp_label_grad_norms(
     weights: Sequence[Tensor], inputs: Sequence[Tensor], probs: Tensor, labels: Tensor, kappa: float,
     observed_bias_grads: Sequence[Tensor] | None = None, *, rtol: float = 1e-3,
-    dtype: torch.dtype = torch.float64,
+    dtype: torch.dtype = torch.float64, pairs: tuple[Any, Any] | None = None,
 ) -> Tensor | None:
-    """[N, K] norms ||g_r(k)|| of the whole per-example gradient at every label k, for a ReLU MLP.
+    """Norms ||g_r(k)|| of the whole per-example gradient at label k, for a ReLU MLP.
 
     Model: layers l = 1..L, ``nn.Linear`` with a bias, z_l = W_l a_{l-1} + b_l, a_l = ReLU(z_l),
     softmax on z_L, cross-entropy scaled by kappa. The backward pass is linear in the output
     error v = kappa (p_r - e_k): delta_L = v, delta_l = (W_{l+1}^T delta_{l+1}) * 1[a_l > 0],
     and the example's squared gradient norm is sum_l ||delta_l||^2 (||a_{l-1}||^2 + 1)
     (per-example weight gradient delta_l a_{l-1}^T, bias gradient delta_l; Goodfellow 2015).
-    All K errors are propagated at once ([N, K, width] per layer).
 
     Args:
         weights: W_1..W_L ([out_l, in_l]), in forward order.
@@ -159,10 +158,12 @@ def relu_mlp_label_grad_norms(
             them (else None).
         dtype: of the propagation (float32 halves the cost; the norms are then accurate to
             ~1e-6 relative, far inside the 1e-3 check and the bound's needs).
+        pairs: ``(rows [P], labels [P])``: only these (example, label) pairs (default: all).
 
     Returns:
-        float64 [N, K] (column y_r is ||g_r||), or None when the shapes do not chain, a hidden
-        input is negative (not ReLU) or the check against the observed gradients fails.
+        float64 [N, K] (column y_r is ||g_r||), or [P] with ``pairs``; None when the shapes do
+        not chain, a hidden input is negative (not ReLU) or the check against the observed
+        gradients fails.
     """
     if not weights or len(weights) != len(inputs):
         return None
@@ -176,26 +177,41 @@ def relu_mlp_label_grad_norms(
             return None
         if li > 0 and bool((a[li] < 0).any()):
             return None
-    rows = torch.arange(n)
+    p = probs.detach().to("cpu", dtype)
+    eye = torch.eye(k, dtype=dtype)
+    sq_in = [(x * x).sum(1) + 1.0 for x in a]
+    masks = [(x > 0).to(dtype) for x in a]
+
+    def propagate(err: Tensor, rows: Tensor, check: bool) -> Tensor | None:
+        """Squared norms [M] for output errors err [M, K] of examples ``rows`` [M]."""
+        delta = kappa * err
+        total = torch.zeros(err.shape[0], dtype=dtype)
+        for li in range(len(w) - 1, -1, -1):
+            if li < len(w) - 1:
+                delta = (delta @ w[li + 1]) * masks[li + 1][rows]
+            if check:
+                obs = observed_bias_grads[li].detach().reshape(n, -1).to("cpu", dtype)
+                if obs.shape != delta.shape:
+                    return None
+                err_n = torch.linalg.vector_norm(obs - delta, dim=1)
+                ref = torch.linalg.vector_norm(obs, dim=1)
+                if bool((err_n > rtol * ref + 1e-6 * float(ref.max()) + 1e-30).any()):
+                    return None
+            total += (delta * delta).sum(1) * sq_in[li][rows]
+        return total
+
     y = labels.reshape(-1).to("cpu", torch.int64)
-    delta = kappa * (probs.detach().to("cpu", dtype)[:, None, :] - torch.eye(k, dtype=dtype)[None])  # [N, K, K]
-    total = torch.zeros(n, k, dtype=dtype)
-    for li in range(len(w) - 1, -1, -1):
-        if li < len(w) - 1:
-            delta = (delta @ w[li + 1]) * (a[li + 1] > 0).to(dtype)[:, None, :]
-        if observed_bias_grads is not None:
-            obs = observed_bias_grads[li].detach().reshape(n, -1).to("cpu", dtype)
-            pred = delta[rows, y]
-            if obs.shape != pred.shape:
-                return None
-            err = torch.linalg.vector_norm(obs - pred, dim=1)
-            ref = torch.linalg.vector_norm(obs, dim=1)
-            scale = float(ref.max()) if n else 0.0
-            if bool((err > rtol * ref + 1e-6 * scale + 1e-30).any()):
-                return None
-        sq_in = (a[li] * a[li]).sum(1) + 1.0
-        total += (delta * delta).sum(2) * sq_in[:, None]
-    return torch.sqrt(total).to(torch.float64)
+    all_rows = torch.arange(n)
+    if observed_bias_grads is not None and propagate(p - eye[y], all_rows, True) is None:
+        return None
+    if pairs is not None:
+        rows = torch.as_tensor(np.asarray(pairs[0]), dtype=torch.int64)
+        lab = torch.as_tensor(np.asarray(pairs[1]), dtype=torch.int64)
+        out = propagate(p[rows] - eye[lab], rows, False)
+        return None if out is None else torch.sqrt(out).to(torch.float64)
+    rows = all_rows.repeat_interleave(k)
+    out = propagate((p[:, None, :] - eye[None]).reshape(n * k, k), rows, False)
+    return None if out is None else torch.sqrt(out).reshape(n, k).to(torch.float64)
 
 
 def _bias_grad_of(by_id: dict[int, Tensor], layer: nn.Linear) -> Tensor | None:

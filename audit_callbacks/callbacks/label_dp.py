@@ -281,20 +281,25 @@ class LabelDPLowerBound(StepAuditCallback):
         return {k: v for k, v in record.items() if k != "step"}
 
     def _flipped_norms(self, data: dict[str, Any], probs: np.ndarray, y: np.ndarray, kappa: float,
-                       by_id: dict[int, torch.Tensor]) -> np.ndarray | None:
-        """[N, K] whole-gradient norms at every label (K classes, ReLU MLP), else None."""
+                       by_id: dict[int, torch.Tensor]) -> Any:
+        """K classes, ReLU MLP: ``(rows, labels) -> norms`` of the whole gradient at those labels
+        (checked once per step against Opacus' bias gradients at the observed labels), else None."""
         if self.num_classes == 1:
             return None
         sq = data["norm_inputs"]
-        out = None
+        fn = None
         if self._ghost and sq is not None:
             layers = list(self._ghost.values())
-            out = relu_mlp_label_grad_norms(
-                [m.weight for m in layers], [sq[k] for k in self._ghost], torch.as_tensor(probs),
-                torch.as_tensor(y), kappa, [by_id[id(m.bias)] for m in layers], dtype=torch.float32)
-        self.flipped_norms = "exact (ReLU MLP back-propagation)" if out is not None else \
+            args = ([m.weight for m in layers], [sq[k] for k in self._ghost], torch.as_tensor(probs),
+                    torch.as_tensor(y), kappa)
+            checked = relu_mlp_label_grad_norms(*args, [by_id[id(m.bias)] for m in layers], dtype=torch.float32,
+                                                pairs=(np.zeros(1, dtype=np.int64), y[:1]))
+            if checked is not None:
+                def fn(rows: np.ndarray, labels: np.ndarray) -> np.ndarray:
+                    return relu_mlp_label_grad_norms(*args, dtype=torch.float32, pairs=(rows, labels)).numpy()
+        self.flipped_norms = "exact (ReLU MLP back-propagation)" if fn is not None else \
             "unknown: P1 maximised over the clip factor (conservative)"
-        return None if out is None else out.numpy()
+        return fn
 
     def _second_last(self, data: dict[str, Any], probs, y, norms, kw) -> float | None:
         assert self._last is not None

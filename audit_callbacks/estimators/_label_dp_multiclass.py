@@ -21,6 +21,7 @@ against :func:`scipy.integrate.quad` to 1e-8 (relative).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 from scipy.special import log_ndtr, logsumexp
@@ -120,7 +121,7 @@ def check_multiclass(probs: np.ndarray, labels: object, n: int) -> np.ndarray:
 def multiclass_bounds(
     *, coef: np.ndarray, y: np.ndarray, clip: np.ndarray, flip_clip: np.ndarray | None,
     scale: float, sd: np.ndarray, n_e: float, delta: float, max_pairs: int | None = None,
-    p0_for_all: bool = True,
+    p0_for_all: bool = True, exact_clip: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
     """P0, P1 (worst replaced label), LB per example (docs/methods/label_dp_multiclass.md (4)-(5)).
 
@@ -137,6 +138,8 @@ def multiclass_bounds(
             replacement is a neighbour) and at most the exhaustive one.
         p0_for_all: with ``max_pairs``: P0 of every row (else only of the evaluated rows, NaN
             elsewhere).
+        exact_clip: ``(rows, labels) -> clip factors`` of the evaluated pairs, when
+            ``flip_clip`` holds estimates (used only to rank the pairs).
 
     Upper bound used for the ranking: argmin = y implies a_y < a_k for each k, so
     P0 <= min_k Phi((m_k - m_y) / (tau sqrt 2)); and by Harris' inequality (the events
@@ -169,6 +172,16 @@ def multiclass_bounds(
             lo = lo_g.max(axis=1)
         with np.errstate(divide="ignore", invalid="ignore"):
             ub = np.where(p0_up[rr] > delta, np.log(p0_up[rr] - delta) - lo, -np.inf)
+        if grid is None and exact_clip is not None:  # estimated clip factors: re-rank the
+            pre = np.argsort(-ub, kind="stable")[: 4 * int(max_pairs)]  # leading pairs exactly
+            pre = pre[np.isfinite(ub[pre])]
+            cf = cf.copy()
+            cf[pre] = exact_clip(rr[pre], yy[pre])
+            exact_clip = None
+            lo_pre = log_ndtr(gaps(cf[pre, None] * base[pre], y[rr[pre]], sd[rr[pre]] * math.sqrt(2.0))).sum(1)
+            ub = np.full(ub.shape, -np.inf)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                ub[pre] = np.where(p0_up[rr[pre]] > delta, np.log(p0_up[rr[pre]] - delta) - lo_pre, -np.inf)
         todo = np.argsort(-ub, kind="stable")[: int(max_pairs)]
         todo = todo[np.isfinite(ub[todo])]
         eval_rows = rows if p0_for_all else np.unique(rr[todo])
@@ -182,6 +195,9 @@ def multiclass_bounds(
     with np.errstate(divide="ignore", invalid="ignore"):
         log_num = np.where(ok, log_p0 + np.log1p(-delta * np.exp(-np.where(ok, log_p0, 0.0))), -np.inf)
     log_p1 = np.full(n * (k - 1), np.nan)
+    if grid is None and exact_clip is not None and todo.size:
+        cf = cf.copy()
+        cf[todo] = exact_clip(rr[todo], yy[todo])
     if grid is None:
         log_p1[todo] = attack_success_log_prob(cf[todo, None] * base[todo], y[rr[todo]], sd[rr[todo]])
     else:
@@ -246,8 +262,27 @@ def multiclass_lower_bound(
             f"gradient kappa ||p - e_y|| ||[x, 1]|| = {layer_part[r, y[r]]:.6g}: pass the norm of the "
             "whole per-example gradient over all parameters, before clipping"
         )
-    flip_clip = gf = None
-    if flipped_grad_norms is not None:
+    flip_clip = gf = exact_clip = None
+    if callable(flipped_grad_norms):
+        # estimate (the whole gradient scaled like its last-layer part) to rank the pairs; the
+        # callable gives the exact norms of the pairs evaluated
+        size = np.linalg.norm(probs[:, None, :] - onehot[None], axis=2)  # [N, K]
+        own = size[np.arange(n), y]
+        gf = np.maximum(g[:, None] * size / np.where(own > 0, own, np.inf)[:, None], layer_part)
+        gf[np.arange(n), y] = g
+        fn = flipped_grad_norms
+
+        def exact_clip(rows: np.ndarray, labs: np.ndarray) -> np.ndarray:
+            norms = np.asarray(fn(rows, labs), dtype=float).reshape(-1)
+            if norms.shape != rows.shape or not np.isfinite(norms).all() or (
+                    norms < layer_part[rows, labs] * (1.0 - ld._GRAD_NORM_RTOL)).any():
+                raise ValueError("flipped_grad_norms(rows, labels) must return finite norms, one per pair, >= the "
+                                 "last-layer part kappa ||p - e_k|| ||[x, 1]||")
+            gf[rows, labs] = norms
+            return ld._clip(norms, c_max)
+
+        flip_clip = ld._clip(gf, c_max)
+    elif flipped_grad_norms is not None:
         gf = np.asarray(flipped_grad_norms, dtype=float)
         if gf.shape != (n, k):
             raise ValueError(f"flipped_grad_norms must have shape [{n}, {k}], got {gf.shape}")
@@ -269,7 +304,8 @@ def multiclass_lower_bound(
     s = sigma * c_max / n_e
     sd = s * np.sqrt(v)
     out = multiclass_bounds(coef=probs, y=y, clip=clip, flip_clip=flip_clip, scale=scale, sd=sd,
-                            n_e=n_e, delta=delta, max_pairs=max_pairs, p0_for_all=p0_for_all)
+                            n_e=n_e, delta=delta, max_pairs=max_pairs, p0_for_all=p0_for_all,
+                            exact_clip=exact_clip)
     lb = out["lower_bound"]
     ok = np.isfinite(lb)
     if ok.any():

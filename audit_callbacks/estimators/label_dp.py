@@ -418,10 +418,9 @@ def label_dp_lower_bound(
       replaced by y' (its own clip factor c'_r(y')) are the one-dimensional integrals
       integral phi(z) prod_{k != y} Phi((m_k - m_y) / tau_r + z) dz (eq. (3)), computed by a
       log-domain trapezoid rule accurate to 1e-8 relative; LB[r] = max_{y'} log((P0 - delta) /
-      P1) (eq. (5)). ``flipped_grad_norms`` [N, K] gives ||g_r(k)|| for every label k (the
-      clip factor of the replaced label); without it P1 is maximised over c' in [0, 1] on a
-      41-point grid (conservative). At K = 2 this equals the binary form at noise sigma /
-      sqrt(2) (the two logits' statistics differ by twice the binary one).
+      P1) (eq. (5)). ``flipped_grad_norms`` gives ||g_r(k)|| (the replaced label's clip
+      factor); without it P1 is maximised over c' in [0, 1] on a 41-point grid (conservative).
+      K = 2 equals the binary form (tests/test_label_dp_multiclass.py).
     * Binary single-logit model (``probs`` [N], the form below).
 
     Binary single-logit model, last-layer threat model: the adversary sees the privatized mean
@@ -456,7 +455,9 @@ def label_dp_lower_bound(
             Default 1.
         flipped_grad_norms: K classes only: [N, K] norms of the whole per-example gradient
             (scaled by kappa, before clipping) had example r carried label k, each >= its
-            last-layer part kappa ||p_r - e_k|| ||x~_r||; None: unknown (see above).
+            last-layer part kappa ||p_r - e_k|| ||x~_r||; or a callable (rows, labels) -> norms
+            asked only for the evaluated pairs (with ``max_pairs``: the ranking then uses
+            ||g_r|| ||p_r - e_k|| / ||p_r - e_{y_r}||); None: unknown (see above).
         max_pairs, p0_for_all: K classes: evaluate the integrals (P1) only for the
             ``max_pairs`` pairs (r, y') with the largest closed-form upper bound on LB (valid,
             <= exhaustive; P1 NaN, LB -inf elsewhere), and P0 of every row or (False) of theirs.
