@@ -189,18 +189,17 @@ def multiclass_bounds(
         todo = np.arange(n * (k - 1))
         eval_rows = rows
     log_p0 = np.full(n, np.nan)
-    log_p0[eval_rows] = attack_success_log_prob(m0[eval_rows], y[eval_rows], sd[eval_rows])
-    with np.errstate(invalid="ignore"):
-        ok = np.exp(log_p0) > delta
-    with np.errstate(divide="ignore", invalid="ignore"):
-        log_num = np.where(ok, log_p0 + np.log1p(-delta * np.exp(-np.where(ok, log_p0, 0.0))), -np.inf)
     log_p1 = np.full(n * (k - 1), np.nan)
     if grid is None and exact_clip is not None and todo.size:
         cf = cf.copy()
         cf[todo] = exact_clip(rr[todo], yy[todo])
-    if grid is None:
-        log_p1[todo] = attack_success_log_prob(cf[todo, None] * base[todo], y[rr[todo]], sd[rr[todo]])
+    if grid is None:  # P0 and P1 in one call (the quadrature's cost is mostly per call)
+        both = attack_success_log_prob(
+            np.concatenate([m0[eval_rows], cf[todo, None] * base[todo]]),
+            np.concatenate([y[eval_rows], y[rr[todo]]]), np.concatenate([sd[eval_rows], sd[rr[todo]]]))
+        log_p0[eval_rows], log_p1[todo] = both[: eval_rows.size], both[eval_rows.size:]
     else:
+        log_p0[eval_rows] = attack_success_log_prob(m0[eval_rows], y[eval_rows], sd[eval_rows])
         cf = np.asarray(cf if ranked else np.zeros(n * (k - 1)), dtype=float).copy()
         g = grid.shape[0]
         means = (grid[None, :, None] * base[todo][:, None, :]).reshape(-1, k)
@@ -209,6 +208,10 @@ def multiclass_bounds(
         best_c = np.argmax(lp, axis=1)
         log_p1[todo] = lp[np.arange(lp.shape[0]), best_c]
         cf[todo] = grid[best_c]
+    with np.errstate(invalid="ignore"):
+        ok = np.exp(log_p0) > delta
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_num = np.where(ok, log_p0 + np.log1p(-delta * np.exp(-np.where(ok, log_p0, 0.0))), -np.inf)
     m1 = cf[:, None] * base
     mu = np.linalg.norm(m1 - m0[rr], axis=1) / sd[rr]
     log_p1 = log_p1.reshape(n, k - 1)
