@@ -368,8 +368,7 @@ def _check_probs(p: np.ndarray) -> None:
 
 
 def _check_expected_batch(x: Any) -> float:
-    v = check_positive_finite(x, "expected_batch_size")
-    return v
+    return check_positive_finite(x, "expected_batch_size")
 
 
 @functools.lru_cache(maxsize=256)
