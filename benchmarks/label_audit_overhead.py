@@ -2,6 +2,8 @@
 
     PYTHONPATH=. .venv/bin/python benchmarks/label_audit_overhead.py            # ~3 min
     PYTHONPATH=. .venv/bin/python benchmarks/label_audit_overhead.py --quick    # smoke test
+    PYTHONPATH=. .venv/bin/python benchmarks/label_audit_overhead.py --dataset digits --reps 3 --epochs 4
+        # issue 18: the 10-class MLP (softmax, multi-class bound), 22 steps per epoch
 
 Setting (issue 3 item 7; paper 004's model): scikit-learn breast cancer (455 training examples),
 ``MLP(30, 1, hidden=(200, 200))`` (d = 46,601), Opacus ``make_private`` in
@@ -85,7 +87,13 @@ VARIANTS = ("baseline", "both", "attack", "lower_bound", "both_second_last")
 ROOT = Path(__file__).resolve().parent.parent
 MEASURED_FILES = (
     "audit_callbacks/callbacks/label_audit.py",
+    "audit_callbacks/callbacks/label_base.py",
+    "audit_callbacks/callbacks/label_step.py",
+    "audit_callbacks/callbacks/label_dp.py",
+    "audit_callbacks/callbacks/label_reconstruction.py",
+    "audit_callbacks/attacks/label_gradients.py",
     "audit_callbacks/estimators/label_dp.py",
+    "audit_callbacks/estimators/_label_dp_multiclass.py",
     "audit_callbacks/attacks/label_reconstruction.py",
     "audit_callbacks/estimators/gaussian.py",
     "audit_callbacks/dpsgd.py",
@@ -166,7 +174,7 @@ def fit_once(
 ) -> dict[str, Any]:
     """Fit a fresh module for ``cfg['epochs']`` epochs with the variant's callbacks."""
     pl.seed_everything(cfg["seed"], verbose=False)
-    model = MLP(dm.num_features, 1, hidden=(cfg["width"], cfg["width"]))
+    model = MLP(dm.num_features, cfg.get("num_classes", 1), hidden=(cfg["width"], cfg["width"]))
     module = MODULES[module_kind](
         model,
         lr=cfg["lr"],
@@ -330,6 +338,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--noise-multiplier", type=float, default=1.0)
     p.add_argument("--skip-profile", action="store_true")
+    p.add_argument(
+        "--dataset", choices=("breast_cancer", "digits"), default="breast_cancer",
+        help="breast_cancer: binary (one sigmoid logit); digits: 10 classes (softmax, the multi-class bound)",
+    )
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--quick", action="store_true", help="smoke test: 4 epochs, 1 round, no profile")
     p.add_argument("--output", default=None, help="file name under benchmarks/results/")
@@ -337,8 +349,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.quick:
         args.epochs, args.reps, args.skip_profile = 4, 1, True
     if args.output is None:
+        suffix = "" if args.dataset == "breast_cancer" else f"_{args.dataset}"
         args.output = (
-            "label_audit_overhead_quick.json" if args.quick else "label_audit_overhead.json"
+            f"label_audit_overhead{suffix}_quick.json" if args.quick else f"label_audit_overhead{suffix}.json"
         )
     return args
 
@@ -348,7 +361,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     quiet()
     cfg = {
-        "dataset": "breast_cancer",
+        "dataset": args.dataset,
+        "num_classes": 1 if args.dataset == "breast_cancer" else 10,
         "epochs": args.epochs,
         "width": args.width,
         "batch_size": args.batch_size,
@@ -362,7 +376,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "log_every_n_steps": 1,
     }
     print(
-        f"Label-callback overhead: breast cancer, MLP 2x{args.width}, batch {args.batch_size} (Poisson), "
+        f"Label-callback overhead: {args.dataset}, MLP 2x{args.width}, batch {args.batch_size} (Poisson), "
         f"sigma {args.noise_multiplier}, {args.epochs} epochs per fit, {args.reps} rounds; torch threads = "
         f"{torch.get_num_threads()}, {os.cpu_count()} CPUs",
         flush=True,
@@ -376,7 +390,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "library_files_sha256": _hashes(),
     }
     dm = CentralDataModule(
-        "breast_cancer", batch_size=args.batch_size, poisson=True, seed=cfg["seed"]
+        args.dataset, batch_size=args.batch_size, poisson=True, seed=cfg["seed"]
     )
     dm.setup("fit")
     with tempfile.TemporaryDirectory() as log_root:

@@ -1,9 +1,9 @@
-"""Label privacy of Opacus DP-SGD on breast cancer: paper 004's Figures 1 and 2, and one audited run.
+"""Label privacy of Opacus DP-SGD on breast cancer: Yuan et al.'s (2022) Figures 1 and 2, and one audited run.
 
     python examples/dpsgd_label_audit.py            # default sweep, about a minute on 2 cores
     python examples/dpsgd_label_audit.py --quick    # seconds (smoke test)
 
-Paper 004's setting (Yuan et al., §4; METHODS B): an MLP with two hidden layers of 200 ReLU
+The setting of Yuan, Xue, Wang & Shen (2022, §4): an MLP with two hidden layers of 200 ReLU
 units and one sigmoid logit, trained with Opacus DP-SGD (``make_private`` in
 ``configure_optimizers``), Poisson batches of expected size 64, lr 0.1, on scikit-learn's breast
 cancer data (569 x 30, binary labels; the paper used the UCI cervical cancer and bank marketing
@@ -11,9 +11,9 @@ data, so its numbers are not reproduced, only the shape of its figures).
 
 (a) Figure 1: for each noise multiplier sigma of ``--sigmas`` (clip norm C = ``--clip``), train
 ``--epochs`` epochs with :class:`LabelDPLowerBound` on every step and record, in nats at delta:
-the maximum over steps of the per-batch lower bound from the last layer (paper Alg. 2, METHODS
-B8) and from the second-last layer (Alg. 4, B5), the extrapolated bound (B10), the exact
-single-pair epsilon over all parameters (B9, the most an adversary of one step could show), the
+the maximum over steps of the per-batch lower bound from the last layer (Yuan et al. 2022
+Alg. 2) and from the second-last layer (Alg. 4), the extrapolated bound (App. A.3.1), the exact
+single-pair epsilon over all parameters (Gaussian-pair, the most an adversary of one step could show), the
 single-step upper bound for replacing one label (the Gaussian with sensitivity 2/sigma) and the
 accountant's epsilon for the whole run (Opacus RDP, amplified by sampling, add/remove
 neighbours; the paper's "DP-SGD upper bound"). :class:`LabelReconstructionAttack` runs beside it
@@ -23,12 +23,18 @@ the paper), with the validation accuracy on a second axis.
 (c) One Trainer run with ``CanaryAudit`` + ``LabelReconstructionAttack`` + ``LabelDPLowerBound``
 and a ``TensorBoardLogger`` (sigma = ``--audit-sigma``); prints where the logs are and a table.
 
+(d) Multi-class (this project's extension, docs/methods/label_dp_multiclass.md): scikit-learn's
+digits (10 classes), the same MLP with a softmax layer, for each sigma of ``--mc-sigmas``: the
+multi-class bound (max over steps, and extrapolated) against the single-step upper bound and the
+accountant, with the attack's accuracy beside the mean P0 the bound predicts for it.
+
 Written to ``--out`` (default ``runs/dpsgd_label_audit``): ``label_dp_bounds.csv`` (one row per
-sweep point), ``label_dp_bounds.png`` (two panels, log scales) and the TensorBoard run
-``audited_run/version_0`` with the three callbacks' summary JSON files.
+sweep point), ``label_dp_bounds.png`` (two panels, log scales), ``label_dp_multiclass.csv`` and
+``label_dp_multiclass.png`` (d), and the TensorBoard run ``audited_run/version_0`` with the
+three callbacks' summary JSON files.
 
 Check printed (and asserted by tests/test_examples_dpsgd_label.py): no per-batch bound (last
-layer, second-last layer, B9) ever exceeds the single-step upper bound, and per step the B9 order
+layer, second-last layer, Gaussian-pair) ever exceeds the single-step upper bound, and per step the Gaussian-pair order
 sign test <= optimal test <= exact pair (layer) <= exact pair (all parameters) <= single step
 holds. The extrapolated bound is an estimate, not a bound; it is printed against the single-step
 bound but not checked.
@@ -57,6 +63,7 @@ from audit_callbacks.callbacks.canary_audit import CanaryAudit  # noqa: E402
 from audit_callbacks.callbacks.label_audit import (  # noqa: E402
     LabelDPLowerBound,
     LabelReconstructionAttack,
+    LabelStepObserver,
 )
 from datamodules.central import CentralDataModule  # noqa: E402
 from models import MLP  # noqa: E402
@@ -83,7 +90,7 @@ CSV_FIELDS = (
     "fit_s",
 )
 
-# per-batch bounds of one step, in B9 order (each <= the next, all <= the single-step bound)
+# per-batch bounds of one step, in Gaussian-pair order (each <= the next, all <= the single-step bound)
 _CHAIN = (
     "label_dp/epsilon_lo_batch",
     "label_dp/epsilon_lo_optimal_test",
@@ -142,6 +149,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--out", default=os.path.join("runs", "dpsgd_label_audit"), help="output directory"
     )
     p.add_argument(
+        "--mc-sigmas", type=float, nargs="+", default=[0.5, 1.0, 2.0],
+        help="noise multipliers of the multi-class run (d), digits",
+    )
+    p.add_argument("--mc-epochs", type=int, default=2, help="epochs per multi-class point (d)")
+    p.add_argument(
         "--quick",
         action="store_true",
         help="2 sigmas, 2 clip norms, 3 steps per fit, 100 canaries (seconds; smoke test)",
@@ -151,20 +163,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.sigmas, args.clips = [0.5, 4.0], [1.0, 10.0]
         args.epochs, args.audit_epochs, args.max_batches = 1, 1, 3
         args.canaries = args.canaries or 100
-    for name in ("sigmas", "clips"):
+        args.mc_sigmas, args.mc_epochs = [0.5, 2.0], 1
+    for name in ("sigmas", "clips", "mc_sigmas"):
         if any(not (math.isfinite(v) and v > 0) for v in getattr(args, name)):
             p.error(f"--{name} must be positive and finite")
     return args
 
 
 def _module(
-    sigma: float, clip: float, args: argparse.Namespace
+    sigma: float, clip: float, args: argparse.Namespace, dataset: str = "breast_cancer"
 ) -> tuple[DPSGDClassifier, CentralDataModule]:
     pl.seed_everything(args.seed, verbose=False)
-    dm = CentralDataModule(
-        "breast_cancer", batch_size=args.batch_size, poisson=True, seed=args.seed
-    )
-    model = MLP(dm.num_features, 1, hidden=(args.width, args.width))
+    dm = CentralDataModule(dataset, batch_size=args.batch_size, poisson=True, seed=args.seed)
+    classes = 1 if dataset == "breast_cancer" else 10
+    model = MLP(dm.num_features, classes, hidden=(args.width, args.width))
     module = DPSGDClassifier(
         model,
         lr=args.lr,
@@ -214,13 +226,13 @@ def summarize_bounds(lb: LabelDPLowerBound) -> dict[str, Any]:
 
 
 def check_records(records: list[dict[str, float]], single_step: float, tag: str) -> list[str]:
-    """Failures of: every per-batch bound <= single-step bound, and the B9 order per step."""
+    """Failures of: every per-batch bound <= single-step bound, and the Gaussian-pair order per step."""
     out = []
     for r in records:
         chain = [r[k] for k in _CHAIN if k in r]
         for a, b in zip(chain, chain[1:], strict=False):
             if a > b * (1 + _REL) + 1e-12:
-                out.append(f"{tag} step {int(r['step'])}: B9 order broken: {chain}")
+                out.append(f"{tag} step {int(r['step'])}: Gaussian-pair order broken: {chain}")
                 break
         for key in (*_CHAIN[:-1], "label_dp/epsilon_lo_second_last"):
             if key in r and not r[key] <= single_step * (1 + _REL):
@@ -314,12 +326,12 @@ _LINES = (  # key, label, style
     ),
     (
         "epsilon_lo_extrapolated",
-        "last layer, extrapolated to the run (B10)",
+        "last layer, extrapolated to the run (App. A.3.1)",
         dict(marker="o", color="C0", linestyle=":"),
     ),
     (
         "epsilon_pair_all_params_max",
-        "exact pair of one step, all parameters (B9)",
+        "exact pair of one step, all parameters (Gaussian-pair)",
         dict(marker="^", color="C2", linestyle="--"),
     ),
     ("epsilon_single_step", "single-step upper bound (Gaussian, 2/sigma)", dict(color="k")),
@@ -386,8 +398,8 @@ def plot(rows: list[dict[str, Any]], path: str, args: argparse.Namespace) -> Non
             ax2.set_ylabel("validation accuracy")
             handles.append(acc_line)
     fig.suptitle(
-        "Label privacy of DP-SGD on breast cancer: lower bounds from the label attack (paper 004) "
-        "vs upper bounds",
+        "Label privacy of DP-SGD on breast cancer: lower bounds from the label attack "
+        "(Yuan et al. 2022, Alg. 2) vs upper bounds",
         fontsize=10,
     )
     fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=8, frameon=False)
@@ -435,10 +447,97 @@ def audited_run(args: argparse.Namespace) -> dict[str, Any]:
         ),
     }
 
+MC_FIELDS = (
+    "noise_multiplier", "max_grad_norm", "steps", "attacked_steps", "epsilon_lo_last_max",
+    "epsilon_lo_extrapolated", "epsilon_pair_all_params_max", "epsilon_single_step", "epsilon_accountant",
+    "reconstruction_accuracy", "expected_attack_accuracy", "val_accuracy", "delta", "fit_s",
+)
+
+
+def multiclass_point(sigma: float, args: argparse.Namespace) -> dict[str, Any]:
+    """(d) One digits fit (10 classes) with both label callbacks sharing one step observer."""
+    module, dm = _module(sigma, args.clip, args, dataset="digits")
+    observer = LabelStepObserver()
+    lb = LabelDPLowerBound(delta=args.delta, summary_filename=None, observer=observer)
+    attack = LabelReconstructionAttack(summary_filename=None, observer=observer)
+    trainer = _trainer(args, args.mc_epochs, [attack, lb], logger=False)
+    start = time.perf_counter()
+    trainer.fit(module, datamodule=dm)
+    acc = trainer.callback_metrics.get("val/accuracy")
+    p0 = [r["label_dp/expected_attack_accuracy"] for r in lb.records]
+    row = {
+        "noise_multiplier": sigma, "max_grad_norm": args.clip, "steps": lb.steps, **summarize_bounds(lb),
+        "epsilon_accountant": float(module.privacy_engine.get_epsilon(args.delta)),
+        "reconstruction_accuracy": attack.accuracy,
+        "expected_attack_accuracy": float(np.mean(p0)) if p0 else None,
+        "val_accuracy": None if acc is None else float(acc), "delta": args.delta,
+        "fit_s": time.perf_counter() - start, "flipped_norms": lb.flipped_norms,
+    }
+    row["failures"] = check_records(lb.records, row["epsilon_single_step"], f"digits sigma={sigma:g}")
+    if lb.attacked_steps != lb.steps:
+        row["failures"].append(f"digits sigma={sigma:g}: {lb.steps - lb.attacked_steps} steps not attacked "
+                               f"({dict(lb.skips)})")
+    return row
+
+
+def plot_multiclass(rows: list[dict[str, Any]], path: str, args: argparse.Namespace) -> None:
+    """(d) The multi-class bound against the single-step bound and the accountant, over sigma."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 5))
+    ax = fig.add_subplot(1, 1, 1)
+    x = [r["noise_multiplier"] for r in rows]
+    for key, label, style in (
+        ("epsilon_lo_last_max", "lower bound, argmin attack (max over steps)", dict(marker="o", color="C0")),
+        ("epsilon_lo_extrapolated", "lower bound, extrapolated to the run", dict(marker="o", color="C0",
+                                                                                 linestyle=":")),
+        ("epsilon_single_step", "single-step upper bound (Gaussian, 2/sigma)", dict(color="k")),
+        ("epsilon_accountant", "DP-SGD upper bound (Opacus RDP, whole run)", dict(marker="D", color="C3")),
+    ):
+        ax.plot(x, _positive([r[key] for r in rows]), label=label, **style)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xticks(x, [f"{v:g}" for v in x])
+    ax.minorticks_off()
+    ax.set_xlabel("noise multiplier sigma")
+    ax.set_ylabel(f"label-DP epsilon (nats, delta = {args.delta:g})")
+    ax.set_title(
+        f"Digits, 10 classes, MLP 2x{args.width}, batch {args.batch_size}, C = {args.clip:g}: multi-class\n"
+        "label-DP lower bound (extension of Yuan et al. 2022, Alg. 2) vs upper bounds", fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def multiclass(args: argparse.Namespace) -> tuple[list[dict[str, Any]], str, str]:
+    """(d) Fit every --mc-sigmas point, write the CSV and the PNG, print a table."""
+    rows = [multiclass_point(s, args) for s in args.mc_sigmas]
+    csv_path = os.path.join(args.out, "label_dp_multiclass.csv")
+    png_path = os.path.join(args.out, "label_dp_multiclass.png")
+    with open(csv_path, "w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=MC_FIELDS, extrasaction="ignore")
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({k: ("" if r.get(k) is None else r[k]) for k in MC_FIELDS})
+    plot_multiclass(rows, png_path, args)
+    print("\nMulti-class (digits, 10 classes): bound vs upper bounds; attack accuracy vs mean P0")
+    print(f"  {'sigma':>5} {'steps':>5} {'lower':>7} {'extrap.':>7} {'1-step UB':>9} {'account.':>9} "
+          f"{'attack acc':>10} {'mean P0':>7}")
+    for r in rows:
+        print(f"  {r['noise_multiplier']:>5g} {r['steps']:>5d} {_fmt(r['epsilon_lo_last_max']):>7} "
+              f"{_fmt(r['epsilon_lo_extrapolated']):>7} {r['epsilon_single_step']:>9.2f} "
+              f"{r['epsilon_accountant']:>9.2f} {_fmt(r['reconstruction_accuracy']):>10} "
+              f"{_fmt(r['expected_attack_accuracy']):>7}")
+    return rows, csv_path, png_path
+
 
 def print_table(rows: list[dict[str, Any]], run: dict[str, Any], args: argparse.Namespace) -> None:
     head = (
-        f"  {'sweep':<6} {'sigma':>5} {'C':>5} {'last':>7} {'2nd-last':>8} {'extrap.':>7} {'B9 pair':>8} "
+        f"  {'sweep':<6} {'sigma':>5} {'C':>5} {'last':>7} {'2nd-last':>8} {'extrap.':>7} {'pair all':>8} "
         f"{'1-step UB':>9} {'account.':>9} {'attack acc':>10} {'val acc':>7}"
     )
     print(f"\nLabel-DP epsilon (nats, delta = {args.delta:g}); lower bounds are maxima over steps")
@@ -467,9 +566,9 @@ def print_table(rows: list[dict[str, Any]], run: dict[str, Any], args: argparse.
             "label-DP lower bound, second-last layer (max over steps)",
             run["epsilon_lo_second_last_max"],
         ),
-        ("label-DP lower bound, extrapolated to the run (B10)", run["epsilon_lo_extrapolated"]),
+        ("label-DP lower bound, extrapolated to the run (App. A.3.1)", run["epsilon_lo_extrapolated"]),
         (
-            "exact pair epsilon of one step, all parameters (B9, max)",
+            "exact pair epsilon of one step, all parameters (Gaussian-pair, max)",
             run["epsilon_pair_all_params_max"],
         ),
         ("single-step upper bound, replace one label (2/sigma)", run["epsilon_single_step"]),
@@ -508,13 +607,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     plot(rows, png_path, args)
     run = audited_run(args)
     print_table(rows, run, args)
+    mc_rows, mc_csv, mc_png = multiclass(args)
 
-    failures = [f for r in rows for f in r["failures"]] + run["failures"]
+    failures = [f for r in [*rows, *mc_rows] for f in r["failures"]] + run["failures"]
     ok = not failures
     worst = max((r["epsilon_lo_last_max"] or 0.0) / r["epsilon_single_step"] for r in [*rows, run])
     print(
-        f"\n[{'PASS' if ok else 'FAIL'}] every per-batch lower bound (last layer, second-last layer, B9) "
-        f"<= the single-step upper bound, and the B9 order holds at every step "
+        f"\n[{'PASS' if ok else 'FAIL'}] every per-batch lower bound (last layer, second-last layer, Gaussian-pair; "
+        f"binary and 10-class) "
+        f"<= the single-step upper bound, and the Gaussian-pair order holds at every step "
         f"(largest ratio last-layer bound / single-step bound: {worst:.3f})"
     )
     for f in failures[:10]:
@@ -526,8 +627,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"[info] extrapolated bound (an estimate, not checked) above the single-step bound at "
         f"{len(above)} of {len(rows) + 1} points"
     )
-    print(f"\nCSV: {csv_path}\nPNG: {png_path}\n{time.perf_counter() - start:.0f} s in all")
+    print(f"\nCSV: {csv_path}, {mc_csv}\nPNG: {png_path}, {mc_png}\n"
+          f"{time.perf_counter() - start:.0f} s in all")
     return {
+        "multiclass": mc_rows,
+        "multiclass_csv": mc_csv,
+        "multiclass_png": mc_png,
         "rows": rows,
         "run": run,
         "ok": ok,

@@ -140,3 +140,22 @@ def test_audited_run_logs_label_and_canary_tags_to_tensorboard(quick_run):
             assert json.load(fh)["callback"]
     assert "[PASS]" in printed and "[FAIL]" not in printed
     assert "TensorBoard logs:" in printed
+
+
+def test_multiclass_run_writes_csv_and_png_and_stays_below_the_single_step_bound(quick_run):
+    """(d) digits, 10 classes: every step attacked, the bound below the single-step bound and the
+    accountant's growth with less noise; the PNG and the CSV are written."""
+    _, res, _, _ = quick_run
+    rows = res["multiclass"]
+    assert [r["noise_multiplier"] for r in rows] == [0.5, 2.0]
+    with open(res["multiclass_csv"], encoding="utf-8") as fh:
+        csv_rows = list(csv.DictReader(fh))
+    assert len(csv_rows) == 2
+    for r in rows:
+        assert r["failures"] == [] and r["steps"] == r["attacked_steps"] == 3
+        assert r["flipped_norms"].startswith("exact")
+        assert 0.0 < r["epsilon_lo_last_max"] <= r["epsilon_single_step"]
+        assert 0.0 <= r["expected_attack_accuracy"] <= 1.0
+    assert rows[0]["epsilon_lo_last_max"] > rows[1]["epsilon_lo_last_max"]
+    with open(res["multiclass_png"], "rb") as fh:
+        assert fh.read(8) == b"\x89PNG\r\n\x1a\n"

@@ -93,30 +93,38 @@ def test_running_accuracy_is_the_example_weighted_mean(tmp_path):
 
 
 def test_bad_input_is_reported(tmp_path):
+    """Issue 18 changed this deliberately: a callback that cannot audit warns once and steps
+    aside (it used to raise at fit start); a 10-class model is now audited."""
     with pytest.warns(UserWarning, match="larger than"):
         attack = LabelReconstructionAttack()
         _fit(tmp_path, [attack], hidden=(8, 8), batch=64, epochs=1)
     assert attack.history == []
-    with pytest.raises(ValueError, match="one sigmoid logit"):
-        _fit(tmp_path, [LabelDPLowerBound()], dataset="digits", classes=10, epochs=1)
-    with pytest.raises(ValueError, match="noise_multiplier is 0"):
-        _fit(tmp_path, [LabelDPLowerBound()], noise=0.0, epochs=1)
+    assert attack.skips["batch_wider_than_layer"] == attack.considered > 0
+    bound = LabelDPLowerBound(summary_filename=None)
+    _fit(tmp_path, [bound], dataset="digits", classes=10, epochs=1)
+    assert bound.disabled_reason is None and len(bound.records) == bound.steps > 0
+    with pytest.warns(UserWarning, match="noise_multiplier is 0"):
+        bound = LabelDPLowerBound(summary_filename=None)
+        _fit(tmp_path, [bound], noise=0.0, epochs=1)
+    assert bound.disabled_reason == "no_noise" and bound.records == []
     pl.seed_everything(0, verbose=False)
     module = DPSGDClassifier(MLP(30, 1, hidden=(8,)), dp=False)
-    trainer = pl.Trainer(max_epochs=1, logger=False, callbacks=[LabelReconstructionAttack()],
+    attack = LabelReconstructionAttack()
+    trainer = pl.Trainer(max_epochs=1, logger=False, callbacks=[attack],
                          enable_progress_bar=False, enable_checkpointing=False)
-    with pytest.raises(TypeError, match="make_private"):
+    with pytest.warns(UserWarning, match="make_private"):
         trainer.fit(module, datamodule=CentralDataModule(poisson=False))
+    assert attack.disabled_reason == "no_dp_optimizer" and trainer.state.finished
 
 
 def test_the_two_callbacks_factorize_once_per_step_and_match_solo_runs(tmp_path, monkeypatch):
     """Run together, the attack and the bound share one QR of the last layer per step (and the
     per-example norms) and give exactly what each gives alone."""
-    from audit_callbacks.callbacks import label_audit
+    from audit_callbacks.callbacks import label_step
 
     calls = []
-    real = label_audit.factorize_layer
-    monkeypatch.setattr(label_audit, "factorize_layer", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = label_step.factorize_layer
+    monkeypatch.setattr(label_step, "factorize_layer", lambda *a, **k: calls.append(1) or real(*a, **k))
     attack, bound = LabelReconstructionAttack(summary_filename=None), LabelDPLowerBound(summary_filename=None)
     _fit(tmp_path, [attack, bound], epochs=1)
     assert bound.steps == attack.steps >= 10 and len(calls) == bound.steps
@@ -135,24 +143,25 @@ def test_ghost_norms_equal_the_per_example_gradient_norms(tmp_path, monkeypatch,
     """On an all-Linear MLP the bound reads ||b_i||^2 (||a_i||^2 + 1) per layer instead of the
     [N, k, p] per-example gradients: equal to the norms of Opacus' grad_sample at every step
     (also over two accumulated batches), and the bounds equal those of the direct path."""
-    from audit_callbacks.callbacks import label_audit
+    from audit_callbacks.attacks.label_gradients import per_example_grad_norms
+    from audit_callbacks.callbacks import label_dp
 
     seen = []
-    real = label_audit._ghost_grad_norms
+    real = label_dp.LabelDPLowerBound._norms
 
-    def spy(opt, layers, sq):
-        got = real(opt, layers, sq)
-        seen.append((got, label_audit._grad_norms(opt)))
+    def spy(self, opt, data):
+        got = real(self, opt, data)
+        seen.append((got, per_example_grad_norms(opt.grad_samples)))
         return got
 
-    monkeypatch.setattr(label_audit, "_ghost_grad_norms", spy)
+    monkeypatch.setattr(label_dp.LabelDPLowerBound, "_norms", spy)
     ghost = LabelDPLowerBound(summary_filename=None)
     _fit(tmp_path, [ghost], epochs=1, batch=16, accumulate=accumulate, poisson=accumulate == 1)
     assert len(ghost._ghost) == 3 and len(seen) == ghost.steps == len(ghost.records) >= 10  # no step skipped
     for got, full in seen:
         assert got is not None and got.shape == full.shape
         np.testing.assert_allclose(got, full, rtol=2e-5)
-    monkeypatch.setattr(label_audit, "_ghost_layers", lambda module, opt: {})
+    monkeypatch.setattr(label_dp, "ghost_layers", lambda module, params: {})
     direct = LabelDPLowerBound(summary_filename=None)
     _fit(tmp_path, [direct], epochs=1, batch=16, accumulate=accumulate, poisson=accumulate == 1)
     assert len(direct.records) == len(ghost.records) == direct.steps
@@ -165,9 +174,12 @@ def test_ghost_norms_equal_the_per_example_gradient_norms(tmp_path, monkeypatch,
 def test_ghost_norms_only_for_models_made_of_biased_linear_layers():
     from torch import nn
 
-    from audit_callbacks.callbacks.label_audit import _ghost_layers
+    from audit_callbacks.attacks.label_gradients import ghost_layers
 
-    class Opt:  # what _ghost_layers reads of a DPOptimizer
+    def _ghost_layers(model, opt):
+        return ghost_layers(model, opt.params)
+
+    class Opt:  # what ghost_layers reads of a DPOptimizer
         def __init__(self, model):
             self.params = [p for p in model.parameters() if p.requires_grad]
 
@@ -206,7 +218,10 @@ def test_loss_scale_is_read_from_the_logit_layer():
     import torch
     from torch import nn
 
-    from audit_callbacks.callbacks.label_audit import _gradient_scale
+    from audit_callbacks.attacks.label_gradients import gradient_scale
+
+    def _gradient_scale(opt, layer, a, x):
+        return gradient_scale(a, opt.grad_samples[1])
 
     layer = nn.Linear(3, 1)
 

@@ -1,6 +1,7 @@
-"""Label reconstruction from aggregated gradients (paper 004, Yuan et al.; METHODS B1-B6).
+"""Label reconstruction from aggregated gradients (Yuan, Xue, Wang & Shen 2022, "Deep Gradient
+Attacks with Strong DP-SGD Lower Bounds for Label Privacy").
 
-Key identity (paper 004 eq. 1, METHODS B1): for a binary model with logit Z_r, p_r =
+Key identity (Yuan et al. 2022 eq. 1): for a binary model with logit Z_r, p_r =
 sigmoid(Z_r) and log-loss, the batch-mean gradient of ANY weight vector W is
 
     G = (1/N) Cm a,   Cm = [dZ_1/dW ... dZ_N/dW] (dim(W) x N),   a_r = p_r - y_r,
@@ -8,25 +9,26 @@ sigmoid(Z_r) and log-loss, the batch-mean gradient of ANY weight vector W is
 so a = N (Cm^T Cm)^{-1} Cm^T G whenever Cm has full column rank (N <= dim(W)), and
 y_r = 1 iff a_r < 0 (p_r is in (0, 1)). The attacks differ in how the adversary knows Cm:
 
-* last hidden layer (paper 004 Alg. 1 and 3, METHODS B2): dZ_r/dW^L = x~_r, the last hidden
+* last hidden layer (Yuan et al. 2022 Alg. 1 and 3): dZ_r/dW^L = x~_r, the last hidden
   activations with a 1 appended for the bias -> :func:`reconstruct_labels`,
-  :func:`label_attack_statistic`. Multi-class softmax (METHODS B4, this project's extension):
+  :func:`label_attack_statistic`. Multi-class softmax (this project's extension,
+  docs/methods/label_dp_multiclass.md):
   each row of N (Cm^T Cm)^{-1} Cm^T G^T is s_r - e_{y_r}, whose only negative entry is the true
   class -> argmin.
-* second-last layer (paper 004 Alg. 4, METHODS B5): for the weights into hidden unit J,
+* second-last layer (Yuan et al. 2022 Alg. 4): for the weights into hidden unit J,
   dZ_r/dW = W_J^L U_r x_r^{L-1}, U_r = A'(Z_J^L[r]); the sign of W_J^L is unknown ->
   :func:`reconstruct_labels_second_last_layer`.
-* malicious input layer (paper 004 Alg. 5, METHODS B6): crafted features make every hidden
+* malicious input layer (Yuan et al. 2022 Alg. 5): crafted features make every hidden
   value equal across the batch -> :func:`craft_malicious_features`,
   :func:`reconstruct_labels_malicious_input_layer`.
 
 Scale and sign conventions. The observed gradient may be the MEAN of the batch (Lightning), the
 Opacus privatized gradient (sum of clipped per-example gradients plus noise, divided by the
 expected batch size), or a sum: these differ by a positive factor, and DP-SGD clipping multiplies
-each a_r by its positive clip factor (METHODS B3), so the SIGNS, and the labels, are unchanged.
+each a_r by its positive clip factor (Yuan et al. 2022 Alg. 2 step 2), so the SIGNS, and the labels, are unchanged.
 A weight DELTA theta_new - theta_old = -lr G has the opposite sign: pass -delta to
-:func:`reconstruct_labels` (paper 004 Alg. 1 writes I(... Delta W > 0) for that reason). The
-sign-ambiguous attacks (B5, B6) accept either, the sign being resolved by the prior anyway.
+:func:`reconstruct_labels` (Yuan et al. 2022 Alg. 1 writes I(... Delta W > 0) for that reason). The
+sign-ambiguous attacks (Alg. 4, Alg. 5) accept either, the sign being resolved by the prior anyway.
 
 All linear algebra runs in float64 through the R of a QR factorisation of Cm (no explicit Gram
 inverse, Q never formed): Cm^T Cm = R^T R, (Cm^T Cm)^{-1} Cm^T G by the corrected semi-normal
@@ -118,7 +120,7 @@ class LayerFactorization:
         q: [d, N] Q, formed only when Cm is ill-conditioned (kappa(R)^2 * 2^-52 > 1e-8), where
             the semi-normal equations would lose accuracy; None otherwise.
 
-    Source: paper 004 eq. 1 and Alg. 2 (the factor (C^T C)^{-1}); METHODS B2, B7.
+    Source: Yuan et al. 2022 eq. 1 and Alg. 2 (the factor (C^T C)^{-1}).
     """
 
     design: Tensor
@@ -143,7 +145,7 @@ class LayerFactorization:
 
     @functools.cached_property
     def gram_inv_diag(self) -> Tensor:
-        """[N] float64, diag((Cm^T Cm)^{-1}) = row norms^2 of R^{-1} (METHODS B7), > 0."""
+        """[N] float64, diag((Cm^T Cm)^{-1}) = row norms^2 of R^{-1} (Yuan et al. 2022 Alg. 2), > 0."""
         eye = torch.eye(self.n, dtype=self.r.dtype, device=self.r.device)
         r_inv = torch.linalg.solve_triangular(self.r, eye, upper=True)
         return (r_inv * r_inv).sum(dim=1)
@@ -202,7 +204,7 @@ def factorize_layer(features: Tensor, *, bias: bool = True) -> LayerFactorizatio
         ValueError: not 2-D, empty, NaN/inf, N > p (+1 with bias) or a rank-deficient Gram
             matrix (use a smaller batch or a wider layer).
 
-    Source: paper 004 eq. 1, Alg. 1-3; METHODS B2, B7.
+    Source: Yuan et al. 2022 eq. 1, Alg. 1-3.
     """
     x = _check_features(features)
     return _factorize(_design(x, bool(bias)), _eps_of(x), _what(x.shape[1], bool(bias)), bool(bias))
@@ -246,7 +248,7 @@ def _check_features(features: Any, name: str = "features") -> Tensor:
 
 
 # --------------------------------------------------------------------------------------------
-# Last hidden layer (Alg. 1, 3; METHODS B2-B4)
+# Last hidden layer (Yuan et al. 2022 Alg. 1, 3; multi-class: docs/methods/label_dp_multiclass.md)
 # --------------------------------------------------------------------------------------------
 
 
@@ -259,7 +261,7 @@ def label_attack_statistic(
     Noise-free and unclipped, A[r] = p_r - y_r (binary) or s_r - e_{y_r} (softmax); with
     clipping each row is multiplied by its clip factor (> 0); with the Opacus mean gradient by
     N / expected_batch_size (> 0). With Gaussian noise of sd s per coordinate on G, the noise on
-    A[r, k] has variance N^2 s^2 gram_inv_diag[r] (METHODS B7) -- what the label-DP bounds of
+    A[r, k] has variance N^2 s^2 gram_inv_diag[r] (Yuan et al. 2022 Alg. 2) -- what the label-DP bounds of
     :mod:`audit_callbacks.estimators.label_dp` use.
 
     Args:
@@ -282,8 +284,7 @@ def label_attack_statistic(
             Gram matrix (the message says to use a smaller batch or a wider layer); a
             ``factorization`` of another shape.
 
-    Source: paper 004 eq. 1, Alg. 1 and Alg. 3 (App. A.1.1), Alg. 2 (the variance factor);
-    METHODS B2, B4, B7.
+    Source: Yuan et al. 2022 eq. 1, Alg. 1 and Alg. 3 (App. A.1.1), Alg. 2 (the variance factor).
     """
     a_hat, f = _statistic(features, weight_grad, bias_grad, factorization)
     return a_hat, f.gram_inv_diag
@@ -341,7 +342,7 @@ def reconstruct_labels(
         ValueError: as :func:`label_attack_statistic` (notably N > p (+1 with bias): use a
             smaller batch or a wider layer).
 
-    Source: paper 004 Alg. 1 and Alg. 3 (binary); METHODS B2, B3, B4 (multi-class).
+    Source: Yuan et al. 2022 Alg. 1 and Alg. 3 (binary).
 
     Example:
         >>> import torch
@@ -358,18 +359,18 @@ def reconstruct_labels(
 
 
 # --------------------------------------------------------------------------------------------
-# Sign-ambiguous attacks (Alg. 4, 5; METHODS B5, B6)
+# Sign-ambiguous attacks (Yuan et al. 2022 Alg. 4, 5)
 # --------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class SignAmbiguousLabels:
-    """Labels from an attack that knows Cm only up to an unknown scalar sign (METHODS B5, B6).
+    """Labels from an attack that knows Cm only up to an unknown scalar sign (Yuan et al. 2022 Alg. 4, 5).
 
     Attributes:
         labels: int64 [N]; 0/1 for determined examples, -1 where ``undetermined``.
         undetermined: bool [N]; True where the equation system says nothing about the example
-            (ReLU with U_r = 0 in B5; every example when the observed gradient is 0).
+            (ReLU with U_r = 0 in Alg. 4; every example when the observed gradient is 0).
         statistic: float64 [N], b = N (X^T X)^{-1} X^T G over the determined examples, with
             X = Cm / (unknown scalar), so b_r = scalar * (p_r - y_r) (times the clip factor);
             0.0 for undetermined examples.
@@ -399,7 +400,7 @@ def _resolve_sign(
     positive_rate_below_half: bool,
     known_sign: int | None,
 ) -> SignAmbiguousLabels:
-    """Pick I(b < 0) or its complement on the determined examples (METHODS B5 prior)."""
+    """Pick I(b < 0) or its complement on the determined examples (Yuan et al. 2022 Alg. 4)."""
     n = stat.shape[0]
     candidate = (stat < 0).to(torch.int64)
     num_det = int(determined.sum())
@@ -475,7 +476,7 @@ def reconstruct_labels_second_last_layer(
     positive_rate_below_half: bool = True,
     output_weight_sign: int | None = None,
 ) -> SignAmbiguousLabels:
-    """Second-last layer attack (paper 004 Alg. 4, App. A.1.2; METHODS B5), binary logit.
+    """Second-last layer attack (Yuan et al. 2022 Alg. 4, App. A.1.2), binary logit.
 
     The adversary sees the gradient of the weights W_J (and optionally bias) INTO hidden unit J
     of the last hidden layer, and the inputs x^{L-1} of that layer. dZ_r/dW_J =
@@ -512,7 +513,7 @@ def reconstruct_labels_second_last_layer(
             inconsistent; NaN/inf; more determined examples than p' (+1 with bias) or a
             rank-deficient system (use a smaller batch or a wider layer).
 
-    Source: paper 004 Alg. 4 and eq. 4; METHODS B5.
+    Source: Yuan et al. 2022 Alg. 4 and eq. 4.
     """
     x = _check_features(inputs, "inputs")
     n, p = x.shape
@@ -547,14 +548,14 @@ def craft_malicious_features(
     target: Tensor | None = None,
     generator: torch.Generator | None = None,
 ) -> Tensor:
-    """Features for the malicious input-layer attack (paper 004 Alg. 5 steps 1-3; METHODS B6).
+    """Features for the malicious input-layer attack (Yuan et al. 2022 Alg. 5 steps 1-3).
 
     Returns N linearly independent solutions x_r of W x = V (W: the first layer's weight,
     [p2, p1]): x_r = x_0 + n_r with x_0 = W^+ V (orthogonal to null(W), non-zero) and n_r the
     first N vectors of an orthonormal basis of null(W) (from the SVD). Every crafted example
     then has the same first-layer pre-activation W x_r + B = V + B, hence the same value of
     every hidden unit and of the output p; the input-layer gradient of unit J becomes
-    g_J X^T (p - y) / N with one unknown scalar g_J (METHODS B6).
+    g_J X^T (p - y) / N with one unknown scalar g_J (Yuan et al. 2022 Alg. 5).
 
     Args:
         first_layer_weight: W, [p2, p1] (``nn.Linear(p1, p2).weight``).
@@ -571,7 +572,7 @@ def craft_malicious_features(
             larger feature size"); V not in the range of W, or V = 0 (the crafted rows would
             not be linearly independent).
 
-    Source: paper 004 Alg. 5 and App. A.1.3; METHODS B6.
+    Source: Yuan et al. 2022 Alg. 5 and App. A.1.3.
     """
     w = _as_float_tensor(first_layer_weight, "first_layer_weight")
     if w.ndim != 2:
@@ -616,7 +617,7 @@ def reconstruct_labels_malicious_input_layer(
     positive_rate_below_half: bool = True,
     unit_sign: int | None = None,
 ) -> SignAmbiguousLabels:
-    """Labels from the input-layer weights of one hidden unit (paper 004 Alg. 5 step 4; B6).
+    """Labels from the input-layer weights of one hidden unit (Yuan et al. 2022 Alg. 5 step 4).
 
     With features from :func:`craft_malicious_features`, the gradient of the weights into
     first-layer unit J is g_J X^T (p - y) / N (one unknown scalar g_J, the same for every
@@ -639,7 +640,7 @@ def reconstruct_labels_malicious_input_layer(
     Raises:
         ValueError: shapes inconsistent, NaN/inf, N > p1 (+1) or rank-deficient features.
 
-    Source: paper 004 Alg. 5, eq. 6-7; METHODS B6.
+    Source: Yuan et al. 2022 Alg. 5, eq. 6-7.
 
     Example (worked, as in tests/test_label_reconstruction.py):
         >>> import torch

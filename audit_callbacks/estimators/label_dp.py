@@ -1,25 +1,26 @@
-"""Label-DP lower bounds for one DP-SGD step from the last-layer label attack (paper 004).
+"""Label-DP lower bounds for one DP-SGD step from the last-layer label attack (Yuan et al. 2022).
 
-Setting (METHODS B1, B7, B8; paper 004 §3, Alg. 2, App. A.3): a binary classifier with one
+Setting (Yuan, Xue, Wang & Shen 2022, "Deep Gradient Attacks with Strong DP-SGD Lower
+Bounds for Label Privacy", §3 eq. (1), Alg. 2, App. A.3): a binary classifier with one
 sigmoid logit Z_r = w . x_r + b on top of the last hidden activations x_r; log-loss. The whole
 per-example gradient is g_r = (p_r - y_r) dZ_r/dtheta, and its restriction to the last layer
 (weights and bias) is (p_r - y_r) x~_r with x~_r = [x_r, 1]. Opacus clips it with
-c_r = min(1, C / ||g_r||) (norm over ALL parameters, METHODS B3), sums, adds N(0, sigma^2 C^2 I)
+c_r = min(1, C / ||g_r||) (norm over ALL parameters), sums, adds N(0, sigma^2 C^2 I)
 and divides by the expected batch size N_e:
 
     G~ = G_0 + xi,   G_0 = (1/N_e) sum_r c_r (p_r - y_r) x~_r,   xi ~ N(0, s^2 I),  s = sigma C / N_e.
 
 The attack statistic of row r is t_r = [(Cm^T Cm)^{-1} Cm^T G~]_r (Cm = [x~_1 ... x~_N]); the
-attack outputs y = 1 iff t_r < 0 (METHODS B2). t_r ~ N(m_r, s^2 v_r) with v_r =
-[(Cm^T Cm)^{-1}]_rr (B7) and m_r = c_r (p_r - y_r) / N_e. Under D1[r] (label r flipped) only row
+attack outputs y = 1 iff t_r < 0 (Yuan et al. 2022 Alg. 1 and 3). t_r ~ N(m_r, s^2 v_r) with v_r =
+[(Cm^T Cm)^{-1}]_rr (noise) and m_r = c_r (p_r - y_r) / N_e. Under D1[r] (label r flipped) only row
 r's clipped gradient changes; for a binary logit the flipped whole gradient is
 k_r g_r with k_r = (p_r - 1 + y_r) / (p_r - y_r) < 0, so its norm |k_r| ||g_r|| and clip factor
-c'_r = min(1, C / (|k_r| ||g_r||)) follow from ``grad_norms`` in closed form (B8), and
+c'_r = min(1, C / (|k_r| ||g_r||)) follow from ``grad_norms`` in closed form (Alg. 2), and
 m'_r = c'_r (p_r - 1 + y_r) / N_e.
 
 Bounds returned by :func:`label_dp_lower_bound` (all in nats, at the given delta):
 
-* B8 (paper 004 Alg. 2, the sign test): P_0[r] = Phi((-1)^y_r m_r / (s sqrt(v_r))),
+* The sign test (Yuan et al. 2022 Alg. 2): P_0[r] = Phi((-1)^y_r m_r / (s sqrt(v_r))),
   P_1[r] = Phi((-1)^y_r m'_r / (s sqrt(v_r))), both the probability that the attack outputs the
   D0 label y_r; LB[r] = log((P_0[r] - delta) / P_1[r]). Evaluated in the log domain with
   :func:`scipy.special.log_ndtr`, so P_1 underflowing to 0 gives a large finite LB, never inf
@@ -27,17 +28,17 @@ Bounds returned by :func:`label_dp_lower_bound` (all in nats, at the given delta
   choice: "no information", distinct from a computed value of 0; LB[r] may also be a finite
   negative number, the attack then being worse than chance). The batch bound
   ``epsilon_lower_bound`` = max(0, max_r LB[r]) is always finite.
-* B9, optimal test on the same statistic: t_r has the same variance under D0 and D1[r], so the
+* Gaussian-pair, optimal test on the same statistic: t_r has the same variance under D0 and D1[r], so the
   best test on it is the equal-variance Gaussian pair with mu_r = |m_r - m'_r| / (s sqrt(v_r));
   eps = :func:`~audit_callbacks.estimators.gaussian.gaussian_epsilon` with sensitivity mu_r
   (Balle & Wang 2018). >= LB[r] because the sign test is one test on that pair.
-* B9, exact pair for the observed layer: the whole layer gradient is N(G_0, s^2 I) vs
+* Gaussian-pair, exact pair for the observed layer: the whole layer gradient is N(G_0, s^2 I) vs
   N(G_1[r], s^2 I), mu = ||G_1[r] - G_0|| / s = |c'_r a'_r - c_r a_r| ||x~_r|| / (sigma C).
   >= the optimal-test value because v_r ||x~_r||^2 >= 1 (projection on a subspace).
-* B9, exact pair for all parameters: mu = ||g-bar_r(flipped) - g-bar_r||_all / (sigma C) =
+* Gaussian-pair, exact pair for all parameters: mu = ||g-bar_r(flipped) - g-bar_r||_all / (sigma C) =
   |c'_r k_r - c_r| ||g_r|| / (sigma C) = (min(|k_r| ||g_r||, C) + min(||g_r||, C)) / (sigma C).
   >= the layer value because the layer is a sub-vector of all parameters.
-* B9 / METHODS D, single step replace-one bound: the Gaussian with mu = 2 / sigma (two clipped
+* Single-step replace-one bound (Gaussian mechanism): the Gaussian with mu = 2 / sigma (two clipped
   gradients of norm <= C differ by <= 2C). Every other bound is <= it.
 
 Threat model and scope. The bounds are for ONE release of one step on a batch the adversary
@@ -57,7 +58,7 @@ The expected batch size N_e cancels from every z-score and mu (numerator and s b
 C / (||g|| + 1e-6) clamped at 1; the formulas here use min(1, C/||g||) exactly (relative
 difference ~1e-6 / ||g||).
 
-Extrapolation to M batches (paper 004 App. A.3.1, METHODS B10): if the per-example bounds are
+Extrapolation to M batches (Yuan et al. 2022 App. A.3.1): if the per-example bounds are
 i.i.d. exponential, E[max of n] = H_n / lambda (H_n the n-th harmonic number), so
 E[LB(M)] / E[LB(1)] = H_{MN} / H_N ~ 1 + log M / log N (the paper's approximation
 H_n ~ log n). The paper's factors 1.69 (15 batches) and 2.12 (80 batches) both imply N = 50
@@ -85,6 +86,7 @@ from .gaussian import _epsilon_of_mu, gaussian_epsilon, gaussian_epsilon_array
 
 __all__ = [
     "LabelDPBounds",
+    "argmin_attack_success_probability",
     "extrapolate_lower_bound",
     "extrapolation_factor",
     "flipped_clip_factors",
@@ -108,7 +110,7 @@ class LabelDPBounds:
     """Result of :func:`label_dp_lower_bound` (arrays are read-only, float64, shape [N]).
 
     Attributes:
-        p0: P_0[r], probability that the attack outputs y_r on D0 (METHODS B8).
+        p0: P_0[r], probability that the attack outputs y_r on D0 (Yuan et al. 2022 Alg. 2).
         p1: P_1[r], probability that it outputs y_r on D1[r] (label r flipped); may be 0.0 by
             underflow, ``log_p1`` stays finite.
         log_p0, log_p1: natural logs of p0, p1 (finite).
@@ -117,11 +119,11 @@ class LabelDPBounds:
         epsilon_lower_bound: the batch bound max(0, max_r LB[r]), finite, >= 0.
         best_index: argmax_r LB[r] (the example behind ``epsilon_lower_bound``), -1 when no
             LB[r] is finite.
-        optimal_test_mu, optimal_test_epsilon: B9 Delta_r = |m_r - m'_r| / sd_r and its
+        optimal_test_mu, optimal_test_epsilon: Gaussian-pair Delta_r = |m_r - m'_r| / sd_r and its
             Gaussian-pair epsilon; ``optimal_test_epsilon_max`` their max.
-        layer_pair_mu, layer_pair_epsilon, layer_pair_epsilon_max: B9 exact pair for the
+        layer_pair_mu, layer_pair_epsilon, layer_pair_epsilon_max: Gaussian-pair exact pair for the
             observed layer, Delta = ||G_1[r] - G_0|| / s.
-        all_params_pair_mu, all_params_pair_epsilon, all_params_pair_epsilon_max: B9 exact
+        all_params_pair_mu, all_params_pair_epsilon, all_params_pair_epsilon_max: Gaussian-pair exact
             pair for all parameters.
         single_step_epsilon: the Gaussian with Delta = 2 / sigma (replace-one label, one step).
         statistic_mean0, statistic_mean1: m_r, m'_r, means of the attack statistic t_r under
@@ -133,6 +135,15 @@ class LabelDPBounds:
         flipped_clip_factors: c'_r = min(1, C / (|k_r| ||g_r||)).
         noise_std: s = sigma C / N_e, sd of the noise on the mean gradient.
         delta, noise_multiplier, max_grad_norm, expected_batch_size, n: the inputs (n = N).
+        num_classes: K (2 for the binary sigmoid form).
+        worst_labels: K classes only: [N] the replacement label y' != y_r that maximises
+            LB[r]; ``p1``, ``lower_bound``, ``statistic_mean1`` ([N, K]), ``flipped_grad_norms``
+            and ``flipped_clip_factors`` are at that label. None for the binary form.
+
+    K classes (``probs`` [N, K]): ``statistic_mean0`` is [N, K]; ``optimal_test_mu`` and
+    ``layer_pair_mu`` are maxima over y'; ``all_params_pair_mu`` is the triangle-inequality
+    value (min(||g_r||, C) + min(max_y' ||g_r(y')||, C)) / (sigma C), an upper bound on the exact
+    all-parameter pair (the flipped gradient's direction is not an input), still <= 2 / sigma.
     """
 
     p0: np.ndarray
@@ -162,28 +173,30 @@ class LabelDPBounds:
     max_grad_norm: float
     expected_batch_size: float
     n: int
+    num_classes: int = 2
+    worst_labels: np.ndarray | None = None
 
-    # Per-example B9 epsilons: one vectorised root finding each, on first access (a callback
+    # Per-example Gaussian-pair epsilons: one vectorised root finding each, on first access (a callback
     # that logs only the batch maxima, computed with one root each, never pays for them).
     @functools.cached_property
     def optimal_test_epsilon(self) -> np.ndarray:
-        """[N] epsilon of the equal-variance pair with ``optimal_test_mu`` (B9)."""
+        """[N] epsilon of the equal-variance pair with ``optimal_test_mu`` (Gaussian-pair)."""
         return _readonly(_pair_epsilons(self.optimal_test_mu, self.delta))
 
     @functools.cached_property
     def layer_pair_epsilon(self) -> np.ndarray:
-        """[N] exact pair epsilon for the observed layer (B9)."""
+        """[N] exact pair epsilon for the observed layer (Gaussian-pair)."""
         return _readonly(_pair_epsilons(self.layer_pair_mu, self.delta))
 
     @functools.cached_property
     def all_params_pair_epsilon(self) -> np.ndarray:
-        """[N] exact pair epsilon for all parameters (B9)."""
+        """[N] exact pair epsilon for all parameters (Gaussian-pair)."""
         return _readonly(_pair_epsilons(self.all_params_pair_mu, self.delta))
 
     def to_estimate(self, threat_model: str = "single_step_last_layer") -> Estimate:
         """The batch sign-test bound as an :class:`Estimate` (value = ``epsilon_lower_bound``).
 
-        ``extras`` carries the B9 maxima and the single-step upper bound (all finite floats).
+        ``extras`` carries the Gaussian-pair maxima and the single-step upper bound (all finite floats).
         """
         return Estimate(
             value=self.epsilon_lower_bound,
@@ -275,7 +288,7 @@ def _gram_inv_diag(xt: np.ndarray, eps: float) -> np.ndarray:
 
 
 def last_layer_gram_inverse_diag(features: ArrayLike, *, bias: bool = True) -> np.ndarray:
-    """v_r = [(Cm^T Cm)^{-1}]_rr for the last-layer attack (METHODS B7), numpy only.
+    """v_r = [(Cm^T Cm)^{-1}]_rr for the last-layer attack (Yuan et al. 2022 Alg. 2), numpy only.
 
     Args:
         features: [N, p] inputs of the attacked linear layer (last hidden activations).
@@ -289,7 +302,7 @@ def last_layer_gram_inverse_diag(features: ArrayLike, *, bias: bool = True) -> n
         ValueError: non-finite or non-2-D input; N > p (+1 with bias) or a rank-deficient Gram
             matrix (use a smaller batch or a wider layer).
 
-    Source: paper 004 Alg. 2 (R^T (C^T C)^{-1} R); METHODS B7.
+    Source: Yuan et al. 2022 Alg. 2 (R^T (C^T C)^{-1} R).
     """
     x, eps = _as_2d(features, "features")
     return _gram_inv_diag(_design(x, bool(bias)), eps)
@@ -298,7 +311,7 @@ def last_layer_gram_inverse_diag(features: ArrayLike, *, bias: bool = True) -> n
 def flipped_clip_factors(
     probs: ArrayLike, labels: ArrayLike, grad_norms: ArrayLike, max_grad_norm: float
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Clip factors at the observed and at the flipped label, from whole-gradient norms (B8).
+    """Clip factors at the observed and at the flipped label, from whole-gradient norms (Alg. 2).
 
     For a binary logit, g_r(1 - y_r) = k_r g_r(y_r) with k_r = (p_r - 1 + y_r) / (p_r - y_r),
     so ||g_r(1 - y_r)|| = |k_r| ||g_r(y_r)||.
@@ -318,7 +331,7 @@ def flipped_clip_factors(
         ValueError: shapes differ, probs outside (0, 1), labels not in {0, 1}, negative or
             non-finite norms, C <= 0.
 
-    Source: paper 004 Alg. 2 step "re-calculate g-bar_0(x[r]) with D1[r]"; METHODS B3, B8.
+    Source: Yuan et al. 2022 Alg. 2 step "re-calculate g-bar_0(x[r]) with D1[r]".
     """
     p = _as_1d(probs, "probs", np.asarray(probs).reshape(-1).shape[0])
     n = p.shape[0]
@@ -355,13 +368,12 @@ def _check_probs(p: np.ndarray) -> None:
 
 
 def _check_expected_batch(x: Any) -> float:
-    v = check_positive_finite(x, "expected_batch_size")
-    return v
+    return check_positive_finite(x, "expected_batch_size")
 
 
 @functools.lru_cache(maxsize=256)
 def _single_step_epsilon(sigma: float, delta: float) -> float:
-    """B9 / METHODS D: one step, replace-one label, Gaussian with sensitivity 2 / sigma (cached:
+    """One step, replace-one label: the Gaussian mechanism with sensitivity 2 / sigma (cached:
     a training run asks for the same (sigma, delta) at every step)."""
     return float(gaussian_epsilon(sigma, delta, sensitivity=2.0))
 
@@ -389,8 +401,26 @@ def label_dp_lower_bound(
     bias: bool = True,
     gram_inv_diag: ArrayLike | None = None,
     grad_scale: float = 1.0,
+    flipped_grad_norms: ArrayLike | None = None,
+    max_pairs: int | None = None,
+    p0_for_all: bool = True,
 ) -> LabelDPBounds:
-    """Closed-form label-DP lower bounds for one DP-SGD step (paper 004 Alg. 2; METHODS B7-B9).
+    """Label-DP lower bounds for one DP-SGD step (Yuan, Xue, Wang & Shen 2022, Alg. 2).
+
+    Two forms, chosen by the shape of ``probs``:
+
+    * K classes, softmax last layer (``probs`` [N, K], ``labels`` in 0..K-1; this project's
+      extension, derived in docs/methods/label_dp_multiclass.md): the attack statistic of row r
+      is the K-vector a_r = N_e [(Cm^T Cm)^{-1} Cm^T G~^T]_r ~ N(c_r kappa (p_r - e_{y_r}),
+      tau_r^2 I_K) with tau_r = sigma C sqrt(v_r) (eq. (2) there); the attack outputs
+      argmin_k a_r[k]. P0[r] = P(argmin = y_r) and P1[r] = P(argmin = y_r) with row r's label
+      replaced by y' (its own clip factor c'_r(y')) are the one-dimensional integrals
+      integral phi(z) prod_{k != y} Phi((m_k - m_y) / tau_r + z) dz (eq. (3)), computed by a
+      log-domain trapezoid rule accurate to 1e-8 relative; LB[r] = max_{y'} log((P0 - delta) /
+      P1) (eq. (5)). ``flipped_grad_norms`` gives ||g_r(k)|| (the replaced label's clip
+      factor); without it P1 is maximised over c' in [0, 1] on a 41-point grid (conservative).
+      K = 2 equals the binary form (tests/test_label_dp_multiclass.py).
+    * Binary single-logit model (``probs`` [N], the form below).
 
     Binary single-logit model, last-layer threat model: the adversary sees the privatized mean
     gradient of the last linear layer (weights and bias) and the layer's inputs, and runs the
@@ -422,21 +452,43 @@ def label_dp_lower_bound(
             ``accumulate_grad_batches``, so kappa = 1 / accumulate_grad_batches there);
             ``grad_norms`` are the norms of those scaled gradients. See the module docstring.
             Default 1.
+        flipped_grad_norms: K classes only: [N, K] norms of the whole per-example gradient
+            (scaled by kappa, before clipping) had example r carried label k, each >= its
+            last-layer part kappa ||p_r - e_k|| ||x~_r||; or a callable (rows, labels) -> norms
+            asked only for the evaluated pairs (with ``max_pairs``: the ranking then uses
+            ||g_r|| ||p_r - e_k|| / ||p_r - e_{y_r}||); None: unknown (see above).
+        max_pairs, p0_for_all: K classes: evaluate the integrals (P1) only for the
+            ``max_pairs`` pairs (r, y') with the largest closed-form upper bound on LB (valid,
+            <= exhaustive; P1 NaN, LB -inf elsewhere), and P0 of every row or (False) of theirs.
 
     Returns:
         :class:`LabelDPBounds`: per-example ``p0``, ``p1``, ``lower_bound`` [N], the batch
-        ``epsilon_lower_bound`` (finite, >= 0) and the B9 bounds. No NaN anywhere.
+        ``epsilon_lower_bound`` (finite, >= 0) and the Gaussian-pair bounds. No NaN (but see max_pairs).
 
     Raises:
         ValueError: shapes or values invalid (see above); N > p (+1 with bias) or a
             rank-deficient Gram matrix of the features (use a smaller batch or a wider layer);
             grad_norms smaller than the layer part of the gradient.
 
-    Source: paper 004 Alg. 2 and App. A.3 (P_0, P_1, LB); METHODS B7 (noise), B8 (flipped clip
-    factor), B9 (optimal test, exact pairs, single-step bound), D.
+    Source: Yuan et al. 2022 Alg. 2 and App. A.3 (P_0, P_1, LB).
     """
     x, eps = _as_2d(features, "features")
     n = x.shape[0]
+    p_in = np.asarray(probs)
+    if p_in.ndim == 2 and p_in.shape[1] >= 2:
+        from ._label_dp_multiclass import multiclass_lower_bound
+
+        if p_in.dtype == bool or not np.issubdtype(p_in.dtype, np.number):
+            raise ValueError(f"probs must be a real array, got dtype {p_in.dtype}")
+        return multiclass_lower_bound(  # type: ignore[return-value]
+            x, eps, p_in.astype(float), labels, grad_norms, flipped_grad_norms,
+            c_max=check_positive_finite(max_grad_norm, "max_grad_norm"),
+            sigma=check_positive_finite(noise_multiplier, "noise_multiplier"),
+            n_e=_check_expected_batch(expected_batch_size), delta=check_delta(delta), bias=bool(bias),
+            gram_inv_diag=gram_inv_diag, scale=check_positive_finite(grad_scale, "grad_scale"),
+            max_pairs=max_pairs, p0_for_all=bool(p0_for_all))
+    if flipped_grad_norms is not None:
+        raise ValueError("flipped_grad_norms is for K-class probs [N, K] only (binary: computed from grad_norms)")
     p = _as_1d(probs, "probs", n)
     _check_probs(p)
     y = _check_labels(labels, n)
@@ -546,7 +598,7 @@ def label_dp_lower_bound(
 
 
 # --------------------------------------------------------------------------------------------
-# Extrapolation (paper 004 App. A.3.1, METHODS B10)
+# Extrapolation (Yuan et al. 2022 App. A.3.1)
 # --------------------------------------------------------------------------------------------
 
 
@@ -578,7 +630,7 @@ def extrapolation_factor(num_batches: int, batch_size: int, *, exact: bool = Fal
     Raises:
         ValueError: M < 1 or N < 2 or either not an integer.
 
-    Source: paper 004 App. A.3.1 (Extrapolation Theorem) and A.4.2; METHODS B10.
+    Source: Yuan et al. 2022 App. A.3.1 (Extrapolation Theorem) and A.4.2.
     """
     m = _check_int(num_batches, "num_batches", 1)
     n = _check_int(batch_size, "batch_size", 2)
@@ -590,7 +642,7 @@ def extrapolation_factor(num_batches: int, batch_size: int, *, exact: bool = Fal
 def extrapolate_lower_bound(
     lb_one_batch: float, num_batches: int, batch_size: int, *, exact: bool = False
 ) -> float:
-    """Predicted lower bound over M batches from one batch's: factor * LB (METHODS B10).
+    """Predicted lower bound over M batches from one batch's: factor * LB (Yuan et al. 2022 App. A.3.1).
 
     Args:
         lb_one_batch: the one-batch bound (e.g. ``LabelDPBounds.epsilon_lower_bound``),
@@ -608,9 +660,40 @@ def extrapolate_lower_bound(
     Raises:
         ValueError: LB negative or not finite; M, N invalid.
 
-    Source: paper 004 App. A.3.1; METHODS B10.
+    Source: Yuan et al. 2022 App. A.3.1.
     """
     lb = check_real_finite(lb_one_batch, "lb_one_batch")
     if lb < 0:
         raise ValueError(f"lb_one_batch must be >= 0, got {lb_one_batch!r}")
     return lb * extrapolation_factor(num_batches, batch_size, exact=exact)
+
+
+def argmin_attack_success_probability(means: ArrayLike, labels: ArrayLike, sd: ArrayLike) -> np.ndarray:
+    """P(argmin_k a_r[k] = labels[r]) for a_r ~ N(means[r], sd_r^2 I_K), one per row.
+
+    The success probability of the K-class last-layer label attack (docs/methods/
+    label_dp_multiclass.md eq. (3)): the one-dimensional integral
+    integral phi(z) prod_{k != y} Phi((m_k - m_y) / sd + z) dz, by quadrature (1e-8 relative).
+
+    Args:
+        means: [M, K] means of the attack statistic (K >= 2). labels: [M] integers in 0..K-1.
+        sd: [M] (or scalar) standard deviations, > 0.
+
+    Returns:
+        float64 [M] probabilities.
+
+    Raises:
+        ValueError: shapes inconsistent, labels out of range, sd <= 0, NaN/inf.
+    """
+    from ._label_dp_multiclass import attack_success_log_prob
+
+    m = np.asarray(means, dtype=float)
+    if m.ndim != 2 or m.shape[1] < 2 or not np.isfinite(m).all():
+        raise ValueError(f"means must be a finite [M, K] array with K >= 2, got shape {m.shape}")
+    y = np.asarray(labels).reshape(-1)
+    if y.shape[0] != m.shape[0] or (y != np.round(y)).any() or (y < 0).any() or (y >= m.shape[1]).any():
+        raise ValueError(f"labels must be [{m.shape[0]}] integers in 0..{m.shape[1] - 1}")
+    s = np.broadcast_to(np.asarray(sd, dtype=float), (m.shape[0],))
+    if not np.isfinite(s).all() or (s <= 0).any():
+        raise ValueError("sd must be finite and > 0")
+    return np.exp(attack_success_log_prob(m, y.astype(np.int64), s))

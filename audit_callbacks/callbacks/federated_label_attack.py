@@ -1,0 +1,194 @@
+"""Label reconstruction from each client's update in DP-FedAvg with one local step (FedSGD).
+
+Threat model: the server of :class:`~audit_callbacks.federated.DPFedAvg` without secure
+aggregation sees every sampled client's clipped update before the central noise is added
+(``on_federated_client_updates``), knows the global model and, here, the client's features
+(white box, known features: the setting of Yuan, Xue, Wang & Shen 2022, "Deep Gradient Attacks
+with Strong DP-SGD Lower Bounds for Label Privacy", §3 eq. (1), Alg. 1 and 3). With one local SGD
+step on the whole client data set (``local_epochs=1``, ``local_batch_size`` >= the client's
+size), the update is Delta = -lr c mean_r grad L_r with one clip factor c > 0 for the whole
+update, so the last layer's part of -Delta is a positive multiple of the aggregated gradient of
+eq. (1): the attack recovers every label exactly without noise (argmin of the solved statistic
+for a softmax layer, sign for a sigmoid logit).
+
+Logged per round (``fl_label_attack/``): ``accuracy`` (the server's view, clipped rows),
+``accuracy_noised`` (the same attack on the row plus the central noise N(0, (z C)^2 I) of the
+release, i.e. what an observer of the noisy aggregate learns about a client when the others'
+updates are known), ``expected_accuracy_noised`` (the mean over the client's examples of
+P(argmin = y_r), docs/methods/label_dp_multiclass.md eq. (3)) and ``attacked_clients``.
+Clients with more examples than the last layer has coefficients (N > p + 1) or more than one
+local step are skipped with a reason (counted in the summary).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_warn
+from torch import nn
+
+from audit_callbacks.attacks.label_reconstruction import factorize_layer, reconstruct_labels
+from audit_callbacks.callbacks import tensorboard as tb
+from audit_callbacks.callbacks.summary import write_summary
+from audit_callbacks.estimators.label_dp import argmin_attack_success_probability
+
+__all__ = ["FederatedLabelAttack"]
+
+
+class FederatedLabelAttack(Callback):
+    """Attack each sampled real client's last-layer update in FedSGD (see the module docstring).
+
+    Args:
+        noise_multiplier: z of the simulated central noise for ``accuracy_noised`` (default: the
+            module's ``noise_multiplier``); 0 disables the noised attack.
+        seed: seeds the simulated noise.
+        summary_filename: JSON at fit end in the logger's directory (None: none).
+
+    Never aborts the fit: on a module that is not ``DPFedAvg``-like, a model without an
+    ``nn.Linear`` layer or more than one local step it warns once, logs why and does nothing.
+    """
+
+    def __init__(self, *, noise_multiplier: float | None = None, seed: int = 0,
+                 summary_filename: str | None = "federated_label_attack_summary.json") -> None:
+        if noise_multiplier is not None and not (noise_multiplier >= 0 and np.isfinite(noise_multiplier)):
+            raise ValueError(f"noise_multiplier must be >= 0 and finite, got {noise_multiplier!r}")
+        self.noise_multiplier = noise_multiplier
+        self.seed = int(seed)
+        self.summary_filename = summary_filename
+        self.history: list[dict[str, float]] = []  # one row per attacked client
+        self.rounds: list[dict[str, float]] = []
+        self.skips: Counter[str] = Counter()
+        self.summary_path: str | None = None
+        self._warned: set[str] = set()
+        self._gen = torch.Generator().manual_seed(self.seed)
+
+    def _warn_once(self, trainer: pl.Trainer, key: str, message: str) -> None:
+        self.skips[key] += 1
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        rank_zero_warn(f"FederatedLabelAttack: {message}", category=UserWarning)
+        writer = tb.tensorboard_writer(trainer)
+        if writer is not None:
+            writer.add_text("fl_label_attack/warnings", f"[{key}] {message}", int(trainer.global_step))
+
+    @staticmethod
+    def _last_layer(module: Any) -> tuple[nn.Linear, int, int | None] | None:
+        """The last nn.Linear of the model and the offsets of its weight and bias in the flat
+        vector of trainable parameters."""
+        model = getattr(module, "model", module)
+        layers = [m for m in model.modules() if isinstance(m, nn.Linear)]
+        if not layers:
+            return None
+        last = layers[-1]
+        offsets: dict[int, int] = {}
+        offset = 0
+        for p in module.trainable_parameters():
+            offsets[id(p)] = offset
+            offset += p.numel()
+        if id(last.weight) not in offsets or (last.bias is not None and id(last.bias) not in offsets):
+            return None
+        return last, offsets[id(last.weight)], (offsets[id(last.bias)] if last.bias is not None else None)
+
+    def on_federated_client_updates(self, trainer: pl.Trainer, pl_module: Any, round_idx: int,
+                                    client_ids: list[str], updates: torch.Tensor) -> None:
+        found = self._last_layer(pl_module) if hasattr(pl_module, "trainable_parameters") else None
+        if found is None:
+            self._warn_once(trainer, "unsupported_model", "needs DPFedAvg over a model with a trainable nn.Linear "
+                            "last layer; nothing attacked")
+            return
+        layer, w_off, b_off = found
+        z = float(pl_module.noise_multiplier if self.noise_multiplier is None else self.noise_multiplier)
+        c_norm = float(pl_module.clip_norm)
+        accs, noised, expected = [], [], []
+        for row, cid_name in enumerate(client_ids):
+            if not cid_name.startswith("client/"):
+                continue  # virtual clients (canaries) carry no labels to recover
+            x_all, y_all = pl_module.client_data(int(cid_name.split("/", 1)[1]))
+            n = int(x_all.shape[0])
+            if int(pl_module.local_epochs) != 1 or int(pl_module.local_batch_size) < n:
+                self._warn_once(trainer, "not_fedsgd", "the attack needs one local step on the whole client data "
+                                "(local_epochs=1, local_batch_size >= client size); client skipped")
+                continue
+            feats = self._features(pl_module, layer, x_all)
+            k = layer.out_features
+            p = layer.in_features
+            if n > p + (b_off is not None):
+                self._warn_once(trainer, "batch_wider_than_layer", f"a client with {n} examples is larger than the "
+                                f"last layer's {p} inputs allow; client skipped")
+                continue
+            upd = updates[row].detach().to("cpu", torch.float64)
+            w = -upd[w_off:w_off + k * p].reshape(k, p)  # -Delta = lr c G: a positive multiple
+            b = -upd[b_off:b_off + k] if b_off is not None else None
+            try:
+                f = factorize_layer(feats, bias=b is not None)
+                pred = reconstruct_labels(feats, w, b, factorization=f)
+            except ValueError as err:
+                self._warn_once(trainer, "rank_deficient", f"client skipped: {err}")
+                continue
+            y = y_all.reshape(-1).to(torch.int64)
+            accs.append(float((pred == y).double().mean()))
+            if z > 0:
+                noise = torch.randn(upd.shape[0], generator=self._gen, dtype=torch.float64) * (z * c_norm)
+                wn = w - noise[w_off:w_off + k * p].reshape(k, p)
+                bn = b - noise[b_off:b_off + k] if b is not None else None
+                pred_n = reconstruct_labels(feats, wn, bn, factorization=f)
+                noised.append(float((pred_n == y).double().mean()))
+                expected.append(self._expected(f, w, b, y, n, z * c_norm))
+            self.history.append({"round": float(round_idx), "client": float(cid_name.split("/", 1)[1]),
+                                 "accuracy": accs[-1], "accuracy_noised": noised[-1] if z > 0 else float("nan"),
+                                 "expected_accuracy_noised": expected[-1] if z > 0 else float("nan"),
+                                 "examples": float(n)})
+        if not accs:
+            return
+        metrics = {"fl_label_attack/accuracy": float(np.mean(accs)), "fl_label_attack/attacked_clients": len(accs)}
+        if noised:
+            metrics["fl_label_attack/accuracy_noised"] = float(np.mean(noised))
+            metrics["fl_label_attack/expected_accuracy_noised"] = float(np.mean(expected))
+        self.rounds.append({"round": float(round_idx), **metrics})
+        tb.log_scalars(trainer, metrics, int(trainer.global_step))
+
+    @staticmethod
+    def _features(pl_module: Any, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        """The last layer's inputs for the client's examples under the current global model."""
+        seen: list[torch.Tensor] = []
+        handle = layer.register_forward_hook(lambda m, a, o: seen.append(a[0].detach()))
+        try:
+            with torch.no_grad():
+                pl_module.model(x.to(pl_module.device))
+        finally:
+            handle.remove()
+        return seen[-1].reshape(x.shape[0], -1).to("cpu", torch.float64)
+
+    @staticmethod
+    def _expected(f: Any, w: torch.Tensor, b: torch.Tensor | None, y: torch.Tensor, n: int, noise_sd: float) -> float:
+        """Mean over the client's examples of P(argmin = y_r) under N(0, noise_sd^2) on the update."""
+        rhs = torch.cat([w, b.reshape(-1, 1)], dim=1) if b is not None else w
+        means = (n * f.solve(rhs.T)).numpy()  # noise-free statistic lr c (p_r - e_{y_r}), [N, K]
+        sd = n * noise_sd * np.sqrt(f.gram_inv_diag.numpy())
+        if means.shape[1] == 1:  # sigmoid logit: y = 1 iff a_r < 0, i.e. argmin of (0, a_r)
+            means = np.concatenate([np.zeros_like(means), means], axis=1)
+            sd = sd / np.sqrt(2.0)  # isotropic noise on (0, a): the difference carries it once
+        return float(np.mean(argmin_attack_success_probability(means, y.numpy(), sd)))
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        if not self.summary_filename or not trainer.is_global_zero:
+            return
+        acc = [h["accuracy"] for h in self.history]
+        self.summary_path = write_summary(tb.log_dir(trainer), self.summary_filename, {
+            "callback": "FederatedLabelAttack",
+            "paper": "Yuan, Xue, Wang & Shen (2022), Deep Gradient Attacks with Strong DP-SGD Lower Bounds for "
+                     "Label Privacy, §3 eq. (1), Alg. 1 and 3; softmax: docs/methods/label_dp_multiclass.md",
+            "threat_model": "server without secure aggregation sees each FedSGD client's clipped update, the "
+                            "global model and the client's features",
+            "attacked_clients": len(self.history),
+            "accuracy": float(np.mean(acc)) if acc else None,
+            "skipped": dict(self.skips),
+            "rounds": self.rounds,
+            "history": self.history,
+        })

@@ -1,0 +1,234 @@
+"""Shared glue of the label callbacks: find the DP optimizer and layers, tap them, chain Opacus'
+step hook, count what was attacked and why a step was not, and step aside when auditing is
+impossible (warn once, log why, never abort the fit).
+
+Both callbacks read the training through two hooks: forward hooks on the tapped layers (inputs
+and outputs while a training batch runs) and a hook chained into the ``DPOptimizer``'s single
+``step_hook`` slot (after clipping, noise and scaling, before the parameters move: ``p.grad`` is
+the privatized gradient and ``p.grad_sample`` still holds the per-example gradients). The
+accountant's own hook keeps running first.
+
+Coverage. Every step the callback considers ends attacked or skipped with a reason code
+(:data:`SKIP_REASONS`); ``<prefix>/attacked_fraction`` (attacked / considered so far) and
+``<prefix>/skip_reason`` (the code of the latest considered step, 0 = attacked) are logged at
+every logged step, together with the latest attacked step's values (running values: an attacked
+step that is not on ``log_every_n_steps`` still reaches the logger at the next logged step). The
+summary JSON holds the counts per reason. The first time a reason occurs the callback warns
+(``rank_zero_warn``) and writes the text once to the logger (TensorBoard ``add_text`` under
+``<prefix>/warnings`` when a ``TensorBoardLogger`` is attached).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_warn
+from torch import nn
+
+from audit_callbacks.callbacks import tensorboard as tb
+from audit_callbacks.callbacks.label_step import LabelStepObserver, LayerTap
+from audit_callbacks.dpsgd import chain_step_hook, find_dp_optimizer, unchain_step_hook
+
+__all__ = ["SKIP_REASONS", "default_labels", "linear_layers"]
+
+#: reason code -> number logged as ``<prefix>/skip_reason`` (0: the step was attacked)
+SKIP_REASONS: dict[str, int] = {
+    "attacked": 0,
+    "batch_wider_than_layer": 1,  # N > p (+1 bias): the linear system is under-determined
+    "rank_deficient": 2,  # duplicate examples or dead ReLU units lower the usable width
+    "unsupported_loss": 3,  # the logit layer's gradients are not kappa (p - e_y) x~
+    "no_gradient": 4,  # the attacked layer got no gradient this step
+    "unsupported_model": 5,  # no nn.Linear last layer (disabled at fit start)
+    "no_dp_optimizer": 6,  # not an Opacus DPOptimizer (disabled at fit start)
+    "no_noise": 7,  # noise_multiplier 0: no step is private (bound disabled)
+    "empty_batch": 8,  # a Poisson batch with no example
+}
+
+
+def default_labels(batch: Any) -> torch.Tensor:
+    if isinstance(batch, (list, tuple)) and len(batch) >= 2:
+        return batch[1]
+    if isinstance(batch, dict) and "label" in batch:
+        return batch["label"]
+    raise ValueError("cannot find the labels in the batch: pass label_fn=lambda batch: ...")
+
+
+def linear_layers(module: nn.Module) -> list[nn.Linear]:
+    return [m for m in module.modules() if isinstance(m, nn.Linear)]
+
+
+class CannotAudit(Exception):
+    """Raised by ``_layers`` when the model cannot be audited: ``(reason, message)``."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class StepAuditCallback(Callback):
+    """Base of the label callbacks (see the module docstring)."""
+
+    name = "label audit"
+    prefix = "label"
+
+    def __init__(self, *, every_n_steps: int, label_fn: Any, summary_filename: str | None,
+                 observer: LabelStepObserver | None = None) -> None:
+        if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
+            raise ValueError(f"every_n_steps must be an integer >= 1, got {every_n_steps!r}")
+        if observer is not None and not isinstance(observer, LabelStepObserver):
+            raise ValueError(f"observer must be a LabelStepObserver, got {type(observer).__name__}")
+        self.every_n_steps = int(every_n_steps)
+        self.label_fn = label_fn or default_labels
+        self.summary_filename = summary_filename
+        self.observer = observer
+        self.optimizer: Any = None
+        self._tap: LayerTap | None = None
+        self._hook: Any = None
+        self._latest: dict[str, float] = {}
+        self._log_this_batch = True
+        self._trainer: pl.Trainer | None = None
+        self._warned: set[str] = set()
+        self.steps = 0
+        self.considered = 0
+        self.skips: Counter[str] = Counter()
+        self.last_reason: str | None = None
+        self.disabled_reason: str | None = None
+        self.summary_path: str | None = None
+
+    # ------------------------------------------------------------------ coverage and warnings
+    def _warn_once(self, key: str, message: str) -> None:
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        rank_zero_warn(message, category=UserWarning)
+        writer = tb.tensorboard_writer(self._trainer) if self._trainer is not None else None
+        if writer is not None:
+            writer.add_text(f"{self.prefix}/warnings", f"[{key}] {message}", int(self._trainer.global_step))
+
+    def _skip(self, reason: str, message: str) -> None:
+        """Count this step as skipped for ``reason`` (a key of SKIP_REASONS); warn the first time."""
+        self.skips[reason] += 1
+        self.last_reason = reason
+        self._warn_once(reason, f"{type(self).__name__}: step skipped ({reason}): {message}")
+
+    def _disable(self, reason: str, message: str) -> None:
+        self.disabled_reason = reason
+        self.last_reason = reason
+        self._warn_once(reason, f"{type(self).__name__} disabled ({reason}): {message}; training continues "
+                        "without this audit")
+        self._teardown_hooks()
+
+    @property
+    def attacked_steps(self) -> int:
+        return self.considered - sum(self.skips.values())
+
+    @property
+    def attacked_fraction(self) -> float:
+        return self.attacked_steps / self.considered if self.considered else 0.0
+
+    def coverage(self) -> dict[str, Any]:
+        """For the summary JSON: steps seen, considered, attacked, skipped per reason."""
+        return {"steps": self.steps, "considered_steps": self.considered, "attacked_steps": self.attacked_steps,
+                "attacked_fraction": self.attacked_fraction, "skipped": dict(self.skips),
+                "skip_reason_codes": SKIP_REASONS, "disabled_reason": self.disabled_reason}
+
+    # ------------------------------------------------------------------ to implement
+    def _layers(self, pl_module: pl.LightningModule) -> dict[str, nn.Linear]:
+        raise NotImplementedError
+
+    def _norm_layers(self, pl_module: pl.LightningModule) -> dict[str, nn.Linear]:
+        """Layers whose inputs the tap records as well (ghost norms, per-label norms)."""
+        return {}
+
+    def _check_optimizer(self) -> None:
+        """Raise CannotAudit when the optimizer's settings make the audit impossible."""
+
+    def _on_step(self, optimizer: Any, data: dict[str, Any]) -> dict[str, float] | None:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ Lightning hooks
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._trainer = trainer
+        self.disabled_reason = None
+        self.optimizer = find_dp_optimizer(trainer.optimizers)
+        if self.optimizer is None:
+            self._disable("no_dp_optimizer", "it audits Opacus DP-SGD: return the optimizer of "
+                          "PrivacyEngine().make_private(...) from configure_optimizers")
+            return
+        try:
+            layers = self._layers(pl_module)
+            self._check_optimizer()
+        except CannotAudit as err:
+            self._disable(err.reason, str(err))
+            return
+        if self.observer is None:
+            self.observer = LabelStepObserver.attached(self.optimizer)
+        self._tap = LayerTap(layers, self._norm_layers(pl_module))
+        self._hook = chain_step_hook(self.optimizer, self._step_hook)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        connector = getattr(trainer, "_logger_connector", None)
+        self._log_this_batch = bool(getattr(connector, "should_update_logs", True))
+        if self._tap is None:
+            return
+        self._tap.active = True
+        self._tap.labels.append(torch.as_tensor(self.label_fn(batch)).detach().reshape(-1).to("cpu"))
+
+    def _step_hook(self, optimizer: Any) -> None:
+        assert self._tap is not None
+        self.steps += 1
+        data = self._tap.take()
+        if (self.steps - 1) % self.every_n_steps:
+            return
+        self.considered += 1
+        if data is None or data["labels"].numel() == 0:
+            self._skip("empty_batch", "no example in this batch")
+            return
+        reasons_before = sum(self.skips.values())
+        out = self._on_step(optimizer, data)
+        if out is not None:
+            self.last_reason = "attacked"
+            self._latest = dict(out)
+        elif sum(self.skips.values()) == reasons_before:  # _on_step returned None without a reason
+            self._skip("no_gradient", "nothing to attack this step")
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.observer is not None:
+            self.observer.release()
+        if self._tap is not None:
+            self._tap.active = False
+        # per-step scalars follow the Trainer's log_every_n_steps (as self.log(on_step=True) and
+        # LearningRateMonitor do); the latest attacked values and the coverage are logged at
+        # every logged step, so attacked steps off the interval still reach the logger
+        if not self._log_this_batch or self.last_reason is None:
+            return
+        metrics = {k: float(v) for k, v in self._latest.items() if v is not None and math.isfinite(v)}
+        metrics[f"{self.prefix}/attacked_fraction"] = self.attacked_fraction
+        metrics[f"{self.prefix}/skip_reason"] = float(SKIP_REASONS.get(self.last_reason, -1))
+        tb.log_scalars(trainer, metrics, int(trainer.global_step))
+
+    def _teardown_hooks(self) -> None:
+        if self._tap is not None:
+            self._tap.remove()
+            self._tap = None
+        if self.optimizer is not None and self._hook is not None:
+            unchain_step_hook(self.optimizer, self._hook)
+            self._hook = None
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._teardown_hooks()
+
+    def _coverage_state(self) -> dict[str, Any]:
+        return {"steps": self.steps, "considered": self.considered, "skips": dict(self.skips),
+                "latest": dict(self._latest)}
+
+    def _load_coverage_state(self, state: dict[str, Any]) -> None:
+        self.steps = int(state.get("steps", 0))
+        self.considered = int(state.get("considered", self.steps))
+        self.skips = Counter({str(k): int(v) for k, v in state.get("skips", {}).items()})
+        self._latest = {str(k): float(v) for k, v in state.get("latest", {}).items()}

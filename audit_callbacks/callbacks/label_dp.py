@@ -1,0 +1,369 @@
+"""Label-DP lower bounds of each Opacus DP-SGD step, as a Lightning callback.
+
+Binary models: Yuan, Xue, Wang & Shen (2022), "Deep Gradient Attacks with Strong DP-SGD Lower
+Bounds for Label Privacy", §3 eq. (3) and Alg. 2 (the sign test of the last-layer attack), with
+the stronger tests on the same observation and the extrapolation of App. A.3.1. Softmax models
+(K classes): the argmin attack and its integral (docs/methods/label_dp_multiclass.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+from torch import nn
+
+from audit_callbacks.attacks.label_gradients import (
+    ghost_grad_norms,
+    ghost_layers,
+    gradient_scale,
+    relu_mlp_label_grad_norms,
+)
+from audit_callbacks.attacks.label_reconstruction import factorize_layer
+from audit_callbacks.callbacks import tensorboard as tb
+from audit_callbacks.callbacks.label_base import CannotAudit, StepAuditCallback, linear_layers
+from audit_callbacks.callbacks.label_step import LabelStepObserver
+from audit_callbacks.callbacks.summary import write_summary
+from audit_callbacks.dpsgd import accountant_epsilon, find_accountant
+from audit_callbacks.estimators.gaussian import gaussian_epsilon
+from audit_callbacks.estimators.label_dp import extrapolation_factor, label_dp_lower_bound
+
+__all__ = ["LabelDPLowerBound", "second_last_layer_features"]
+
+PAPER = ("Yuan, Xue, Wang & Shen (2022), Deep Gradient Attacks with Strong DP-SGD Lower Bounds for Label "
+         "Privacy, §3 eq. (3), Alg. 2, App. A.3.1")
+
+
+def second_last_layer_features(
+    inputs: torch.Tensor, preactivations: torch.Tensor, last_weight: torch.Tensor, unit: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-example dZ_r/dW for the weights (and bias) into hidden unit J of the last hidden layer.
+
+    dZ_r/dW_J = W^L_J U_r [x_r^{L-1}, 1] with U_r = ReLU'(Z^L_J[r]) (Yuan et al. 2022, App.
+    A.1.2, Alg. 4). Rows with U_r = 0 carry no information on the label and are dropped.
+
+    Args:
+        inputs: [N, p'] inputs of the second-last linear layer, x^{L-1}.
+        preactivations: [N, H] its outputs Z^L (before the ReLU).
+        last_weight: [1, H] weight of the last (logit) layer.
+        unit: J in [0, H).
+
+    Returns:
+        ``(features [n_det, p' + 1], determined [N] bool)``: the effective features of the
+        determined examples, to pass to ``label_dp_lower_bound`` with ``bias=False``.
+    """
+    active = preactivations[:, unit] > 0
+    w = float(last_weight.reshape(-1)[unit])
+    ones = torch.ones(inputs.shape[0], 1, dtype=inputs.dtype, device=inputs.device)
+    feats = w * torch.cat([inputs, ones], dim=1)
+    return feats[active], active
+
+
+class LabelDPLowerBound(StepAuditCallback):
+    """Label-DP lower bounds of each DP-SGD step against the last-layer label attack.
+
+    For a model whose last layer is ``nn.Linear`` -- one sigmoid logit (binary, log-loss) or K
+    softmax outputs (cross-entropy) -- every ``every_n_steps`` logical steps it computes, from
+    the batch's last-hidden activations, the model's probabilities, the labels and Opacus'
+    per-example gradient norms (over all parameters, before clipping; from the per-example
+    bias gradients and input norms when every trained parameter is in an ``nn.Linear`` with a
+    bias, else from ``grad_sample``),
+    :func:`~audit_callbacks.estimators.label_dp.label_dp_lower_bound` and logs, in nats at
+    ``delta``, on the Trainer's ``log_every_n_steps`` steps (``records`` and the summary keep
+    every attacked step):
+
+    * ``label_dp/epsilon_lo_batch`` - the bound of this batch (binary: the sign test of Yuan et
+      al. 2022 Alg. 2; K classes: the argmin test, docs/methods/label_dp_multiclass.md eq. (5));
+    * ``label_dp/epsilon_lo_max`` - its running maximum over the attacked steps;
+    * ``label_dp/epsilon_lo_extrapolated`` - the mean batch bound times ``1 + log M / log N``
+      (Yuan et al. 2022 App. A.3.1; M attacked steps, N the expected batch size);
+    * ``label_dp/epsilon_lo_optimal_test``, ``label_dp/epsilon_pair_layer``,
+      ``label_dp/epsilon_pair_all_params`` - Gaussian-pair epsilons of the same observation
+      (Balle & Wang 2018, Thm. 8), each >= the one before (max over examples);
+    * ``label_dp/epsilon_lo_second_last`` - binary only, with ``second_last=True``: the bound from
+      the second-last layer (Yuan et al. 2022 Alg. 4);
+    * ``label_dp/epsilon_single_step`` - the upper bound of one step for replacing one label, the
+      Gaussian mechanism with sensitivity 2C (mu = 2 / sigma, no amplification);
+    * ``label_dp/epsilon_accountant`` - the run's Opacus accountant (amplified, composed),
+      logged at each training epoch end;
+    * ``label_dp/expected_attack_accuracy`` - mean over the batch of P0[r], the probability that
+      the last-layer attack recovers label r at this noise (what ``LabelReconstructionAttack``'s
+      batch accuracy averages to; K classes: on logged steps only, see ``max_pairs``);
+    * ``label_dp/attacked_fraction``, ``label_dp/skip_reason`` - coverage (see
+      :mod:`audit_callbacks.callbacks.label_base`).
+
+    K classes: the clip factor of a replaced label needs the whole gradient's norm at that label;
+    for an MLP of biased ``nn.Linear`` layers with ReLU it is computed exactly
+    (:func:`~audit_callbacks.attacks.label_gradients.relu_mlp_label_grad_norms`), otherwise the
+    conservative form of the estimator is used (``flipped_norms`` in the summary says which).
+
+    Threat model: one release of one step on a batch the adversary knows (white-box). The
+    single-step bound is the analytic ceiling of every per-batch value; the accountant's
+    epsilon is for the whole run under Poisson sampling and add/remove neighbours.
+
+    Args:
+        every_n_steps: compute on one logical step in n.
+        delta: delta of every epsilon (default: the module's ``delta`` or 1e-5).
+        second_last: binary models: also bound the second-last layer's attack (ReLU MLP).
+        label_fn: ``batch -> labels [N]`` (default: ``batch[1]``).
+        summary_filename: JSON at fit end (None: none).
+        observer: a :class:`LabelStepObserver` shared with ``LabelReconstructionAttack``
+            (default: the one attached to the optimizer).
+        max_pairs: K classes: evaluate the integrals for the 16 (default) pairs (example,
+            replacement label) ranked first by a closed-form upper bound on their bound (a
+            valid lower bound, at most the exhaustive one: the tests find them equal), and P0
+            of every example only on logged steps; None: every pair at every step.
+
+    Raises:
+        ValueError: ``delta`` outside (0, 1), ``every_n_steps`` < 1, ``max_pairs`` < 1.
+    Never aborts the fit: on a model it cannot audit (no ``nn.Linear`` last layer, no Opacus
+    optimizer, noise multiplier 0, a loss other than log-loss / cross-entropy on that layer)
+    it warns once, logs why (text in TensorBoard) and disables itself; a step it cannot audit
+    (batch wider than the layer, rank-deficient features) is skipped with a reason code.
+    """
+
+    name = "label-DP lower bound"
+    prefix = "label_dp"
+
+    def __init__(
+        self, *, every_n_steps: int = 1, delta: float | None = None, second_last: bool = False,
+        label_fn: Any = None, summary_filename: str | None = "label_dp_summary.json",
+        observer: LabelStepObserver | None = None, max_pairs: int | None = 16,
+    ) -> None:
+        super().__init__(every_n_steps=every_n_steps, label_fn=label_fn, summary_filename=summary_filename,
+                         observer=observer)
+        if delta is not None and not 0 < delta < 1:
+            raise ValueError(f"delta must be in (0, 1), got {delta}")
+        if max_pairs is not None and (isinstance(max_pairs, bool) or not isinstance(max_pairs, int) or max_pairs < 1):
+            raise ValueError(f"max_pairs must be None or an integer >= 1, got {max_pairs!r}")
+        self.max_pairs = max_pairs
+        self.delta = delta
+        self.second_last = bool(second_last)
+        self._delta_used = 1e-5
+        self._accountant: Any = None
+        self._ghost: dict[str, nn.Linear] = {}
+        self._last: nn.Linear | None = None
+        self.num_classes = 1
+        self.flipped_norms: str | None = None
+        self.records: list[dict[str, float]] = []
+        self.running_max = 0.0
+        self.running_max_second_last = 0.0
+        self._sum = 0.0
+        self.accountant_epsilon: float | None = None
+
+    def _layers(self, pl_module: pl.LightningModule) -> dict[str, nn.Linear]:
+        layers = linear_layers(pl_module)
+        if not layers:
+            raise CannotAudit("unsupported_model", "the model has no nn.Linear layer; the bounds need a linear "
+                              "last layer with one sigmoid logit or K softmax outputs")
+        self._last = layers[-1]
+        self.num_classes = int(self._last.out_features)
+        out = {"last": layers[-1]}
+        if self.second_last and self.num_classes > 1:
+            self._warn_once("sl", "LabelDPLowerBound: second_last is for binary models only; ignored")
+            self.second_last = False
+        if self.second_last:
+            if len(layers) < 2:
+                self._warn_once("sl", "LabelDPLowerBound: no second-last linear layer; second_last ignored")
+                self.second_last = False
+            else:
+                out["second_last"] = layers[-2]
+        return out
+
+    def _check_optimizer(self) -> None:
+        if float(self.optimizer.noise_multiplier) <= 0:
+            raise CannotAudit("no_noise", "noise_multiplier is 0, so no step is private (every bound is inf)")
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_fit_start(trainer, pl_module)
+        if self.disabled_reason is not None:
+            return
+        own = getattr(pl_module, "delta", None)
+        self._delta_used = self.delta if self.delta is not None else (float(own) if own else 1e-5)
+        self._accountant, _ = find_accountant(self.optimizer)
+        lines = ["label_dp/epsilon_lo_batch", "label_dp/epsilon_lo_max", "label_dp/epsilon_lo_extrapolated",
+                 "label_dp/epsilon_single_step", "label_dp/epsilon_accountant"]
+        if self.second_last:
+            lines.insert(3, "label_dp/epsilon_lo_second_last")
+        tb.add_custom_scalars_layout(trainer, {"label privacy (Yuan et al. 2022)": {
+            "label-DP epsilon: lower bounds vs upper bounds": ["Multiline", lines],
+            "Gaussian-pair bounds (one batch)": ["Multiline", [
+                "label_dp/epsilon_lo_batch", "label_dp/epsilon_lo_optimal_test", "label_dp/epsilon_pair_layer",
+                "label_dp/epsilon_pair_all_params", "label_dp/epsilon_single_step"]],
+            "coverage": ["Multiline", ["label_dp/attacked_fraction"]],
+            "model accuracy": ["Multiline", [r"val.*acc.*"]],
+        }})
+
+    def _norm_layers(self, pl_module: pl.LightningModule) -> dict[str, nn.Linear]:
+        self._ghost = ghost_layers(pl_module, self.optimizer.params)
+        return self._ghost
+
+    def _norms(self, optimizer: Any, data: dict[str, Any]) -> np.ndarray:
+        assert self.observer is not None
+        sq = data["norm_inputs"]
+        if self._ghost and sq is not None:
+            by_id = self.observer.grad_samples_by_param(optimizer)
+            norms = ghost_grad_norms([by_id[id(m.bias)] for m in self._ghost.values()],
+                                     [torch.linalg.vector_norm(sq[k], dim=1).to("cpu", torch.float64) ** 2
+                                      for k in self._ghost])
+            if norms is not None:
+                return norms
+        return self.observer.grad_norms(optimizer)
+
+    def _on_step(self, optimizer: Any, data: dict[str, Any]) -> dict[str, float] | None:
+        assert self._last is not None and self.observer is not None
+        x = data["inputs"]["last"]
+        n, p = x.shape
+        bias = self._last.bias is not None
+        if n > p + bias:
+            self._skip("batch_wider_than_layer", f"a batch of {n} examples is larger than the last layer's {p} "
+                       f"inputs{' (+1 bias)' if bias else ''} allow (use a smaller batch or a wider layer)")
+            return None
+        z = data["outputs"]["last"]
+        y = data["labels"].numpy().astype(np.int64)
+        if self.num_classes == 1:
+            probs = torch.sigmoid(z[:, 0]).clamp(1e-12, 1 - 1e-12).numpy()
+            err = probs - y
+        else:
+            probs = torch.softmax(z, dim=1).numpy()
+            if y.min() < 0 or y.max() >= self.num_classes:
+                self._disable("unsupported_loss", f"labels outside 0..{self.num_classes - 1}")
+                self.skips["unsupported_loss"] += 1
+                return None
+            err = probs - np.eye(self.num_classes)[y]
+        by_id = self.observer.grad_samples_by_param(optimizer)
+        kappa = gradient_scale(err, by_id.get(id(self._last.bias)) if bias else None,
+                               weight_grads=by_id.get(id(self._last.weight)), features=x)
+        if kappa is None:
+            self._disable("unsupported_loss", "the last layer's per-example gradients are not kappa (p - e_y) [x, 1] "
+                          "with one kappa > 0 for the batch; the bounds need log-loss on one sigmoid logit "
+                          "(BCEWithLogitsLoss) or cross-entropy on softmax outputs")
+            self.skips["unsupported_loss"] += 1
+            return None
+        norms = self._norms(optimizer, data)
+        flipped = self._flipped_norms(data, probs, y, kappa, by_id)
+        kw = dict(max_grad_norm=float(optimizer.max_grad_norm), noise_multiplier=float(optimizer.noise_multiplier),
+                  expected_batch_size=float(optimizer.expected_batch_size), delta=self._delta_used,
+                  grad_scale=kappa)
+        try:
+            v = self.observer.factorization(optimizer, self._last, x, bias).gram_inv_diag
+            res = label_dp_lower_bound(x.numpy(), probs, y, norms, bias=bias, gram_inv_diag=v.numpy(),
+                                       flipped_grad_norms=flipped, max_pairs=self.max_pairs,
+                                       p0_for_all=self._log_this_batch, **kw)
+        except ValueError as err:
+            self._skip("rank_deficient", str(err))
+            return None
+        lb = float(res.epsilon_lower_bound)
+        self.running_max = max(self.running_max, lb)
+        self._sum += lb
+        attacked = len(self.records) + 1
+        n_e = max(2, int(round(float(optimizer.expected_batch_size))))
+        record = {
+            "step": float(self.steps),
+            "label_dp/epsilon_lo_batch": lb,
+            "label_dp/epsilon_lo_max": self.running_max,
+            "label_dp/epsilon_lo_extrapolated": self._sum / attacked * extrapolation_factor(attacked, n_e),
+            "label_dp/epsilon_lo_optimal_test": float(res.optimal_test_epsilon_max),
+            "label_dp/epsilon_pair_layer": float(res.layer_pair_epsilon_max),
+            "label_dp/epsilon_pair_all_params": float(res.all_params_pair_epsilon_max),
+            "label_dp/epsilon_single_step": float(res.single_step_epsilon),
+        }
+        if np.isfinite(res.p0).all():  # all rows' P0: computed on logged steps (max_pairs)
+            record["label_dp/expected_attack_accuracy"] = float(np.mean(res.p0))
+        if self.second_last:
+            sl = self._second_last(data, probs, y, norms, kw)
+            if sl is not None:
+                self.running_max_second_last = max(self.running_max_second_last, sl)
+                record["label_dp/epsilon_lo_second_last"] = sl
+        self.records.append(record)
+        return {k: v for k, v in record.items() if k != "step"}
+
+    def _flipped_norms(self, data: dict[str, Any], probs: np.ndarray, y: np.ndarray, kappa: float,
+                       by_id: dict[int, torch.Tensor]) -> Any:
+        """K classes, ReLU MLP: ``(rows, labels) -> norms`` of the whole gradient at those labels
+        (checked once per step against Opacus' bias gradients at the observed labels), else None."""
+        if self.num_classes == 1:
+            return None
+        sq = data["norm_inputs"]
+        fn = None
+        if self._ghost and sq is not None:
+            layers = list(self._ghost.values())
+            args = ([m.weight for m in layers], [sq[k] for k in self._ghost], torch.as_tensor(probs),
+                    torch.as_tensor(y), kappa)
+            checked = relu_mlp_label_grad_norms(*args, [by_id[id(m.bias)] for m in layers], dtype=torch.float32,
+                                                pairs=(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)))
+            if checked is not None:
+                def fn(rows: np.ndarray, labels: np.ndarray) -> np.ndarray:
+                    return relu_mlp_label_grad_norms(*args, dtype=torch.float32, pairs=(rows, labels)).numpy()
+        self.flipped_norms = "exact (ReLU MLP back-propagation)" if fn is not None else \
+            "unknown: P1 maximised over the clip factor (conservative)"
+        return fn
+
+    def _second_last(self, data: dict[str, Any], probs, y, norms, kw) -> float | None:
+        assert self._last is not None
+        z = data["outputs"]["second_last"]
+        unit = int((z > 0).sum(0).argmax())
+        feats, active = second_last_layer_features(data["inputs"]["second_last"], z,
+                                                   self._last.weight.detach().cpu(), unit)
+        if feats.shape[0] < 1 or feats.shape[0] > feats.shape[1]:
+            return None
+        mask = active.numpy()
+        try:
+            v = factorize_layer(feats, bias=False).gram_inv_diag.numpy()
+            res = label_dp_lower_bound(feats.numpy(), probs[mask], y[mask], norms[mask], bias=False,
+                                       gram_inv_diag=v, **kw)
+        except ValueError:
+            return None
+        return float(res.epsilon_lower_bound)
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.disabled_reason is not None and self._accountant is None:
+            return
+        self.accountant_epsilon = accountant_epsilon(self._accountant, self._delta_used)
+        if self.accountant_epsilon is not None:
+            pl_module.log("label_dp/epsilon_accountant", self.accountant_epsilon, on_step=False, on_epoch=True)
+
+    @property
+    def single_step_epsilon(self) -> float | None:
+        if self.optimizer is None or float(self.optimizer.noise_multiplier) <= 0:
+            return None
+        return float(gaussian_epsilon(float(self.optimizer.noise_multiplier), self._delta_used, sensitivity=2.0))
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not self.summary_filename or not trainer.is_global_zero:
+            return
+        last = self.records[-1] if self.records else {}
+        opt = self.optimizer
+        self.summary_path = write_summary(tb.log_dir(trainer), self.summary_filename, {
+            "callback": "LabelDPLowerBound",
+            "paper": PAPER + "; K classes: docs/methods/label_dp_multiclass.md",
+            "threat_model": "one release of one DP-SGD step on a known batch; the adversary runs the "
+                            "last-layer (and second-last-layer) label attack",
+            "num_classes": self.num_classes,
+            "flipped_norms": self.flipped_norms,
+            "delta": self._delta_used,
+            "noise_multiplier": float(opt.noise_multiplier) if opt is not None else None,
+            "max_grad_norm": float(opt.max_grad_norm) if opt is not None else None,
+            "expected_batch_size": opt.expected_batch_size if opt is not None else None,
+            **self.coverage(),
+            "epsilon_lower_bound_max": self.running_max,
+            "epsilon_lower_bound_second_last_max": self.running_max_second_last if self.second_last else None,
+            "epsilon_lower_bound_extrapolated": last.get("label_dp/epsilon_lo_extrapolated"),
+            "epsilon_single_step": self.single_step_epsilon,
+            "epsilon_accountant": accountant_epsilon(self._accountant, self._delta_used),
+            "records": self.records,
+        })
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**self._coverage_state(), "records": [dict(r) for r in self.records],
+                "running_max": self.running_max, "running_max_second_last": self.running_max_second_last,
+                "sum": self._sum}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._load_coverage_state(state_dict)
+        self.records = [dict(r) for r in state_dict.get("records", [])]
+        self.running_max = float(state_dict.get("running_max", 0.0))
+        self.running_max_second_last = float(state_dict.get("running_max_second_last", 0.0))
+        self._sum = float(state_dict.get("sum", 0.0))

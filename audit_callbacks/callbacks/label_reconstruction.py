@@ -1,0 +1,218 @@
+"""Label reconstruction from the privatized gradient of Opacus DP-SGD, as a Lightning callback.
+
+The attack of Yuan, Xue, Wang & Shen (2022), "Deep Gradient Attacks with Strong DP-SGD Lower
+Bounds for Label Privacy", §3 eq. (1), Alg. 1 and Alg. 3 (binary), extended to a softmax layer
+(argmin of the solved statistic; docs/methods/label_dp_multiclass.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+from torch import nn
+from torchmetrics.functional.classification import binary_accuracy, multiclass_accuracy
+
+from audit_callbacks.attacks.label_gradients import gradient_scale
+from audit_callbacks.attacks.label_reconstruction import reconstruct_labels
+from audit_callbacks.callbacks import tensorboard as tb
+from audit_callbacks.callbacks.label_base import CannotAudit, StepAuditCallback, linear_layers
+from audit_callbacks.callbacks.label_step import LabelStepObserver
+from audit_callbacks.callbacks.summary import write_summary
+
+__all__ = ["LabelReconstructionAttack", "recover_label_counts"]
+
+
+def recover_label_counts(probs: np.ndarray, clip: np.ndarray, kappa: float, bias_grad: np.ndarray,
+                         expected_batch_size: float) -> np.ndarray:
+    """Label counts of a batch from the privatized bias gradient of a softmax (or sigmoid) layer.
+
+    The bias gradient is b = (1/N_e) sum_r c_r kappa (p_r - e_{y_r}) + noise (Yuan et al. 2022
+    eq. (1) with the bias's dZ/db = 1), so w_k = kappa sum_r c_r p_rk - N_e b_k = kappa sum_r c_r
+    [y_r = k] + noise: the clip-weighted counts. The counts are w_+ scaled to sum to N and rounded
+    by largest remainders (exact without noise when the clip factors are equal, e.g. none
+    clipped). Needs no full-rank system, so it works when the batch is wider than the layer.
+
+    Args:
+        probs: [N, K] softmax outputs (or [N] sigmoid outputs: K = 2, class 1 = positive).
+        clip: [N] clip factors c_r (the auditor's knowledge; a white-box adversary with the batch
+            features can compute them up to the label).
+        kappa: the loss scale. bias_grad: [K] ([1] for a sigmoid) privatized bias gradient.
+        expected_batch_size: N_e, Opacus' divisor.
+
+    Returns:
+        int64 [K] counts summing to N.
+    """
+    p = np.asarray(probs, dtype=float)
+    b = np.asarray(bias_grad, dtype=float).reshape(-1)
+    if p.ndim == 1:
+        w1 = kappa * float(np.sum(clip * p)) - expected_batch_size * float(b[0])
+        w = np.array([kappa * float(np.sum(clip)) - w1, w1])
+    else:
+        w = kappa * (clip[:, None] * p).sum(0) - expected_batch_size * b
+    n = p.shape[0]
+    w = np.clip(w, 0.0, None)
+    if w.sum() <= 0:
+        return np.zeros(w.shape[0], dtype=np.int64)
+    share = n * w / w.sum()
+    counts = np.floor(share).astype(np.int64)
+    rest = n - int(counts.sum())
+    counts[np.argsort(-(share - counts), kind="stable")[:rest]] += 1
+    return counts
+
+
+class LabelReconstructionAttack(StepAuditCallback):
+    """Reconstruct training labels from the privatized aggregated gradient (Yuan et al. 2022).
+
+    Threat model: an honest-but-curious party that sees the gradient DP-SGD releases at a step
+    (clipped, noised, divided by the expected batch size) for one linear layer, and the inputs
+    of that layer for the batch's examples (white-box model, known batch features). Every
+    ``every_n_steps`` logical steps it runs
+    :func:`~audit_callbacks.attacks.label_reconstruction.reconstruct_labels` on
+    ``(inputs [N, p], weight.grad [K, p], bias.grad [K])`` and compares with the true labels
+    (Yuan et al. 2022 §3 eq. (1), Alg. 1 and 3; K > 1: argmin of the solved statistic).
+
+    Logs ``label_attack/accuracy_batch`` and ``label_attack/accuracy`` (running over every
+    attacked example, torchmetrics), ``label_attack/attacked_fraction`` and
+    ``label_attack/skip_reason`` (see :mod:`audit_callbacks.callbacks.label_base`) at the
+    Trainer's ``log_every_n_steps`` steps; ``history`` and ``label_attack_summary.json`` (fit
+    end) hold every attacked step and the skip counts.
+
+    Narrow heads. When the batch is wider than the layer (N > p + 1) the per-example system is
+    under-determined: the step is skipped with reason ``batch_wider_than_layer`` and, when the
+    layer has a bias, the batch's label COUNTS are recovered from the bias gradient instead
+    (:func:`recover_label_counts`); ``label_attack/count_accuracy`` = sum_k min(n^_k, n_k) / N
+    (1 = every count right) is logged and kept in ``count_history``.
+
+    Args:
+        layer: the attacked ``nn.Linear`` (default: the last linear layer of the module).
+        every_n_steps: attack one logical step in n.
+        label_fn: ``batch -> labels [N]`` (default: ``batch[1]``).
+        summary_filename: JSON written at fit end in the logger's directory (None: none).
+        observer: a :class:`LabelStepObserver` shared with ``LabelDPLowerBound`` (default: the
+            one attached to the optimizer).
+
+    Never aborts the fit: without an Opacus ``DPOptimizer`` or an ``nn.Linear`` layer it warns
+    once, logs why and disables itself.
+    """
+
+    name = "label reconstruction"
+    prefix = "label_attack"
+
+    def __init__(
+        self, layer: nn.Linear | None = None, *, every_n_steps: int = 1, label_fn: Any = None,
+        summary_filename: str | None = "label_attack_summary.json", observer: LabelStepObserver | None = None,
+    ) -> None:
+        super().__init__(every_n_steps=every_n_steps, label_fn=label_fn, summary_filename=summary_filename,
+                         observer=observer)
+        self.layer = layer
+        self._num_classes = 1
+        self.history: list[tuple[int, float, int]] = []  # (step, batch accuracy, batch size)
+        self.count_history: list[tuple[int, float, int]] = []  # (step, count accuracy, batch size)
+
+    def _layers(self, pl_module: pl.LightningModule) -> dict[str, nn.Linear]:
+        if self.layer is None:
+            layers = linear_layers(pl_module)
+            if not layers:
+                raise CannotAudit("unsupported_model", "the module has no nn.Linear layer to attack")
+            self.layer = layers[-1]
+        self._num_classes = int(self.layer.out_features)
+        return {"layer": self.layer}
+
+    def _on_step(self, optimizer: Any, data: dict[str, Any]) -> dict[str, float] | None:
+        x = data["inputs"]["layer"]
+        labels = data["labels"]
+        layer = self.layer
+        assert layer is not None and self.observer is not None
+        if layer.weight.grad is None or (layer.bias is not None and layer.bias.grad is None):
+            self._skip("no_gradient", "the attacked layer has no gradient")
+            return None
+        w_grad = layer.weight.grad.detach().to("cpu", torch.float64)
+        b_grad = None if layer.bias is None else layer.bias.grad.detach().to("cpu", torch.float64)
+        if x.shape[0] > x.shape[1] + (b_grad is not None):
+            self._skip("batch_wider_than_layer", f"a batch of {x.shape[0]} examples is larger than the attacked "
+                       f"layer's {x.shape[1]} inputs (+1 bias) allow; the label counts are recovered from the bias "
+                       "gradient instead (label_attack/count_accuracy); use a smaller batch or a wider layer for "
+                       "per-example labels")
+            return self._counts(optimizer, data, b_grad)
+        try:
+            factor = self.observer.factorization(optimizer, layer, x, b_grad is not None)
+            pred = reconstruct_labels(x, w_grad, b_grad, factorization=factor)
+        except ValueError as err:  # rank-deficient features, NaN/inf
+            self._skip("rank_deficient", str(err))
+            return None
+        target = labels.to(pred.dtype)
+        if self._num_classes == 1:  # torchmetrics' functional form: no metric state to sync per step
+            batch_acc = float(binary_accuracy(pred, target, validate_args=False))
+        else:
+            batch_acc = float(multiclass_accuracy(pred, target, num_classes=self._num_classes, average="micro",
+                                                  validate_args=False))
+        self.history.append((self.steps, batch_acc, int(x.shape[0])))
+        return {"label_attack/accuracy_batch": batch_acc, "label_attack/accuracy": self.accuracy}
+
+    def _counts(self, optimizer: Any, data: dict[str, Any], b_grad: torch.Tensor | None) -> None:
+        """Recover the label counts (narrow head); logs through ``_latest``, returns None."""
+        if b_grad is None or self.layer is None:
+            return None
+        z = data["outputs"]["layer"]
+        y = data["labels"].to(torch.int64)
+        probs = (torch.sigmoid(z[:, 0]) if self._num_classes == 1 else torch.softmax(z, dim=1)).numpy()
+        k = max(2, self._num_classes)
+        onehot = np.eye(k)[y.numpy()]
+        err = probs - y.numpy() if self._num_classes == 1 else probs - onehot
+        by_id = self.observer.grad_samples_by_param(optimizer) if self.observer is not None else {}
+        kappa = gradient_scale(err, by_id.get(id(self.layer.bias)))
+        if kappa is None:
+            return None
+        norms = self.observer.grad_norms(optimizer)
+        clip = np.minimum(1.0, float(optimizer.max_grad_norm) / np.maximum(norms, 1e-300))
+        counts = recover_label_counts(probs, clip, kappa, b_grad.numpy(), float(optimizer.expected_batch_size))
+        true = np.bincount(y.numpy(), minlength=k)
+        acc = float(np.minimum(counts, true).sum()) / max(1, int(true.sum()))
+        self.count_history.append((self.steps, acc, int(true.sum())))
+        self._latest["label_attack/count_accuracy"] = acc
+        return None
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_fit_start(trainer, pl_module)
+        tb.add_custom_scalars_layout(trainer, {"label attack": {
+            "reconstruction accuracy": ["Multiline", ["label_attack/accuracy_batch", "label_attack/accuracy",
+                                                      "label_attack/count_accuracy"]],
+            "coverage": ["Multiline", ["label_attack/attacked_fraction"]],
+            "model accuracy": ["Multiline", [r"val.*acc.*"]],
+        }})
+
+    @property
+    def accuracy(self) -> float | None:
+        """Running reconstruction accuracy over every attacked example (None before any)."""
+        if not self.history:
+            return None
+        # micro average over examples = batch accuracies weighted by batch size (exact)
+        return sum(a * n for _, a, n in self.history) / sum(n for _, _, n in self.history)
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not self.summary_filename or not trainer.is_global_zero:
+            return
+        self.summary_path = write_summary(tb.log_dir(trainer), self.summary_filename, {
+            "callback": "LabelReconstructionAttack",
+            "paper": "Yuan, Xue, Wang & Shen (2022), Deep Gradient Attacks with Strong DP-SGD Lower Bounds for "
+                     "Label Privacy, §3 eq. (1), Alg. 1 and 3; softmax: docs/methods/label_dp_multiclass.md",
+            "threat_model": "sees the privatized aggregated gradient of one linear layer and the layer's "
+                            "per-example inputs for the batch",
+            "layer": repr(self.layer),
+            **self.coverage(),
+            "accuracy": self.accuracy,
+            "history": [{"step": s, "accuracy": a, "batch_size": n} for s, a, n in self.history],
+            "count_history": [{"step": s, "count_accuracy": a, "batch_size": n} for s, a, n in self.count_history],
+        })
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**self._coverage_state(), "history": [list(h) for h in self.history],
+                "count_history": [list(h) for h in self.count_history]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._load_coverage_state(state_dict)
+        self.history = [(int(s), float(a), int(n)) for s, a, n in state_dict.get("history", [])]
+        self.count_history = [(int(s), float(a), int(n)) for s, a, n in state_dict.get("count_history", [])]
