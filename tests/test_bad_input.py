@@ -34,12 +34,8 @@ from audit_callbacks.mechanisms import (
 
 ERR, FIN, INF = "error", "finite", "inf"  # INF: math.inf, where documented
 EXCLUDED = {
-    # label-DP (estimators/label_dp.py, attacks/label_reconstruction.py): being rewritten
-    "extrapolate_lower_bound", "extrapolation_factor", "flipped_clip_factors",
-    "label_dp_lower_bound", "LabelDPBounds", "last_layer_gram_inverse_diag",
-    "LayerFactorization", "SignAmbiguousLabels", "craft_malicious_features", "factorize_layer",
-    "label_attack_statistic", "reconstruct_labels", "reconstruct_labels_malicious_input_layer",
-    "reconstruct_labels_second_last_layer",
+    # result types (their fields are checked on construction)
+    "LabelDPBounds", "LayerFactorization", "SignAmbiguousLabels",
     # a result type (its fields are checked finite on construction, tests/test_score_auditor.py)
     "ScoreAuditResult",
     # abstract bases (their methods are covered through the concrete mechanisms)
@@ -317,6 +313,46 @@ add("staircase_alphas", mechanisms.staircase_alphas, {"epsilon": 1.0, "sizes": (
     "sizes", {"empty": ERR, "zero": ERR, "float": ERR, "one": ERR},
     {"empty": (), "zero": (5, 0, 6), "float": (5.5, 5, 6), "one": (5,)})
 
+# label-DP bounds (Yuan et al. 2022) and the multi-class argmin attack
+LN, LD = 6, 8
+LX = RNG.standard_normal((LN, LD))
+LP = RNG.uniform(0.2, 0.8, LN)
+LY = np.array([0.0, 1.0, 1.0, 0.0, 1.0, 0.0])
+LG = 10.0 + RNG.uniform(0.0, 1.0, LN)  # whole-gradient norms above the layer part
+LABEL = {"features": LX, "probs": LP, "labels": LY, "grad_norms": LG, "max_grad_norm": 1.0,
+         "noise_multiplier": 1.0, "expected_batch_size": 6.0, "delta": 1e-5}
+for arg in ("features", "probs"):
+    add("label_dp_lower_bound", es.label_dp_lower_bound, LABEL, arg,
+        {"nan": ERR, "inf": ERR, "empty": ERR, "bool": ERR, "complex": ERR, "object": ERR,
+         "str": ERR, "bf16": FIN, "grad": FIN})
+add("label_dp_lower_bound", es.label_dp_lower_bound, LABEL, "delta", {**DELTA, "1e-300": FIN})
+add("label_dp_lower_bound", es.label_dp_lower_bound, LABEL, "noise_multiplier",
+    pos(**{"1e-300": ERR}))  # mu = 2 / 1e-300: no representable epsilon, named
+add("label_dp_lower_bound", es.label_dp_lower_bound, LABEL, "max_grad_norm",
+    {**SCALAR, "0": ERR, "neg": ERR})
+AM = {"means": RNG.standard_normal((LN, 3)), "labels": np.array([0, 1, 2, 0, 1, 2]),
+      "sd": np.ones(LN)}
+add("argmin_attack_success_probability", es.argmin_attack_success_probability, AM, "means",
+    {"nan": ERR, "inf": ERR, "empty": ERR, "bool": ERR, "complex": ERR, "str": ERR, "bf16": FIN,
+     "grad": FIN})
+add("argmin_attack_success_probability", es.argmin_attack_success_probability, AM, "sd",
+    {"nan": ERR, "inf": ERR, "bool": ERR, "complex": ERR, "str": ERR, "grad": FIN})
+for nm in ("extrapolate_lower_bound", "extrapolation_factor"):
+    kw = {"num_batches": 10, "batch_size": 5, **({"lb_one_batch": 1.0} if nm.startswith("extrapolate") else {})}
+    add(nm, getattr(es, nm), kw, "num_batches", COUNT, COUNT_VALUES)
+    add(nm, getattr(es, nm), kw, "batch_size", COUNT, COUNT_VALUES)
+add("extrapolate_lower_bound", es.extrapolate_lower_bound,
+    {"lb_one_batch": 1.0, "num_batches": 10, "batch_size": 5}, "lb_one_batch",
+    {**SCALAR, "neg": ERR, "0": FIN})
+FL = {"probs": LP, "labels": LY, "grad_norms": LG, "max_grad_norm": 1.0}
+for arg in ("probs", "grad_norms"):
+    add("flipped_clip_factors", es.flipped_clip_factors, FL, arg,
+        {"nan": ERR, "inf": ERR, "bool": ERR, "complex": ERR, "str": ERR, "grad": FIN})
+add("flipped_clip_factors", es.flipped_clip_factors, FL, "max_grad_norm", pos())
+add("last_layer_gram_inverse_diag", es.last_layer_gram_inverse_diag, {"features": LX}, "features",
+    {"nan": ERR, "inf": ERR, "empty": ERR, "bool": ERR, "complex": ERR, "object": ERR, "str": ERR,
+     "bf16": FIN, "grad": FIN})
+
 # ------------------------------------------------------------------------- attacks
 G1 = torch.linspace(0.5, 1.5, 8, dtype=torch.float64)
 G2V = -G1.flip(0)
@@ -447,6 +483,43 @@ add("InferencePrediction", _predict, {"target": np.zeros(1)}, "target",
     {"nan": ERR, "inf": ERR, "bool": ERR, "2d": ERR, "grad": FIN, "bf16": FIN, "long": ERR},
     {**_arrays(np.zeros(2)), "2d": np.zeros((2, 1)), "long": np.zeros(3),
      "grad": torch.zeros(1, requires_grad=True), "bf16": torch.zeros(1, dtype=torch.bfloat16)})
+
+
+# label reconstruction (torch)
+TX, TW, TB = torch.randn(LN, 10), torch.randn(3, 10), torch.randn(3)
+
+
+def _spoil(t: torch.Tensor) -> dict[str, Any]:
+    nan = t.clone()
+    nan.view(-1)[0] = float("nan")
+    inf = t.clone()
+    inf.view(-1)[0] = float("inf")
+    return {"nan": nan, "inf": inf, "empty": t[:0], "bool": t > 0,
+            "bf16": t.to(torch.bfloat16), "grad": t.clone().requires_grad_(True)}
+
+
+TORCH_ARRAY = {"nan": ERR, "inf": ERR, "empty": ERR, "bool": ERR, "bf16": FIN, "grad": FIN}
+for nm in ("reconstruct_labels", "label_attack_statistic"):
+    f = getattr(attacks, nm)
+    add(nm, f, {"features": TX, "weight_grad": TW, "bias_grad": TB}, "features", TORCH_ARRAY,
+        _spoil(TX))
+    add(nm, f, {"features": TX, "weight_grad": TW, "bias_grad": TB}, "weight_grad",
+        {k: v for k, v in TORCH_ARRAY.items() if k != "empty"}, _spoil(TW))
+add("factorize_layer", attacks.factorize_layer, {"features": TX}, "features", TORCH_ARRAY, _spoil(TX))
+add("craft_malicious_features", attacks.craft_malicious_features,
+    {"first_layer_weight": torch.randn(4, 10), "batch_size": 3}, "first_layer_weight",
+    {"nan": ERR, "inf": ERR, "bool": ERR}, _spoil(torch.randn(4, 10)))
+add("craft_malicious_features", attacks.craft_malicious_features,
+    {"first_layer_weight": torch.randn(4, 10), "batch_size": 3}, "batch_size", COUNT, COUNT_VALUES)
+UG = torch.randn(10)
+add("reconstruct_labels_malicious_input_layer", attacks.reconstruct_labels_malicious_input_layer,
+    {"features": TX, "unit_weight_grad": UG}, "features", TORCH_ARRAY, _spoil(TX))
+add("reconstruct_labels_malicious_input_layer", attacks.reconstruct_labels_malicious_input_layer,
+    {"features": TX, "unit_weight_grad": UG}, "unit_weight_grad",
+    {"nan": ERR, "inf": ERR, "bool": ERR, "bf16": FIN, "grad": FIN}, _spoil(UG))
+add("reconstruct_labels_second_last_layer", attacks.reconstruct_labels_second_last_layer,
+    {"inputs": TX, "unit_weight_grad": UG, "pre_activations": torch.randn(LN)}, "inputs",
+    TORCH_ARRAY, _spoil(TX))
 
 
 # ----------------------------------------------------------------------------- checks

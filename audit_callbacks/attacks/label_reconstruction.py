@@ -215,25 +215,28 @@ def _qr_solve(design: Tensor, rhs: Tensor, eps: float, what: str) -> Tensor:
     return _factorize(design, eps, what, has_bias=False).solve(rhs)
 
 
-def _grad_matrix(weight_grad: Tensor, bias_grad: Any, p: int) -> Tensor:
-    """Stack [W_grad, b_grad] into [K, d] float64 (d = p or p + 1)."""
-    w = _as_float_tensor(weight_grad, "weight_grad")
+def _grad_matrix(
+    weight_grad: Tensor, bias_grad: Any, p: int, names: tuple[str, str] = ("weight_grad", "bias_grad"),
+) -> Tensor:
+    """Stack [W_grad, b_grad] into [K, d] float64 (d = p or p + 1); errors name ``names``."""
+    wname, bname = names
+    w = _as_float_tensor(weight_grad, wname)
     if w.ndim == 1:
         w = w.unsqueeze(0)
     if w.ndim != 2 or w.shape[1] != p:
         raise ValueError(
-            f"weight_grad must have shape [K, {p}] (K logits x layer inputs), got "
+            f"{wname} must have shape [K, {p}] (K logits x layer inputs), got "
             f"{tuple(weight_grad.shape) if isinstance(weight_grad, Tensor) else w.shape}"
         )
-    _check_finite(w, "weight_grad")
+    _check_finite(w, wname)
     w = w.to(torch.float64)
     if bias_grad is None:
         return w
-    b = _as_float_tensor(bias_grad, "bias_grad").to(w.device)
+    b = _as_float_tensor(bias_grad, bname).to(w.device)
     b = b.reshape(-1)
     if b.shape[0] != w.shape[0]:
-        raise ValueError(f"bias_grad must have shape [{w.shape[0]}], got {tuple(b.shape)}")
-    _check_finite(b, "bias_grad")
+        raise ValueError(f"{bname} must have shape [{w.shape[0]}], got {tuple(b.shape)}")
+    _check_finite(b, bname)
     return torch.cat([w, b.to(torch.float64).unsqueeze(1)], dim=1)
 
 
@@ -527,7 +530,8 @@ def reconstruct_labels_second_last_layer(
         z = _vector(pre_activations, "pre_activations", n).to(x.device)
         u = _activation_derivative(z, activation)
         _check_finite(u, "A'(Z)")
-    gmat = _grad_matrix(unit_weight_grad, unit_bias_grad, p).to(x.device)
+    gmat = _grad_matrix(unit_weight_grad, unit_bias_grad, p,
+                        ("unit_weight_grad", "unit_bias_grad")).to(x.device)
     if gmat.shape[0] != 1:
         raise ValueError("unit_weight_grad must be the [p'] gradient of ONE hidden unit's weights")
     determined = u != 0
@@ -662,7 +666,8 @@ def reconstruct_labels_malicious_input_layer(
     """
     x = _check_features(features)
     n, p = x.shape
-    gmat = _grad_matrix(unit_weight_grad, unit_bias_grad, p).to(x.device)
+    gmat = _grad_matrix(unit_weight_grad, unit_bias_grad, p,
+                        ("unit_weight_grad", "unit_bias_grad")).to(x.device)
     if gmat.shape[0] != 1:
         raise ValueError("unit_weight_grad must be the [p1] gradient of ONE hidden unit's weights")
     if not bool((gmat != 0).any()):

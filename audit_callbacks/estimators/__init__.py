@@ -41,6 +41,7 @@ from .intervals import (
 )
 from .label_dp import (
     LabelDPBounds,
+    argmin_attack_success_probability,
     extrapolate_lower_bound,
     extrapolation_factor,
     flipped_clip_factors,
@@ -89,6 +90,7 @@ __all__ = [
     "jeffreys_upper",
     "label_dp_lower_bound",
     "LabelDPBounds",
+    "argmin_attack_success_probability",
     "last_layer_gram_inverse_diag",
     "min_clients_for_shuffling",
     "ScoreAuditResult",

@@ -41,11 +41,9 @@ Bounds returned by :func:`label_dp_lower_bound` (all in nats, at the given delta
 * Single-step replace-one bound (Gaussian mechanism): the Gaussian with mu = 2 / sigma (two clipped
   gradients of norm <= C differ by <= 2C). Every other bound is <= it.
 
-Threat model and scope. The bounds are for ONE release of one step on a batch the adversary
-knows (no amplification by sampling). The Opacus accountants amplify by Poisson sampling and
-count add/remove neighbours, so for short runs their epsilon can be BELOW these single-step
-values; compare with :attr:`LabelDPBounds.single_step_epsilon` (the analytic upper bound of
-this very observation), not with an amplified accountant epsilon of the same step count.
+Scope: ONE release of one step on a batch the adversary knows (no amplification). Opacus'
+accountants amplify by sampling, so for short runs their epsilon can be BELOW these values:
+compare with :attr:`LabelDPBounds.single_step_epsilon`, the upper bound of this observation.
 
 Scaled losses. When the loss is multiplied by kappa > 0 before the backward pass (Lightning
 divides it by ``accumulate_grad_batches``), Opacus clips kappa g_r: pass the norms of those
@@ -53,18 +51,14 @@ gradients and ``grad_scale=kappa``; then c_r = min(1, C / (kappa ||g_r||)) and e
 layer mu carries kappa (m_r = c_r kappa (p_r - y_r) / N_e). The all-parameter mu is unchanged
 in form (its norms already carry kappa).
 
-The expected batch size N_e cancels from every z-score and mu (numerator and s both carry
-1/N_e); it only scales the reported means and ``noise_std``. Opacus' clip factor is
-C / (||g|| + 1e-6) clamped at 1; the formulas here use min(1, C/||g||) exactly (relative
-difference ~1e-6 / ||g||).
+N_e cancels from every z-score and mu; it only scales the reported means and ``noise_std``.
+Opacus clips by min(1, C / (||g|| + 1e-6)); here min(1, C/||g||) (relative difference ~1e-6).
 
 Extrapolation to M batches (Yuan et al. 2022 App. A.3.1): if the per-example bounds are
 i.i.d. exponential, E[max of n] = H_n / lambda (H_n the n-th harmonic number), so
 E[LB(M)] / E[LB(1)] = H_{MN} / H_N ~ 1 + log M / log N (the paper's approximation
-H_n ~ log n). The paper's factors 1.69 (15 batches) and 2.12 (80 batches) both imply N = 50
-(tests/test_label_dp.py derives it); its measured 0.033 -> 0.091 at 80 batches is a factor
-2.76, above the predicted 2.12, and its cancer data (15 batches) grew by about 11%, far below
-1.69, so the theorem is a rough guide only.
+H_n ~ log n). Its factors 1.69 (15 batches) and 2.12 (80) imply N = 50; its measured growths
+(2.76 at 80 batches, about 1.11 at 15) show the theorem is a rough guide only.
 """
 
 from __future__ import annotations
@@ -80,17 +74,20 @@ from numpy.typing import ArrayLike
 from scipy.linalg import solve_triangular
 from scipy.special import digamma, log_ndtr
 
-from ._validation import check_count, check_delta, check_positive_finite, check_real_finite
+from ._validation import (
+    as_float_array,
+    check_count,
+    check_delta,
+    check_positive_finite,
+    check_real_finite,
+    to_numpy,
+)
 from .estimate import Estimate
 from .gaussian import _epsilon_of_mu, gaussian_epsilon, gaussian_epsilon_array
 
 __all__ = [
-    "LabelDPBounds",
-    "argmin_attack_success_probability",
-    "extrapolate_lower_bound",
-    "extrapolation_factor",
-    "flipped_clip_factors",
-    "label_dp_lower_bound",
+    "LabelDPBounds", "argmin_attack_success_probability", "extrapolate_lower_bound",
+    "extrapolation_factor", "flipped_clip_factors", "label_dp_lower_bound",
     "last_layer_gram_inverse_diag",
 ]
 
@@ -221,7 +218,7 @@ class LabelDPBounds:
 
 def _as_2d(x: ArrayLike, name: str) -> tuple[np.ndarray, float]:
     """Float64 copy of a finite 2-D array and the machine eps of its original dtype."""
-    raw = np.asarray(x)
+    raw = to_numpy(x, name)
     if raw.dtype == bool or not np.issubdtype(raw.dtype, np.number):
         raise ValueError(f"{name} must be a real array, got dtype {raw.dtype}")
     if np.issubdtype(raw.dtype, np.complexfloating):
@@ -238,8 +235,8 @@ def _as_2d(x: ArrayLike, name: str) -> tuple[np.ndarray, float]:
 
 
 def _as_1d(x: ArrayLike, name: str, n: int) -> np.ndarray:
-    arr = np.asarray(x)
-    if arr.dtype != bool and not np.issubdtype(arr.dtype, np.number):
+    arr = to_numpy(x, name)
+    if not np.issubdtype(arr.dtype, np.number) or np.issubdtype(arr.dtype, np.complexfloating):
         raise ValueError(f"{name} must be a real array, got dtype {arr.dtype}")
     arr = arr.astype(float).reshape(-1) if arr.ndim <= 1 else arr.astype(float)
     if arr.ndim != 1 or arr.shape[0] != n:
@@ -333,7 +330,7 @@ def flipped_clip_factors(
 
     Source: Yuan et al. 2022 Alg. 2 step "re-calculate g-bar_0(x[r]) with D1[r]".
     """
-    p = _as_1d(probs, "probs", np.asarray(probs).reshape(-1).shape[0])
+    p = _as_1d(probs, "probs", to_numpy(probs, "probs").reshape(-1).shape[0])
     n = p.shape[0]
     y = _check_labels(labels, n)
     g = _as_1d(grad_norms, "grad_norms", n)
@@ -352,7 +349,8 @@ def _clip(norms: np.ndarray, c_max: float) -> np.ndarray:
 
 
 def _check_labels(labels: ArrayLike, n: int) -> np.ndarray:
-    y = _as_1d(labels, "labels", n)
+    raw = to_numpy(labels, "labels")
+    y = _as_1d(raw.astype(float) if raw.dtype == bool else raw, "labels", n)
     if not ((y == 0.0) | (y == 1.0)).all():
         raise ValueError("labels must be binary, every value 0 or 1")
     return y
@@ -474,7 +472,7 @@ def label_dp_lower_bound(
     """
     x, eps = _as_2d(features, "features")
     n = x.shape[0]
-    p_in = np.asarray(probs)
+    p_in = to_numpy(probs, "probs")
     if p_in.ndim == 2 and p_in.shape[1] >= 2:
         from ._label_dp_multiclass import multiclass_lower_bound
 
@@ -687,13 +685,13 @@ def argmin_attack_success_probability(means: ArrayLike, labels: ArrayLike, sd: A
     """
     from ._label_dp_multiclass import attack_success_log_prob
 
-    m = np.asarray(means, dtype=float)
-    if m.ndim != 2 or m.shape[1] < 2 or not np.isfinite(m).all():
+    m = as_float_array(means, "means")
+    if m.ndim != 2 or m.shape[0] < 1 or m.shape[1] < 2 or not np.isfinite(m).all():
         raise ValueError(f"means must be a finite [M, K] array with K >= 2, got shape {m.shape}")
-    y = np.asarray(labels).reshape(-1)
+    y = to_numpy(labels, "labels").reshape(-1)
     if y.shape[0] != m.shape[0] or (y != np.round(y)).any() or (y < 0).any() or (y >= m.shape[1]).any():
         raise ValueError(f"labels must be [{m.shape[0]}] integers in 0..{m.shape[1] - 1}")
-    s = np.broadcast_to(np.asarray(sd, dtype=float), (m.shape[0],))
+    s = np.broadcast_to(as_float_array(sd, "sd", allow_int=True), (m.shape[0],))
     if not np.isfinite(s).all() or (s <= 0).any():
         raise ValueError("sd must be finite and > 0")
     return np.exp(attack_success_log_prob(m, y.astype(np.int64), s))

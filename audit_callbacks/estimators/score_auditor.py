@@ -39,8 +39,7 @@ SRC_STEINKE = ("Steinke, Nasr, Jagielski (2023), Privacy Auditing with One (1) T
 SRC_MAHLOUJIFAR = ("Mahloujifar, Melis, Chaudhuri (2024), Auditing f-Differential Privacy in One "
                    "Run, arXiv:2410.22235, §4 (tail of correct guesses under f-DP, recursion); "
                    "Gaussian trade-off f(x) = Phi(Phi^-1(1-x) - mu), Dong, Roth, Su (2022)")
-SRC_GDP = ("Dong, Roth, Su (2022), Gaussian Differential Privacy, JRSS-B, Def. 2.6, Cor. 2.13 "
-           "(mu-GDP to (eps, delta)); noncentral-t bound on the standardized shift")
+SRC_GDP = "Dong, Roth, Su (2022), Gaussian Differential Privacy, JRSS-B, Def. 2.6, Cor. 2.13"
 SRC_ROC = ("Carlini, Chien, Nasr, Song, Terzis, Tramer (2022), Membership Inference Attacks From "
            "First Principles, IEEE S&P, §4; ROC convex hull (Provost & Fawcett 2001)")
 SRC_AUC = "Hanley & McNeil (1982), The meaning and use of the area under a ROC curve, eq. (1)"
@@ -683,9 +682,8 @@ def _pvalue(test: Any, *args: Any, **kwargs: Any) -> float | None:
 
 
 def _nct_lower(t_obs: float, df: int, alpha: float) -> float:
-    """lambda_lo with P[T <= t_obs; df, lambda_lo] = 1 - alpha (may be negative); -inf when
-    1 - alpha rounds to 1 (alpha < 1e-15): no finite bound is resolvable, and -inf is valid."""
-    if 1.0 - alpha >= 1.0 or not math.isfinite(float(ndtri(1.0 - alpha))):
+    """lambda_lo: P[T <= t_obs; df, lambda_lo] = 1 - alpha; -inf (valid) if 1 - alpha rounds to 1."""
+    if not math.isfinite(float(ndtri(1.0 - alpha))):
         return -math.inf
 
     def f(lam: float) -> float:
