@@ -5,7 +5,7 @@ import os
 
 import numpy as np
 import pytest
-from lightning.pytorch.loggers import TensorBoardLogger
+from pytorch_lightning.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from audit_callbacks.callbacks import LabelDPLowerBound, LabelReconstructionAttack
