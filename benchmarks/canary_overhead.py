@@ -10,7 +10,7 @@ Trainer (TensorBoardLogger into a temporary folder, no checkpointing, no progres
 with ``perf_counter`` around ``trainer.fit``. Timed pairs run in ABBA order (baseline-audit,
 audit-baseline, ...), so a machine that drifts slower or faster favours neither side; the ratio
 is the median of the pairs' ratios audited / baseline with its sign-test interval. Canary
-clients are sampled like real clients (paper 003 Alg. 2), so the audited run samples
+clients are sampled like real clients (Andrew et al. 2024 Alg. 2), so the audited run samples
 ``clients_per_round * (N + k) / N`` clients a round: both runs train the same real updates.
 
 (1) federated: a wider SmallCNN (~1.26e5 parameters) on digits split over 500 clients, 50 a

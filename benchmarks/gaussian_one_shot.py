@@ -1,15 +1,15 @@
-"""Paper 003 Table 2: one-shot epsilon of the Gaussian mechanism from k canaries (METHODS A2).
+"""Paper 003 Table 2: one-shot epsilon of the Gaussian mechanism from k canaries (docs/methods/canaries.md, A2).
 
     PYTHONPATH=. .venv/bin/python benchmarks/gaussian_one_shot.py            # d = 1e6, 10 seeds
     PYTHONPATH=. .venv/bin/python benchmarks/gaussian_one_shot.py --quick    # smoke test, seconds
 
 One release per seed and noise level, without data: rho = sum_j c_j + N(0, sigma^2 I_d), with k
 canaries c_j uniform on the unit sphere of R^d. The statistics t_j = cos(c_j, rho) are fitted by
-a Gaussian and compared with the null N(0, 1/d) at delta (paper 003 Alg. 1):
+a Gaussian and compared with the null N(0, 1/d) at delta (Andrew et al. 2024 Alg. 1):
 
 * fit="unequal": observed N(mean, var), the paper's estimator;
 * fit="equal": the observed sd fixed to the null's, i.e. the analytic Gaussian mechanism with
-  shift sqrt(d) * mean (paper 003 Thm 3.3: d * var -> 1).
+  shift sqrt(d) * mean (Andrew et al. 2024 Thm 3.3: d * var -> 1).
 
 For each seed the canary sum is built once (CanarySet(seed, d, k).sum(), canaries regenerated
 chunk by chunk, never a k x d matrix) and reused for the three noise levels; the three noise
@@ -34,7 +34,7 @@ from _common import machine_info, peak_rss_mb, write_json
 from audit_callbacks.canaries import CanarySet
 from audit_callbacks.estimators import estimate_epsilon_from_cosines, gaussian_epsilon
 
-SIGMAS = (4.22, 1.54, 0.541)  # analytic epsilon 1, 3, 10 at delta = 1e-6 (paper 003 Table 2)
+SIGMAS = (4.22, 1.54, 0.541)  # analytic epsilon 1, 3, 10 at delta = 1e-6 (Andrew et al. 2024 Table 2)
 
 # An independent implementation at d = 2e5, k = 1000, delta = 1e-6, 10 seeds (mean, std).
 REFERENCE_D2E5 = {
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     payload = {
         "benchmark": "gaussian_one_shot",
-        "description": "paper 003 Table 2 / METHODS A2: one release rho = sum_j c_j + "
+        "description": "Andrew et al. 2024 Table 2 / docs/methods/canaries.md, A2: one release rho = sum_j c_j + "
                        "N(0, sigma^2 I_d), epsilon from cos(c_j, rho) by the unequal-variance "
                        "(paper) and equal-variance Gaussian fits",
         "command": " ".join(sys.argv),
@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> dict:
         "reference_d2e5": REFERENCE_D2E5,
         "ideal_model": {
             "description": "t_j drawn i.i.d. from N(1/(sigma sqrt d), 1/d), the d -> infinity "
-                           "limit of paper 003 Thm 3.3; mean and std of each fit over reps",
+                           "limit of Andrew et al. 2024 Thm 3.3; mean and std of each fit over reps",
             "per_sigma": ideal,
         },
         "timing": {

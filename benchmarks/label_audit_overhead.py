@@ -5,7 +5,7 @@
     PYTHONPATH=. .venv/bin/python benchmarks/label_audit_overhead.py --dataset digits --reps 3 --epochs 4
         # issue 18: the 10-class MLP (softmax, multi-class bound), 22 steps per epoch
 
-Setting (issue 3 item 7; paper 004's model): scikit-learn breast cancer (455 training examples),
+Setting (issue 3 item 7; Yuan et al. 2022's model): scikit-learn breast cancer (455 training examples),
 ``MLP(30, 1, hidden=(200, 200))`` (d = 46,601), Opacus ``make_private`` in
 ``configure_optimizers`` (RDP accountant), Poisson batches of expected size 64 (8 logical steps
 per epoch), noise multiplier 1, clip norm 1, lr 0.1, 5 epochs per fit.
@@ -25,7 +25,7 @@ epoch end; not ``make_private``, the first epoch's warm-up or the fit-end summar
   last layer; summary JSON at fit end) - the number the target (ratio <= 1.25) is about;
 * ``attack``, ``lower_bound``: each callback alone;
 * ``both_second_last``: ``both`` with ``LabelDPLowerBound(second_last=True)`` (the second-last
-  layer bound of paper 004 Alg. 4, as the example uses it; reported, no target).
+  layer bound of Yuan et al. 2022 Alg. 4, as the example uses it; reported, no target).
 
 Two modules: ``lean`` (``DPSGDClassifier`` without its per-epoch ``privacy/epsilon``, so the
 baseline is the bare DP-SGD epoch) and ``module`` (``models.dpsgd.DPSGDClassifier`` as shipped,

@@ -1,14 +1,14 @@
-"""Paper 000 App. D: cost of the empirical eps0 test (Alg. 2) against LDP-SGD (METHODS C2-C4).
+"""Paper 000 App. D: cost of the empirical eps0 test (Alg. 2) against LDP-SGD (docs/methods/ldp.md, C2-C4).
 
     PYTHONPATH=. .venv/bin/python benchmarks/ldp_trials.py            # full run, about a minute
     PYTHONPATH=. .venv/bin/python benchmarks/ldp_trials.py --quick    # smoke test, seconds
 
-1. Fast path (METHODS C3, exact O(1) per trial): 10^6 trials of the dummy adversary against
-   LDP-SGD at d = 10^6, for eps0 = 4 and 10 (paper 000 App. D: "about 37 minutes" for 10^6
+1. Fast path (docs/methods/ldp.md, C3, exact O(1) per trial): 10^6 trials of the dummy adversary against
+   LDP-SGD at d = 10^6, for eps0 = 4 and 10 (Matsumoto et al. App. D: "about 37 minutes" for 10^6
    trials on an M1 Pro laptop, 2.2 s for 1000). Target: < 5 s.
 2. Batched path (any mechanism, O(d) per trial): trials per second at d = 10^5 (a few thousand
    trials) and d = 10^6, with the package's LDPSGD.randomize in batches.
-3. The shuffle-model table of paper 000 Table 3 (METHODS C4): the Feldman-McMillan-Talwar bound,
+3. The shuffle-model table of Matsumoto et al. Table 3 (docs/methods/ldp.md, C4): the Feldman-McMillan-Talwar bound,
    the exact epsilon of the dummy pair, the population eq.-3 value of the tau test, and the mean
    point estimate of 10 x 1000-trial measurements (the paper's protocol) over 200 repetitions.
 
@@ -40,7 +40,7 @@ from audit_callbacks.mechanisms import LDPSGD
 PAPER_ANCHORS = {
     "trials_1000_seconds": 2.2,
     "trials_1e6_seconds": 37 * 60,
-    "machine": "Apple M1 Pro laptop, 32 GB (paper 000 App. D)",
+    "machine": "Apple M1 Pro laptop, 32 GB (Matsumoto et al. App. D)",
 }
 TABLE3 = [  # (eps0, n, paper theoretical, paper measured) at delta = 1e-6
     (1.0, 432, 0.67, 0.07),

@@ -1,4 +1,4 @@
-"""DP-FedAvg on scikit-learn digits with a one-shot canary audit (paper 003), end to end.
+"""DP-FedAvg on scikit-learn digits with a one-shot canary audit (Andrew et al. 2024), end to end.
 
     python examples/federated_canary_audit.py --noise-multiplier 0.1 --rounds 200
 

@@ -1,12 +1,12 @@
-"""Federated training on digits under LDP-SGD, audited by the five adversaries of paper 000.
+"""Federated training on digits under LDP-SGD, audited by the five adversaries of Matsumoto et al..
 
     python examples/ldp_audit.py               # eps0 in {0.5, 1, 2, 4}, about a minute on 2 cores
     python examples/ldp_audit.py --quick       # a few seconds (smoke test)
 
 For each eps0, DP-FedAvg trains multinomial logistic regression on sklearn's digits (clients
 hold shards of the training split). Each client computes its full-batch gradient (one local step
-at learning rate 1), which LDP-SGD (METHODS C1) randomizes before the server debiases and averages
-it. ``LDPAudit`` runs the empirical epsilon-0 test (paper 000 Alg. 2; METHODS C2, exact fast path
+at learning rate 1), which LDP-SGD (docs/methods/ldp.md, C1) randomizes before the server debiases and averages
+it. ``LDPAudit`` runs the empirical epsilon-0 test (Matsumoto et al. Alg. 2; docs/methods/ldp.md, C2, exact fast path
 C3) every ``--audit-every`` rounds for the benign, label-flip, gradient-flip, collusion and dummy
 adversaries (Table 2), against the run's own randomizer and global model.
 
@@ -14,14 +14,14 @@ Written to ``--out`` (default ``runs/ldp_audit``):
 
 * ``ldp_audit.csv``: one row per eps0, audit and adversary (estimate, 95% lower bound, upper
   bound, the closed-form value the test converges to for that pair, |g1|, L, counts);
-* ``ldp_audit.png``: the estimates per adversary and eps0 (like paper 000 Figure 4 / 001 Table 1)
+* ``ldp_audit.png``: the estimates per adversary and eps0 (like Matsumoto et al. Figure 4 / 001 Table 1)
   and the crafted gradients' norms against the clip norm L;
 * one TensorBoard run and ``ldp_audit_summary.json`` per eps0 (``tensorboard --logdir runs``).
 
 It prints the issue's checks: (1) the dummy and collusion adversaries reach eps0 (eps0 inside the
 interval of every audit); (2) gradient flip reaches eps0 in the audits where |g1| >= L, and the
 smaller closed-form value 2 artanh(tanh(eps0/2) |g1|/L) where |g1| < L; (3) every audit's interval
-holds the closed-form value of its pair (paper 000 §3.1; derived in attacks/ldp_test.py), for every
+holds the closed-form value of its pair (Matsumoto et al. §3.1; derived in attacks/ldp_test.py), for every
 adversary; (4) the correct randomizer is never flagged. The intervals of (1)-(3) are Bonferroni
 corrected over all checked audits, so all of them hold together with probability >= 95%.
 """

@@ -1,4 +1,4 @@
-"""Per-weight LDP randomizers in federated training: SRR vs two-point vs GRR (paper 002).
+"""Per-weight LDP randomizers in federated training: SRR vs two-point vs GRR (Varun et al. 2024).
 
     python examples/srr_vs_two_point.py            # eps 1..5, about 2 minutes on 2 cores
     python examples/srr_vs_two_point.py --quick    # a few seconds (smoke test)
@@ -12,8 +12,8 @@ Three questions, one CSV each, and one PNG (``--out``, default ``runs/srr_vs_two
    coordinate| in a noise-free run) and the grid ones one grid (precision ``--precision``:
    D = 2 r 10^p + 1 = 401 values by default; 002 §6.2 found p = 4 best):
 
-   * ``two_point``: LDP-FL (002 eq. 1; METHODS C5), unbiased, server averages the outputs;
-   * ``srr``: staircase randomized response (002 §4.3-4.4; METHODS C6), m = ``--groups``, server
+   * ``two_point``: LDP-FL (002 eq. 1; docs/methods/ldp.md, C5), unbiased, server averages the outputs;
+   * ``srr``: staircase randomized response (002 §4.3-4.4; docs/methods/ldp.md, C6), m = ``--groups``, server
      applies the mechanism's unbiased debiasing table before averaging (``Staircase.debias``);
    * ``srr_plain``: the same randomizer, but the server averages the raw outputs as 002's server
      does (biased towards c: a shrunken, nonlinear update);
@@ -47,7 +47,7 @@ Three questions, one CSV each, and one PNG (``--out``, default ``runs/srr_vs_two
    * ``exact_per_coordinate``: ``exact_epsilon`` of the deployed mechanism (enumeration of the
      largest log-ratio of output probabilities over all grid inputs and outputs);
    * ``exact_whole`` = d x ``exact_per_coordinate``; ``claimed_whole`` = ``epsilon_for_dim(d)``;
-   * the empirical whole-vector test (paper 000 Alg. 2, ``ldp_epsilon_test``) with the dummy pair
+   * the empirical whole-vector test (Matsumoto et al. Alg. 2, ``ldp_epsilon_test``) with the dummy pair
      for this domain, g1 = (c + r, ..., c + r), g2 = (c - r, ..., c - r), ``--trials`` trials:
      its estimate, 95% lower bound and ceiling; and ``population_epsilon``, the exact value the
      test converges to (eq. 3 at the exact FPR/FNR of its cosine guess, whose sign is the sign of
@@ -184,7 +184,7 @@ def integer_twin(mech: PerCoordinateRandomizer) -> tuple[PerCoordinateRandomizer
 
 
 def sum_sign_rates(twin: PerCoordinateRandomizer, d: int, s: float) -> tuple[float, float]:
-    """Exact (FPR, FNR) of the cosine guess for the pair g1 = s 1_d, g2 = -s 1_d (paper 000 eq. 4).
+    """Exact (FPR, FNR) of the cosine guess for the pair g1 = s 1_d, g2 = -s 1_d (Matsumoto et al. eq. 4).
 
     cos(y, g1) - cos(y, g2) has the sign of sum(y) (0 for a tie, guessed "1"), so with
     b = 1 <-> g1: FPR = P(sum(y) < 0 | g1), FNR = P(sum(y) >= 0 | g2); the law of sum(y) is the

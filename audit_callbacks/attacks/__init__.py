@@ -1,6 +1,6 @@
 """Attacks (torch, no Lightning): the empirical eps0 test of local randomizers and its crafting
-adversaries (paper 000 Alg. 2 and Table 2; METHODS C2-C3), and the inference attack on LDP-FL's
-two-point mechanism (paper 002 §3.1; METHODS C5).
+adversaries (Matsumoto et al. Alg. 2 and Table 2; docs/methods/ldp.md, C2-C3), and the inference attack on LDP-FL's
+two-point mechanism (Varun et al. 2024 §3.1; docs/methods/ldp.md, C5).
 
 The shuffle-model references and the error-count statistics are numpy-only and live in
 :mod:`audit_callbacks.estimators.shuffle`.

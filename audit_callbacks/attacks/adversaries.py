@@ -1,4 +1,4 @@
-"""The five crafting adversaries of paper 000 (Table 2, §4.4; METHODS C2).
+"""The five crafting adversaries of Matsumoto et al. (Table 2, §4.4; docs/methods/ldp.md, C2).
 
 Each builds the pair (g1, g2) that the client then feeds to the eps0 test
 (:func:`audit_callbacks.attacks.ldp_epsilon_test`):
@@ -23,7 +23,7 @@ with one example, deterministic dropout) and restored afterwards; the model is n
 ``torch.nn.functional.cross_entropy``; labels are class indices.
 
 Every function returns a :class:`CraftedPair` holding g1, g2, their norms and cosine (the
-norms decide whether LDP-SGD's clipping/sign step can flip the sign: paper 000 §3.1, Fig. 6).
+norms decide whether LDP-SGD's clipping/sign step can flip the sign: Matsumoto et al. §3.1, Fig. 6).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ RngLike = np.random.Generator | int | None
 
 @dataclass(frozen=True)
 class CraftedPair:
-    """A crafted input pair of paper 000 Table 2.
+    """A crafted input pair of Matsumoto et al. Table 2.
 
     Attributes:
         name: adversary name (a key of :data:`ADVERSARIES`).
@@ -184,7 +184,7 @@ def benign_pair(
     y: torch.Tensor,
     rng: RngLike = None,
 ) -> CraftedPair:
-    """Benign: g1, g2 = gradients of two distinct random examples (paper 000 Table 2, row 1).
+    """Benign: g1, g2 = gradients of two distinct random examples (Matsumoto et al. Table 2, row 1).
 
     Args:
         model, loss_fn: the global model theta_t and its loss.
@@ -213,7 +213,7 @@ def label_flip_pair(
 ) -> CraftedPair:
     """Label flip: one example x1 with its label and with another random label (Table 2, row 2).
 
-    Opposite directions need a well-trained model (paper 000 Prop. 4.1).
+    Opposite directions need a well-trained model (Matsumoto et al. Prop. 4.1).
 
     Args:
         num_classes: C >= 2; label2 is uniform over the C - 1 labels other than y[i].
@@ -249,7 +249,7 @@ def gradient_flip_pair(
 ) -> CraftedPair:
     """Gradient flip: g1 = gradient of a random example, g2 = -g1 (Table 2, row 3).
 
-    Reaches eps0 against LDP-SGD only when |g1| >= L (paper 000 §3.1).
+    Reaches eps0 against LDP-SGD only when |g1| >= L (Matsumoto et al. §3.1).
 
     Raises:
         ValueError: x, y, rng as :func:`benign_pair`.
@@ -343,7 +343,7 @@ def dummy_pair(
 ) -> CraftedPair:
     """Dummy: g1 = (lam, ..., lam), lam = L/sqrt(d), |g1| = L; g2 = -g1 (Table 2, row 5).
 
-    The worst case of LDP-SGD (paper 000 Prop. 3.1): the test's eq.-3 value equals eps0.
+    The worst case of LDP-SGD (Matsumoto et al. Prop. 3.1): the test's eq.-3 value equals eps0.
 
     Args:
         dim: d >= 1. clip_norm: L > 0. dtype, device: of the returned tensors.

@@ -1,8 +1,8 @@
-"""The inference attack on LDP-FL's two-point mechanism (paper 002 §3.1, eq. 2 and eq. 10).
+"""The inference attack on LDP-FL's two-point mechanism (Varun et al. 2024 §3.1, eq. 2 and eq. 10).
 
 Numpy only. An honest-but-curious server stores, round after round, the perturbed values that
-clients send for a weight. Because the two-point mechanism (Sun et al. 2021; paper 002 eq. 1;
-METHODS C5) is unbiased and its two outputs do not depend on the input, the share p of "high"
+clients send for a weight. Because the two-point mechanism (Sun et al. 2021; Varun et al. 2024 eq. 1;
+docs/methods/ldp.md, C5) is unbiased and its two outputs do not depend on the input, the share p of "high"
 outputs over many rounds pins down the weight the clients converge to:
 
     w_hat = c + r (e^eps + 1)(2p - 1) / (e^eps - 1)                               (eq. 2)
@@ -17,7 +17,7 @@ The error metric is |w_hat - w_mean| / (2r), relative to the domain [c - r, c + 
 Against another randomizer (staircase SRR, GRR) the attack uses the same idea with that
 mechanism's own inversion of the mean: ``invert(mean of released values)`` (default: identity,
 exact for any unbiased mechanism). For SRR the mean is biased towards the grid centre by an amount
-that depends on the unknown weight, which is what paper 002 §5 credits for its robustness.
+that depends on the unknown weight, which is what Varun et al. 2024 §5 credits for its robustness.
 """
 
 from __future__ import annotations
@@ -160,7 +160,7 @@ class LDPFLInferenceAttack:
         return np.asarray(self.invert(sums / counts), dtype=float)
 
     def predict(self, target: ArrayLike | None = None) -> InferencePrediction:
-        """Predict from the whole history and from two random halves (paper 002 §3.1 steps 1-4).
+        """Predict from the whole history and from two random halves (Varun et al. 2024 §3.1 steps 1-4).
 
         Args:
             target: optional ``[d]`` (or scalar) true mean weight, for the error metric.

@@ -1,6 +1,6 @@
-"""The empirical epsilon0 test of a local randomizer (paper 000 Alg. 2, METHODS C2 / C3).
+"""The empirical epsilon0 test of a local randomizer (Matsumoto et al. Alg. 2, docs/methods/ldp.md, C2 / C3).
 
-Game (paper 000 §4.1-4.3, Alg. 2): for each of K trials draw b in {1, 2} uniformly, release
+Game (Matsumoto et al. §4.1-4.3, Alg. 2): for each of K trials draw b in {1, 2} uniformly, release
 M(g_b), guess 1 iff cos(M(g_b), g1) >= cos(M(g_b), g2) (eq. 4). Counts (Alg. 2): TN = b = 1
 guessed 1, FP = b = 1 guessed 2, TP = b = 2 guessed 2, FN = b = 2 guessed 1; FPR = FP/(FP + TN),
 FNR = FN/(FN + TP); eps_hat = max(log((1 - FPR)/FNR), log((1 - FNR)/FPR)) (eq. 3).
@@ -8,7 +8,7 @@ The statistics (point estimate capped at the ceiling when a rate is 0, the one-s
 lower bound from Clopper-Pearson upper bounds at alpha/2 per rate, the upper bound and the
 ceiling) are computed by :func:`audit_callbacks.estimators.error_rates.epsilon_from_counts`,
 whose module docstring states exactly how (and why the ceiling is 4.91 / 11.82 for 10^3 / 10^6 trials, not
-the 5.6 / 12.5 of paper 000 §4.1, which :func:`paper_measurable_ceiling` reproduces).
+the 5.6 / 12.5 of Matsumoto et al. §4.1, which :func:`paper_measurable_ceiling` reproduces).
 
 Two paths, identical in distribution (tests/test_ldp_test.py checks it with KS and chi-square
 tests):
@@ -16,7 +16,7 @@ tests):
 * ``"batched"`` (any :class:`LocalRandomizer`): rows g_b stacked in batches [B, d], randomized
   by ``mechanism.randomize(rows, generator)`` (torch), both cosines computed per row. O(d) per
   trial.
-* ``"fast"`` (LDP-SGD only, METHODS C3): the guess depends on the uniform direction v of
+* ``"fast"`` (LDP-SGD only, docs/methods/ldp.md, C3): the guess depends on the uniform direction v of
   LDP-SGD (C1) only through its coordinates in an orthonormal basis (e1, e2) of span(g1, g2)
   (Gram-Schmidt: e1 = u1 = g1/|g1|, e2 = (u2 - c u1)/s, c = <u1, u2>, s = |u2 - c u1|). They are
   (Z1, Z2)/sqrt(Z1^2 + Z2^2 + S), Z_i ~ N(0, 1), S ~ chi2(d - 2). When g2 = -k g1 (k > 0: the
@@ -41,7 +41,7 @@ Closed form for LDP-SGD (derived here, checked against both paths in the tests):
 angle between g1 and g2 and t = tanh(eps0/2) (= 2p - 1),
     FPR = 1/2 - t (r1/L) phi/(2 pi),   FNR = 1/2 - t (r2/L) phi/(2 pi),
 independent of d (P(sgn<a, v> = sgn<b, v>) = 1 - angle(a, b)/pi for uniform v). For the dummy
-pair (r = L, phi = pi) FPR = FNR = 1/(1 + e^eps0) and eq. 3 equals eps0 (paper 000 Prop. 3.1);
+pair (r = L, phi = pi) FPR = FNR = 1/(1 + e^eps0) and eq. 3 equals eps0 (Matsumoto et al. Prop. 3.1);
 for gradient flip with |g| < L it is 2 artanh(tanh(eps0/2) |g|/L) < eps0.
 """
 
@@ -236,7 +236,7 @@ def _check_positive_int(x: Any, name: str) -> int:
 
 
 # --------------------------------------------------------------------------------------------
-# Fast path (LDP-SGD, METHODS C3)
+# Fast path (LDP-SGD, docs/methods/ldp.md, C3)
 # --------------------------------------------------------------------------------------------
 
 
@@ -405,7 +405,7 @@ def _chunks(
 
 @dataclass(frozen=True)
 class LDPTestResult(GameStatistics):
-    """Outcome of :func:`ldp_epsilon_test` (paper 000 Alg. 2; METHODS C2).
+    """Outcome of :func:`ldp_epsilon_test` (Matsumoto et al. Alg. 2; docs/methods/ldp.md, C2).
 
     Attributes:
         tp, fn, fp, tn: counts (TP = b = 2 guessed 2, FN = b = 2 guessed 1, FP = b = 1 guessed
@@ -466,7 +466,7 @@ class LDPTestResult(GameStatistics):
 
 
 def ldp_sgd_error_rates(epsilon0: float, clip_norm: float, g1: Any, g2: Any) -> tuple[float, float]:
-    """Closed-form (FPR, FNR) of the cosine test of eq. 4 against LDP-SGD (METHODS C1).
+    """Closed-form (FPR, FNR) of the cosine test of eq. 4 against LDP-SGD (docs/methods/ldp.md, C1).
 
     FPR = 1/2 - tanh(eps0/2) (min(|g1|, L)/L) phi/(2 pi), FNR likewise with g2, phi = angle
     between g1 and g2 (module docstring). Independent of d.
@@ -490,7 +490,7 @@ def _closed_form_rates(geom: PairGeometry, e: float, L: float) -> tuple[float, f
 
 
 def ldp_sgd_test_epsilon(epsilon0: float, clip_norm: float, g1: Any, g2: Any) -> float:
-    """eq. 3 of paper 000 at the closed-form rates of :func:`ldp_sgd_error_rates` (nats).
+    """eq. 3 of Matsumoto et al. at the closed-form rates of :func:`ldp_sgd_error_rates` (nats).
 
     What the test converges to for this pair against LDP-SGD: eps0 for the dummy pair (and any
     g2 = -k g1 with |g1|, |g2| >= L), 2 artanh(tanh(eps0/2) |g|/L) for gradient flip with
@@ -564,7 +564,7 @@ def ldp_epsilon_test(
     path: Path = "auto",
     chunk_size: int = _DEFAULT_CHUNK,
 ) -> LDPTestResult:
-    """Empirical epsilon0 of a local randomizer from K trials of the game of paper 000 Alg. 2.
+    """Empirical epsilon0 of a local randomizer from K trials of the game of Matsumoto et al. Alg. 2.
 
     Args:
         mechanism: a ``LocalRandomizer`` (``randomize(x [B, d], generator) -> [B, d]``); for the
@@ -596,7 +596,7 @@ def ldp_epsilon_test(
             callable ``randomize`` on the batched path (:class:`MechanismError`, also a
             TypeError).
 
-    Source: paper 000 Alg. 2, eqs. 3-4, §4.1; METHODS C2-C3.
+    Source: Matsumoto et al. Alg. 2, eqs. 3-4, §4.1; docs/methods/ldp.md, C2-C3.
     """
     k = _check_trials(trials)
     a = _check_alpha(alpha)

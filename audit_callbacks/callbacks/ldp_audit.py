@@ -1,6 +1,6 @@
 """``LDPAudit``: the empirical epsilon-0 test of a client randomizer, inside a DP-FedAvg run.
 
-Paper 000 (Alg. 2, Table 2, §4.4, Figure 4) and paper 001 (Table 1); METHODS C1-C3. Attach it to
+Paper 000 (Alg. 2, Table 2, §4.4, Figure 4) and Matsumoto et al. (workshop version) (Table 1); docs/methods/ldp.md, C1-C3. Attach it to
 a ``Trainer`` that fits :class:`~audit_callbacks.federated.DPFedAvg` with ``randomizer=...``.
 Every ``every_n_rounds`` rounds, and at fit end, it plays the distinguishing game of
 :func:`~audit_callbacks.attacks.ldp_epsilon_test` against the run's OWN randomizer, once per
@@ -18,7 +18,7 @@ dummy          (L/sqrt(d), ..., L/sqrt(d)), g2 = -g1 (LDP-SGD's worst case)
 
 Gradients are flat over the model's trainable parameters (the vectors DP-FedAvg randomizes);
 L is the randomizer's ``clip_norm`` (else the module's). LDP-SGD runs on the exact O(1) fast path
-(METHODS C3); any other randomizer on the batched full-vector path.
+(docs/methods/ldp.md, C3); any other randomizer on the batched full-vector path.
 
 Logged (step = the round), through every attached logger:
 
@@ -92,7 +92,7 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
-#: The five adversaries of paper 000 Table 2, weakest first.
+#: The five adversaries of Matsumoto et al. Table 2, weakest first.
 ADVERSARY_NAMES: tuple[str, ...] = ("benign", "label_flip", "gradient_flip", "collusion", "dummy")
 _GRADIENT_ADVERSARIES = ("benign", "label_flip", "gradient_flip", "collusion")
 _REL_TOL = 1e-9
@@ -129,7 +129,7 @@ def flag_lower_bound(
 
     Clopper-Pearson upper bounds on FPR = FP/(FP + TN) and FNR = FN/(FN + TP) at alpha/2 each
     (union bound), then ``max(log((1 - delta - FPR_hi)/FNR_hi), log((1 - delta - FNR_hi)/FPR_hi))``
-    floored at 0 (Kairouz, Oh & Viswanath 2015; METHODS C2). With ``delta = 0`` it is the lower
+    floored at 0 (Kairouz, Oh & Viswanath 2015; docs/methods/ldp.md, C2). With ``delta = 0`` it is the lower
     bound of :func:`~audit_callbacks.attacks.ldp_epsilon_test`. 0 when a group is empty.
 
     Raises:
@@ -157,7 +157,7 @@ class LDPAudit(Callback):
     """Empirical epsilon-0 of a DP-FedAvg run's client randomizer, per adversary, during training.
 
     Args:
-        trials: K, trials of the game per adversary and audit (paper 000: 10 x 1000).
+        trials: K, trials of the game per adversary and audit (Matsumoto et al.: 10 x 1000).
         alpha: the lower bounds are one-sided 1 - alpha; also the family-wise level of the flag.
         every_n_rounds: audit after every n-th round (and always at fit end).
         adversaries: names from :data:`ADVERSARY_NAMES` (default: all five).
@@ -350,7 +350,7 @@ class LDPAudit(Callback):
     def audit(self, trainer: pl.Trainer | None, pl_module: DPFedAvg, round_idx: int) -> list[dict[str, Any]]:
         """Run the game for every adversary now; log, record and return the new records.
 
-        Source: paper 000 Alg. 2 and Table 2; METHODS C2-C3.
+        Source: Matsumoto et al. Alg. 2 and Table 2; docs/methods/ldp.md, C2-C3.
         """
         rnd = pl_module.randomizer
         self._dim = int(pl_module.num_parameters)
@@ -512,8 +512,8 @@ class LDPAudit(Callback):
         n = self.update_norms["count"]
         return {
             "callback": "LDPAudit",
-            "paper": "paper 000 (empirical epsilon-0 test of LDP-SGD in FL), Alg. 2, Table 2; "
-                     "METHODS C1-C3",
+            "paper": "Matsumoto et al. (empirical epsilon-0 test of LDP-SGD in FL), Alg. 2, Table 2; "
+                     "docs/methods/ldp.md, C1-C3",
             "inputs": {
                 "randomizer": repr(rnd),
                 "dim": self._dim,

@@ -1,6 +1,6 @@
-"""``LDPInferenceAudit``: the LDP-FL inference attack of paper 002 (§3.1), round by round.
+"""``LDPInferenceAudit``: the LDP-FL inference attack of Varun et al. 2024 (§3.1), round by round.
 
-Paper 002 §3.1 (steps 1-4, eq. 2 and eq. 10) and its appendix; METHODS C5. Attach it to a
+Paper 002 §3.1 (steps 1-4, eq. 2 and eq. 10) and its appendix; docs/methods/ldp.md, C5. Attach it to a
 ``Trainer`` that fits :class:`~audit_callbacks.federated.DPFedAvg` with a per-coordinate
 randomizer that has a domain ``[c - r, c + r]`` (:class:`~audit_callbacks.mechanisms.TwoPoint`,
 :class:`~audit_callbacks.mechanisms.Staircase`, :class:`~audit_callbacks.mechanisms.GRR`, ...).
@@ -58,7 +58,7 @@ INFERENCE_MODES: tuple[str, ...] = ("debiased", "raw")
 
 
 class LDPInferenceAudit(Callback):
-    """Per-round prediction error and confidence of the LDP-FL inference attack (paper 002 §3.1).
+    """Per-round prediction error and confidence of the LDP-FL inference attack (Varun et al. 2024 §3.1).
 
     Args:
         center, radius: the domain ``[c - r, c + r]`` the error is relative to (default: the
@@ -213,7 +213,7 @@ class LDPInferenceAudit(Callback):
         if trainer.is_global_zero:
             self.summary_path = write_summary(tb.log_dir(trainer), self.summary_filename, {
                 "callback": "LDPInferenceAudit",
-                "paper": "paper 002 §3.1 (inference attack on LDP-FL), eq. 2 and eq. 10; METHODS C5",
+                "paper": "Varun et al. 2024 §3.1 (inference attack on LDP-FL), eq. 2 and eq. 10; docs/methods/ldp.md, C5",
                 "inputs": {
                     "randomizer": repr(pl_module.randomizer),
                     "center": self._c, "radius": self._r, "modes": list(self.modes),

@@ -96,7 +96,7 @@ def add_density_figure(
     trainer: pl.Trainer, tag: str, samples: Mapping[str, np.ndarray], step: int, *,
     title: str = "", null_pdf: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> None:
-    """A density plot of several samples (paper 003 Figure 1 style), as a TensorBoard figure.
+    """A density plot of several samples (Andrew et al. 2024 Figure 1 style), as a TensorBoard figure.
 
     Args:
         samples: ``{label: values}``; each drawn as a normalised histogram outline.

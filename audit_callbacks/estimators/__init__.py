@@ -9,7 +9,7 @@ such as cosines must be floating-point (booleans, integers, complex numbers, obj
 NaN, inf, empty and wrongly shaped input is rejected; deltas must lie in (0, 1) and are resolved
 down to 1e-300; a root finder that cannot represent its answer names the input out of range.
 
-Sources: paper 003 (Andrew et al., one-shot empirical privacy estimation) and METHODS.md
+Sources: Andrew et al. (ICLR 2024) and docs/methods.md
 sections A and D; Balle & Wang (2018) for the analytic Gaussian mechanism.
 """
 

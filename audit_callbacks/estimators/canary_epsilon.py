@@ -1,12 +1,12 @@
-"""One-shot epsilon estimate from canary cosines: fit Gaussians, compare them (paper 003).
+"""One-shot epsilon estimate from canary cosines: fit Gaussians, compare them (Andrew et al. 2024).
 
 Final model (Alg. 1/2): the observed cosines t_j = cos(c_j, release) are fitted by
 N(mean, var) (sample mean, sample variance with ddof=1) and compared with the null N(0, 1/dim)
-of METHODS A1. All iterates (Alg. 3): the statistics of k' unobserved canaries are fitted by a
+of docs/methods/canaries.md, A1. All iterates (Alg. 3): the statistics of k' unobserved canaries are fitted by a
 Gaussian too and serve as the null. The epsilon of the pair at the target delta is
-:func:`~audit_callbacks.estimators.gaussian.epsilon_two_gaussians` (METHODS A3).
+:func:`~audit_callbacks.estimators.gaussian.epsilon_two_gaussians` (docs/methods/canaries.md, A3).
 
-Source: paper 003 §3 (Alg. 1, Thm 3.3), §4 (Alg. 2), §4.1 (Alg. 3); METHODS A2, A4, A5.
+Source: Andrew et al. 2024 §3 (Alg. 1, Thm 3.3), §4 (Alg. 2), §4.1 (Alg. 3); docs/methods/canaries.md, A2, A4, A5.
 
 Finiteness: the estimate is always finite because both fitted sds must be > 0 (a sample with
 zero variance raises ValueError instead: a point mass against a density has infinite epsilon).
@@ -98,7 +98,7 @@ def epsilon_from_cosines(
         observed: shape (k,), k >= 2, cosines in [-1, 1] of the inserted canaries
             (max-over-rounds cosines for all iterates).
         delta: target delta in (0, 1).
-        dim: model dimension d >= 2 (final-model threat model; exact null of METHODS A1).
+        dim: model dimension d >= 2 (final-model threat model; exact null of docs/methods/canaries.md, A1).
         unobserved: shape (k',), k' >= 2, statistics of never-inserted canaries (all iterates).
 
     Returns:
@@ -110,7 +110,7 @@ def epsilon_from_cosines(
             objects are rejected; tensors of any float dtype, with requires_grad, on any
             device, are converted); a sample with zero variance; delta not in (0, 1); dim < 2.
 
-    Source: paper 003 Alg. 1-3, §3.2; METHODS A2, A3, A4, A5.
+    Source: Andrew et al. 2024 Alg. 1-3, §3.2; docs/methods/canaries.md, A2, A3, A4, A5.
     """
     obs, d, unobs = _threat_inputs(observed, dim, unobserved, 2)
     dl = check_delta(delta)
@@ -154,7 +154,7 @@ def estimate_epsilon_from_cosines(
         delta: target delta in (0, 1).
         dim: model dimension d >= 2 (final model) -- exactly one of dim / unobserved.
         unobserved: shape (k',), k' >= 2 (all iterates).
-        fit: "unequal" (paper 003 Alg. 1-3) or "equal".
+        fit: "unequal" (Andrew et al. 2024 Alg. 1-3) or "equal".
         bootstrap: number of bootstrap resamples B >= 0 (0: no interval).
         confidence: level of the percentile interval, in (0, 1).
         seed: seed of the numpy Generator used for resampling.
@@ -172,7 +172,7 @@ def estimate_epsilon_from_cosines(
             bootstrap < 0; confidence not in (0, 1); every bootstrap replicate degenerate;
             bootstrap > 0 with fewer than 3 values in a sample whose sd is fitted (see above).
 
-    Source: paper 003 §3-4, Thm 3.3; METHODS A2-A5.
+    Source: Andrew et al. 2024 §3-4, Thm 3.3; docs/methods/canaries.md, A2-A5.
     """
     obs, d, unobs = _threat_inputs(observed, dim, unobserved, 2)
     dl = check_delta(delta)

@@ -4,7 +4,7 @@ For c uniform on the unit sphere of R^d and any vector v independent of c (v != 
 t = cos(c, v) has density proportional to (1 - t^2)^((d-3)/2) on [-1, 1]; equivalently
 (1 + t)/2 ~ Beta((d-1)/2, (d-1)/2). Mean 0, variance 1/d.
 
-Source: paper 003 Theorem 3.1 and Lemma A.1; METHODS A1.
+Source: Andrew et al. 2024 Theorem 3.1 and Lemma A.1; docs/methods/canaries.md, A1.
 
 CDF and survival function use the regularized incomplete beta function
 (:func:`scipy.special.betainc`) on the side of the tail being asked for, with the symmetry
@@ -66,7 +66,7 @@ def cosine_null_sf(t: ArrayLike, dim: int) -> float | np.ndarray:
         ValueError: t contains NaN/inf, booleans or complex numbers, or dim is not an
             integer >= 2.
 
-    Source: paper 003 Thm 3.1; METHODS A1. Uses sf(t) = I_{(1-t)/2}((d-1)/2, (d-1)/2).
+    Source: Andrew et al. 2024 Thm 3.1; docs/methods/canaries.md, A1. Uses sf(t) = I_{(1-t)/2}((d-1)/2, (d-1)/2).
     """
     d = check_dim(dim)
     return _out(_sf_raw(_check_t(t), d))
@@ -86,7 +86,7 @@ def cosine_null_cdf(t: ArrayLike, dim: int) -> float | np.ndarray:
         ValueError: t contains NaN/inf, booleans or complex numbers, or dim is not an
             integer >= 2.
 
-    Source: paper 003 Thm 3.1; METHODS A1. Uses cdf(t) = I_{(1+t)/2}((d-1)/2, (d-1)/2).
+    Source: Andrew et al. 2024 Thm 3.1; docs/methods/canaries.md, A1. Uses cdf(t) = I_{(1+t)/2}((d-1)/2, (d-1)/2).
     """
     d = check_dim(dim)
     return _out(_sf_raw(-_check_t(t), d))
@@ -131,7 +131,7 @@ def cosine_null_logsf(t: ArrayLike, dim: int) -> float | np.ndarray:
         ValueError: t contains NaN/inf, booleans or complex numbers, or dim is not an
             integer >= 2.
 
-    Source: METHODS A1. log(betainc) where sf >= 1e-280; below, the two-term asymptotic
+    Source: docs/methods/canaries.md, A1. log(betainc) where sf >= 1e-280; below, the two-term asymptotic
     expansion of the upper tail (integration by parts of (1 - s^2)^((d-3)/2)), whose relative
     error is O((u/d)^3), u = (1 - t^2)/t^2 (< 1e-7 wherever it is used).
     """
@@ -169,7 +169,7 @@ def cosine_null_sample(
         ValueError: dim is not an integer >= 2; rng is not a Generator, a seed or None; size
             is not a shape.
 
-    Source: METHODS A1.
+    Source: docs/methods/canaries.md, A1.
     """
     d = check_dim(dim)
     gen = make_rng(rng)

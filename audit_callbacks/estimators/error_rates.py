@@ -3,9 +3,9 @@
 Any test of an (eps, delta)-DP mechanism satisfies FPR + e^eps FNR >= 1 - delta and
 FNR + e^eps FPR >= 1 - delta, so
     eps >= max(log((1 - delta - FPR)/FNR), log((1 - delta - FNR)/FPR)), floored at 0.
-Source: Kairouz, Oh & Viswanath (2015); METHODS A6 and C2 (paper 000 Alg. 2, paper 003 §5.1).
+Source: Kairouz, Oh & Viswanath (2015); docs/methods/canaries.md, A6 and C2 (Matsumoto et al. Alg. 2, Andrew et al. 2024 §5.1).
 
-Error-count epsilon (METHODS C2, paper 000 Alg. 2 and eq. 3)
+Error-count epsilon (docs/methods/ldp.md, C2, Matsumoto et al. Alg. 2 and eq. 3)
 -------------------------------------------------------------
 A game of K trials draws b in {1, 2} uniformly, releases M(input_b) and guesses. With the
 counts of Alg. 2 (b = 1 plays the null, b = 2 the alternative)
@@ -22,7 +22,7 @@ the point estimate is eq. 3, eps_hat = max(log((1 - FPR)/FNR), log((1 - FNR)/FPR
   FNR <= FNR_hi} the bound is below the test's true eq.-3 value, which is below the mechanism's
   epsilon (Kairouz et al. 2015). The union bound gives that event probability >= 1 - alpha:
   **alpha is split, alpha/2 per rate**, so the lower bound is a valid one-sided (1 - alpha)
-  statement. (Using alpha for each rate, as a literal reading of METHODS C2 suggests, would give
+  statement. (Using alpha for each rate, as a literal reading of docs/methods/ldp.md, C2 suggests, would give
   only 1 - 2 alpha.)
 * upper bound (of the test's own eq.-3 value, not of the mechanism's epsilon): eq. 3 at the
   one-sided Clopper-Pearson LOWER bounds at alpha/2 each; infinite when FP = 0 or FN = 0.
@@ -35,7 +35,7 @@ the point estimate is eq. 3, eps_hat = max(log((1 - FPR)/FNR), log((1 - FNR)/FPR
   ``epsilon_capped = True`` (never inf, never NaN).
 
 Paper 000 §4.1 quotes a different ceiling, 5.6 for 1000 trials and 12.5 for 10^6
-(METHODS C2): it pools all K trials into one success count, takes the lower end of the
+(docs/methods/ldp.md, C2): it pools all K trials into one success count, takes the lower end of the
 TWO-sided 95% Clopper-Pearson interval at K successes out of K, p_lo = (alpha/2)^(1/K)
 (0.99632 for K = 1000), and reads epsilon off p = e^eps/(1 + e^eps):
 ceiling = log(p_lo / (1 - p_lo)). :func:`paper_measurable_ceiling` reproduces it. It is the
@@ -112,7 +112,7 @@ def epsilon_from_error_rates(fpr: float, fnr: float, delta: float = 0.0) -> floa
     Raises:
         ValueError: a rate outside [0, 1] or not finite, delta outside [0, 1).
 
-    Source: METHODS A6 / C2; paper 000 Alg. 2; Kairouz et al. (2015) Thm 2.1.
+    Source: docs/methods/canaries.md, A6 / C2; Matsumoto et al. Alg. 2; Kairouz et al. (2015) Thm 2.1.
     """
     f = check_real_finite(fpr, "fpr")
     n = check_real_finite(fnr, "fnr")
@@ -154,12 +154,12 @@ def epsilon_from_error_rates_array(
 
 
 # --------------------------------------------------------------------------------------------
-# Error-count epsilon of a distinguishing game (METHODS C2; paper 000 Alg. 2, eq. 3)
+# Error-count epsilon of a distinguishing game (docs/methods/ldp.md, C2; Matsumoto et al. Alg. 2, eq. 3)
 # --------------------------------------------------------------------------------------------
 
 
 def confusion_counts(b_is_2: ArrayLike, guess_is_2: ArrayLike) -> tuple[int, int, int, int]:
-    """(TP, FN, FP, TN) of a game's trials with the conventions of METHODS C2.
+    """(TP, FN, FP, TN) of a game's trials with the conventions of docs/methods/ldp.md, C2.
 
     TP: b = 2 guessed 2, FN: b = 2 guessed 1, FP: b = 1 guessed 2, TN: b = 1 guessed 1
     (b = 1 plays the null).
@@ -174,7 +174,7 @@ def confusion_counts(b_is_2: ArrayLike, guess_is_2: ArrayLike) -> tuple[int, int
     Raises:
         ValueError: the arrays are not boolean or their shapes differ.
 
-    Source: paper 000 Alg. 2; METHODS C2.
+    Source: Matsumoto et al. Alg. 2; docs/methods/ldp.md, C2.
     """
     b2, g2 = np.asarray(b_is_2), np.asarray(guess_is_2)
     if b2.dtype != np.bool_ or g2.dtype != np.bool_:
@@ -213,7 +213,7 @@ def _log_cp_lower(k: int, n: int, q: float) -> tuple[float, float]:
 
 
 def _eq3_log(log_fpr: float, log_1m_fpr: float, log_fnr: float, log_1m_fnr: float) -> float:
-    """eq. 3 of paper 000 from log rates, floored at 0; inf when a rate is 0 and the other < 1."""
+    """eq. 3 of Matsumoto et al. from log rates, floored at 0; inf when a rate is 0 and the other < 1."""
     terms = []
     for num, den in ((log_1m_fpr, log_fnr), (log_1m_fnr, log_fpr)):
         if num == -math.inf:
@@ -231,14 +231,14 @@ def _zero_error_bound(n1: int, n2: int, alpha: float) -> float:
 
 @dataclass(frozen=True)
 class GameStatistics:
-    """Counts, rates and eq.-3 statistics of a distinguishing game (paper 000 Alg. 2 / eq. 3).
+    """Counts, rates and eq.-3 statistics of a distinguishing game (Matsumoto et al. Alg. 2 / eq. 3).
 
     The fields every game result of the package shares (:class:`CountEpsilon`,
     ``audit_callbacks.attacks.LDPTestResult``, ``audit_callbacks.estimators.shuffle.
     ShuffleTestResult`` extend it with their own fields after these).
 
     Attributes:
-        tp, fn, fp, tn: counts with the conventions of METHODS C2 (b = 2 guessed 2, b = 2
+        tp, fn, fp, tn: counts with the conventions of docs/methods/ldp.md, C2 (b = 2 guessed 2, b = 2
             guessed 1, b = 1 guessed 2, b = 1 guessed 1).
         fpr: FP / (FP + TN), or ``None`` when no trial had b = 1.
         fnr: FN / (FN + TP), or ``None`` when no trial had b = 2.
@@ -306,7 +306,7 @@ class GameStatistics:
 
 @dataclass(frozen=True)
 class CountEpsilon(GameStatistics):
-    """Epsilon of a distinguishing game from its four counts (paper 000 Alg. 2 / eq. 3).
+    """Epsilon of a distinguishing game from its four counts (Matsumoto et al. Alg. 2 / eq. 3).
 
     Attributes: those of :class:`GameStatistics`, and
         alpha: significance level.
@@ -320,10 +320,10 @@ class CountEpsilon(GameStatistics):
 
 
 def epsilon_from_counts(tp: int, fn: int, fp: int, tn: int, alpha: float = 0.05) -> CountEpsilon:
-    """Point estimate, confidence bounds and ceiling of eq. 3 of paper 000 from game counts.
+    """Point estimate, confidence bounds and ceiling of eq. 3 of Matsumoto et al. from game counts.
 
     Args:
-        tp, fn, fp, tn: non-negative integer counts (conventions of METHODS C2, see module
+        tp, fn, fp, tn: non-negative integer counts (conventions of docs/methods/ldp.md, C2, see module
             docstring); at least one must be positive.
         alpha: in (0, 1); alpha/2 goes to each rate's Clopper-Pearson bound.
 
@@ -333,7 +333,7 @@ def epsilon_from_counts(tp: int, fn: int, fp: int, tn: int, alpha: float = 0.05)
     Raises:
         ValueError: a count is not a non-negative integer, all counts are 0, alpha not in (0, 1).
 
-    Source: paper 000 Alg. 2 and eq. 3; METHODS C2; Clopper & Pearson (1934).
+    Source: Matsumoto et al. Alg. 2 and eq. 3; docs/methods/ldp.md, C2; Clopper & Pearson (1934).
     """
     tp_, fn_, fp_, tn_ = (
         check_count(c, name) for c, name in ((tp, "tp"), (fn, "fn"), (fp, "fp"), (tn, "tn"))
@@ -383,7 +383,7 @@ def measurable_ceiling(trials: int, alpha: float = 0.05) -> float:
     Raises:
         ValueError: trials < 1, alpha not in (0, 1).
 
-    Source: METHODS C2 (ceiling), module docstring for the difference with
+    Source: docs/methods/ldp.md, C2 (ceiling), module docstring for the difference with
     :func:`paper_measurable_ceiling`.
     """
     k = check_count(trials, "trials", minimum=1)
@@ -391,11 +391,11 @@ def measurable_ceiling(trials: int, alpha: float = 0.05) -> float:
 
 
 def paper_measurable_ceiling(trials: int, alpha: float = 0.05) -> float:
-    """The ceiling of paper 000 §4.1: logit of the two-sided CP lower end at K successes of K.
+    """The ceiling of Matsumoto et al. §4.1: logit of the two-sided CP lower end at K successes of K.
 
     p_lo = (alpha/2)^(1/K) (the lower end of the two-sided (1 - alpha) Clopper-Pearson interval
     for K successes out of K; 0.99632 for K = 1000), ceiling = log(p_lo / (1 - p_lo)):
-    5.6006 for K = 1000 and 12.510 for K = 10^6 at alpha = 0.05 (METHODS C2: 5.6 and 12.5).
+    5.6006 for K = 1000 and 12.510 for K = 10^6 at alpha = 0.05 (docs/methods/ldp.md, C2: 5.6 and 12.5).
     It pools both kinds of trial into one success count (an accuracy-based bound), so it is
     higher than :func:`measurable_ceiling`, the ceiling of the per-rate bound this package
     reports.

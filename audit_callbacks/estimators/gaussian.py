@@ -2,9 +2,9 @@
 
 Sources:
     * Balle & Wang (2018), "Improving the Gaussian mechanism for differential privacy",
-      Theorem 8: the tight delta(eps) of a Gaussian pair with equal variances (METHODS A3, D).
-    * paper 003 (Andrew et al.) §3.2: delta(eps) of two Gaussians with unequal variances through
-      the privacy-loss random variable (METHODS A3).
+      Theorem 8: the tight delta(eps) of a Gaussian pair with equal variances (docs/methods/canaries.md, A3, D).
+    * Andrew et al. (ICLR 2024) §3.2: delta(eps) of two Gaussians with unequal variances through
+      the privacy-loss random variable (docs/methods/canaries.md, A3).
 
 Everything is computed in the log domain with :func:`scipy.special.log_ndtr`, so epsilons from
 0 to several thousand and deltas down to ~1e-300 are resolved without overflow or cancellation.
@@ -77,7 +77,7 @@ def gaussian_mu(
         ValueError: noise_multiplier <= 0 or not finite (z = 0 means infinite epsilon),
             sensitivity < 0 or not finite, compositions not an integer >= 1.
 
-    Source: Dong, Roth & Su (2019) GDP composition; METHODS D ("sqrt(r)/z-GDP").
+    Source: Dong, Roth & Su (2019) GDP composition; docs/methods/canaries.md, D ("sqrt(r)/z-GDP").
     """
     z = check_real_finite(noise_multiplier, "noise_multiplier")
     if z <= 0.0:
@@ -150,7 +150,7 @@ def gaussian_delta(epsilon: float, mu: float) -> float:
     Raises:
         ValueError: epsilon < 0, mu < 0, or either not finite.
 
-    Source: Balle & Wang (2018) Thm 8; METHODS A3 ("Check") and D.
+    Source: Balle & Wang (2018) Thm 8; docs/methods/canaries.md, A3 ("Check") and D.
     """
     eps = check_real_finite(epsilon, "epsilon")
     if eps < 0:
@@ -194,7 +194,7 @@ def gaussian_epsilon(
             too small: the epsilon, about mu^2/2, is not representable). Tensors (any float
             dtype, requires_grad) are accepted as scalars; booleans are not.
 
-    Source: Balle & Wang (2018) Thm 8 and Alg. 1; METHODS A2 (z = 4.22, 1.54, 0.541 ->
+    Source: Balle & Wang (2018) Thm 8 and Alg. 1; docs/methods/canaries.md, A2 (z = 4.22, 1.54, 0.541 ->
     eps = 1, 3, 10 at delta = 1e-6) and D (z = 0.0496, 0.0986, 0.2317 -> 298, 98.8, 29.2).
     """
     mu = gaussian_mu(noise_multiplier, sensitivity=sensitivity, compositions=compositions)
@@ -257,7 +257,7 @@ def gaussian_epsilon_array(mu: ArrayLike, delta: float) -> np.ndarray:
         ValueError: a negative, non-finite or boolean mu, or one above 1e150; delta not in
             (0, 1).
 
-    Source: Balle & Wang (2018) Thm 8; METHODS A2/A3 (the equal-variance pair).
+    Source: Balle & Wang (2018) Thm 8; docs/methods/canaries.md, A2/A3 (the equal-variance pair).
     """
     arr = as_float_array(mu, "mu", allow_int=True)
     if not np.all(np.isfinite(arr)) or np.any(arr < 0):
@@ -294,7 +294,7 @@ def gaussian_epsilon_array(mu: ArrayLike, delta: float) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------------------------
-# Two arbitrary Gaussians (paper 003 §3.2)
+# Two arbitrary Gaussians (Andrew et al. 2024 §3.2)
 # --------------------------------------------------------------------------------------------
 
 
@@ -319,7 +319,7 @@ def _standardize(
 def _loss_coefficients(m: np.ndarray, r: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """L(x) = log p(x) - log q(x) = a x^2 + b x + c for P = N(m, r^2), Q = N(0, 1).
 
-    METHODS A3 with mu1 = m, sigma1 = r, mu0 = 0, sigma0 = 1.
+    docs/methods/canaries.md, A3 with mu1 = m, sigma1 = r, mu0 = 0, sigma0 = 1.
     """
     inv_r2 = 1.0 / (r * r)
     a = 0.5 - 0.5 * inv_r2
@@ -333,7 +333,7 @@ def _superlevel_intervals(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """S = {x : a x^2 + b x + c > eps} as (lo1, hi1) U (lo2, hi2), vectorised.
 
-    Cases (METHODS A3): a = 0 (half-line, everything or nothing); a > 0 (everything when the
+    Cases (docs/methods/canaries.md, A3): a = 0 (half-line, everything or nothing); a > 0 (everything when the
     discriminant D <= 0, else two tails outside the roots); a < 0 (nothing when D <= 0, else the
     interval between the roots). Empty intervals are returned as (0, 0). Roots use the stable
     form q = -(b + sign(b) sqrt(D))/2, roots q/a and (c - eps)/q.
@@ -544,7 +544,7 @@ def two_gaussians_delta(
     Raises:
         ValueError: non-finite inputs, epsilon < 0, a standard deviation <= 0.
 
-    Source: paper 003 §3.2; METHODS A3.
+    Source: Andrew et al. 2024 §3.2; docs/methods/canaries.md, A3.
     """
     eps = check_real_finite(epsilon, "epsilon")
     if eps < 0:
@@ -585,8 +585,8 @@ def epsilon_two_gaussians(
             pair outside the representable range (|mu_observed - mu_null| / sigma_null above
             1e150, or sigma_observed / sigma_null outside [1e-150, 1e150]).
 
-    Source: paper 003 §3.2 ("Algorithm for exact computation of eps comparing two general
-    Gaussian distributions"); METHODS A3. With equal sds it equals the analytic Gaussian
+    Source: Andrew et al. 2024 §3.2 ("Algorithm for exact computation of eps comparing two general
+    Gaussian distributions"); docs/methods/canaries.md, A3. With equal sds it equals the analytic Gaussian
     mechanism with Delta = |mu_obs - mu_null| / sigma (Balle & Wang 2018).
     """
     m, r = _standardize(mu_observed, sigma_observed, mu_null, sigma_null)

@@ -5,12 +5,12 @@ For k successes out of n trials at level alpha:
 * Clopper-Pearson (exact, conservative): two-sided
   [Beta(k, n-k+1).ppf(alpha/2), Beta(k+1, n-k).ppf(1-alpha/2)], lower = 0 at k = 0 and
   upper = 1 at k = n; one-sided bounds use alpha instead of alpha/2.
-  Source: Clopper & Pearson (1934); METHODS C2 (the confident eps0 test).
+  Source: Clopper & Pearson (1934); docs/methods/ldp.md, C2 (the confident eps0 test).
 * Jeffreys (Bayesian with the Beta(1/2, 1/2) prior, close to nominal coverage):
   two-sided [Beta(k+1/2, n-k+1/2).ppf(alpha/2), .ppf(1-alpha/2)] with the boundary
   convention of Brown, Cai & DasGupta (2001): lower = 0 at k = 0, upper = 1 at k = n.
-  The one-sided upper bound is Beta(k+1/2, n-k+1/2).ppf(1-alpha) exactly as METHODS A6 and
-  paper 003 §5.1 (following Zanella-Beguelin et al. 2022) use it for FNR_hi, with no boundary
+  The one-sided upper bound is Beta(k+1/2, n-k+1/2).ppf(1-alpha) exactly as docs/methods/canaries.md, A6 and
+  Andrew et al. 2024 §5.1 (following Zanella-Beguelin et al. 2022) use it for FNR_hi, with no boundary
   modification (at k = n it is < 1).
 
 The ``*_upper`` functions accept array-like k (vectorised over k) and return a float for a
@@ -142,7 +142,7 @@ def jeffreys_interval(k: int, n: int, alpha: float) -> tuple[float, float]:
     Raises:
         ValueError: invalid k, n or alpha.
 
-    Source: Brown, Cai & DasGupta (2001); paper 003 §5.1 (after Zanella-Beguelin et al. 2022).
+    Source: Brown, Cai & DasGupta (2001); Andrew et al. 2024 §5.1 (after Zanella-Beguelin et al. 2022).
     """
     kf, nn = _check_kn(k, n)
     a = check_alpha(alpha)
@@ -156,7 +156,7 @@ def jeffreys_interval(k: int, n: int, alpha: float) -> tuple[float, float]:
 def jeffreys_upper(k: ArrayLike, n: int, alpha: float) -> float | np.ndarray:
     """One-sided (1 - alpha) Jeffreys upper bound: Beta(k + 1/2, n - k + 1/2).ppf(1 - alpha).
 
-    No boundary modification (at k = n the bound is < 1), exactly as METHODS A6 / paper 003 use
+    No boundary modification (at k = n the bound is < 1), exactly as docs/methods/canaries.md, A6 / Andrew et al. 2024 use
     it for FNR_hi.
 
     Args:
@@ -170,7 +170,7 @@ def jeffreys_upper(k: ArrayLike, n: int, alpha: float) -> float | np.ndarray:
     Raises:
         ValueError: invalid k, n or alpha.
 
-    Source: METHODS A6; paper 003 §5.1.
+    Source: docs/methods/canaries.md, A6; Andrew et al. 2024 §5.1.
     """
     kf, nn = _check_kn(k, n)
     a = check_alpha(alpha)

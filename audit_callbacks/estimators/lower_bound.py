@@ -1,4 +1,4 @@
-"""eps_lo: a high-confidence lower bound on epsilon from canary cosines (paper 003 §5.1).
+"""eps_lo: a high-confidence lower bound on epsilon from canary cosines (Andrew et al. 2024 §5.1).
 
 For a threshold tau the test "member iff t > tau" has
     FNR(tau) = P(observed <= tau),  FPR(tau) = P(null > tau),
@@ -7,12 +7,12 @@ FNR + e^eps FPR >= 1 - delta. With upper confidence bounds FNR_hi, FPR_hi:
     eps_lo(tau) = max(log((1 - delta - FPR_hi)/FNR_hi), log((1 - delta - FNR_hi)/FPR_hi)),
 floored at 0. FNR_hi is the one-sided Jeffreys bound Beta(fn + 1/2, k - fn + 1/2).ppf(1 - alpha)
 on the observed count fn = #{observed <= tau}. FPR is the exact null survival function of
-METHODS A1 (final model, ``dim`` given) or the Jeffreys bound on #{unobserved > tau} (all
+docs/methods/canaries.md, A1 (final model, ``dim`` given) or the Jeffreys bound on #{unobserved > tau} (all
 iterates, ``unobserved`` given).
 
 Two ways of choosing tau:
 
-* ``threshold="max"`` (paper 003 §5.1, METHODS A6 as written): the maximum of eps_lo(tau) over
+* ``threshold="max"`` (Andrew et al. 2024 §5.1, docs/methods/canaries.md, A6 as written): the maximum of eps_lo(tau) over
   every candidate tau (the observed values, plus the unobserved values when given). The
   per-threshold bounds hold at 1 - alpha each, but their maximum is selected on the same data,
   so the nominal confidence is not guaranteed. Measured (1000 simulated Gaussian mechanisms,
@@ -26,7 +26,7 @@ Two ways of choosing tau:
   coverage). Uses half the data, so it is smaller.
 
 All iterates: each direction of eps_lo uses both FNR_hi and FPR_hi, so with alpha applied to
-each bound the union bound gives only 1 - 2 alpha; paper 003 and METHODS A6 use alpha for each,
+each bound the union bound gives only 1 - 2 alpha; Andrew et al. 2024 and docs/methods/canaries.md, A6 use alpha for each,
 and so does this module.
 
 Finiteness: with the exact null, eps_lo has no log(k) cap (FPR may be tiny); thresholds are
@@ -63,7 +63,7 @@ _T_MAX = float(np.nextafter(1.0, 0.0))
 
 
 def _log_jeffreys_upper(count: np.ndarray, n: int, alpha: float) -> tuple[np.ndarray, np.ndarray]:
-    """(log U, log(1 - U)), U = Beta(count + 1/2, n - count + 1/2).ppf(1 - alpha) (METHODS A6).
+    """(log U, log(1 - U)), U = Beta(count + 1/2, n - count + 1/2).ppf(1 - alpha) (docs/methods/canaries.md, A6).
 
     1 - U is computed as Beta(n - count + 1/2, count + 1/2).ppf(alpha), without cancellation.
     Evaluated once per distinct count (never as a table over all 0..n).
@@ -198,7 +198,7 @@ def epsilon_lower_bound_from_cosines(
     unobserved: ArrayLike | None = None,
     alpha: float = 0.05,
 ) -> float:
-    """eps_lo of paper 003 §5.1 / METHODS A6: max over thresholds (see the module docstring).
+    """eps_lo of Andrew et al. 2024 §5.1 / docs/methods/canaries.md, A6: max over thresholds (see the module docstring).
 
     Args:
         observed: shape (k,), k >= 1, cosines in [-1, 1] of inserted canaries.
@@ -215,7 +215,7 @@ def epsilon_lower_bound_from_cosines(
             1-D or not floating-point (as :func:`epsilon_from_cosines`);
             delta or alpha not in (0, 1); dim < 2.
 
-    Source: paper 003 §5.1; METHODS A6; Jagielski et al. (2020); Zanella-Beguelin et al. (2022).
+    Source: Andrew et al. 2024 §5.1; docs/methods/canaries.md, A6; Jagielski et al. (2020); Zanella-Beguelin et al. (2022).
     """
     obs, d, unobs = _threat_inputs(observed, dim, unobserved, 1)
     dl = check_delta(delta)
@@ -243,7 +243,7 @@ def estimate_epsilon_lower_bound_from_cosines(
         dim: model dimension d >= 2 (final model) -- exactly one of dim / unobserved.
         unobserved: shape (k',), k' >= 1 ("max") or >= 2 ("heldout") (all iterates).
         alpha: 1 - confidence, in (0, 1).
-        threshold: "max" (max over all candidate thresholds, paper 003 §5.1) or "heldout"
+        threshold: "max" (max over all candidate thresholds, Andrew et al. 2024 §5.1) or "heldout"
             (tau chosen on a random half, bound computed on the other half).
         seed: seed of the split (heldout only).
 
@@ -258,7 +258,7 @@ def estimate_epsilon_lower_bound_from_cosines(
         ValueError: as :func:`epsilon_lower_bound_from_cosines`; threshold not in
             {"max", "heldout"}; too few values to split.
 
-    Source: paper 003 §5.1; METHODS A6.
+    Source: Andrew et al. 2024 §5.1; docs/methods/canaries.md, A6.
     """
     if threshold not in ("max", "heldout"):
         raise ValueError(f"threshold must be 'max' or 'heldout', got {threshold!r}")

@@ -1,15 +1,15 @@
 """Shuffle-model references and the empirical shuffle test (numpy/scipy).
 
-Paper 000 (§2.3 eq. 1, §5 eqs. 5-6, Table 3) and METHODS C2 / C4.
+Paper 000 (§2.3 eq. 1, §5 eqs. 5-6, Table 3) and docs/methods/ldp.md, C2 / C4.
 
 The error-count statistics of a distinguishing game (:class:`CountEpsilon`,
 :func:`epsilon_from_counts`, :func:`measurable_ceiling`, :func:`paper_measurable_ceiling`) live
 in :mod:`audit_callbacks.estimators.error_rates`; they are re-exported here.
 
-Shuffle model (METHODS C4, paper 000 §5)
+Shuffle model (docs/methods/ldp.md, C4, Matsumoto et al. §5)
 ----------------------------------------
 * :func:`shuffle_amplification_bound`: Feldman, McMillan & Talwar (2023) as restated in
-  METHODS C4 (paper 000 eq. 1; its plain-text copy lost the square root over (e^eps0 + 1) n):
+  docs/methods/ldp.md, C4 (Matsumoto et al. eq. 1; its plain-text copy lost the square root over (e^eps0 + 1) n):
   eps <= ln(1 + (e^eps0 - 1) (4 sqrt(2 ln(4/delta)) / sqrt((e^eps0 + 1) n) + 4/n)), valid for
   n >= 8 ln(2/delta) (e^eps0 + 1). Below that n it raises ValueError (no silent fallback).
 * :func:`min_clients_for_shuffling`: ceil(8 ln(2/delta) (e^eps0 + 1)) (432, 974, 6454 for
@@ -26,10 +26,10 @@ Shuffle model (METHODS C4, paper 000 §5)
   exact population FPR/FNR.
 
 Reproduced at delta = 1e-6 (tests/test_shuffle.py): bound (1, 432) 0.674, (1, 1000) 0.488,
-(2, 974) 0.950, (2, 1000) 0.942, (4, 6454) 1.101, (4, 10000) 0.958 (paper/METHODS: 0.67, 0.48,
+(2, 974) 0.950, (2, 1000) 0.942, (4, 6454) 1.101, (4, 10000) 0.958 (Matsumoto et al.: 0.67, 0.48,
 0.95, 0.94, 1.1, 0.96 -- 0.488 rounds to 0.49, the paper prints 0.48); exact epsilon of the dummy
 pair 0.203, 0.127, 0.329, 0.323, 0.411, 0.315; population eq.-3 value of the tau test 0.041,
-0.027, 0.061, 0.060, 0.073, 0.060 (paper 000 Table 3 measured 0.07, 0.06, 0.12, 0.11, 0.16,
+0.027, 0.061, 0.060, 0.073, 0.060 (Matsumoto et al. Table 3 measured 0.07, 0.06, 0.12, 0.11, 0.16,
 0.10 with 10 x 1000 trials, where eq. 3's upward small-sample bias dominates).
 """
 
@@ -77,7 +77,7 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------------------------
-# Shuffle model (METHODS C4)
+# Shuffle model (docs/methods/ldp.md, C4)
 # --------------------------------------------------------------------------------------------
 
 
@@ -89,7 +89,7 @@ def min_clients_for_shuffling(epsilon0: float, delta: float) -> int:
     """Smallest n for which the Feldman-McMillan-Talwar (2023) bound is valid.
 
     n_min = ceil(8 ln(2/delta) (e^eps0 + 1)), equivalently eps0 <= ln(n/(8 ln(2/delta)) - 1)
-    (paper 000 §6.2). 432, 974, 6454 for eps0 = 1, 2, 4 at delta = 1e-6.
+    (Matsumoto et al. §6.2). 432, 974, 6454 for eps0 = 1, 2, 4 at delta = 1e-6.
 
     Args:
         epsilon0: local epsilon, > 0, finite (nats).
@@ -98,7 +98,7 @@ def min_clients_for_shuffling(epsilon0: float, delta: float) -> int:
     Raises:
         ValueError: epsilon0 <= 0 or not finite, delta not in (0, 1).
 
-    Source: METHODS C4; paper 000 §6.2 and Table 3.
+    Source: docs/methods/ldp.md, C4; Matsumoto et al. §6.2 and Table 3.
     """
     e = _check_eps0(epsilon0)
     d = check_delta(delta)
@@ -109,7 +109,7 @@ def shuffle_amplification_bound(epsilon0: float, n: int, delta: float) -> float:
     """Central epsilon after shuffling n eps0-LDP reports (Feldman, McMillan & Talwar 2023).
 
     eps = ln(1 + (e^eps0 - 1) (4 sqrt(2 ln(4/delta)) / sqrt((e^eps0 + 1) n) + 4/n)),
-    as restated in METHODS C4 (paper 000 eq. 1).
+    as restated in docs/methods/ldp.md, C4 (Matsumoto et al. eq. 1).
 
     Args:
         epsilon0: local epsilon of each report, > 0, finite (nats).
@@ -124,7 +124,7 @@ def shuffle_amplification_bound(epsilon0: float, n: int, delta: float) -> float:
             :func:`min_clients_for_shuffling`); the formula is not a guarantee there, so no
             number is returned. Also for invalid epsilon0, n or delta.
 
-    Source: METHODS C4; paper 000 §2.3 eq. 1 and Table 3.
+    Source: docs/methods/ldp.md, C4; Matsumoto et al. §2.3 eq. 1 and Table 3.
     """
     e = _check_eps0(epsilon0)
     d = check_delta(delta)
@@ -145,7 +145,7 @@ def _p_keep(e: float) -> float:
 
 
 def shuffle_dummy_count_logpmfs(epsilon0: float, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Log pmfs over k = 0..n of the positive-cosine count under D and D' (METHODS C4).
+    """Log pmfs over k = 0..n of the positive-cosine count under D and D' (docs/methods/ldp.md, C4).
 
     D: Binomial(n, p); D': Binomial(n - 1, p) + Bernoulli(1 - p); p = e^eps0/(1 + e^eps0).
 
@@ -183,7 +183,7 @@ def shuffle_dummy_delta(epsilon0: float, n: int, epsilon: float) -> float:
     """delta(eps) of the dummy pair: the larger hockey-stick divergence of (D, D') and (D', D).
 
     delta(eps) = max(sum_k max(0, P_D(k) - e^eps P_D'(k)), sum_k max(0, P_D'(k) - e^eps P_D(k)))
-    over the n + 1 count outcomes (the count is sufficient; METHODS C4).
+    over the n + 1 count outcomes (the count is sufficient; docs/methods/ldp.md, C4).
 
     Raises:
         ValueError: invalid epsilon0 or n; epsilon < 0 or not finite.
@@ -198,7 +198,7 @@ def shuffle_dummy_delta(epsilon0: float, n: int, epsilon: float) -> float:
 
 
 def shuffle_dummy_exact_epsilon(epsilon0: float, n: int, delta: float) -> float:
-    """Exact epsilon at ``delta`` of shuffling n LDP-SGD reports of the dummy pair (METHODS C4).
+    """Exact epsilon at ``delta`` of shuffling n LDP-SGD reports of the dummy pair (docs/methods/ldp.md, C4).
 
     The smallest eps >= 0 with :func:`shuffle_dummy_delta` (eps) <= delta, found by bisection
     on [0, eps0] to 1e-12 (delta(eps) is non-increasing and delta(eps0) = 0: the pair differs in
@@ -216,7 +216,7 @@ def shuffle_dummy_exact_epsilon(epsilon0: float, n: int, delta: float) -> float:
     Raises:
         ValueError: invalid arguments.
 
-    Source: METHODS C4; paper 000 §5 eq. 5.
+    Source: docs/methods/ldp.md, C4; Matsumoto et al. §5 eq. 5.
     """
     e = _check_eps0(epsilon0)
     d = check_delta(delta)
@@ -242,15 +242,15 @@ def shuffle_dummy_exact_epsilon(epsilon0: float, n: int, delta: float) -> float:
 
 
 def shuffle_threshold(epsilon0: float, n: int) -> float:
-    """tau = n e^eps0 / (1 + e^eps0) of paper 000 eq. 6 (expected count under D)."""
+    """tau = n e^eps0 / (1 + e^eps0) of Matsumoto et al. eq. 6 (expected count under D)."""
     return check_count(n, "n", minimum=1) * _p_keep(_check_eps0(epsilon0))
 
 
 def shuffle_dummy_test_rates(epsilon0: float, n: int) -> tuple[float, float]:
-    """Exact population (FPR, FNR) of the test "guess D iff count >= tau" (paper 000 eq. 6).
+    """Exact population (FPR, FNR) of the test "guess D iff count >= tau" (Matsumoto et al. eq. 6).
 
     FPR = P_D(count < tau) (D guessed D'), FNR = P_D'(count >= tau) (D' guessed D), with D in
-    the role of b = 1 of METHODS C2. Their eq.-3 value is what :func:`shuffle_test` estimates.
+    the role of b = 1 of docs/methods/ldp.md, C2. Their eq.-3 value is what :func:`shuffle_test` estimates.
 
     Raises:
         ValueError: invalid epsilon0 or n.
@@ -265,9 +265,9 @@ def shuffle_dummy_test_rates(epsilon0: float, n: int) -> tuple[float, float]:
 
 @dataclass(frozen=True)
 class ShuffleTestResult(GameStatistics):
-    """Outcome of :func:`shuffle_test` (paper 000 §5, METHODS C4).
+    """Outcome of :func:`shuffle_test` (Matsumoto et al. §5, docs/methods/ldp.md, C4).
 
-    Count conventions as METHODS C2 with D as b = 1 and D' as b = 2: TN = D guessed D,
+    Count conventions as docs/methods/ldp.md, C2 with D as b = 1 and D' as b = 2: TN = D guessed D,
     FP = D guessed D', TP = D' guessed D', FN = D' guessed D. The fields of
     :class:`~audit_callbacks.estimators.error_rates.GameStatistics` (``epsilon`` etc. as in
     :class:`CountEpsilon`), then ``alpha``, ``trials``, ``epsilon0``, ``tau`` (the threshold of
@@ -300,7 +300,7 @@ def shuffle_test(
     seed: int = 0,
     chunk_size: int = 1 << 20,
 ) -> ShuffleTestResult:
-    """Empirical epsilon of the shuffle model for dummy inputs (paper 000 §5, METHODS C4).
+    """Empirical epsilon of the shuffle model for dummy inputs (Matsumoto et al. §5, docs/methods/ldp.md, C4).
 
     Each trial draws D or D' uniformly, simulates the sufficient count directly
     (Binomial(n, p) under D, Binomial(n - 1, p) + Bernoulli(1 - p) under D',

@@ -1,6 +1,6 @@
 """DP-FedAvg as a LightningModule: one federated round per training step.
 
-The algorithm (McMahan et al. 2018, as run in paper 003 §4 / Alg. 2):
+The algorithm (McMahan et al. 2018, as run in Andrew et al. 2024 §4 / Alg. 2):
 
 1. sample the round's cohort from the population (real clients plus registered virtual clients,
    see :mod:`audit_callbacks.federated.protocol`) by the ``sampling`` rule;
@@ -13,12 +13,12 @@ The algorithm (McMahan et al. 2018, as run in paper 003 §4 / Alg. 2):
 5. the server optimizer (SGD, ``server_lr``, ``server_momentum``) takes the negated average as
    its gradient.
 
-Local DP (papers 000-002): with a ``randomizer`` (an
+Local DP (Matsumoto et al.; Varun et al. 2024): with a ``randomizer`` (an
 :class:`~audit_callbacks.mechanisms.LocalRandomizer`), every clipped client update is randomized
 on the client before aggregation, and the server sums ``randomizer.debias(...)`` of the released
 rows (unbiased for the clipped updates) before dividing by m. Central noise may still be added.
 
-Analytic reference (METHODS D, paper 003 footnote 5): if the adversary knows in which rounds a
+Analytic reference (docs/methods/canaries.md, D, Andrew et al. 2024 footnote 5): if the adversary knows in which rounds a
 client took part, a client that took part r times is sqrt(r)/z-GDP (z = noise_multiplier): the
 module logs ``privacy/epsilon_analytic`` at ``delta`` for the largest r of any real client.
 """
@@ -528,7 +528,7 @@ class DPFedAvgMixin:
         return self._participations.copy()
 
     def analytic_epsilon(self, participations: int | None = None) -> float | None:
-        """Epsilon at ``delta`` if the adversary knows the rounds (METHODS D).
+        """Epsilon at ``delta`` if the adversary knows the rounds (docs/methods/canaries.md, D).
 
         ``participations`` defaults to the most rounds any real client took part in. Returns
         ``inf`` without noise (``noise_multiplier = 0``), ``None`` before the first round.

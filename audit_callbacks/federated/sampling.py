@@ -1,4 +1,4 @@
-"""Cohort sampling for DP-FedAvg rounds (paper 003 §4: canaries are sampled like real clients).
+"""Cohort sampling for DP-FedAvg rounds (Andrew et al. 2024 §4: canaries are sampled like real clients).
 
 Three rules over a population of N client ids ``0..N-1``:
 

@@ -5,7 +5,7 @@ the epsilon it claims (``epsilon0``; ``epsilon_for_dim(d)`` for a whole d-dim ro
 server-side correction (``debias``, ``aggregate``). The discrete per-coordinate ones also give
 their exact output law, audited by :func:`exact_epsilon`.
 
-- :class:`LDPSGD`: gradient randomized response (METHODS C1; Alg. 1 of paper 000).
+- :class:`LDPSGD`: gradient randomized response (docs/methods/ldp.md, C1; Alg. 1 of Matsumoto et al.).
 - :class:`TwoPoint`: LDP-FL two-point mechanism (C5; eq. 1 of 002).
 - :class:`Staircase`: staircase randomized response, SRR-FL (C6; §4.3-4.4 of 002).
 - :class:`BrokenStaircase`: the public SRR-FL reference code's staircase (not eps-LDP), and a

@@ -7,7 +7,7 @@ row = one client's update), states the epsilon it claims, and gives the server-s
 
 Per-coordinate mechanisms (:class:`PerCoordinateRandomizer`: two-point, staircase, GRR) randomize
 each coordinate independently with ``epsilon_per_coordinate``; releasing a whole ``d``-dim row is
-then ``d * epsilon_per_coordinate``-LDP by basic composition (METHODS C6), which is what
+then ``d * epsilon_per_coordinate``-LDP by basic composition (docs/methods/ldp.md, C6), which is what
 :meth:`LocalRandomizer.epsilon_for_dim` returns. Being discrete, they also give their full
 output law (:meth:`PerCoordinateRandomizer.output_distribution`), so :func:`exact_epsilon` can
 audit them exactly: the largest ``|log P(y|x) - log P(y|x')|`` over input pairs and outputs.

@@ -1,4 +1,4 @@
-"""Discrete mechanisms on the decimal grid of paper 002 (§4.3): the grid base and GRR.
+"""Discrete mechanisms on the decimal grid of Varun et al. 2024 (§4.3): the grid base and GRR.
 
 The domain ``[c - r, c + r]`` at precision ``10^-p`` becomes the ``D = 2 r 10^p + 1`` values
 ``c - r + k 10^-p``, k = 0..D-1, after c and r are rounded to p decimals (round half up on

@@ -1,4 +1,4 @@
-"""LDP-SGD client randomizer (Erlingsson et al. 2020; Alg. 1 of paper 000; METHODS C1)."""
+"""LDP-SGD client randomizer (Erlingsson et al. 2020; Alg. 1 of Matsumoto et al.; docs/methods/ldp.md, C1)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def sphere_sign_constant(d: int) -> float:
 class LDPSGD(LocalRandomizer):
     """LDP-SGD gradient randomized response; ``epsilon0``-LDP for the whole row, whatever d.
 
-    Per row g (METHODS C1, Alg. 1 of 000):
+    Per row g (docs/methods/ldp.md, C1, Alg. 1 of 000):
 
     1. clip: ``x = g * min(1, L / ||g||)``;
     2. ``z = L x / ||x||`` w.p. ``1/2 + ||x|| / (2L)``, else ``-L x / ||x||``. For ``x = 0`` the

@@ -1,6 +1,6 @@
-"""Staircase randomized response, SRR-FL (§4.3-4.4 of 002; METHODS C6), and broken variants.
+"""Staircase randomized response, SRR-FL (§4.3-4.4 of 002; docs/methods/ldp.md, C6), and broken variants.
 
-Construction used here (paper 002 leaves the details below open; the choices are ours):
+Construction used here (Varun et al. 2024 leaves the details below open; the choices are ours):
 
 Grid. ``D = 2 r 10^p + 1`` values ``c - r + k 10^-p`` (see :mod:`.grid`).
 

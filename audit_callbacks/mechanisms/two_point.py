@@ -1,4 +1,4 @@
-"""LDP-FL two-point mechanism (Sun et al. 2021; eq. 1 of paper 002; METHODS C5)."""
+"""LDP-FL two-point mechanism (Sun et al. 2021; eq. 1 of Varun et al. 2024; docs/methods/ldp.md, C5)."""
 
 from __future__ import annotations
 
