@@ -85,6 +85,7 @@ class FedAvgBackend(CanaryBackend):
         super().__init__(config, warn)
         self.module = module
         self.name = name
+        self._clip_factors: dict[tuple[float, torch.dtype, torch.device], float] = {}
         self._trainer = trainer
         self._schedule: dict[int, list[int]] | None = None
         n_real = int(module.num_real_clients)
@@ -138,8 +139,12 @@ class FedAvgBackend(CanaryBackend):
         device, dtype = self._device_dtype()
         canaries, idx = self.stats.canaries, indices.tolist()
         if canaries.kind == "hadamard":
-            one = canaries.batch(idx[:1], scale=clip_norm, device=device).to(dtype)
-            factor = min(1.0, float(clip_norm) / max(float(torch.linalg.vector_norm(one)), 1e-12))
+            key = (float(clip_norm), dtype, device)
+            factor = self._clip_factors.get(key)
+            if factor is None:  # the same for every canary (all entries +-1/sqrt(d)): once
+                one = canaries.batch(idx[:1], scale=clip_norm, device=device).to(dtype)
+                norm = max(float(torch.linalg.vector_norm(one)), 1e-12)
+                factor = self._clip_factors[key] = min(1.0, float(clip_norm) / norm)
             return canaries.sum(idx, device=device).to(dtype).mul_(float(clip_norm) * factor)
         total = torch.zeros(canaries.dim, device=device, dtype=dtype)
         for _, block in canaries.chunks(idx, device=device):  # one chunk in memory at a time
