@@ -78,8 +78,9 @@ class CanaryStatistics:
         self.theta0: torch.Tensor | None = None
         self.rounds_seen = 0
         self.rounds_skipped = 0
-        self._full: list[torch.Tensor] = []  # complete blocks [group, d] not yet folded
+        self._full: list[tuple[torch.Tensor, int]] = []  # complete blocks [group, d], first row
         self._block: torch.Tensor | None = None  # the block rounds are written into
+        self._first = 0  # its first row that holds a round (later than 0 after a resume)
         self._pending = 0
         self._final_cache: tuple[torch.Tensor, torch.Tensor] | None = None  # (theta, cosines)
 
@@ -117,11 +118,12 @@ class CanaryStatistics:
         row = self.rounds_seen % self.group
         if self._block is None:
             self._block = torch.zeros(self.group, self.dim, dtype=torch.float32, device=delta.device)
+            self._first = row
         self._block[row] = delta.detach().to(torch.float32)
         self.rounds_seen += 1
         self._pending += 1
         if row == self.group - 1:
-            self._full.append(self._block)
+            self._full.append((self._block, self._first))
             self._block = None
         if self._pending >= self.max_buffered:
             self._fold(None)
@@ -135,11 +137,11 @@ class CanaryStatistics:
     def _fold(self, final: torch.Tensor | None) -> torch.Tensor | None:
         """One pass over the Gaussian canaries: fold the pending blocks into the maxima, and
         return the cosines with ``final`` (when given)."""
-        blocks = [(b, self.group) for b in self._full]
+        blocks = [(b, first, self.group) for b, first in self._full]
         filled = self.rounds_seen % self.group
-        if self._block is not None and filled:
-            blocks.append((self._block, filled))  # folded again when complete: max is idempotent
-        blocks = [(b, rows, _row_norms(b)) for b, rows in blocks] if self._pending else []
+        if self._block is not None and filled:  # folded again when complete: max is idempotent
+            blocks.append((self._block, self._first, filled))
+        blocks = [(b, lo, hi, _row_norms(b)) for b, lo, hi in blocks] if self._pending else []
         self._full, self._pending = [], 0
         n = self.max_cos.numel()
         out = None
@@ -154,9 +156,9 @@ class CanaryStatistics:
         device = (final if final is not None else blocks[0][0]).device
         for part, chunk in self.canaries.chunks(device=device):
             end = pos + len(part)
-            for block, rows, norms in blocks:
+            for block, lo, hi, norms in blocks:  # rows lo..hi-1 hold rounds, the rest zeros
                 cos = (torch.mm(chunk, block.t()).to(torch.float64) / norms).clamp_(-1.0, 1.0)
-                top = (cos[:, :rows] * self.sign).max(dim=1).values.cpu()
+                top = (cos[:, lo:hi] * self.sign).max(dim=1).values.cpu()
                 torch.maximum(self.max_cos[pos:end], top, out=self.max_cos[pos:end])
             if out is not None:
                 cos = (torch.mv(chunk, final32).to(torch.float64) / final_norm).clamp_(-1.0, 1.0)

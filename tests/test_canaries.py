@@ -230,6 +230,15 @@ def test_all_iterates_do_not_depend_on_when_the_passes_run(dim):
         got = _run(cs, deltas, theta, **kwargs)
         for key in ref:
             assert torch.equal(got[key], ref[key]), (kwargs, key)
+    # deltas whose cosines are all negative for some canaries: a resumed block's zero rows
+    # (rounds folded before the checkpoint) must not enter the maximum
+    away = -sum(cs.canary(j) for j in range(24))  # every canary's cosine about -1/sqrt(24)
+    neg = [away + 0.01 * torch.randn(dim) for _ in range(20)]
+    ref_neg = _run(cs, neg, sum(neg))
+    got_neg = _run(cs, neg, sum(neg), reload_at={5, 7})
+    assert (ref_neg["all_observed"] < 0).all()
+    for key in ref_neg:
+        assert torch.equal(got_neg[key], ref_neg[key]), key
     # the final-model column is the per-column product of CanarySet.cosines, bit for bit
     assert torch.equal(ref["final_observed"], cs.cosines(theta)[:12])
     # and the all-iterates maxima are the exact ones up to float32 rounding of the products

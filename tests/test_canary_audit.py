@@ -89,18 +89,19 @@ def test_end_to_end_tensorboard_tags_and_summary(tmp_path):
     assert summary["epsilon_analytic"] > 0
 
 
-def test_resume_gives_the_same_estimate(tmp_path):
+@pytest.mark.parametrize("kind", ["hadamard", "gaussian"])
+def test_resume_gives_the_same_estimate(tmp_path, kind):
     dm, module = make(seed=3)
-    full = CanaryAudit(20, 20, seed=5)
+    full = CanaryAudit(20, 20, seed=5, canaries=kind)
     fit(dm, module, [full], 8, tmp_path / "a", logger=False)
     expected = full.last_report.estimates
 
     dm, module = make(seed=3)
     ckpt = ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), save_last=True, every_n_train_steps=4)
-    first = CanaryAudit(20, 20, seed=5)
+    first = CanaryAudit(20, 20, seed=5, canaries=kind)
     fit(dm, module, [first, ckpt], 4, tmp_path / "b", logger=False)
     dm, module = make(seed=3)
-    second = CanaryAudit(20, 20, seed=5)
+    second = CanaryAudit(20, 20, seed=5, canaries=kind)
     fit(dm, module, [second, ModelCheckpoint(dirpath=str(tmp_path / "ckpt2"))], 8, tmp_path / "c",
         logger=False, ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
     got = second.last_report.estimates

@@ -244,3 +244,16 @@ def test_accountant_untouched_and_validate_after_fit_with_every_callback(tmp_pat
     fitted = audit.last_report
     trainer.validate(module, datamodule=trainer.datamodule, ckpt_path="best")
     assert audit.last_report is fitted
+
+
+def test_no_headline_number_exceeds_the_accountant_by_more_than_its_interval(tmp_path):
+    audit = CanaryAudit(200, bootstrap=100)
+    trainer, module = _fit(tmp_path, [audit], noise=1.0, logger=False)
+    report = audit.last_report
+    eps = report.epsilon_analytic
+    assert eps == pytest.approx(module.privacy_engine.get_epsilon(1e-5))
+    for tm in ("final_model", "all_iterates"):
+        est = report.estimates[f"epsilon_{tm}"]
+        assert est.lower <= eps, (tm, est.value, est.lower, eps)
+        for bound in (f"epsilon_lower_bound_{tm}", f"epsilon_gdp_lower_bound_{tm}"):
+            assert report.value(bound) <= eps, (bound, report.value(bound), eps)

@@ -159,6 +159,27 @@ def test_heldout_lower_bound_covers_with_hadamard_scores():
     assert np.mean(values) > 0.2 * truth  # and it is not vacuous
 
 
+def test_the_logged_bounds_cover_with_hadamard_scores():
+    # the two bounds CanaryAudit logs (Clopper-Pearson with Bonferroni, parametric GDP), on
+    # Hadamard canaries' cosines of the Gaussian mechanism: at most 5% (+ slack) above the truth
+    from audit_callbacks.estimators import CanaryScoreAuditor
+
+    dim, k, k_un, sigma, delta, runs = 4096, 400, 2000, 0.7, 1e-5, 60
+    truth = gaussian_epsilon(sigma, delta)
+    over = {"cp": 0, "gdp": 0}
+    gdp = []
+    for r in range(runs):
+        obs, un = _round("hadamard", dim, k, k_un, sigma, seed=500 + r)
+        auditor = CanaryScoreAuditor(obs, un)
+        over["cp"] += auditor.epsilon_lower_bound(0.05, delta).value > truth
+        g = auditor.epsilon_gdp_lower_bound(0.05, delta).value
+        gdp.append(g)
+        over["gdp"] += g > truth
+    slack = 0.05 * runs + 2 * math.sqrt(0.05 * 0.95 * runs)
+    assert over["cp"] <= slack and over["gdp"] <= slack, over
+    assert np.mean(gdp) > 0.6 * truth  # tight, not vacuous
+
+
 def test_heavy_coordinates_are_handled_by_the_empirical_null():
     # A real update dominated by a few huge coordinates: sign-sum cosines are then far from the
     # Beta law. No canary inserted (pure null): the empirical null gives a near-zero estimate

@@ -88,3 +88,18 @@ def test_resume_test_csv_and_no_logger(tmp_path):
     results = trainer.test(resumed, data, ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"), verbose=False)
     assert 0.0 <= results[0]["test_accuracy"] <= 1.0 and audit.last_report is fitted
     assert len(glob.glob(str(tmp_path / "resumed" / "audit" / "version_*"))) == 1
+
+
+def test_all_three_callbacks_complete_the_example(tmp_path):
+    from audit_callbacks.callbacks import LabelDPLowerBound, LabelReconstructionAttack
+
+    torch.manual_seed(0)
+    audit, attack, bound = CanaryAudit(200, bootstrap=0), LabelReconstructionAttack(), LabelDPLowerBound()
+    model, trainer = main(max_epochs=1, callbacks=[audit, attack, bound], default_root_dir=str(tmp_path),
+                          logger=pl.loggers.TensorBoardLogger(str(tmp_path), name="run"),
+                          enable_checkpointing=False, **_COMMON)
+    assert trainer.state.finished and audit.last_report is not None
+    # the label callbacks chain the step hook: the accountant still counts every step
+    steps = sum(h[2] for h in model.privacy_engine.accountant.history)
+    assert audit.backend.progress() == steps == bound.steps
+    assert audit.last_report.epsilon_analytic == pytest.approx(model.privacy_engine.get_epsilon(1e-5))
