@@ -196,3 +196,21 @@ def test_other_opacus_entry_points_give_the_accountants_epsilon(tmp_path, how):
     # the canaries joined at the rate the accountant was charged
     q = module.privacy_engine.accountant.history[0][1]
     assert audit.backend.injector.sample_rate == pytest.approx(q)
+
+
+def test_ldp_audit_with_dpfedavg_on_pytorch_lightning(tmp_path):
+    from audit_callbacks.callbacks import LDPAudit
+    from audit_callbacks.mechanisms import LDPSGD
+    from audit_callbacks.pytorch_lightning import DPFedAvg
+    from models import MLP
+
+    dm = FederatedDataModule("digits", num_clients=20, rounds_per_epoch=4, seed=0)
+    dm.setup("fit")
+    module = DPFedAvg(MLP(64, 10, hidden=()), clients_per_round=5, noise_multiplier=0.0,
+                      local_batch_size=64, randomizer=LDPSGD(2.0, clip_norm=1.0),
+                      client_datasets=dm.client_datasets, num_classes=10)
+    audit = LDPAudit(trials=200, adversaries=("dummy",), every_n_rounds=2)
+    trainer = _trainer(pl, tmp_path, -1, [audit], max_steps=4)
+    trainer.fit(module, train_dataloaders=dm.train_dataloader(), val_dataloaders=dm.val_dataloader())
+    assert audit.audits == 2 and len(audit.history) == 2
+    assert _events(trainer.logger.log_dir).Scalars("ldp/epsilon0_dummy")

@@ -81,6 +81,7 @@ from audit_callbacks.estimators import (
     epsilon_from_error_rates,
 )
 from audit_callbacks.federated import DPFedAvg
+from audit_callbacks.federated.dp_fedavg import DPFedAvgMixin
 
 __all__ = [
     "ADVERSARY_NAMES",
@@ -245,7 +246,7 @@ class LDPAudit(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        if not isinstance(pl_module, DPFedAvg):
+        if not isinstance(pl_module, DPFedAvgMixin):
             raise TypeError(
                 "LDPAudit audits the client randomizer of DP-FedAvg: fit an "
                 f"audit_callbacks.federated.DPFedAvg module (got {type(pl_module).__name__})"
@@ -298,7 +299,7 @@ class LDPAudit(Callback):
             self.audit(trainer, pl_module, int(round_idx))
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if not isinstance(pl_module, DPFedAvg) or pl_module.randomizer is None:
+        if not isinstance(pl_module, DPFedAvgMixin) or pl_module.randomizer is None:
             return
         current = int(pl_module.round)
         if current > 0 and current != self.last_audited_round:

@@ -50,7 +50,7 @@ from lightning.pytorch.callbacks import Callback
 from audit_callbacks.attacks import LDPFLInferenceAttack
 from audit_callbacks.callbacks import tensorboard as tb
 from audit_callbacks.callbacks.summary import write_summary
-from audit_callbacks.federated import DPFedAvg
+from audit_callbacks.federated.dp_fedavg import DPFedAvgMixin
 
 __all__ = ["INFERENCE_MODES", "LDPInferenceAudit"]
 
@@ -129,7 +129,7 @@ class LDPInferenceAudit(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        if not isinstance(pl_module, DPFedAvg):
+        if not isinstance(pl_module, DPFedAvgMixin):
             raise TypeError(
                 "LDPInferenceAudit attacks the randomized updates of DP-FedAvg: fit an "
                 f"audit_callbacks.federated.DPFedAvg module (got {type(pl_module).__name__})"
