@@ -128,14 +128,21 @@ class CanaryBackend:
             progress=self.progress(), step=step,
         )
 
+    def identity(self) -> dict[str, Any]:
+        """What identifies the audit: its settings and the canaries they resolved to (checked
+        against a checkpoint's on resume, and the start of the summary's ``inputs``)."""
+        return {
+            "canaries": self.config.kind, "seed": self.config.seed,
+            "requested_num_canaries": self.config.num_canaries,
+            "num_canaries": self.num_canaries, "num_unobserved": self.num_unobserved,
+            "training": self.training,
+        }
+
     def audit_inputs(self, delta: float, alpha: float) -> dict[str, Any]:
         """The summary JSON's ``inputs``: the audit's settings and the training's."""
         assert self.stats is not None
         return {
-            "canaries": self.stats.canaries.kind, "seed": self.config.seed,
-            "requested_num_canaries": self.config.num_canaries,
-            "num_canaries": self.num_canaries, "num_unobserved": self.num_unobserved,
-            "training": self.training, "dim": self.stats.dim, "delta": delta, "alpha": alpha,
+            **self.identity(), "dim": self.stats.dim, "delta": delta, "alpha": alpha,
             "participations_histogram": np.bincount(self.participations).tolist(),
             "rounds_skipped_non_finite": self.stats.rounds_skipped,
             **self.summary_inputs(),

@@ -43,6 +43,7 @@ class OpacusBackend(CanaryBackend):
     Raises:
         TypeError: no ``DPOptimizer`` among ``optimizers``.
         ValueError: no rate can be found, a model with fewer than 2 parameters.
+        RuntimeError: several processes with a non-distributed ``DPOptimizer`` on each.
     """
 
     training = "Opacus DP-SGD"
@@ -66,7 +67,8 @@ class OpacusBackend(CanaryBackend):
         so far, so that its epsilon, and the analytic epsilon here, cover the whole training.
 
         Raises:
-            TypeError: no ``DPOptimizer``; ValueError: a model of another size, no rate.
+            TypeError: no ``DPOptimizer``; ValueError: a model of another size, no rate;
+            RuntimeError: several processes with a non-distributed ``DPOptimizer``.
         """
         assert self.stats is not None
         opt = _dp_optimizer(trainer)

@@ -76,7 +76,10 @@ class CanaryAudit(Callback):
     Raises:
         TypeError: neither a DP-FedAvg module nor an Opacus ``DPOptimizer`` (at fit start).
         ValueError: bad arguments, a model with fewer than 2 parameters, ``repeats`` with
-            DP-SGD, more Hadamard canaries than n.
+            DP-SGD, more Hadamard canaries than n, a checkpoint of another audit (naming the
+            setting that differs).
+        RuntimeError: at fit start, under DDP: ``DPFedAvg`` (train it with ``devices=1``), or a
+            non-distributed Opacus optimizer on each rank (wrap the model in ``DPDDP``).
     """
 
     def __init__(
@@ -290,15 +293,12 @@ class CanaryAudit(Callback):
                                   exact_null=stats.canaries.kind == "gaussian", step=step)
 
     def _config_dict(self) -> dict[str, Any]:
-        """What the numbers depend on, checked against a checkpoint's on resume."""
-        backend = self.backend
-        return {
-            "canaries": self.config.kind, "seed": self.config.seed,
-            "requested_num_canaries": self.config.num_canaries,
-            "num_canaries": None if backend is None else self.num_canaries,
-            "num_unobserved": None if backend is None else self.num_unobserved,
-            "delta": self.delta, "training": None if backend is None else backend.training,
-        }
+        """What the numbers depend on, checked against a checkpoint's on resume (before the
+        backend exists, only the requested settings)."""
+        if self.backend is not None:
+            return {**self.backend.identity(), "delta": self.delta}
+        return {"canaries": self.config.kind, "seed": self.config.seed,
+                "requested_num_canaries": self.config.num_canaries, "delta": self.delta}
 
     def _summary(self, report: CanaryReport | None, stale: bool) -> dict[str, Any]:
         assert self.backend is not None

@@ -257,14 +257,7 @@ def multiclass_lower_bound(
     xnorm = np.linalg.norm(xt, axis=1)
     onehot = np.eye(k)
     layer_part = scale * np.linalg.norm(probs[:, None, :] - onehot[None], axis=2) * xnorm[:, None]  # [N, K]
-    bad = g < layer_part[np.arange(n), y] * (1.0 - ld._GRAD_NORM_RTOL)
-    if bad.any():
-        r = int(np.flatnonzero(bad)[0])
-        raise ValueError(
-            f"grad_norms[{r}] = {g[r]:.6g} is smaller than the norm of that example's last-layer "
-            f"gradient kappa ||p - e_y|| ||[x, 1]|| = {layer_part[r, y[r]]:.6g}: pass the norm of the "
-            "whole per-example gradient over all parameters, before clipping"
-        )
+    ld._check_grad_norms(g, layer_part[np.arange(n), y], "kappa ||p - e_y|| ||[x, 1]||")
     flip_clip = gf = exact_clip = None
     if callable(flipped_grad_norms):
         # estimate (the whole gradient scaled like its last-layer part) to rank the pairs; the

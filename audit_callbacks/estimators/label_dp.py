@@ -246,6 +246,16 @@ def _as_1d(x: ArrayLike, name: str, n: int) -> np.ndarray:
     return arr
 
 
+def _check_grad_norms(g: np.ndarray, layer_part: np.ndarray, formula: str) -> None:
+    """Raise ``ValueError`` when a whole-gradient norm is below its last-layer part [N]."""
+    if (bad := g < layer_part * (1.0 - _GRAD_NORM_RTOL)).any():
+        r = int(np.flatnonzero(bad)[0])
+        raise ValueError(
+            f"grad_norms[{r}] = {g[r]:.6g} is smaller than the norm of that example's last-layer "
+            f"gradient {formula} = {layer_part[r]:.6g} (kappa = grad_scale): pass the norm of the "
+            "whole per-example gradient over all parameters, before clipping")
+
+
 def _design(features: np.ndarray, bias: bool) -> np.ndarray:
     """x~_r = [x_r, 1] (bias) or x_r; shape [N, d]."""
     if bias:
@@ -504,14 +514,7 @@ def label_dp_lower_bound(
     a = p - y  # p_r - y_r, nonzero
     a_flip = p - 1.0 + y
     layer_part = scale * np.abs(a) * xnorm
-    bad = g < layer_part * (1.0 - _GRAD_NORM_RTOL)
-    if bad.any():
-        r = int(np.flatnonzero(bad)[0])
-        raise ValueError(
-            f"grad_norms[{r}] = {g[r]:.6g} is smaller than the norm of that example's last-layer "
-            f"gradient kappa |p - y| ||[x, 1]|| = {layer_part[r]:.6g} (kappa = grad_scale = {scale:g}): pass "
-            "the norm of the whole per-example gradient over all parameters, before clipping"
-        )
+    _check_grad_norms(g, layer_part, "kappa |p - y| ||[x, 1]||")
 
     if gram_inv_diag is None:
         v = _gram_inv_diag(xt, eps)
