@@ -35,7 +35,7 @@ from audit_callbacks.mechanisms import (
 ERR, FIN, INF = "error", "finite", "inf"  # INF: math.inf, where documented
 EXCLUDED = {
     # result types (their fields are checked on construction)
-    "LabelDPBounds", "LayerFactorization", "SignAmbiguousLabels",
+    "LabelDPBounds", "LayerFactorization", "SignAmbiguousLabels", "ClientLabelDPBound",
     # a result type (its fields are checked finite on construction, tests/test_score_auditor.py)
     "ScoreAuditResult",
     # abstract bases (their methods are covered through the concrete mechanisms)
@@ -337,6 +337,17 @@ add("argmin_attack_success_probability", es.argmin_attack_success_probability, A
      "grad": FIN})
 add("argmin_attack_success_probability", es.argmin_attack_success_probability, AM, "sd",
     {"nan": ERR, "inf": ERR, "bool": ERR, "complex": ERR, "str": ERR, "grad": FIN})
+CL = {"probs": np.full((LN, 3), 1 / 3), "labels": np.array([0, 1, 2, 0, 1, 2]), "gram_inv_diag": np.full(LN, 0.5),
+      "update_scale": 0.1, "local_lr": 0.5, "noise_multiplier": 1.0, "clip_norm": 1.0, "delta": 1e-5}
+for arg in ("probs", "gram_inv_diag"):
+    add("client_update_label_dp_lower_bound", es.client_update_label_dp_lower_bound, CL, arg,
+        {"nan": ERR, "inf": ERR, "empty": ERR, "bool": ERR, "complex": ERR, "object": ERR, "str": ERR,
+         "grad": FIN})
+for arg in ("update_scale", "noise_multiplier", "clip_norm"):
+    add("client_update_label_dp_lower_bound", es.client_update_label_dp_lower_bound, CL, arg,
+        pos(**{"update_scale": {"1": ERR, "2": ERR},  # <= local_lr
+               "noise_multiplier": {"1e-300": ERR}, "clip_norm": {"1e-300": ERR}}.get(arg, {})))  # mu = 2 / 1e-300: not representable
+add("client_update_label_dp_lower_bound", es.client_update_label_dp_lower_bound, CL, "delta", DELTA)
 for nm in ("extrapolate_lower_bound", "extrapolation_factor"):
     kw = {"num_batches": 10, "batch_size": 5, **({"lb_one_batch": 1.0} if nm.startswith("extrapolate") else {})}
     add(nm, getattr(es, nm), kw, "num_batches", COUNT, COUNT_VALUES)

@@ -16,13 +16,13 @@ from tests._federated import fit
 pytestmark = pytest.mark.filterwarnings("ignore:.*(does not have many workers|secure RNG).*")
 
 
-def _run(tmp_path, noise, rounds=6, attack_noise=None, local_batch=1000):
+def _run(tmp_path, noise, rounds=6, attack_noise=None, local_batch=1000, randomizer=None):
     dm = FederatedDataModule("digits", num_clients=40, rounds_per_epoch=rounds, seed=0)
     dm.setup("fit")
     torch.manual_seed(0)
     module = DPFedAvg(MLP(64, 10, hidden=(200, 200)), clients_per_round=5, noise_multiplier=noise,
                       clip_norm=1.0, local_lr=0.5, local_epochs=1, local_batch_size=local_batch,
-                      sampling="shuffle", seed=0, delta=1e-5)
+                      sampling="shuffle", seed=0, delta=1e-5, randomizer=randomizer)
     attack = FederatedLabelAttack(noise_multiplier=attack_noise)
     fit(dm, module, [attack], rounds, tmp_path)
     return attack
@@ -47,6 +47,46 @@ def test_central_noise_lowers_accuracy_as_the_integral_predicts(tmp_path):
     assert 0.2 < expected.mean() < 0.9  # a real fall, not a degenerate one
     se = np.sqrt(np.sum(expected * (1 - expected) / sizes)) / len(expected)
     assert abs(noised.mean() - expected.mean()) <= 4 * se + 1e-3, (noised.mean(), expected.mean(), se)
+
+
+def test_the_per_client_bound_is_logged_every_round_below_the_single_round_bound(tmp_path):
+    """The label-DP lower bound of the release of one client's update (central noise z C on the
+    sum, the others' updates known): every round in TensorBoard, between 0 and the one-round
+    Gaussian upper bound (mu = 2 / z); it is the max over the round's clients; resume keeps it."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from audit_callbacks.estimators.gaussian import gaussian_epsilon
+
+    attack = _run(tmp_path, noise=0.0, attack_noise=0.003, rounds=4)
+    upper = gaussian_epsilon(0.003, 1e-5, sensitivity=2.0)
+    per_client = [h["epsilon_lower_bound"] for h in attack.history]
+    assert len(per_client) == 4 * 5 and all(0 <= v <= upper for v in per_client)
+    assert max(per_client) > 0.1  # a real measurement at this noise, not a vacuous 0
+    acc = EventAccumulator(str(tmp_path / "run" / "version_0"), size_guidance={"scalars": 0})
+    acc.Reload()
+    logged = [e.value for e in acc.Scalars("fl_label_attack/epsilon_lo_round")]
+    assert len(logged) == 4
+    for r, value in zip(attack.rounds, logged, strict=True):
+        clients = [h["epsilon_lower_bound"] for h in attack.history if h["round"] == r["round"]]
+        assert value == pytest.approx(max(clients), rel=1e-6)
+    assert acc.Scalars("fl_label_attack/epsilon_lo_max")[-1].value == pytest.approx(max(per_client), rel=1e-6)
+    assert acc.Scalars("fl_label_attack/epsilon_single_round")[-1].value == pytest.approx(upper, rel=1e-6)
+    summary = json.load(open(attack.summary_path))
+    assert summary["epsilon_lower_bound_max"] == pytest.approx(max(per_client))
+    assert summary["epsilon_single_round"] == pytest.approx(upper)
+    again = FederatedLabelAttack()
+    again.load_state_dict(attack.state_dict())
+    assert again.history == attack.history and again.running_max == attack.running_max
+    assert torch.equal(again._gen.get_state(), attack._gen.get_state())
+
+
+def test_a_local_randomizer_skips_the_noised_attack_and_the_bound_with_a_reason(tmp_path):
+    from audit_callbacks.mechanisms import GaussianRandomizer
+
+    with pytest.warns(UserWarning, match="randomize their updates locally"):
+        attack = _run(tmp_path, noise=0.5, rounds=2, randomizer=GaussianRandomizer(1.0, 1.0, 1e-5))
+    assert attack.skips["local_randomizer"] == 2
+    assert all("epsilon_lower_bound" not in h and "accuracy_noised" not in h for h in attack.history)
 
 
 def test_more_than_one_local_step_is_skipped_with_a_reason(tmp_path):

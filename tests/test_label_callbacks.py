@@ -196,17 +196,26 @@ def test_ghost_norms_only_for_models_made_of_biased_linear_layers():
     assert _ghost_layers(frozen, Opt(frozen)) == {}  # the first bias trains without its weight
 
 
-def test_per_step_scalars_follow_log_every_n_steps(tmp_path):
-    """Like self.log(on_step=True): a scalar every log_every_n_steps steps; every attacked step
-    is still in the records (and the summary)."""
-    attack, bound = LabelReconstructionAttack(), LabelDPLowerBound()
+@pytest.mark.parametrize("every_n_steps", [None, 1])
+def test_per_step_scalars_follow_log_every_n_steps(tmp_path, every_n_steps):
+    """Like self.log(on_step=True): a scalar every log_every_n_steps steps. By default the
+    callbacks compute on exactly those steps (as DeviceStatsMonitor does); with every_n_steps=1
+    every step is in the records (and the summary), and the logged values are the latest."""
+    attack = LabelReconstructionAttack(every_n_steps=every_n_steps)
+    bound = LabelDPLowerBound(every_n_steps=every_n_steps)
     _fit(tmp_path, [attack, bound], epochs=1, logger=True, log_every=4)
     acc = EventAccumulator(os.path.join(str(tmp_path), "run", "version_0"), size_guidance={"scalars": 0})
     acc.Reload()
     steps = [e.step for e in acc.Scalars("label_dp/epsilon_lo_batch")]
-    assert len(bound.records) == bound.steps >= 12
+    assert bound.steps >= 12
     assert steps and all(s % 4 == 0 for s in steps) and len(steps) == bound.steps // 4
     assert [e.step for e in acc.Scalars("label_attack/accuracy")] == steps
+    if every_n_steps is None:
+        assert [int(r["step"]) for r in bound.records] == steps
+        assert [h[0] for h in attack.history] == steps
+        assert bound.considered == attack.considered == len(steps)
+    else:
+        assert len(bound.records) == bound.steps == bound.considered
     by_step = {int(r["step"]): r["label_dp/epsilon_lo_batch"] for r in bound.records}
     for e in acc.Scalars("label_dp/epsilon_lo_batch"):
         assert e.value == pytest.approx(by_step[e.step], rel=1e-6)

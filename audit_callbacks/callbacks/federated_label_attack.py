@@ -15,9 +15,15 @@ Logged per round (``fl_label_attack/``): ``accuracy`` (the server's view, clippe
 ``accuracy_noised`` (the same attack on the row plus the central noise N(0, (z C)^2 I) of the
 release, i.e. what an observer of the noisy aggregate learns about a client when the others'
 updates are known), ``expected_accuracy_noised`` (the mean over the client's examples of
-P(argmin = y_r), docs/methods/label_dp_multiclass.md eq. (3)) and ``attacked_clients``.
-Clients with more examples than the last layer has coefficients (N > p + 1) or more than one
-local step are skipped with a reason (counted in the summary).
+P(argmin = y_r), docs/methods/label_dp_multiclass.md eq. (3)), ``attacked_clients``, and the
+label-DP lower bound of the release for one label of one client
+(:func:`~audit_callbacks.estimators.label_dp_client.client_update_label_dp_lower_bound`):
+``epsilon_lo_round`` (max over the round's attacked clients), ``epsilon_lo_max`` (running
+maximum) beside ``epsilon_single_round``, the upper bound of one round for one label (the
+Gaussian mechanism with sensitivity 2C, no amplification). The bound assumes the release is the
+cohort sum plus N(0, (z C)^2 I) only: with a local randomizer the noised metrics and the bound
+are skipped with a reason. Clients with more examples than the last layer has coefficients
+(N > p + 1) or more than one local step are skipped with a reason (counted in the summary).
 """
 
 from __future__ import annotations
@@ -32,10 +38,11 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
+from audit_callbacks.attacks.label_gradients import gradient_scale
 from audit_callbacks.attacks.label_reconstruction import factorize_layer, reconstruct_labels
 from audit_callbacks.callbacks import tensorboard as tb
 from audit_callbacks.callbacks.summary import write_summary
-from audit_callbacks.estimators.label_dp import argmin_attack_success_probability
+from audit_callbacks.estimators.label_dp_client import client_update_label_dp_lower_bound
 
 __all__ = ["FederatedLabelAttack"]
 
@@ -44,20 +51,29 @@ class FederatedLabelAttack(Callback):
     """Attack each sampled real client's last-layer update in FedSGD (see the module docstring).
 
     Args:
-        noise_multiplier: z of the simulated central noise for ``accuracy_noised`` (default: the
-            module's ``noise_multiplier``); 0 disables the noised attack.
-        seed: seeds the simulated noise.
+        noise_multiplier: z of the central noise for ``accuracy_noised`` and the bound (default:
+            the module's ``noise_multiplier``); 0 disables the noised attack and the bound.
+        delta: delta of the bounds (default: the module's ``delta`` or 1e-5).
+        seed: seeds the simulated noise of ``accuracy_noised`` (an attack's draw, not the
+            release's noise).
         summary_filename: JSON at fit end in the logger's directory (None: none).
+
+    Raises:
+        ValueError: ``noise_multiplier`` < 0 or not finite, ``delta`` outside (0, 1).
 
     Never aborts the fit: on a module that is not ``DPFedAvg``-like, a model without an
     ``nn.Linear`` layer or more than one local step it warns once, logs why and does nothing.
     """
 
-    def __init__(self, *, noise_multiplier: float | None = None, seed: int = 0,
+    def __init__(self, *, noise_multiplier: float | None = None, delta: float | None = None, seed: int = 0,
                  summary_filename: str | None = "federated_label_attack_summary.json") -> None:
         if noise_multiplier is not None and not (noise_multiplier >= 0 and np.isfinite(noise_multiplier)):
             raise ValueError(f"noise_multiplier must be >= 0 and finite, got {noise_multiplier!r}")
+        if delta is not None and not 0 < delta < 1:
+            raise ValueError(f"delta must be in (0, 1), got {delta!r}")
         self.noise_multiplier = noise_multiplier
+        self.delta = delta
+        self.running_max = 0.0
         self.seed = int(seed)
         self.summary_filename = summary_filename
         self.history: list[dict[str, float]] = []  # one row per attacked client
@@ -104,8 +120,15 @@ class FederatedLabelAttack(Callback):
             return
         layer, w_off, b_off = found
         z = float(pl_module.noise_multiplier if self.noise_multiplier is None else self.noise_multiplier)
+        if z > 0 and getattr(pl_module, "randomizer", None) is not None:
+            self._warn_once(trainer, "local_randomizer", "the clients randomize their updates locally; the noised "
+                            "attack and the bound model the central noise only, so they are skipped")
+            z = 0.0
         c_norm = float(pl_module.clip_norm)
-        accs, noised, expected = [], [], []
+        own = getattr(pl_module, "delta", None)
+        delta = self.delta if self.delta is not None else (float(own) if own else 1e-5)
+        accs, noised, expected, bounds = [], [], [], []
+        single_round = None
         for row, cid_name in enumerate(client_ids):
             if not cid_name.startswith("client/"):
                 continue  # virtual clients (canaries) carry no labels to recover
@@ -115,7 +138,7 @@ class FederatedLabelAttack(Callback):
                 self._warn_once(trainer, "not_fedsgd", "the attack needs one local step on the whole client data "
                                 "(local_epochs=1, local_batch_size >= client size); client skipped")
                 continue
-            feats = self._features(pl_module, layer, x_all)
+            feats, logits = self._forward(pl_module, layer, x_all)
             k = layer.out_features
             p = layer.in_features
             if n > p + (b_off is not None):
@@ -133,48 +156,72 @@ class FederatedLabelAttack(Callback):
                 continue
             y = y_all.reshape(-1).to(torch.int64)
             accs.append(float((pred == y).double().mean()))
+            row_out = {"round": float(round_idx), "client": float(cid_name.split("/", 1)[1]),
+                       "accuracy": accs[-1], "examples": float(n)}
             if z > 0:
                 noise = torch.randn(upd.shape[0], generator=self._gen, dtype=torch.float64) * (z * c_norm)
                 wn = w - noise[w_off:w_off + k * p].reshape(k, p)
                 bn = b - noise[b_off:b_off + k] if b is not None else None
                 pred_n = reconstruct_labels(feats, wn, bn, factorization=f)
                 noised.append(float((pred_n == y).double().mean()))
-                expected.append(self._expected(f, w, b, y, n, z * c_norm))
-            self.history.append({"round": float(round_idx), "client": float(cid_name.split("/", 1)[1]),
-                                 "accuracy": accs[-1], "accuracy_noised": noised[-1] if z > 0 else float("nan"),
-                                 "expected_accuracy_noised": expected[-1] if z > 0 else float("nan"),
-                                 "examples": float(n)})
+                row_out["accuracy_noised"] = noised[-1]
+                res = self._bound(trainer, pl_module, f, w, b, logits, y, z, c_norm, delta)
+                if res is not None:
+                    expected.append(float(np.mean(res.p0)))
+                    bounds.append(res.epsilon_lower_bound)
+                    single_round = res.epsilon_single_round
+                    row_out["expected_accuracy_noised"] = expected[-1]
+                    row_out["epsilon_lower_bound"] = bounds[-1]
+            self.history.append(row_out)
         if not accs:
             return
         metrics = {"fl_label_attack/accuracy": float(np.mean(accs)), "fl_label_attack/attacked_clients": len(accs)}
         if noised:
             metrics["fl_label_attack/accuracy_noised"] = float(np.mean(noised))
+        if bounds:
+            self.running_max = max(self.running_max, max(bounds))
             metrics["fl_label_attack/expected_accuracy_noised"] = float(np.mean(expected))
+            metrics["fl_label_attack/epsilon_lo_round"] = float(max(bounds))
+            metrics["fl_label_attack/epsilon_lo_max"] = self.running_max
+            metrics["fl_label_attack/epsilon_single_round"] = float(single_round)
         self.rounds.append({"round": float(round_idx), **metrics})
         tb.log_scalars(trainer, metrics, int(trainer.global_step))
 
+    def _bound(self, trainer: pl.Trainer, pl_module: Any, f: Any, w: torch.Tensor, b: torch.Tensor | None,
+               logits: torch.Tensor, y: torch.Tensor, z: float, c_norm: float, delta: float) -> Any:
+        """The client's label-DP bound, or None (warned) when its update is not lr c mean of
+        log-loss / cross-entropy gradients."""
+        n = int(y.shape[0])
+        rhs = torch.cat([w, b.reshape(-1, 1)], dim=1) if b is not None else w
+        means = n * f.solve(rhs.T)  # noise-free statistic lr c (p_r - e_{y_r}), [N, K]
+        if logits.shape[1] == 1:
+            probs = torch.sigmoid(logits[:, 0]).clamp(1e-12, 1 - 1e-12).numpy()
+            err = probs - y.numpy()
+        else:
+            probs = torch.softmax(logits, dim=1).numpy()
+            err = probs - np.eye(probs.shape[1])[y.numpy()]
+        scale = gradient_scale(err, means)
+        lr = float(pl_module.local_lr)
+        if scale is None or scale > lr * (1 + 1e-6):
+            self._warn_once(trainer, "unsupported_loss", "the client's last-layer update is not -lr c times the mean "
+                            "log-loss / cross-entropy gradient (c <= 1); no bound for this client")
+            return None
+        return client_update_label_dp_lower_bound(probs, y.numpy(), f.gram_inv_diag, update_scale=scale,
+                                                  local_lr=lr, noise_multiplier=z, clip_norm=c_norm, delta=delta)
+
     @staticmethod
-    def _features(pl_module: Any, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-        """The last layer's inputs for the client's examples under the current global model."""
-        seen: list[torch.Tensor] = []
-        handle = layer.register_forward_hook(lambda m, a, o: seen.append(a[0].detach()))
+    def _forward(pl_module: Any, layer: nn.Linear, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The last layer's inputs [N, p] and outputs [N, K] (float64) under the current global model."""
+        seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+        handle = layer.register_forward_hook(lambda m, a, o: seen.append((a[0].detach(), o.detach())))
         try:
             with torch.no_grad():
                 pl_module.model(x.to(pl_module.device))
         finally:
             handle.remove()
-        return seen[-1].reshape(x.shape[0], -1).to("cpu", torch.float64)
-
-    @staticmethod
-    def _expected(f: Any, w: torch.Tensor, b: torch.Tensor | None, y: torch.Tensor, n: int, noise_sd: float) -> float:
-        """Mean over the client's examples of P(argmin = y_r) under N(0, noise_sd^2) on the update."""
-        rhs = torch.cat([w, b.reshape(-1, 1)], dim=1) if b is not None else w
-        means = (n * f.solve(rhs.T)).numpy()  # noise-free statistic lr c (p_r - e_{y_r}), [N, K]
-        sd = n * noise_sd * np.sqrt(f.gram_inv_diag.numpy())
-        if means.shape[1] == 1:  # sigmoid logit: y = 1 iff a_r < 0, i.e. argmin of (0, a_r)
-            means = np.concatenate([np.zeros_like(means), means], axis=1)
-            sd = sd / np.sqrt(2.0)  # isotropic noise on (0, a): the difference carries it once
-        return float(np.mean(argmin_attack_success_probability(means, y.numpy(), sd)))
+        inputs, outputs = seen[-1]
+        return (inputs.reshape(x.shape[0], -1).to("cpu", torch.float64),
+                outputs.reshape(x.shape[0], -1).to("cpu", torch.float64))
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
         if not self.summary_filename or not trainer.is_global_zero:
@@ -188,7 +235,23 @@ class FederatedLabelAttack(Callback):
                             "global model and the client's features",
             "attacked_clients": len(self.history),
             "accuracy": float(np.mean(acc)) if acc else None,
+            "delta": self.delta if self.delta is not None else float(getattr(pl_module, "delta", 1e-5) or 1e-5),
+            "epsilon_lower_bound_max": self.running_max,
+            "epsilon_single_round": self.rounds[-1].get("fl_label_attack/epsilon_single_round") if self.rounds
+            else None,
             "skipped": dict(self.skips),
             "rounds": self.rounds,
             "history": self.history,
         })
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": [dict(h) for h in self.history], "rounds": [dict(r) for r in self.rounds],
+                "skips": dict(self.skips), "running_max": self.running_max, "generator": self._gen.get_state()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.history = [dict(h) for h in state_dict.get("history", [])]
+        self.rounds = [dict(r) for r in state_dict.get("rounds", [])]
+        self.skips = Counter({str(k): int(v) for k, v in state_dict.get("skips", {}).items()})
+        self.running_max = float(state_dict.get("running_max", 0.0))
+        if "generator" in state_dict:
+            self._gen.set_state(state_dict["generator"])

@@ -8,6 +8,14 @@ and outputs while a training batch runs) and a hook chained into the ``DPOptimiz
 the privatized gradient and ``p.grad_sample`` still holds the per-example gradients). The
 accountant's own hook keeps running first.
 
+Which steps. By default (``every_n_steps=None``) a callback considers the steps the Trainer
+logs (``log_every_n_steps``, Lightning's default 50), as Lightning's ``DeviceStatsMonitor`` and
+``LearningRateMonitor`` do: the cost follows the logging interval and every considered step
+reaches the logger. ``every_n_steps=n`` considers one logical step in n instead (``1``: every
+step; the running maximum and the accuracy then cover every batch, at a cost measured in
+``benchmarks/label_audit_overhead.py``). Which steps are considered never depends on the data,
+so a maximum over them is still a valid lower bound.
+
 Coverage. Every step the callback considers ends attacked or skipped with a reason code
 (:data:`SKIP_REASONS`); ``<prefix>/attacked_fraction`` (attacked / considered so far) and
 ``<prefix>/skip_reason`` (the code of the latest considered step, 0 = attacked) are logged at
@@ -76,13 +84,15 @@ class StepAuditCallback(Callback):
     name = "label audit"
     prefix = "label"
 
-    def __init__(self, *, every_n_steps: int, label_fn: Any, summary_filename: str | None,
+    def __init__(self, *, every_n_steps: int | None, label_fn: Any, summary_filename: str | None,
                  observer: LabelStepObserver | None = None) -> None:
-        if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
-            raise ValueError(f"every_n_steps must be an integer >= 1, got {every_n_steps!r}")
+        if every_n_steps is not None and (isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int)
+                                          or every_n_steps < 1):
+            raise ValueError("every_n_steps must be None (the Trainer's logging steps) or an integer >= 1, "
+                             f"got {every_n_steps!r}")
         if observer is not None and not isinstance(observer, LabelStepObserver):
             raise ValueError(f"observer must be a LabelStepObserver, got {type(observer).__name__}")
-        self.every_n_steps = int(every_n_steps)
+        self.every_n_steps = every_n_steps
         self.label_fn = label_fn or default_labels
         self.summary_filename = summary_filename
         self.observer = observer
@@ -183,7 +193,7 @@ class StepAuditCallback(Callback):
         assert self._tap is not None
         self.steps += 1
         data = self._tap.take()
-        if (self.steps - 1) % self.every_n_steps:
+        if not self._considers_this_step():
             return
         self.considered += 1
         if data is None or data["labels"].numel() == 0:
@@ -196,6 +206,11 @@ class StepAuditCallback(Callback):
             self._latest = dict(out)
         elif sum(self.skips.values()) == reasons_before:  # _on_step returned None without a reason
             self._skip("no_gradient", "nothing to attack this step")
+
+    def _considers_this_step(self) -> bool:
+        if self.every_n_steps is None:
+            return self._log_this_batch
+        return (self.steps - 1) % self.every_n_steps == 0
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.observer is not None:

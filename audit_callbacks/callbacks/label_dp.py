@@ -65,7 +65,8 @@ class LabelDPLowerBound(StepAuditCallback):
     """Label-DP lower bounds of each DP-SGD step against the last-layer label attack.
 
     For a model whose last layer is ``nn.Linear`` -- one sigmoid logit (binary, log-loss) or K
-    softmax outputs (cross-entropy) -- every ``every_n_steps`` logical steps it computes, from
+    softmax outputs (cross-entropy) -- on the steps the Trainer logs (or every ``every_n_steps``
+    logical steps) it computes, from
     the batch's last-hidden activations, the model's probabilities, the labels and Opacus'
     per-example gradient norms (over all parameters, before clipping; from the per-example
     bias gradients and input norms when every trained parameter is in an ``nn.Linear`` with a
@@ -104,7 +105,9 @@ class LabelDPLowerBound(StepAuditCallback):
     epsilon is for the whole run under Poisson sampling and add/remove neighbours.
 
     Args:
-        every_n_steps: compute on one logical step in n.
+        every_n_steps: None (default): compute on the steps the Trainer logs
+            (``log_every_n_steps``); n: on one logical step in n (1: every step). See
+            :mod:`audit_callbacks.callbacks.label_base`.
         delta: delta of every epsilon (default: the module's ``delta`` or 1e-5).
         second_last: binary models: also bound the second-last layer's attack (ReLU MLP).
         label_fn: ``batch -> labels [N]`` (default: ``batch[1]``).
@@ -117,7 +120,7 @@ class LabelDPLowerBound(StepAuditCallback):
             of every example only on logged steps; None: every pair at every step.
 
     Raises:
-        ValueError: ``delta`` outside (0, 1), ``every_n_steps`` < 1, ``max_pairs`` < 1.
+        ValueError: ``delta`` outside (0, 1), ``every_n_steps`` neither None nor >= 1, ``max_pairs`` < 1.
     Never aborts the fit: on a model it cannot audit (no ``nn.Linear`` last layer, no Opacus
     optimizer, noise multiplier 0, a loss other than log-loss / cross-entropy on that layer)
     it warns once, logs why (text in TensorBoard) and disables itself; a step it cannot audit
@@ -128,7 +131,7 @@ class LabelDPLowerBound(StepAuditCallback):
     prefix = "label_dp"
 
     def __init__(
-        self, *, every_n_steps: int = 1, delta: float | None = None, second_last: bool = False,
+        self, *, every_n_steps: int | None = None, delta: float | None = None, second_last: bool = False,
         label_fn: Any = None, summary_filename: str | None = "label_dp_summary.json",
         observer: LabelStepObserver | None = None, max_pairs: int | None = 16,
     ) -> None:

@@ -68,8 +68,8 @@ class LabelReconstructionAttack(StepAuditCallback):
 
     Threat model: an honest-but-curious party that sees the gradient DP-SGD releases at a step
     (clipped, noised, divided by the expected batch size) for one linear layer, and the inputs
-    of that layer for the batch's examples (white-box model, known batch features). Every
-    ``every_n_steps`` logical steps it runs
+    of that layer for the batch's examples (white-box model, known batch features). On the steps
+    the Trainer logs (or every ``every_n_steps`` logical steps) it runs
     :func:`~audit_callbacks.attacks.label_reconstruction.reconstruct_labels` on
     ``(inputs [N, p], weight.grad [K, p], bias.grad [K])`` and compares with the true labels
     (Yuan et al. 2022 §3 eq. (1), Alg. 1 and 3; K > 1: argmin of the solved statistic).
@@ -88,7 +88,9 @@ class LabelReconstructionAttack(StepAuditCallback):
 
     Args:
         layer: the attacked ``nn.Linear`` (default: the last linear layer of the module).
-        every_n_steps: attack one logical step in n.
+        every_n_steps: None (default): attack the steps the Trainer logs
+            (``log_every_n_steps``); n: one logical step in n (1: every step). See
+            :mod:`audit_callbacks.callbacks.label_base`.
         label_fn: ``batch -> labels [N]`` (default: ``batch[1]``).
         summary_filename: JSON written at fit end in the logger's directory (None: none).
         observer: a :class:`LabelStepObserver` shared with ``LabelDPLowerBound`` (default: the
@@ -102,7 +104,7 @@ class LabelReconstructionAttack(StepAuditCallback):
     prefix = "label_attack"
 
     def __init__(
-        self, layer: nn.Linear | None = None, *, every_n_steps: int = 1, label_fn: Any = None,
+        self, layer: nn.Linear | None = None, *, every_n_steps: int | None = None, label_fn: Any = None,
         summary_filename: str | None = "label_attack_summary.json", observer: LabelStepObserver | None = None,
     ) -> None:
         super().__init__(every_n_steps=every_n_steps, label_fn=label_fn, summary_filename=summary_filename,

@@ -48,6 +48,7 @@ from .label_dp import (
     label_dp_lower_bound,
     last_layer_gram_inverse_diag,
 )
+from .label_dp_client import ClientLabelDPBound, client_update_label_dp_lower_bound
 from .lower_bound import (
     epsilon_lower_bound_from_cosines,
     estimate_epsilon_lower_bound_from_cosines,
@@ -90,6 +91,8 @@ __all__ = [
     "jeffreys_upper",
     "label_dp_lower_bound",
     "LabelDPBounds",
+    "ClientLabelDPBound",
+    "client_update_label_dp_lower_bound",
     "argmin_attack_success_probability",
     "last_layer_gram_inverse_diag",
     "min_clients_for_shuffling",

@@ -1,0 +1,129 @@
+"""Label-DP lower bound of one client's update in one round of DP-FedAvg with FedSGD clients.
+
+Setting: a client holds n examples and takes ONE local SGD step on all of them (FedSGD), so its
+update is Delta = -lr c mean_r grad L_r, with one clip factor c = min(1, C / ||Delta_raw||) for
+the whole update (McMahan et al. 2018, DP-FedAvg). The server releases the cohort's sum of
+clipped updates plus N(0, (z C)^2 I). The adversary of DP knows every other client's update,
+the global model and this client's features, so it sees Delta + N(0, (z C)^2 I) and runs the
+last-layer label attack of Yuan, Xue, Wang & Shen (2022), "Deep Gradient Attacks with Strong
+DP-SGD Lower Bounds for Label Privacy", §3 eq. (1), Alg. 1 and 3, on the last layer's part
+(K classes: the argmin attack of docs/methods/label_dp_multiclass.md).
+
+The statistic of example r is a_r = n [(Cm^T Cm)^{-1} Cm^T (-Delta_last)^T]_r (Cm = rows
+[x_r, 1], ``gram_inv_diag`` v_r = [(Cm^T Cm)^{-1}]_rr). Under D0 (the observed labels)
+
+    a_r ~ N(s (p_r - e_{y_r}), tau_r^2 I_K),   s = lr c,   tau_r = n z C sqrt(v_r),
+
+and under D1 (row r's label replaced by y') its mean is s' (p_r - e_{y'}) with s' = lr c' and
+c' in (0, 1] the clip factor of the changed update (unknown to this function: P1 is maximised
+over c' on the grid of docs/methods/label_dp_multiclass.md, the conservative form). The model's
+p_r does not depend on r's label. P0, P1 and LB[r] = max_{y'} log((P0 - delta) / P1) are eq.
+(3)-(5) there with the clip factor c shared by every row. A sigmoid logit (``probs`` [n],
+labels in {0, 1}) is the case K = 2 with probabilities (1 - p, p), half the scale and sd
+tau / sqrt 2 (the difference of the two coordinates carries the noise once).
+
+Without the replaced update's clip factor the bound cannot pass log K (log 2 for a sigmoid
+logit): c' -> 0 removes the label signal from the replaced update, so P1 >= 1/K. It reaches
+that ceiling only at very small noise; a known c' (one backward pass per pair) would lift it.
+
+Upper bound of the same release (one round, replace-one label of one client, no amplification):
+the Gaussian mechanism with sensitivity 2C and noise z C, mu = 2 / z.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from ._label_dp_multiclass import check_multiclass, multiclass_bounds
+from ._validation import as_float_array, check_delta, check_positive_finite
+from .gaussian import gaussian_epsilon
+
+__all__ = ["ClientLabelDPBound", "client_update_label_dp_lower_bound"]
+
+
+@dataclass(frozen=True)
+class ClientLabelDPBound:
+    """Result of :func:`client_update_label_dp_lower_bound` (nats at ``delta``).
+
+    Attributes:
+        p0: [n] P(the attack recovers y_r) on the release (the expected attack accuracy per example).
+        lower_bound: [n] LB[r] (-inf where P0 <= delta or the pair was not evaluated).
+        epsilon_lower_bound: max(0, max_r LB[r]), the client's bound.
+        epsilon_single_round: the upper bound of the round for one label, mu = 2 / z.
+    """
+
+    p0: np.ndarray
+    lower_bound: np.ndarray
+    epsilon_lower_bound: float
+    epsilon_single_round: float
+    delta: float
+    noise_multiplier: float
+
+
+def client_update_label_dp_lower_bound(
+    probs: ArrayLike, labels: ArrayLike, gram_inv_diag: ArrayLike, *, update_scale: float, local_lr: float,
+    noise_multiplier: float, clip_norm: float, delta: float, max_pairs: int | None = 16,
+) -> ClientLabelDPBound:
+    """Label-DP lower bound of one FedSGD client's update in a DP-FedAvg release (module docstring).
+
+    Args:
+        probs: [n, K] softmax probabilities (K >= 2) or [n] sigmoid probabilities of the
+            client's examples under the round's global model.
+        labels: [n] labels in 0..K-1 (or {0, 1}).
+        gram_inv_diag: [n] v_r = [(Cm^T Cm)^{-1}]_rr of the last layer's inputs [x_r, 1]
+            (``factorize_layer(features).gram_inv_diag``), > 0.
+        update_scale: s = lr c > 0, read from the noise-free statistic (a_r = s (p_r - e_{y_r})).
+        local_lr: the clients' learning rate lr >= s (so c = s / lr <= 1).
+        noise_multiplier: z > 0 of the release (noise std z C on the sum).
+        clip_norm: C > 0.
+        delta: in (0, 1).
+        max_pairs: evaluate the integrals for this many (example, label) pairs, ranked by a
+            closed-form upper bound (None: every pair); any choice gives a valid lower bound.
+
+    Returns:
+        :class:`ClientLabelDPBound`.
+
+    Raises:
+        ValueError: naming the argument: shapes, labels out of range, probabilities not in
+        [0, 1] or not summing to 1, a scale, noise or delta out of range, s > lr.
+    """
+    z = check_positive_finite(noise_multiplier, "noise_multiplier")
+    c_max = check_positive_finite(clip_norm, "clip_norm")
+    lr = check_positive_finite(local_lr, "local_lr")
+    s = check_positive_finite(update_scale, "update_scale")
+    delta = check_delta(delta)
+    single_round = float(gaussian_epsilon(z, delta, sensitivity=2.0))  # raises where mu = 2 / z overflows
+    if s > lr * (1 + 1e-6):
+        raise ValueError(f"update_scale = {s:.6g} exceeds local_lr = {lr:.6g}: the update is not -lr c mean "
+                         "gradient with c <= 1 (a loss summed over examples, or another optimizer)")
+    p = as_float_array(probs, "probs")
+    if p.ndim not in (1, 2) or p.shape[0] < 1 or not np.isfinite(p).all():
+        raise ValueError(f"probs must be a finite [n] or [n, K] array, got shape {p.shape}")
+    n = p.shape[0]
+    binary = p.ndim == 1
+    if binary:
+        if (p < 0).any() or (p > 1).any():
+            raise ValueError("probs must lie in [0, 1] (sigmoid probabilities)")
+        p = np.stack([1.0 - p, p], axis=1)
+    y = check_multiclass(p, labels, n)
+    v = as_float_array(gram_inv_diag, "gram_inv_diag", allow_int=True).reshape(-1)
+    if v.shape != (n,) or not np.isfinite(v).all() or (v <= 0).any():
+        raise ValueError(f"gram_inv_diag must be [{n}] finite values > 0, got shape {v.shape}")
+    tau = n * z * c_max * np.sqrt(v)
+    if s / float(tau.min()) > 1e12:  # standardised gaps beyond any quadrature (and any sane input)
+        raise ValueError(f"update_scale / (n noise_multiplier clip_norm sqrt(gram_inv_diag)) = "
+                         f"{s / float(tau.min()):.3g} is too large: the update is far larger than the clip norm")
+    scale, sd = (lr / 2.0, tau / math.sqrt(2.0)) if binary else (lr, tau)
+    out = multiclass_bounds(coef=p, y=y, clip=np.full(n, min(1.0, s / lr)), flip_clip=None, scale=scale, sd=sd,
+                            n_e=1.0, delta=delta, max_pairs=max_pairs, p0_for_all=True)
+    lb = out["lower_bound"]
+    best = float(np.max(lb[np.isfinite(lb)])) if np.isfinite(lb).any() else 0.0
+    return ClientLabelDPBound(
+        p0=np.exp(out["log_p0"]), lower_bound=lb, epsilon_lower_bound=max(0.0, best),
+        epsilon_single_round=single_round,
+        delta=delta, noise_multiplier=z,
+    )
