@@ -42,3 +42,21 @@ def test_label_callbacks_complete_the_fit_and_log_a_measurement_or_a_reason(tmp_
     summary = json.load(open(bound.summary_path))
     assert summary["num_classes"] == 10 and summary["skipped"].get("batch_wider_than_layer", 0) > 0
     assert summary["attacked_fraction"] == 0.0
+
+
+def test_at_the_scripts_own_logging_interval_each_epoch_is_still_measured(tmp_path):
+    """The script as a user runs it (Lightning's default log_every_n_steps=50, epochs of ~18
+    steps): by default the callbacks attack the logged steps and each epoch's last step, so
+    TensorBoard holds a measurement or a reason for every epoch, not an empty chart."""
+    attack, bound = LabelReconstructionAttack(), LabelDPLowerBound()
+    model, trainer = main(callbacks=[attack, bound], enable_progress_bar=False, enable_checkpointing=False,
+                          default_root_dir=str(tmp_path), logger=TensorBoardLogger(str(tmp_path), name="run",
+                                                                                  version=0))
+    assert trainer.state.finished and trainer.log_every_n_steps == 50 and bound.steps < 50
+    for cb in (attack, bound):
+        assert cb.considered == 2  # the last step of each of the 2 epochs
+    acc = EventAccumulator(os.path.join(str(tmp_path), "run", "version_0"), size_guidance={"scalars": 0})
+    acc.Reload()
+    epoch_ends = [bound.steps // 2, bound.steps]
+    assert [e.step for e in acc.Scalars("label_dp/skip_reason")] == epoch_ends
+    assert [e.step for e in acc.Scalars("label_attack/count_accuracy")] == epoch_ends

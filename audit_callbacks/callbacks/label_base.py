@@ -10,8 +10,9 @@ accountant's own hook keeps running first.
 
 Which steps. By default (``every_n_steps=None``) a callback considers the steps the Trainer
 logs (``log_every_n_steps``, Lightning's default 50), as Lightning's ``DeviceStatsMonitor`` and
-``LearningRateMonitor`` do: the cost follows the logging interval and every considered step
-reaches the logger. ``every_n_steps=n`` considers one logical step in n instead (``1``: every
+``LearningRateMonitor`` do, and the last step of every training epoch (so that a short epoch,
+fewer steps than the interval, is still measured): the cost follows the logging interval and
+every considered step reaches the logger. ``every_n_steps=n`` considers one logical step in n instead (``1``: every
 step; the running maximum and the accuracy then cover every batch, at a cost measured in
 ``benchmarks/label_audit_overhead.py``). Which steps are considered never depends on the data,
 so a maximum over them is still a valid lower bound.
@@ -184,6 +185,9 @@ class StepAuditCallback(Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         connector = getattr(trainer, "_logger_connector", None)
         self._log_this_batch = bool(getattr(connector, "should_update_logs", True))
+        if self.every_n_steps is None:  # also each epoch's last batch (it ends with an optimizer step)
+            total = trainer.num_training_batches
+            self._log_this_batch |= isinstance(total, int) and batch_idx + 1 == total
         if self._tap is None:
             return
         self._tap.active = True
