@@ -21,11 +21,17 @@ the last epoch divided by the epochs in between (every hook, the validation and 
 epoch end; not ``make_private``, the first epoch's warm-up or the fit-end summaries). Variants:
 
 * ``baseline``: no callback;
-* ``both``: ``LabelReconstructionAttack()`` + ``LabelDPLowerBound()`` (defaults: every step, the
-  last layer; summary JSON at fit end) - the number the target (ratio <= 1.25) is about;
-* ``attack``, ``lower_bound``: each callback alone;
-* ``both_second_last``: ``both`` with ``LabelDPLowerBound(second_last=True)`` (the second-last
-  layer bound of Yuan et al. 2022 Alg. 4, as the example uses it; reported, no target).
+* ``both``: ``LabelReconstructionAttack()`` + ``LabelDPLowerBound()`` as a user attaches them
+  (defaults: the steps the Trainer logs and each epoch's last step; summary JSON at fit end) -
+  the number the target (ratio <= 1.25 at Lightning's default ``log_every_n_steps=50``) is about;
+* ``both_every_step``: both with ``every_n_steps=1`` (every step attacked, the running maximum
+  over every batch);
+* ``attack``, ``lower_bound``: each callback alone, every step;
+* ``both_second_last``: ``both_every_step`` with ``LabelDPLowerBound(second_last=True)`` (the
+  second-last layer bound of Yuan et al. 2022 Alg. 4, as the example uses it; reported, no target).
+
+With ``log_every_n_steps=1`` the defaults attack every step, so ``both`` and ``both_every_step``
+do the same work there.
 
 Two modules: ``lean`` (``DPSGDClassifier`` without its per-epoch ``privacy/epsilon``, so the
 baseline is the bare DP-SGD epoch) and ``module`` (``models.dpsgd.DPSGDClassifier`` as shipped,
@@ -62,6 +68,7 @@ import torch
 from _common import (
     load_average,
     machine_info,
+    median_interval,
     profile_tables,
     timed_fit,
     timing_subclass,
@@ -83,7 +90,7 @@ _HOOKS = (
     "on_fit_end",
     "teardown",
 )
-VARIANTS = ("baseline", "both", "attack", "lower_bound", "both_second_last")
+VARIANTS = ("baseline", "both", "both_every_step", "attack", "lower_bound", "both_second_last")
 ROOT = Path(__file__).resolve().parent.parent
 MEASURED_FILES = (
     "audit_callbacks/callbacks/label_audit.py",
@@ -141,14 +148,16 @@ class EpochTimer(pl.Callback):
 def callbacks_for(variant: str) -> list[Any]:
     if variant == "baseline":
         return []
-    if variant == "attack":
-        return [TimedAttack()]
-    if variant == "lower_bound":
-        return [TimedLowerBound()]
     if variant == "both":
         return [TimedAttack(), TimedLowerBound()]
+    if variant == "both_every_step":
+        return [TimedAttack(every_n_steps=1), TimedLowerBound(every_n_steps=1)]
+    if variant == "attack":
+        return [TimedAttack(every_n_steps=1)]
+    if variant == "lower_bound":
+        return [TimedLowerBound(every_n_steps=1)]
     if variant == "both_second_last":
-        return [TimedAttack(), TimedLowerBound(second_last=True)]
+        return [TimedAttack(every_n_steps=1), TimedLowerBound(every_n_steps=1, second_last=True)]
     raise ValueError(variant)
 
 
@@ -259,6 +268,8 @@ def timing(
             "fit_s": fit.tolist(),
             "fit_ratios_to_baseline": fit_ratios.tolist(),
             "fit_median_ratio": float(np.median(fit_ratios)),
+            "fit_ratio_interval": median_interval(fit_ratios),
+            "attacked_steps": rs[0].get("attacked_steps"),
             "callback_s_median": float(np.median(own)),
             "callback_fraction_of_baseline_fit_median": float(
                 np.median(own / np.array([base[r["rep"]]["fit_s"] for r in rs]))
@@ -280,6 +291,7 @@ def timing(
                     "epoch_s_median": float(np.median(ep)),
                     "epoch_ratios_to_baseline": ratios.tolist(),
                     "epoch_median_ratio": float(np.median(ratios)),
+                    "epoch_ratio_interval": median_interval(ratios),
                 }
             )
         per_variant[v] = entry
@@ -431,15 +443,17 @@ def summarize(payload: dict[str, Any]) -> None:
             + (f", steady epoch {v['baseline']['epoch_s_median']:.3f} s)" if has_epoch else ")")
         )
         print(
-            f"  {'variant':17s} {'epoch s':>8} {'epoch ratio':>11} {'fit ratio':>9} {'hooks s':>8} "
-            f"{'hooks/fit':>9}  epoch ratios of the rounds"
+            f"  {'variant':17s} {'attacked':>8} {'epoch s':>8} {'epoch ratio [95% interval]':>27} {'fit ratio':>9} "
+            f"{'hooks s':>8} {'hooks/fit':>9}  epoch ratios of the rounds"
         )
         for name in VARIANTS:
             r = v[name]
+            iv = r.get("epoch_ratio_interval") or r["fit_ratio_interval"]
             print(
-                f"  {name:17s} {r.get('epoch_s_median', float('nan')):8.3f} "
-                f"{r.get('epoch_median_ratio', float('nan')):11.3f} {r['fit_median_ratio']:9.3f} "
-                f"{r['callback_s_median']:8.2f} {100 * r['callback_fraction_of_baseline_fit_median']:8.1f}%  "
+                f"  {name:17s} {str(r.get('attacked_steps') or '-'):>8} {r.get('epoch_s_median', float('nan')):8.3f} "
+                f"{r.get('epoch_median_ratio', float('nan')):9.3f} [{iv['lower']:.3f}, {iv['upper']:.3f}] "
+                f"({100 * iv['coverage']:.0f}%) {r['fit_median_ratio']:9.3f} {r['callback_s_median']:8.2f} "
+                f"{100 * r['callback_fraction_of_baseline_fit_median']:8.1f}%  "
                 + ", ".join(f"{x:.2f}" for x in r.get("epoch_ratios_to_baseline", []))
             )
         key = "epoch_median_ratio" if has_epoch else "fit_median_ratio"

@@ -85,3 +85,80 @@ def test_bad_input_names_the_argument(change, name):
     kw.update(change)
     with pytest.raises(ValueError, match=name):
         client_update_label_dp_lower_bound(**kw)
+
+
+@pytest.mark.parametrize("k", [1, 10])
+def test_known_flipped_clip_factors_give_p1_of_the_attack_and_a_stronger_bound(k):
+    """With c' known the bound leaves the log K ceiling; P1 of the best pair is the attack's
+    success rate on releases of the neighbouring update (Monte Carlo, 4 standard errors), and a
+    callable asked for the evaluated pairs only gives the same bound as the full array."""
+    x, probs, y, err = _client(k, seed=5)
+    n = x.shape[0]
+    lr, c, clip = 0.5, 0.6, 1.0
+    rng = np.random.default_rng(7)
+    kk = max(k, 2)
+    flip = rng.uniform(0.4, 0.8, size=(n, kk))
+    xt = torch.tensor(x)
+    f = factorize_layer(xt, bias=True)
+    kw = dict(update_scale=lr * c, local_lr=lr, clip_norm=clip, delta=1e-5)
+    for z in (0.0005, 0.05):
+        known = client_update_label_dp_lower_bound(probs, y, f.gram_inv_diag, noise_multiplier=z,
+                                                   flipped_clip_factors=flip, **kw)
+        unknown = client_update_label_dp_lower_bound(probs, y, f.gram_inv_diag, noise_multiplier=z, **kw)
+        asked = []
+
+        def fn(rows, labels):
+            asked.append(len(rows))
+            return flip[rows, labels]
+
+        lazy = client_update_label_dp_lower_bound(probs, y, f.gram_inv_diag, noise_multiplier=z,
+                                                  flipped_clip_factors=fn, **kw)
+        assert known.epsilon_lower_bound >= unknown.epsilon_lower_bound
+        assert lazy.epsilon_lower_bound <= known.epsilon_lower_bound + 1e-9 and sum(asked) <= 4 * 16
+    assert known.epsilon_lower_bound > 0
+    assert client_update_label_dp_lower_bound(probs, y, f.gram_inv_diag, noise_multiplier=0.0005,
+                                              flipped_clip_factors=flip, **kw).epsilon_lower_bound > np.log(kk) + 1
+    # Monte Carlo of P1 at z = 0.05 for the best example: its label replaced by the worst y'
+    r = int(np.argmax(np.where(np.isfinite(known.lower_bound), known.lower_bound, -np.inf)))
+    y2 = int(known.worst_labels[r])
+    y_alt = y.copy()
+    y_alt[r] = y2
+    if k == 1:
+        err_alt = (probs - y_alt)[:, None]
+    else:
+        err_alt = probs - np.eye(k)[y_alt]
+    cpr = np.full(n, c)
+    cpr[:] = flip[r, y2]  # the whole changed update shares its clip factor
+    g1 = lr * (cpr[:, None] * err_alt).T @ np.hstack([x, np.ones((n, 1))]) / n
+    gen = torch.Generator().manual_seed(2)
+    trials, hits = 4000, 0
+    for _ in range(trials):
+        noisy = torch.tensor(g1) + torch.randn(g1.shape, generator=gen, dtype=torch.float64) * 0.05 * clip
+        hits += int(reconstruct_labels(xt, noisy[:, :-1], noisy[:, -1], factorization=f)[r] == y[r])
+    se = np.sqrt(known.p1[r] * (1 - known.p1[r]) / trials) + 1e-4
+    assert abs(hits / trials - known.p1[r]) <= 4 * se, (hits / trials, known.p1[r])
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_label_change_gradients_give_the_changed_update_exactly(k):
+    """Delta_raw' = Delta_raw - (lr / n) grad (L_r(y') - L_r(y_r)): the one-step FedSGD update
+    recomputed with row r's label replaced (autograd of the mean loss) has that norm."""
+    from torch import nn
+
+    from audit_callbacks.attacks.label_gradients import label_change_gradients, mean_loss_gradient
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 7), nn.ReLU(), nn.Linear(7, 7), nn.Tanh(), nn.Linear(7, k))
+    x = torch.randn(9, 5)
+    y = torch.randint(0, max(k, 2), (9,))
+    lr, n = 0.3, 9
+    raw = -lr * mean_loss_gradient(model, x, y)
+    rows = torch.tensor([0, 4, 8, 4])
+    new = (y[rows] + torch.tensor([1, 1, 1, 2])) % max(k, 2)
+    d = label_change_gradients(model, x[rows], y[rows], new)
+    for i, r in enumerate(rows.tolist()):
+        y_alt = y.clone()
+        y_alt[r] = new[i]
+        want = -lr * mean_loss_gradient(model, x, y_alt)
+        got = raw - (lr / n) * d[i]
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)

@@ -16,7 +16,10 @@ need, per example r of a DP-SGD batch:
   log-loss of a sigmoid logit or the cross-entropy of a softmax (the bounds then do not apply);
 * ||g_r(k)|| for every label k (the clip factor of a replaced label, K classes):
   :func:`relu_mlp_label_grad_norms` for an MLP of ``nn.Linear`` layers with ReLU activations,
-  by back-propagating the K output errors p_r - e_k through the recorded activations.
+  by back-propagating the K output errors p_r - e_k through the recorded activations;
+* for a federated client's update, the change of the whole gradient when one example's label is
+  replaced, grad_theta (L_r(y') - L_r(y_r)): :func:`label_change_gradients` (any model, by
+  ``torch.func``), and :func:`mean_loss_gradient` to check the update it is added to.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ __all__ = [
     "ghost_grad_norms",
     "ghost_layers",
     "gradient_scale",
+    "label_change_gradients",
+    "mean_loss_gradient",
     "per_example_grad_norms",
     "relu_mlp_label_grad_norms",
 ]
@@ -225,3 +230,52 @@ def layer_grad_samples(by_id: dict[int, Any], layer: nn.Linear) -> tuple[Tensor 
     """(per-example weight gradients, per-example bias gradients) of ``layer`` from
     ``{id(param): grad_sample}`` (None where absent)."""
     return by_id.get(id(layer.weight)), _bias_grad_of(by_id, layer)
+
+
+def _log_loss(logits: Tensor, labels: Tensor) -> Tensor:
+    """Mean cross-entropy of softmax logits [N, K], or log-loss of one sigmoid logit [N, 1]."""
+    if logits.shape[-1] == 1:
+        return nn.functional.binary_cross_entropy_with_logits(logits.reshape(-1), labels.to(logits.dtype))
+    return nn.functional.cross_entropy(logits, labels)
+
+
+def mean_loss_gradient(model: nn.Module, x: Tensor, labels: Tensor) -> Tensor:
+    """Flat gradient [d] of the mean log-loss / cross-entropy of ``model(x)`` over its trainable
+    parameters (in ``model.parameters()`` order), float64."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    with torch.enable_grad():
+        loss = _log_loss(model(x), labels.reshape(-1))
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+    return torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1).to(torch.float64)
+                      for p, g in zip(params, grads, strict=True)])
+
+
+def label_change_gradients(model: nn.Module, x: Tensor, labels: Tensor, new_labels: Tensor) -> Tensor:
+    """grad_theta (L(x_i, new_labels[i]) - L(x_i, labels[i])) for each row i, flat, float64 [P, d].
+
+    For cross-entropy L = logsumexp(z) - z_y, so the difference is grad (z_y - z_{y'}); for the
+    log-loss of one sigmoid logit z it is grad ((y - y') z). One ``torch.func`` gradient per row
+    (``vmap`` over the rows), over the trainable parameters in ``model.parameters()`` order.
+
+    Args:
+        model: maps x [P, ...] to logits [P, K] (K >= 2) or [P, 1].
+        x: [P, ...] inputs. labels, new_labels: [P] integer labels.
+    """
+    from torch.func import functional_call, grad, vmap
+
+    named = {k: p.detach() for k, p in model.named_parameters() if p.requires_grad}
+    buffers = {k: b.detach() for k, b in model.named_buffers()}
+
+    def margin(prm: dict[str, Tensor], xi: Tensor, ci: Tensor) -> Tensor:
+        return (functional_call(model, (prm, buffers), (xi.unsqueeze(0),)).reshape(-1) * ci).sum()
+
+    with torch.no_grad():
+        k = int(model(x[:1]).reshape(-1).shape[0])
+    y, y2 = labels.reshape(-1).to(torch.int64), new_labels.reshape(-1).to(torch.int64)
+    if k == 1:  # (y - y') z
+        coef = (y - y2).reshape(-1, 1)
+    else:  # z_y - z_{y'}
+        coef = nn.functional.one_hot(y, k) - nn.functional.one_hot(y2, k)
+    dtype = next(iter(named.values())).dtype if named else torch.float32
+    g = vmap(grad(margin), in_dims=(None, 0, 0))(named, x, coef.to(dtype))
+    return torch.cat([g[k].reshape(x.shape[0], -1).to(torch.float64) for k in named], dim=1)

@@ -17,7 +17,9 @@ release, i.e. what an observer of the noisy aggregate learns about a client when
 updates are known), ``expected_accuracy_noised`` (the mean over the client's examples of
 P(argmin = y_r), docs/methods/label_dp_multiclass.md eq. (3)), ``attacked_clients``, and the
 label-DP lower bound of the release for one label of one client
-(:func:`~audit_callbacks.estimators.label_dp_client.client_update_label_dp_lower_bound`):
+(:func:`~audit_callbacks.estimators.label_dp_client.client_update_label_dp_lower_bound`, with
+the replaced label's clip factor computed exactly from the whole update, docs/methods/
+label_dp_multiclass.md eq. (7)):
 ``epsilon_lo_round`` (max over the round's attacked clients), ``epsilon_lo_max`` (running
 maximum) beside ``epsilon_single_round``, the upper bound of one round for one label (the
 Gaussian mechanism with sensitivity 2C, no amplification). The bound assumes the release is the
@@ -38,7 +40,11 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
-from audit_callbacks.attacks.label_gradients import gradient_scale
+from audit_callbacks.attacks.label_gradients import (
+    gradient_scale,
+    label_change_gradients,
+    mean_loss_gradient,
+)
 from audit_callbacks.attacks.label_reconstruction import factorize_layer, reconstruct_labels
 from audit_callbacks.callbacks import tensorboard as tb
 from audit_callbacks.callbacks.summary import write_summary
@@ -74,6 +80,7 @@ class FederatedLabelAttack(Callback):
         self.noise_multiplier = noise_multiplier
         self.delta = delta
         self.running_max = 0.0
+        self.flipped_clip: str | None = None
         self.seed = int(seed)
         self.summary_filename = summary_filename
         self.history: list[dict[str, float]] = []  # one row per attacked client
@@ -165,7 +172,7 @@ class FederatedLabelAttack(Callback):
                 pred_n = reconstruct_labels(feats, wn, bn, factorization=f)
                 noised.append(float((pred_n == y).double().mean()))
                 row_out["accuracy_noised"] = noised[-1]
-                res = self._bound(trainer, pl_module, f, w, b, logits, y, z, c_norm, delta)
+                res = self._bound(trainer, pl_module, f, w, b, logits, y, z, c_norm, delta, x_all, updates[row])
                 if res is not None:
                     expected.append(float(np.mean(res.p0)))
                     bounds.append(res.epsilon_lower_bound)
@@ -188,7 +195,8 @@ class FederatedLabelAttack(Callback):
         tb.log_scalars(trainer, metrics, int(trainer.global_step))
 
     def _bound(self, trainer: pl.Trainer, pl_module: Any, f: Any, w: torch.Tensor, b: torch.Tensor | None,
-               logits: torch.Tensor, y: torch.Tensor, z: float, c_norm: float, delta: float) -> Any:
+               logits: torch.Tensor, y: torch.Tensor, z: float, c_norm: float, delta: float, x: torch.Tensor,
+               update: torch.Tensor) -> Any:
         """The client's label-DP bound, or None (warned) when its update is not lr c mean of
         log-loss / cross-entropy gradients."""
         n = int(y.shape[0])
@@ -206,8 +214,41 @@ class FederatedLabelAttack(Callback):
             self._warn_once(trainer, "unsupported_loss", "the client's last-layer update is not -lr c times the mean "
                             "log-loss / cross-entropy gradient (c <= 1); no bound for this client")
             return None
+        flip = self._flipped_clip(trainer, pl_module, x, y, update, scale / lr, lr, c_norm)
         return client_update_label_dp_lower_bound(probs, y.numpy(), f.gram_inv_diag, update_scale=scale,
-                                                  local_lr=lr, noise_multiplier=z, clip_norm=c_norm, delta=delta)
+                                                  local_lr=lr, noise_multiplier=z, clip_norm=c_norm, delta=delta,
+                                                  flipped_clip_factors=flip)
+
+    def _flipped_clip(self, trainer: pl.Trainer, pl_module: Any, x: torch.Tensor, y: torch.Tensor,
+                      update: torch.Tensor, c: float, lr: float, c_norm: float) -> Any:
+        """``(rows, labels) -> c'``: the clip factor min(1, C / ||Delta_raw - (lr / n) D||) of the
+        client's update had example r carried label y' (D = grad (L_r(y') - L_r(y_r)),
+        :func:`label_change_gradients`), after checking that Delta_raw = Delta / c is -lr times the
+        gradient of the mean loss at the global model; None (conservative bound) when it is not."""
+        model, n = pl_module.model, int(y.shape[0])
+        dev = next(model.parameters()).device
+        x, y = x.to(dev), y.to(dev)
+        raw = update.to(dev, torch.float64) / c
+        try:
+            g = mean_loss_gradient(model, x, y)
+            ok = bool(torch.linalg.vector_norm(raw + lr * g) <= 1e-3 * torch.linalg.vector_norm(raw))
+        except (RuntimeError, ValueError):
+            ok = False
+        if not ok:
+            self.flipped_clip = "unknown: P1 maximised over the clip factor (conservative, at most log K)"
+            self._warn_once(trainer, "flipped_clip", "the client's update is not one SGD step on the mean "
+                            "cross-entropy / log-loss, so the replaced label's clip factor is unknown: the bound "
+                            "uses the conservative form (at most log K)")
+            return None
+        self.flipped_clip = "exact (the whole update's norm with the label replaced, torch.func)"
+
+        def fn(rows: np.ndarray, labels: np.ndarray) -> np.ndarray:
+            r = torch.as_tensor(rows, device=dev)
+            d = label_change_gradients(model, x[r], y[r], torch.as_tensor(labels, device=dev))
+            norms = torch.linalg.vector_norm(raw[None, :] - (lr / n) * d, dim=1)
+            return torch.clamp(c_norm / norms, max=1.0).cpu().numpy()
+
+        return fn
 
     @staticmethod
     def _forward(pl_module: Any, layer: nn.Linear, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -237,6 +278,7 @@ class FederatedLabelAttack(Callback):
             "accuracy": float(np.mean(acc)) if acc else None,
             "delta": self.delta if self.delta is not None else float(getattr(pl_module, "delta", 1e-5) or 1e-5),
             "epsilon_lower_bound_max": self.running_max,
+            "flipped_clip_factors": self.flipped_clip,
             "epsilon_single_round": self.rounds[-1].get("fl_label_attack/epsilon_single_round") if self.rounds
             else None,
             "skipped": dict(self.skips),

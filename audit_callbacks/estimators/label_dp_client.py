@@ -15,16 +15,16 @@ The statistic of example r is a_r = n [(Cm^T Cm)^{-1} Cm^T (-Delta_last)^T]_r (C
     a_r ~ N(s (p_r - e_{y_r}), tau_r^2 I_K),   s = lr c,   tau_r = n z C sqrt(v_r),
 
 and under D1 (row r's label replaced by y') its mean is s' (p_r - e_{y'}) with s' = lr c' and
-c' in (0, 1] the clip factor of the changed update (unknown to this function: P1 is maximised
+c' in (0, 1] the clip factor of the changed update, c' = min(1, C / ||Delta_raw - (lr / n) D||)
+with D = grad_theta (L_r(y') - L_r(y_r)) (``flipped_clip_factors``; without them P1 is maximised
 over c' on the grid of docs/methods/label_dp_multiclass.md, the conservative form). The model's
 p_r does not depend on r's label. P0, P1 and LB[r] = max_{y'} log((P0 - delta) / P1) are eq.
 (3)-(5) there with the clip factor c shared by every row. A sigmoid logit (``probs`` [n],
 labels in {0, 1}) is the case K = 2 with probabilities (1 - p, p), half the scale and sd
 tau / sqrt 2 (the difference of the two coordinates carries the noise once).
 
-Without the replaced update's clip factor the bound cannot pass log K (log 2 for a sigmoid
-logit): c' -> 0 removes the label signal from the replaced update, so P1 >= 1/K. It reaches
-that ceiling only at very small noise; a known c' (one backward pass per pair) would lift it.
+Without the replaced update's clip factors the bound cannot pass log K (log 2 for a sigmoid
+logit): c' -> 0 removes the label signal from the replaced update, so P1 >= 1/K.
 
 Upper bound of the same release (one round, replace-one label of one client, no amplification):
 the Gaussian mechanism with sensitivity 2C and noise z C, mu = 2 / z.
@@ -33,6 +33,7 @@ the Gaussian mechanism with sensitivity 2C and noise z C, mu = 2 / z.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,12 +52,16 @@ class ClientLabelDPBound:
 
     Attributes:
         p0: [n] P(the attack recovers y_r) on the release (the expected attack accuracy per example).
+        p1: [n] P(the attack outputs y_r) had r carried ``worst_labels[r]`` (NaN: not evaluated).
+        worst_labels: [n] the replacement label y' of LB[r].
         lower_bound: [n] LB[r] (-inf where P0 <= delta or the pair was not evaluated).
         epsilon_lower_bound: max(0, max_r LB[r]), the client's bound.
         epsilon_single_round: the upper bound of the round for one label, mu = 2 / z.
     """
 
     p0: np.ndarray
+    p1: np.ndarray
+    worst_labels: np.ndarray
     lower_bound: np.ndarray
     epsilon_lower_bound: float
     epsilon_single_round: float
@@ -67,6 +72,7 @@ class ClientLabelDPBound:
 def client_update_label_dp_lower_bound(
     probs: ArrayLike, labels: ArrayLike, gram_inv_diag: ArrayLike, *, update_scale: float, local_lr: float,
     noise_multiplier: float, clip_norm: float, delta: float, max_pairs: int | None = 16,
+    flipped_clip_factors: ArrayLike | Callable[[np.ndarray, np.ndarray], ArrayLike] | None = None,
 ) -> ClientLabelDPBound:
     """Label-DP lower bound of one FedSGD client's update in a DP-FedAvg release (module docstring).
 
@@ -83,6 +89,10 @@ def client_update_label_dp_lower_bound(
         delta: in (0, 1).
         max_pairs: evaluate the integrals for this many (example, label) pairs, ranked by a
             closed-form upper bound (None: every pair); any choice gives a valid lower bound.
+        flipped_clip_factors: c'(r, y') in (0, 1], the clip factor of the update had example r
+            carried label y' (column y_r: any value in (0, 1], unused): [n, K] ([n, 2] for a sigmoid logit), or a
+            callable ``(rows [P], labels [P]) -> [P]`` asked only for the pairs evaluated (the
+            ranking then assumes c' = c); None: unknown, the conservative form (at most log K).
 
     Returns:
         :class:`ClientLabelDPBound`.
@@ -118,12 +128,32 @@ def client_update_label_dp_lower_bound(
         raise ValueError(f"update_scale / (n noise_multiplier clip_norm sqrt(gram_inv_diag)) = "
                          f"{s / float(tau.min()):.3g} is too large: the update is far larger than the clip norm")
     scale, sd = (lr / 2.0, tau / math.sqrt(2.0)) if binary else (lr, tau)
-    out = multiclass_bounds(coef=p, y=y, clip=np.full(n, min(1.0, s / lr)), flip_clip=None, scale=scale, sd=sd,
-                            n_e=1.0, delta=delta, max_pairs=max_pairs, p0_for_all=True)
+    c = min(1.0, s / lr)
+    flip, exact = _flipped(flipped_clip_factors, n, p.shape[1], c)
+    out = multiclass_bounds(coef=p, y=y, clip=np.full(n, c), flip_clip=flip, scale=scale, sd=sd, n_e=1.0,
+                            delta=delta, max_pairs=max_pairs, p0_for_all=True, exact_clip=exact)
     lb = out["lower_bound"]
     best = float(np.max(lb[np.isfinite(lb)])) if np.isfinite(lb).any() else 0.0
     return ClientLabelDPBound(
-        p0=np.exp(out["log_p0"]), lower_bound=lb, epsilon_lower_bound=max(0.0, best),
+        p0=np.exp(out["log_p0"]), p1=np.exp(out["log_p1"]), worst_labels=out["worst_labels"], lower_bound=lb, epsilon_lower_bound=max(0.0, best),
         epsilon_single_round=single_round,
         delta=delta, noise_multiplier=z,
     )
+
+
+def _check_clip(c: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    if c.shape != shape or not np.isfinite(c).all() or (c <= 0).any() or (c > 1).any():
+        raise ValueError(f"flipped_clip_factors must be {list(shape)} clip factors in (0, 1], got shape {c.shape}")
+    return c
+
+
+def _flipped(given: object, n: int, k: int, c: float) -> tuple[np.ndarray | None, Callable | None]:
+    """(flip_clip [n, K] or None, exact_clip callable or None) for ``multiclass_bounds``."""
+    if given is None:
+        return None, None
+    if callable(given):
+        def exact(rows: np.ndarray, labels: np.ndarray) -> np.ndarray:
+            return _check_clip(as_float_array(given(rows, labels), "flipped_clip_factors").reshape(-1), rows.shape)
+
+        return np.full((n, k), c), exact
+    return _check_clip(as_float_array(given, "flipped_clip_factors"), (n, k)), None
