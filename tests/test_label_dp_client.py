@@ -107,7 +107,7 @@ def test_known_flipped_clip_factors_give_p1_of_the_attack_and_a_stronger_bound(k
         unknown = client_update_label_dp_lower_bound(probs, y, f.gram_inv_diag, noise_multiplier=z, **kw)
         asked = []
 
-        def fn(rows, labels):
+        def fn(rows, labels, asked=asked):
             asked.append(len(rows))
             return flip[rows, labels]
 
