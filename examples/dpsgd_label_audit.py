@@ -245,8 +245,8 @@ def check_records(records: list[dict[str, float]], single_step: float, tag: str)
 def fit_point(sigma: float, clip: float, args: argparse.Namespace) -> dict[str, Any]:
     """Train one sweep point with both label callbacks; returns its CSV row (+ checks)."""
     module, dm = _module(sigma, clip, args)
-    lb = LabelDPLowerBound(delta=args.delta, second_last=True, summary_filename=None)
-    attack = LabelReconstructionAttack(summary_filename=None)
+    lb = LabelDPLowerBound(delta=args.delta, second_last=True, summary_filename=None, every_n_steps=1)
+    attack = LabelReconstructionAttack(summary_filename=None, every_n_steps=1)
     trainer = _trainer(args, args.epochs, [attack, lb], logger=False)
     start = time.perf_counter()
     trainer.fit(module, datamodule=dm)
@@ -412,8 +412,8 @@ def audited_run(args: argparse.Namespace) -> dict[str, Any]:
     sigma, clip = args.audit_sigma, args.clip
     module, dm = _module(sigma, clip, args)
     canary = CanaryAudit(args.canaries, seed=args.seed, delta=args.delta)
-    attack = LabelReconstructionAttack()
-    lb = LabelDPLowerBound(delta=args.delta, second_last=True)
+    attack = LabelReconstructionAttack(every_n_steps=1)  # every step, as the sweeps
+    lb = LabelDPLowerBound(delta=args.delta, second_last=True, every_n_steps=1)
     logger = TensorBoardLogger(args.out, name="audited_run", version=0)
     trainer = _trainer(args, args.audit_epochs, [canary, attack, lb], logger)
     start = time.perf_counter()
@@ -458,8 +458,8 @@ def multiclass_point(sigma: float, args: argparse.Namespace) -> dict[str, Any]:
     """(d) One digits fit (10 classes) with both label callbacks sharing one step observer."""
     module, dm = _module(sigma, args.clip, args, dataset="digits")
     observer = LabelStepObserver()
-    lb = LabelDPLowerBound(delta=args.delta, summary_filename=None, observer=observer)
-    attack = LabelReconstructionAttack(summary_filename=None, observer=observer)
+    lb = LabelDPLowerBound(delta=args.delta, summary_filename=None, observer=observer, every_n_steps=1)
+    attack = LabelReconstructionAttack(summary_filename=None, observer=observer, every_n_steps=1)
     trainer = _trainer(args, args.mc_epochs, [attack, lb], logger=False)
     start = time.perf_counter()
     trainer.fit(module, datamodule=dm)
