@@ -106,3 +106,29 @@ def test_binary_success_probability_matches_the_sign_attack():
     means = np.stack([np.zeros(2), m], axis=1)
     got = argmin_attack_success_probability(means, np.array([1, 0]), sd / np.sqrt(2))
     np.testing.assert_allclose(got, [norm.cdf(0.3 / 0.5), norm.cdf(0.2 / 0.1)], rtol=1e-9)
+
+
+def test_a_sigmoid_logit_model_is_attacked_and_bounded(tmp_path):
+    """Breast cancer, one sigmoid logit with log-loss: every label noise-free, the bound with the
+    exact clip factor of the replaced label, and P0 that the noised attack's accuracy averages."""
+    import torch.nn.functional as F
+
+    dm = FederatedDataModule("breast_cancer", num_clients=20, rounds_per_epoch=6, seed=0)
+    dm.setup("fit")
+    torch.manual_seed(0)
+    module = DPFedAvg(MLP(30, 1, hidden=(64,)), clients_per_round=5, noise_multiplier=0.0, clip_norm=1.0,
+                      local_lr=0.5, local_epochs=1, local_batch_size=1000, sampling="shuffle", seed=0,
+                      delta=1e-5, loss_fn=lambda z, y: F.binary_cross_entropy_with_logits(z.reshape(-1), y.float()))
+    attack = FederatedLabelAttack(noise_multiplier=0.01)
+    fit(dm, module, [attack], 6, tmp_path)
+    assert len(attack.history) == 30 and all(h["accuracy"] == 1.0 for h in attack.history)
+    summary = json.load(open(attack.summary_path))
+    assert summary["flipped_clip_factors"].startswith("exact") and summary["skipped"] == {}
+    bounds = [h["epsilon_lower_bound"] for h in attack.history]
+    assert 0 < max(bounds) <= summary["epsilon_single_round"]
+    noised = np.array([h["accuracy_noised"] for h in attack.history])
+    expected = np.array([h["expected_accuracy_noised"] for h in attack.history])
+    sizes = np.array([h["examples"] for h in attack.history])
+    assert 0.55 < expected.mean() < 0.99
+    se = np.sqrt(np.sum(expected * (1 - expected) / sizes)) / len(expected)
+    assert abs(noised.mean() - expected.mean()) <= 4 * se + 1e-3, (noised.mean(), expected.mean(), se)

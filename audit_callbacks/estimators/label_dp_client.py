@@ -83,7 +83,7 @@ def client_update_label_dp_lower_bound(
         gram_inv_diag: [n] v_r = [(Cm^T Cm)^{-1}]_rr of the last layer's inputs [x_r, 1]
             (``factorize_layer(features).gram_inv_diag``), > 0.
         update_scale: s = lr c > 0, read from the noise-free statistic (a_r = s (p_r - e_{y_r})).
-        local_lr: the clients' learning rate lr >= s (so c = s / lr <= 1).
+        local_lr: the clients' learning rate lr >= s (up to 1e-3 relative: c = min(1, s / lr)).
         noise_multiplier: z > 0 of the release (noise std z C on the sum).
         clip_norm: C > 0.
         delta: in (0, 1).
@@ -107,7 +107,7 @@ def client_update_label_dp_lower_bound(
     s = check_positive_finite(update_scale, "update_scale")
     delta = check_delta(delta)
     single_round = float(gaussian_epsilon(z, delta, sensitivity=2.0))  # raises where mu = 2 / z overflows
-    if s > lr * (1 + 1e-6):
+    if s > lr * (1 + 1e-3):
         raise ValueError(f"update_scale = {s:.6g} exceeds local_lr = {lr:.6g}: the update is not -lr c mean "
                          "gradient with c <= 1 (a loss summed over examples, or another optimizer)")
     p = as_float_array(probs, "probs")
