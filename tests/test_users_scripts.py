@@ -214,3 +214,24 @@ def test_ldp_audit_with_dpfedavg_on_pytorch_lightning(tmp_path):
     trainer.fit(module, train_dataloaders=dm.train_dataloader(), val_dataloaders=dm.val_dataloader())
     assert audit.audits == 2 and len(audit.history) == 2
     assert _events(trainer.logger.log_dir).Scalars("ldp/epsilon0_dummy")
+
+
+def test_federated_label_attack_with_dpfedavg_on_pytorch_lightning(tmp_path):
+    """FedSGD on the pytorch_lightning namespace: every label without noise, the per-client
+    bound (exact clip factors) in TensorBoard."""
+    from audit_callbacks.callbacks import FederatedLabelAttack
+    from audit_callbacks.pytorch_lightning import DPFedAvg
+    from models import MLP
+
+    dm = FederatedDataModule("digits", num_clients=40, rounds_per_epoch=3, seed=0)
+    dm.setup("fit")
+    torch.manual_seed(0)
+    module = DPFedAvg(MLP(64, 10, hidden=(64,)), clients_per_round=4, noise_multiplier=0.01, clip_norm=1.0,
+                      local_lr=0.5, local_epochs=1, local_batch_size=1000, client_datasets=dm.client_datasets,
+                      num_classes=10)
+    attack = FederatedLabelAttack()
+    trainer = _trainer(pl, tmp_path, -1, [attack], max_steps=3)
+    trainer.fit(module, train_dataloaders=dm.train_dataloader(), val_dataloaders=dm.val_dataloader())
+    assert len(attack.history) == 12 and all(h["accuracy"] == 1.0 for h in attack.history)
+    assert attack.flipped_clip.startswith("exact")
+    assert len(_events(trainer.logger.log_dir).Scalars("fl_label_attack/epsilon_lo_round")) == 3
