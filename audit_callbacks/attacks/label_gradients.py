@@ -33,6 +33,7 @@ import torch
 from torch import Tensor, nn
 
 __all__ = [
+    "ReluMlpLabelNorms",
     "ghost_grad_norms",
     "ghost_layers",
     "gradient_scale",
@@ -140,11 +141,7 @@ def gradient_scale(
     return kappa
 
 
-def relu_mlp_label_grad_norms(
-    weights: Sequence[Tensor], inputs: Sequence[Tensor], probs: Tensor, labels: Tensor, kappa: float,
-    observed_bias_grads: Sequence[Tensor] | None = None, *, rtol: float = 1e-3,
-    dtype: torch.dtype = torch.float64, pairs: tuple[Any, Any] | None = None,
-) -> Tensor | None:
+class ReluMlpLabelNorms:
     """Norms ||g_r(k)|| of the whole per-example gradient at label k, for a ReLU MLP.
 
     Model: layers l = 1..L, ``nn.Linear`` with a bias, z_l = W_l a_{l-1} + b_l, a_l = ReLU(z_l),
@@ -153,16 +150,92 @@ def relu_mlp_label_grad_norms(
     and the example's squared gradient norm is sum_l ||delta_l||^2 (||a_{l-1}||^2 + 1)
     (per-example weight gradient delta_l a_{l-1}^T, bias gradient delta_l; Goodfellow 2015).
 
+    Built once per step from the recorded activations (the masks and input norms are shared by
+    :meth:`matches` and every call). ``ok`` is False when the shapes do not chain or a hidden
+    input is negative (not ReLU); the other methods must not be used then.
+
     Args:
         weights: W_1..W_L ([out_l, in_l]), in forward order.
         inputs: a_0..a_{L-1} ([N, in_l]), the recorded inputs of each layer.
         probs: [N, K] softmax outputs. labels: [N] observed labels. kappa: the loss scale.
+        dtype: of the propagation (float32 halves the cost; the norms are then accurate to
+            ~1e-6 relative, far inside the 1e-3 check and the bound's needs).
+    """
+
+    def __init__(self, weights: Sequence[Tensor], inputs: Sequence[Tensor], probs: Tensor, labels: Tensor,
+                 kappa: float, *, dtype: torch.dtype = torch.float64) -> None:
+        self.ok = False
+        if not weights or len(weights) != len(inputs):
+            return
+        n, k = probs.shape
+        self.n, self.k, self.kappa, self.dtype = n, k, float(kappa), dtype
+        self.w = [wi.detach().to("cpu", dtype) for wi in weights]
+        a = [x.detach().reshape(x.shape[0], -1).to("cpu", dtype) for x in inputs]
+        if self.w[-1].shape[0] != k or any(x.shape[0] != n for x in a):
+            return
+        for li in range(len(self.w)):
+            if a[li].shape[1] != self.w[li].shape[1] or (li > 0 and self.w[li - 1].shape[0] != self.w[li].shape[1]):
+                return
+        if len(a) > 1 and bool(torch.stack([(x < 0).any() for x in a[1:]]).any()):
+            return
+        self.p = probs.detach().to("cpu", dtype)
+        self.eye = torch.eye(k, dtype=dtype)
+        self.y = labels.reshape(-1).to("cpu", torch.int64)
+        self.sq_in = [(x * x).sum(1) + 1.0 for x in a]
+        self.masks = [x > 0 for x in a]
+        self.ok = True
+
+    def _deltas(self, err: Tensor, rows: Tensor | None) -> list[Tensor]:
+        """delta_l for output errors err [M, K] of examples ``rows`` (None: all, in order), L..1."""
+        delta = self.kappa * err
+        out = [delta]
+        for li in range(len(self.w) - 2, -1, -1):
+            mask = self.masks[li + 1] if rows is None else self.masks[li + 1][rows]
+            delta = (delta @ self.w[li + 1]) * mask
+            out.append(delta)
+        return out
+
+    def matches(self, observed_bias_grads: Sequence[Tensor], rtol: float = 1e-3) -> bool:
+        """Whether the deltas at the observed labels equal Opacus' per-example bias gradients of
+        each layer (relative tolerance ``rtol``): the layers form this chain with ReLU between them."""
+        deltas = self._deltas(self.p - self.eye[self.y], None)[::-1]  # layers 1..L
+        if len(observed_bias_grads) != len(deltas):
+            return False
+        bad = []
+        for obs_raw, delta in zip(observed_bias_grads, deltas, strict=True):
+            obs = obs_raw.detach().reshape(self.n, -1).to("cpu", self.dtype)
+            if obs.shape != delta.shape:
+                return False
+            err_n = torch.linalg.vector_norm(obs - delta, dim=1)
+            ref = torch.linalg.vector_norm(obs, dim=1)
+            bad.append((err_n > rtol * ref + 1e-6 * ref.max() + 1e-30).any())
+        return not bool(torch.stack(bad).any())
+
+    def __call__(self, rows: Any, labels: Any) -> Tensor:
+        """float64 [P] norms for the pairs (rows [P], labels [P])."""
+        r = torch.as_tensor(np.asarray(rows), dtype=torch.int64)
+        lab = torch.as_tensor(np.asarray(labels), dtype=torch.int64)
+        deltas = self._deltas(self.p[r] - self.eye[lab], r)
+        total = torch.zeros(r.shape[0], dtype=self.dtype)
+        for li, delta in zip(range(len(self.w) - 1, -1, -1), deltas, strict=True):
+            total += (delta * delta).sum(1) * self.sq_in[li][r]
+        return torch.sqrt(total).to(torch.float64)
+
+
+def relu_mlp_label_grad_norms(
+    weights: Sequence[Tensor], inputs: Sequence[Tensor], probs: Tensor, labels: Tensor, kappa: float,
+    observed_bias_grads: Sequence[Tensor] | None = None, *, rtol: float = 1e-3,
+    dtype: torch.dtype = torch.float64, pairs: tuple[Any, Any] | None = None,
+) -> Tensor | None:
+    """Norms ||g_r(k)|| of the whole per-example gradient at label k, for a ReLU MLP
+    (:class:`ReluMlpLabelNorms`, which states the model; one call builds it and asks once).
+
+    Args:
+        weights, inputs, probs, labels, kappa, dtype: as :class:`ReluMlpLabelNorms`.
         observed_bias_grads: Opacus' per-example bias gradients of each layer ([N, out_l]); when
             given, the propagated delta at the observed label must match them (relative
             tolerance ``rtol``), which checks that the layers form this chain with ReLU between
             them (else None).
-        dtype: of the propagation (float32 halves the cost; the norms are then accurate to
-            ~1e-6 relative, far inside the 1e-3 check and the bound's needs).
         pairs: ``(rows [P], labels [P])``: only these (example, label) pairs (default: all).
 
     Returns:
@@ -170,53 +243,13 @@ def relu_mlp_label_grad_norms(
         not chain, a hidden input is negative (not ReLU) or the check against the observed
         gradients fails.
     """
-    if not weights or len(weights) != len(inputs):
-        return None
-    n, k = probs.shape
-    w = [wi.detach().to("cpu", dtype) for wi in weights]
-    a = [x.detach().reshape(x.shape[0], -1).to("cpu", dtype) for x in inputs]
-    if w[-1].shape[0] != k or any(x.shape[0] != n for x in a):
-        return None
-    for li in range(len(w)):
-        if a[li].shape[1] != w[li].shape[1] or (li > 0 and w[li - 1].shape[0] != w[li].shape[1]):
-            return None
-        if li > 0 and bool((a[li] < 0).any()):
-            return None
-    p = probs.detach().to("cpu", dtype)
-    eye = torch.eye(k, dtype=dtype)
-    sq_in = [(x * x).sum(1) + 1.0 for x in a]
-    masks = [(x > 0).to(dtype) for x in a]
-
-    def propagate(err: Tensor, rows: Tensor, check: bool) -> Tensor | None:
-        """Squared norms [M] for output errors err [M, K] of examples ``rows`` [M]."""
-        delta = kappa * err
-        total = torch.zeros(err.shape[0], dtype=dtype)
-        for li in range(len(w) - 1, -1, -1):
-            if li < len(w) - 1:
-                delta = (delta @ w[li + 1]) * masks[li + 1][rows]
-            if check:
-                obs = observed_bias_grads[li].detach().reshape(n, -1).to("cpu", dtype)
-                if obs.shape != delta.shape:
-                    return None
-                err_n = torch.linalg.vector_norm(obs - delta, dim=1)
-                ref = torch.linalg.vector_norm(obs, dim=1)
-                if bool((err_n > rtol * ref + 1e-6 * float(ref.max()) + 1e-30).any()):
-                    return None
-            total += (delta * delta).sum(1) * sq_in[li][rows]
-        return total
-
-    y = labels.reshape(-1).to("cpu", torch.int64)
-    all_rows = torch.arange(n)
-    if observed_bias_grads is not None and propagate(p - eye[y], all_rows, True) is None:
+    prep = ReluMlpLabelNorms(weights, inputs, probs, labels, kappa, dtype=dtype)
+    if not prep.ok or (observed_bias_grads is not None and not prep.matches(observed_bias_grads, rtol)):
         return None
     if pairs is not None:
-        rows = torch.as_tensor(np.asarray(pairs[0]), dtype=torch.int64)
-        lab = torch.as_tensor(np.asarray(pairs[1]), dtype=torch.int64)
-        out = propagate(p[rows] - eye[lab], rows, False)
-        return None if out is None else torch.sqrt(out).to(torch.float64)
-    rows = all_rows.repeat_interleave(k)
-    out = propagate((p[:, None, :] - eye[None]).reshape(n * k, k), rows, False)
-    return None if out is None else torch.sqrt(out).reshape(n, k).to(torch.float64)
+        return prep(*pairs)
+    n, k = prep.n, prep.k
+    return prep(np.repeat(np.arange(n), k), np.tile(np.arange(k), n)).reshape(n, k)
 
 
 def _bias_grad_of(by_id: dict[int, Tensor], layer: nn.Linear) -> Tensor | None:

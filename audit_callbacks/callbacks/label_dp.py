@@ -16,10 +16,10 @@ import torch
 from torch import nn
 
 from audit_callbacks.attacks.label_gradients import (
+    ReluMlpLabelNorms,
     ghost_grad_norms,
     ghost_layers,
     gradient_scale,
-    relu_mlp_label_grad_norms,
 )
 from audit_callbacks.attacks.label_reconstruction import factorize_layer
 from audit_callbacks.callbacks import tensorboard as tb
@@ -97,7 +97,7 @@ class LabelDPLowerBound(StepAuditCallback):
 
     K classes: the clip factor of a replaced label needs the whole gradient's norm at that label;
     for an MLP of biased ``nn.Linear`` layers with ReLU it is computed exactly
-    (:func:`~audit_callbacks.attacks.label_gradients.relu_mlp_label_grad_norms`), otherwise the
+    (:class:`~audit_callbacks.attacks.label_gradients.ReluMlpLabelNorms`), otherwise the
     conservative form of the estimator is used (``flipped_norms`` in the summary says which).
 
     Threat model: one release of one step on a batch the adversary knows (white-box). The
@@ -293,13 +293,11 @@ class LabelDPLowerBound(StepAuditCallback):
         fn = None
         if self._ghost and sq is not None:
             layers = list(self._ghost.values())
-            args = ([m.weight for m in layers], [sq[k] for k in self._ghost], torch.as_tensor(probs),
-                    torch.as_tensor(y), kappa)
-            checked = relu_mlp_label_grad_norms(*args, [by_id[id(m.bias)] for m in layers], dtype=torch.float32,
-                                                pairs=(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)))
-            if checked is not None:
+            prep = ReluMlpLabelNorms([m.weight for m in layers], [sq[k] for k in self._ghost], torch.as_tensor(probs),
+                                     torch.as_tensor(y), kappa, dtype=torch.float32)
+            if prep.ok and prep.matches([by_id[id(m.bias)] for m in layers]):
                 def fn(rows: np.ndarray, labels: np.ndarray) -> np.ndarray:
-                    return relu_mlp_label_grad_norms(*args, dtype=torch.float32, pairs=(rows, labels)).numpy()
+                    return prep(rows, labels).numpy()
         self.flipped_norms = "exact (ReLU MLP back-propagation)" if fn is not None else \
             "unknown: P1 maximised over the clip factor (conservative)"
         return fn
