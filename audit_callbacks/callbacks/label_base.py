@@ -196,9 +196,10 @@ class StepAuditCallback(Callback):
     def _step_hook(self, optimizer: Any) -> None:
         assert self._tap is not None
         self.steps += 1
-        data = self._tap.take()
         if not self._considers_this_step():
+            self._tap.clear()  # drop the step's activations without converting them
             return
+        data = self._tap.take()
         self.considered += 1
         if data is None or data["labels"].numel() == 0:
             self._skip("empty_batch", "no example in this batch")
