@@ -132,3 +132,81 @@ def test_a_sigmoid_logit_model_is_attacked_and_bounded(tmp_path):
     assert 0.55 < expected.mean() < 0.99
     se = np.sqrt(np.sum(expected * (1 - expected) / sizes)) / len(expected)
     assert abs(noised.mean() - expected.mean()) <= 4 * se + 1e-3, (noised.mean(), expected.mean(), se)
+
+
+class _ProbeClip(FederatedLabelAttack):
+    """Keeps, for the first attacked client of each round, c' of a few pairs next to the clip
+    factor of DPFedAvg's own local update recomputed with that label replaced."""
+
+    checks: list
+
+    def on_federated_client_updates(self, trainer, pl_module, round_idx, client_ids, updates):
+        self._ids = [c for c in client_ids if c.startswith("client/")]
+        return super().on_federated_client_updates(trainer, pl_module, round_idx, client_ids, updates)
+
+    def _flipped_clip(self, trainer, pl_module, x, y, update, c, lr, c_norm):
+        fn = super()._flipped_clip(trainer, pl_module, x, y, update, c, lr, c_norm)
+        if fn is None or len(self.checks) >= 12:
+            return fn
+        cid = next(int(n.split("/")[1]) for n in self._ids
+                   if torch.equal(pl_module.client_data(int(n.split("/")[1]))[0], x))
+        rows = np.array([0, 1, 2])
+        labels = (y[:3].numpy() + 3) % 10
+        got = fn(rows, labels)
+        orig, flat = pl_module._client_data, pl_module.flat_parameters()
+        for i, r in enumerate(rows):
+            y2 = y.clone()
+            y2[r] = int(labels[i])
+            pl_module._client_data = lambda j, y2=y2: (x, y2) if j == cid else orig(j)
+            try:
+                raw, _ = pl_module._local_update(cid, flat)  # the client's unclipped update
+            finally:
+                pl_module._client_data = orig
+            self.checks.append((float(got[i]), min(1.0, c_norm / float(raw.norm())), c))
+        return fn
+
+
+def test_the_replaced_labels_clip_factor_is_that_of_the_recomputed_update(tmp_path):
+    """A clip norm small enough that every update is clipped (c < 1): c' from eq. (7) equals
+    the clip factor of DPFedAvg's own local update rerun with the label replaced."""
+    dm = FederatedDataModule("digits", num_clients=40, rounds_per_epoch=3, seed=0)
+    dm.setup("fit")
+    torch.manual_seed(0)
+    module = DPFedAvg(MLP(64, 10, hidden=(200, 200)), clients_per_round=5, noise_multiplier=0.0, clip_norm=0.05,
+                      local_lr=0.5, local_epochs=1, local_batch_size=1000, sampling="shuffle", seed=0, delta=1e-5)
+    probe = _ProbeClip(noise_multiplier=0.003)
+    probe.checks = []
+    fit(dm, module, [probe], 3, tmp_path)
+    got, want, c = np.array(probe.checks).T
+    assert len(got) == 12 and c.max() < 0.9 and want.max() < 0.9  # clipping is active on both sides
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert max(h["epsilon_lower_bound"] for h in probe.history) > 0
+
+
+def test_a_batchnorm_model_gets_the_conservative_bound_and_training_is_untouched(tmp_path):
+    """BatchNorm couples a batch's examples, so per-example gradients alone cannot give c': the
+    bound falls back to the conservative form (at most log K) and the run's model equals the run
+    without the callback (the attack's forwards restore the running statistics and the RNG)."""
+    from torch import nn
+
+    def run(callbacks):
+        dm = FederatedDataModule("digits", num_clients=40, rounds_per_epoch=3, seed=0)
+        dm.setup("fit")
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Flatten(), nn.Linear(64, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Linear(64, 10))
+        module = DPFedAvg(model, clients_per_round=4, noise_multiplier=0.0, clip_norm=1.0, local_lr=0.5,
+                          local_epochs=1, local_batch_size=1000, sampling="shuffle", seed=0, delta=1e-5,
+                          reproducible_noise=True)
+        fit(dm, module, callbacks, 3, tmp_path, logger=False)
+        return module
+
+    with pytest.warns(UserWarning, match="BatchNorm"):
+        attack = FederatedLabelAttack(noise_multiplier=0.003)
+        audited = run([attack])
+    plain = run([])
+    assert attack.flipped_clip.startswith("unknown")
+    bounds = [h["epsilon_lower_bound"] for h in attack.history]
+    assert len(bounds) == 12 and max(bounds) <= np.log(10) + 1e-9
+    torch.testing.assert_close(audited.flat_parameters(), plain.flat_parameters(), rtol=0, atol=0)
+    for a, b in zip(audited.model.buffers(), plain.model.buffers(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

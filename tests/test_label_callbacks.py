@@ -50,6 +50,21 @@ def test_gradient_accumulation_attacks_the_logical_batch(tmp_path):
     assert attack.accuracy == 1.0 and max(sizes) == 32  # two physical batches of 16 per step
 
 
+def test_gradient_accumulation_with_the_default_steps_logs_only_after_optimizer_steps(tmp_path):
+    """accumulate_grad_batches=2, log_every_n_steps=3: the attacked steps are the logged ones
+    (and the epoch's last), each with its whole logical batch; the batch that only accumulates
+    writes nothing (its values would be the previous step's)."""
+    attack = LabelReconstructionAttack()
+    _fit(tmp_path, [attack], noise=0.0, epochs=1, batch=16, accumulate=2, poisson=False, logger=True, log_every=3)
+    steps = [s for s, _, _ in attack.history]
+    last = attack.steps
+    assert steps == [s for s in range(1, last + 1) if s % 3 == 0 or s == last] and len(steps) >= 4
+    assert all(n == 32 for _, _, n in attack.history[:-1]) and attack.accuracy == 1.0
+    acc = EventAccumulator(os.path.join(str(tmp_path), "run", "version_0"), size_guidance={"scalars": 0})
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("label_attack/accuracy_batch")] == steps
+
+
 def test_bounds_tags_and_attack_accuracy_match_the_closed_form(tmp_path):
     attack, bound = LabelReconstructionAttack(), LabelDPLowerBound(delta=1e-5, second_last=True)
     module = _fit(tmp_path, [attack, bound], noise=1.0, epochs=3, logger=True)

@@ -288,11 +288,16 @@ def label_change_gradients(model: nn.Module, x: Tensor, labels: Tensor, new_labe
 
     For cross-entropy L = logsumexp(z) - z_y, so the difference is grad (z_y - z_{y'}); for the
     log-loss of one sigmoid logit z it is grad ((y - y') z). One ``torch.func`` gradient per row
-    (``vmap`` over the rows), over the trainable parameters in ``model.parameters()`` order.
+    (``vmap`` over the rows), over the trainable parameters in ``model.parameters()`` order. The
+    model must treat examples independently (no layer that couples a batch, such as BatchNorm in
+    training mode: each row is evaluated alone).
 
     Args:
         model: maps x [P, ...] to logits [P, K] (K >= 2) or [P, 1].
         x: [P, ...] inputs. labels, new_labels: [P] integer labels.
+
+    Returns:
+        float64 [P, d] on the model's device (P x d x 8 bytes: callers chunk the rows).
     """
     from torch.func import functional_call, grad, vmap
 

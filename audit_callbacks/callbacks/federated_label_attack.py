@@ -31,6 +31,8 @@ are skipped with a reason. Clients with more examples than the last layer has co
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import lightning.pytorch as pl
@@ -52,13 +54,31 @@ from audit_callbacks.estimators.label_dp_client import client_update_label_dp_lo
 
 __all__ = ["FederatedLabelAttack"]
 
+_CHUNK_ENTRIES = 8_000_000  # float64 entries of per-pair gradients held at once (64 MB)
+
+
+@contextmanager
+def _side_effect_free(model: nn.Module) -> Iterator[None]:
+    """Run the attack's forwards of the global model without changing training: its buffers
+    (BatchNorm running statistics) and the global RNG state (dropout) are restored."""
+    saved = {k: b.detach().clone() for k, b in model.named_buffers()}
+    with torch.random.fork_rng(devices=[]):
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for k, b in model.named_buffers():
+                    b.copy_(saved[k])
+
 
 class FederatedLabelAttack(Callback):
     """Attack each sampled real client's last-layer update in FedSGD (see the module docstring).
 
     Args:
         noise_multiplier: z of the central noise for ``accuracy_noised`` and the bound (default:
-            the module's ``noise_multiplier``); 0 disables the noised attack and the bound.
+            the module's ``noise_multiplier``); 0 disables the noised attack and the bound. Another
+            value than the module's describes a hypothetical release (the summary's
+            ``noise_multiplier_is_the_release`` is then false).
         delta: delta of the bounds (default: the module's ``delta`` or 1e-5).
         seed: seeds the simulated noise of ``accuracy_noised`` (an attack's draw, not the
             release's noise).
@@ -191,7 +211,7 @@ class FederatedLabelAttack(Callback):
             metrics["fl_label_attack/epsilon_lo_round"] = float(max(bounds))
             metrics["fl_label_attack/epsilon_lo_max"] = self.running_max
             metrics["fl_label_attack/epsilon_single_round"] = float(single_round)
-        self.rounds.append({"round": float(round_idx), **metrics})
+        self.rounds.append({"round": float(round_idx), "noise_multiplier": z, **metrics})
         tb.log_scalars(trainer, metrics, int(trainer.global_step))
 
     def _bound(self, trainer: pl.Trainer, pl_module: Any, f: Any, w: torch.Tensor, b: torch.Tensor | None,
@@ -214,10 +234,15 @@ class FederatedLabelAttack(Callback):
             self._warn_once(trainer, "unsupported_loss", "the client's last-layer update is not -lr c times the mean "
                             "log-loss / cross-entropy gradient (c <= 1); no bound for this client")
             return None
-        flip = self._flipped_clip(trainer, pl_module, x, y, update, scale / lr, lr, c_norm)
-        return client_update_label_dp_lower_bound(probs, y.numpy(), f.gram_inv_diag, update_scale=scale,
-                                                  local_lr=lr, noise_multiplier=z, clip_norm=c_norm, delta=delta,
-                                                  flipped_clip_factors=flip)
+        flip = self._flipped_clip(trainer, pl_module, x, y, update, min(1.0, scale / lr), lr, c_norm)
+        try:
+            with _side_effect_free(pl_module.model):
+                return client_update_label_dp_lower_bound(
+                    probs, y.numpy(), f.gram_inv_diag, update_scale=min(scale, lr), local_lr=lr, noise_multiplier=z,
+                    clip_norm=c_norm, delta=delta, flipped_clip_factors=flip)
+        except (RuntimeError, ValueError) as err:
+            self._warn_once(trainer, "bound_failed", f"no bound for this client: {err}")
+            return None
 
     def _flipped_clip(self, trainer: pl.Trainer, pl_module: Any, x: torch.Tensor, y: torch.Tensor,
                       update: torch.Tensor, c: float, lr: float, c_norm: float) -> Any:
@@ -229,24 +254,34 @@ class FederatedLabelAttack(Callback):
         dev = next(model.parameters()).device
         x, y = x.to(dev), y.to(dev)
         raw = update.to(dev, torch.float64) / c
-        try:
-            g = mean_loss_gradient(model, x, y)
-            ok = bool(torch.linalg.vector_norm(raw + lr * g) <= 1e-3 * torch.linalg.vector_norm(raw))
-        except (RuntimeError, ValueError):
-            ok = False
+        coupled = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+        ok = False
+        if not coupled:  # each example's gradient is evaluated alone below
+            try:
+                with _side_effect_free(model):
+                    g = mean_loss_gradient(model, x, y)
+                ok = bool(torch.linalg.vector_norm(raw + lr * g) <= 1e-3 * torch.linalg.vector_norm(raw))
+            except (RuntimeError, ValueError):
+                ok = False
         if not ok:
             self.flipped_clip = "unknown: P1 maximised over the clip factor (conservative, at most log K)"
-            self._warn_once(trainer, "flipped_clip", "the client's update is not one SGD step on the mean "
-                            "cross-entropy / log-loss, so the replaced label's clip factor is unknown: the bound "
-                            "uses the conservative form (at most log K)")
+            why = ("the model has BatchNorm layers (examples are coupled)" if coupled else
+                   "the client's update is not one SGD step on the mean cross-entropy / log-loss")
+            self._warn_once(trainer, "flipped_clip", f"{why}, so the replaced label's clip factor is unknown: the "
+                            "bound uses the conservative form (at most log K)")
             return None
         self.flipped_clip = "exact (the whole update's norm with the label replaced, torch.func)"
 
+        chunk = max(1, _CHUNK_ENTRIES // raw.numel())  # rows of [P, d] float64 gradients held at once
+
         def fn(rows: np.ndarray, labels: np.ndarray) -> np.ndarray:
             r = torch.as_tensor(rows, device=dev)
-            d = label_change_gradients(model, x[r], y[r], torch.as_tensor(labels, device=dev))
-            norms = torch.linalg.vector_norm(raw[None, :] - (lr / n) * d, dim=1)
-            return torch.clamp(c_norm / norms, max=1.0).cpu().numpy()
+            lab = torch.as_tensor(labels, device=dev)
+            norms = []
+            for i in range(0, r.shape[0], chunk):
+                d = label_change_gradients(model, x[r[i:i + chunk]], y[r[i:i + chunk]], lab[i:i + chunk])
+                norms.append(torch.linalg.vector_norm(raw[None, :] - (lr / n) * d, dim=1))
+            return torch.clamp(c_norm / torch.cat(norms), max=1.0).cpu().numpy()
 
         return fn
 
@@ -256,7 +291,7 @@ class FederatedLabelAttack(Callback):
         seen: list[tuple[torch.Tensor, torch.Tensor]] = []
         handle = layer.register_forward_hook(lambda m, a, o: seen.append((a[0].detach(), o.detach())))
         try:
-            with torch.no_grad():
+            with torch.no_grad(), _side_effect_free(pl_module.model):
                 pl_module.model(x.to(pl_module.device))
         finally:
             handle.remove()
@@ -277,6 +312,9 @@ class FederatedLabelAttack(Callback):
             "attacked_clients": len(self.history),
             "accuracy": float(np.mean(acc)) if acc else None,
             "delta": self.delta if self.delta is not None else float(getattr(pl_module, "delta", 1e-5) or 1e-5),
+            "noise_multiplier": self.rounds[-1].get("noise_multiplier") if self.rounds else None,
+            "noise_multiplier_is_the_release": self.noise_multiplier is None or float(self.noise_multiplier) == float(
+                getattr(pl_module, "noise_multiplier", float("nan"))),
             "epsilon_lower_bound_max": self.running_max,
             "flipped_clip_factors": self.flipped_clip,
             "epsilon_single_round": self.rounds[-1].get("fl_label_attack/epsilon_single_round") if self.rounds

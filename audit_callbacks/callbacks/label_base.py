@@ -102,6 +102,7 @@ class StepAuditCallback(Callback):
         self._hook: Any = None
         self._latest: dict[str, float] = {}
         self._log_this_batch = True
+        self._stepped = False
         self._trainer: pl.Trainer | None = None
         self._warned: set[str] = set()
         self.steps = 0
@@ -196,6 +197,7 @@ class StepAuditCallback(Callback):
     def _step_hook(self, optimizer: Any) -> None:
         assert self._tap is not None
         self.steps += 1
+        self._stepped = True
         if not self._considers_this_step():
             self._tap.clear()  # drop the step's activations without converting them
             return
@@ -225,8 +227,9 @@ class StepAuditCallback(Callback):
         # per-step scalars follow the Trainer's log_every_n_steps (as self.log(on_step=True) and
         # LearningRateMonitor do); the latest attacked values and the coverage are logged at
         # every logged step, so attacked steps off the interval still reach the logger
-        if not self._log_this_batch or self.last_reason is None:
-            return
+        stepped, self._stepped = self._stepped, False
+        if not (self._log_this_batch and stepped) or self.last_reason is None:
+            return  # a batch that accumulates gradients logs nothing: its values would be the last step's
         metrics = {k: float(v) for k, v in self._latest.items() if v is not None and math.isfinite(v)}
         metrics[f"{self.prefix}/attacked_fraction"] = self.attacked_fraction
         metrics[f"{self.prefix}/skip_reason"] = float(SKIP_REASONS.get(self.last_reason, -1))
