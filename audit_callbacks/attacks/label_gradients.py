@@ -274,7 +274,19 @@ def _log_loss(logits: Tensor, labels: Tensor) -> Tensor:
 
 def mean_loss_gradient(model: nn.Module, x: Tensor, labels: Tensor) -> Tensor:
     """Flat gradient [d] of the mean log-loss / cross-entropy of ``model(x)`` over its trainable
-    parameters (in ``model.parameters()`` order), float64."""
+    parameters (in ``model.parameters()`` order), float64.
+
+    What a FedSGD client's update is -1 / lr times before clipping (McMahan et al. 2018); the
+    federated label bound checks the observed update against it.
+
+    Args:
+        model: maps x [n, ...] to logits [n, K] (K >= 2, cross-entropy) or [n, 1] (log-loss).
+        x: [n, ...] inputs. labels: [n] integer labels (0/1 for one logit).
+
+    Raises:
+        RuntimeError: from torch, when ``model`` cannot run on ``x`` or the labels do not fit
+        the logits.
+    """
     params = [p for p in model.parameters() if p.requires_grad]
     with torch.enable_grad():
         loss = _log_loss(model(x), labels.reshape(-1))

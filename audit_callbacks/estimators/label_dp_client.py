@@ -74,7 +74,12 @@ def client_update_label_dp_lower_bound(
     noise_multiplier: float, clip_norm: float, delta: float, max_pairs: int | None = 16,
     flipped_clip_factors: ArrayLike | Callable[[np.ndarray, np.ndarray], ArrayLike] | None = None,
 ) -> ClientLabelDPBound:
-    """Label-DP lower bound of one FedSGD client's update in a DP-FedAvg release (module docstring).
+    """Label-DP lower bound of one FedSGD client's update in a DP-FedAvg release.
+
+    The argmin (K classes) or sign (sigmoid) attack of Yuan, Xue, Wang & Shen (2022) §3 eq. (1),
+    Alg. 1 and 3 on the client's last-layer update; P0, P1 and LB are eq. (3)-(5) of
+    docs/methods/label_dp_multiclass.md with the statistic of eq. (6) there and the replaced
+    label's clip factor of eq. (7) (module docstring). Epsilons are in nats at ``delta``.
 
     Args:
         probs: [n, K] softmax probabilities (K >= 2) or [n] sigmoid probabilities of the
@@ -84,9 +89,10 @@ def client_update_label_dp_lower_bound(
             (``factorize_layer(features).gram_inv_diag``), > 0.
         update_scale: s = lr c > 0, read from the noise-free statistic (a_r = s (p_r - e_{y_r})).
         local_lr: the clients' learning rate lr >= s (up to 1e-3 relative: c = min(1, s / lr)).
-        noise_multiplier: z > 0 of the release (noise std z C on the sum).
-        clip_norm: C > 0.
-        delta: in (0, 1).
+        noise_multiplier: z > 0 of the release (noise std z C on the sum, in the units of the
+            update).
+        clip_norm: C > 0, the L2 clip norm of a client's whole update (DPFedAvg's ``clip_norm``).
+        delta: delta of every epsilon, in (0, 1).
         max_pairs: evaluate the integrals for this many (example, label) pairs, ranked by a
             closed-form upper bound (None: every pair); any choice gives a valid lower bound.
         flipped_clip_factors: c'(r, y') in (0, 1], the clip factor of the update had example r
@@ -95,11 +101,13 @@ def client_update_label_dp_lower_bound(
             ranking then assumes c' = c); None: unknown, the conservative form (at most log K).
 
     Returns:
-        :class:`ClientLabelDPBound`.
+        :class:`ClientLabelDPBound`: per-example ``p0``, ``p1``, ``lower_bound`` [n], the client's
+        ``epsilon_lower_bound`` and the one-round upper bound ``epsilon_single_round`` (mu = 2 / z).
 
     Raises:
         ValueError: naming the argument: shapes, labels out of range, probabilities not in
-        [0, 1] or not summing to 1, a scale, noise or delta out of range, s > lr.
+        [0, 1] or not summing to 1, a scale, noise or delta out of range, s > lr,
+        ``flipped_clip_factors`` outside (0, 1], an update far larger than the clip norm.
     """
     z = check_positive_finite(noise_multiplier, "noise_multiplier")
     c_max = check_positive_finite(clip_norm, "clip_norm")
