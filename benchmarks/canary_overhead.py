@@ -72,7 +72,7 @@ _CALLBACK_HOOKS = (
     "on_federated_round_end", "on_validation_epoch_end", "on_train_epoch_end", "on_fit_end",
     "teardown",
 )
-_BACKEND_CALLS = ("federated_client_update_sum", "federated_client_updates", "federated_client_update")
+_BACKEND_CALLS = ("client_update_sum", "client_updates")
 
 
 def quiet() -> None:
@@ -192,9 +192,9 @@ def fit_once(
         out.update(
             audit_wall_s=timer.totals()["wall_s"], audit_cpu_s=timer.totals()["cpu_s"],
             audit_wall_by_call_s=dict(timer.wall), audit_cpu_by_call_s=dict(timer.cpu),
-            audit_calls=dict(timer.calls), num_canaries=audit.num_canaries,
-            num_unobserved=audit.num_unobserved,
-            canary_participations=int(audit.participations.sum()),
+            audit_calls=dict(timer.calls), num_canaries=audit.auditor.num_canaries,
+            num_unobserved=audit.auditor.num_unobserved,
+            canary_participations=int(audit.auditor.participations.sum()),
         )
         rep = audit.last_report
         if rep is not None:

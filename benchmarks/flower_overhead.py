@@ -16,7 +16,7 @@ Per scenario, two runs from the same seeds, in ABBA order over ``--repeats`` pai
 * audited: ``CanaryStrategy`` around the same, with k canary clients; the fraction is the same
   q, so each real node is sampled at the same rate and the real clients' work is the same.
 
-Reported per round: ``wrapper_s`` (``CanaryStrategy.wrapper_seconds``: the time in the wrapper's
+Reported per round: ``wrapper_s`` (``FlowerBackend.wrapper_seconds``: the time in the wrapper's
 own code, the wrapped strategy's calls excluded: sampling split, reply checks, making the
 canary replies, folding the delta into the statistics, and the estimate every
 ``every_n_rounds`` rounds), the audited round's wall time, their ratio, and the slowdown of the
@@ -126,9 +126,9 @@ def run_once(scenario: dict[str, Any], audited: bool, seed: int) -> dict[str, An
     out: dict[str, Any] = {"total_s": end - start, "round_wall_s": round_walls.tolist(),
                            "cohort": m}
     if audited:
-        out["wrapper_s"] = [strategy.wrapper_seconds.get(r, 0.0) for r in range(1, rounds + 1)]
-        out["d"] = strategy.layout.dim
-        out["k_unobserved"] = strategy.backend.num_unobserved
+        out["wrapper_s"] = [strategy.backend.wrapper_seconds.get(r, 0.0) for r in range(1, rounds + 1)]
+        out["d"] = strategy.backend.layout.dim
+        out["k_unobserved"] = strategy.auditor.num_unobserved
     return out
 
 

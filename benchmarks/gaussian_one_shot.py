@@ -125,7 +125,7 @@ def run_seed(seed: int, args: argparse.Namespace, bootstrap: int) -> dict:
             row[fit] = {"epsilon": est.value}
             if bootstrap:
                 row[fit]["bootstrap_95"] = [est.lower, est.upper]
-                row[fit]["bootstrap_dropped"] = est.extras["bootstrap_dropped"]
+                row[fit]["bootstrap_dropped"] = est.details["bootstrap_dropped"]
         per_sigma.append(row)
     times["estimation_s"] = time.perf_counter() - t
     return {"seed": seed, "times": times, "per_sigma": per_sigma}

@@ -76,7 +76,7 @@ from _common import (
 )
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from audit_callbacks.callbacks.label_audit import LabelDPLowerBound, LabelReconstructionAttack
+from audit_callbacks.callbacks import LabelDPLowerBound, LabelReconstructionAttack
 from datamodules.central import CentralDataModule
 from models import MLP, num_parameters
 from models.dpsgd import DPSGDClassifier
@@ -93,14 +93,16 @@ _HOOKS = (
 VARIANTS = ("baseline", "both", "both_every_step", "attack", "lower_bound", "both_second_last")
 ROOT = Path(__file__).resolve().parent.parent
 MEASURED_FILES = (
-    "audit_callbacks/callbacks/label_audit.py",
     "audit_callbacks/callbacks/label_base.py",
     "audit_callbacks/callbacks/label_step.py",
     "audit_callbacks/callbacks/label_dp.py",
     "audit_callbacks/callbacks/label_reconstruction.py",
     "audit_callbacks/attacks/label_gradients.py",
-    "audit_callbacks/estimators/label_dp.py",
-    "audit_callbacks/estimators/_label_dp_multiclass.py",
+    "audit_callbacks/estimators/label_dp/inputs.py",
+    "audit_callbacks/estimators/label_dp/attack.py",
+    "audit_callbacks/estimators/label_dp/kclass.py",
+    "audit_callbacks/estimators/label_dp/step.py",
+    "audit_callbacks/estimators/label_dp/extrapolation.py",
     "audit_callbacks/attacks/label_reconstruction.py",
     "audit_callbacks/estimators/gaussian.py",
     "audit_callbacks/dpsgd.py",

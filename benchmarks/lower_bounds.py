@@ -37,7 +37,7 @@ from scipy import stats
 from scipy.optimize import brentq
 
 from audit_callbacks.estimators import CanaryScoreAuditor, gaussian_epsilon, gaussian_epsilon_array
-from audit_callbacks.estimators.score_auditor import _fdp_mu, _guess_counts, _one_run_eps
+from audit_callbacks.estimators.one_run import fdp_mu, guess_counts, one_run_epsilon
 
 # jax_privacy auditing on identical arrays (50 data sets), and the parametric GDP bound's
 # reference simulation (300 data sets); None where no number was given.
@@ -88,13 +88,13 @@ def one_run_batch(sets: list, alpha: float, delta: float, fdp: bool, chunk: int 
     eps_all, guesses = [], []
     for start in range(0, len(sets), chunk):
         part = sets[start:start + chunk]
-        lanes = [_guess_counts(x, y, 0)[:2] for x, y in part]
+        lanes = [guess_counts(x, y, 0)[:2] for x, y in part]
         c = lanes[0][0].size
         n = np.concatenate([lane[0] for lane in lanes])
         v = np.concatenate([lane[1] for lane in lanes])
         m = np.full(n.size, float(part[0][0].size + part[0][1].size))
         lv = np.full(n.size, alpha / c)
-        val = _fdp_mu(n, v, m, lv) if fdp else _one_run_eps(n, v, m, lv, delta)
+        val = fdp_mu(n, v, m, lv) if fdp else one_run_epsilon(n, v, m, lv, delta)
         val = val.reshape(len(part), c)
         best = np.argmax(val, axis=1)
         top = val[np.arange(len(part)), best]
@@ -130,7 +130,7 @@ def run_eps(eps: float, a: argparse.Namespace) -> dict:
         out = []
         for u in aud:
             r = u.epsilon_gdp_lower_bound(a.alpha, a.delta)
-            gof.append(r.gof_pvalue)
+            gof.append(r.details["gof_pvalue"])
             out.append(r.value)
         return out
 

@@ -59,12 +59,12 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from lightning.pytorch.loggers import TensorBoardLogger  # noqa: E402
 
-from audit_callbacks.callbacks.canary_audit import CanaryAudit  # noqa: E402
-from audit_callbacks.callbacks.label_audit import (  # noqa: E402
+from audit_callbacks.callbacks import (  # noqa: E402
     LabelDPLowerBound,
     LabelReconstructionAttack,
     LabelStepObserver,
 )
+from audit_callbacks.callbacks.canary_audit import CanaryAudit  # noqa: E402
 from datamodules.central import CentralDataModule  # noqa: E402
 from models import MLP  # noqa: E402
 from models.dpsgd import DPSGDClassifier  # noqa: E402
@@ -92,11 +92,11 @@ CSV_FIELDS = (
 
 # per-batch bounds of one step, in Gaussian-pair order (each <= the next, all <= the single-step bound)
 _CHAIN = (
-    "label_dp/epsilon_lo_batch",
-    "label_dp/epsilon_lo_optimal_test",
-    "label_dp/epsilon_pair_layer",
-    "label_dp/epsilon_pair_all_params",
-    "label_dp/epsilon_single_step",
+    "epsilon_lower_bound",
+    "epsilon_pair_optimal_test",
+    "epsilon_pair_layer",
+    "epsilon_pair_all_params",
+    "epsilon_single_step",
 )
 _REL = 1e-9  # relative slack of the checks (floating point)
 
@@ -212,16 +212,16 @@ def _max(records: list[dict[str, float]], key: str) -> float | None:
 def summarize_bounds(lb: LabelDPLowerBound) -> dict[str, Any]:
     """The sweep quantities of one fit from a finished :class:`LabelDPLowerBound` (nats)."""
     recs = lb.records
-    has_sl = any("label_dp/epsilon_lo_second_last" in r for r in recs)
+    has_sl = any("epsilon_lower_bound_second_last" in r for r in recs)
     return {
         "attacked_steps": len(recs),
         "epsilon_lo_last_max": lb.running_max if recs else None,
         "epsilon_lo_second_last_max": lb.running_max_second_last if has_sl else None,
-        "epsilon_lo_extrapolated": recs[-1]["label_dp/epsilon_lo_extrapolated"] if recs else None,
-        "epsilon_lo_optimal_test_max": _max(recs, "label_dp/epsilon_lo_optimal_test"),
-        "epsilon_pair_layer_max": _max(recs, "label_dp/epsilon_pair_layer"),
-        "epsilon_pair_all_params_max": _max(recs, "label_dp/epsilon_pair_all_params"),
-        "epsilon_single_step": lb.single_step_epsilon,
+        "epsilon_lo_extrapolated": recs[-1]["epsilon_lower_bound_extrapolated"] if recs else None,
+        "epsilon_lo_optimal_test_max": _max(recs, "epsilon_pair_optimal_test"),
+        "epsilon_pair_layer_max": _max(recs, "epsilon_pair_layer"),
+        "epsilon_pair_all_params_max": _max(recs, "epsilon_pair_all_params"),
+        "epsilon_single_step": lb.epsilon_single_step,
     }
 
 
@@ -234,7 +234,7 @@ def check_records(records: list[dict[str, float]], single_step: float, tag: str)
             if a > b * (1 + _REL) + 1e-12:
                 out.append(f"{tag} step {int(r['step'])}: Gaussian-pair order broken: {chain}")
                 break
-        for key in (*_CHAIN[:-1], "label_dp/epsilon_lo_second_last"):
+        for key in (*_CHAIN[:-1], "epsilon_lower_bound_second_last"):
             if key in r and not r[key] <= single_step * (1 + _REL):
                 out.append(
                     f"{tag} step {int(r['step'])}: {key} = {r[key]:.4g} > single step {single_step:.4g}"
@@ -443,7 +443,7 @@ def audited_run(args: argparse.Namespace) -> dict[str, Any]:
         "canary_analytic": None if report is None else report.epsilon_analytic,
         "num_canaries": None if report is None else report.num_canaries_participated,
         "failures": check_records(
-            lb.records, lb.single_step_epsilon, f"audited run sigma={sigma:g}"
+            lb.records, lb.epsilon_single_step, f"audited run sigma={sigma:g}"
         ),
     }
 
@@ -464,7 +464,7 @@ def multiclass_point(sigma: float, args: argparse.Namespace) -> dict[str, Any]:
     start = time.perf_counter()
     trainer.fit(module, datamodule=dm)
     acc = trainer.callback_metrics.get("val/accuracy")
-    p0 = [r["label_dp/expected_attack_accuracy"] for r in lb.records]
+    p0 = [r["expected_attack_accuracy"] for r in lb.records]
     row = {
         "noise_multiplier": sigma, "max_grad_norm": args.clip, "steps": lb.steps, **summarize_bounds(lb),
         "epsilon_accountant": float(module.privacy_engine.get_epsilon(args.delta)),

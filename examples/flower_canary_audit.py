@@ -109,7 +109,7 @@ def make_server_app(test: tuple[torch.Tensor, torch.Tensor], args: argparse.Name
                                 evaluate_fn=evaluate)
         out.update(seconds=time.perf_counter() - start, summary_path=strategy.summary_path,
                    accuracy=evaluate(args.rounds, result.arrays)["accuracy"],
-                   wrapper_seconds=sum(strategy.wrapper_seconds.values()))
+                   wrapper_seconds=sum(strategy.backend.wrapper_seconds.values()))
 
     return app
 

@@ -83,7 +83,7 @@ import torch  # noqa: E402
 
 from audit_callbacks.attacks import LDPFLInferenceAttack, ldp_epsilon_test  # noqa: E402
 from audit_callbacks.estimators import epsilon_from_error_rates  # noqa: E402
-from audit_callbacks.federated import DPFedAvg  # noqa: E402
+from audit_callbacks.federated import DPFedAvg, FederatedAuditHooks  # noqa: E402
 from audit_callbacks.mechanisms import (  # noqa: E402
     GRR,
     PerCoordinateRandomizer,
@@ -230,7 +230,7 @@ def whole_update_audit(name: str, eps: float, args: argparse.Namespace) -> list[
 
 
 # ------------------------------------------------------------------------------------ training
-class InferenceAttackOnReleases(pl.Callback):
+class InferenceAttackOnReleases(FederatedAuditHooks, pl.Callback):
     """Runs the LDP-FL inference attack (002 §3.1) on every round's released rows.
 
     ``attack`` is fed the per-value unbiased estimate ``estimator.debias(released)`` (the
@@ -253,7 +253,8 @@ class InferenceAttackOnReleases(pl.Callback):
         self._clipped = 0
         self._entries = 0
 
-    def on_federated_client_updates(self, trainer, pl_module, round_idx, client_ids, updates) -> None:  # noqa: ANN001
+    def on_federated_client_updates(self, trainer, pl_module, fl_round) -> None:  # noqa: ANN001
+        updates = fl_round.updates
         x = self.randomizer.project(updates).to(torch.float64)
         s = x.sum(0).cpu().numpy()
         self._target_sum = s if self._target_sum is None else self._target_sum + s
@@ -261,7 +262,8 @@ class InferenceAttackOnReleases(pl.Callback):
         self._clipped += int(((updates - self.center).abs() > self.radius).sum())
         self._entries += updates.numel()
 
-    def on_federated_randomized_updates(self, trainer, pl_module, round_idx, client_ids, released) -> None:  # noqa: ANN001
+    def on_federated_randomized_updates(self, trainer, pl_module, fl_round) -> None:  # noqa: ANN001
+        released = fl_round.released
         self.attack.observe(self.estimator.debias(released).to(torch.float64).cpu().numpy())
         self.naive.observe(released.to(torch.float64).cpu().numpy())
 

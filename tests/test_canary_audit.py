@@ -2,6 +2,7 @@ import json
 import math
 import os
 import warnings
+from importlib import metadata
 
 import lightning.pytorch as pl
 import numpy as np
@@ -11,8 +12,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
+from audit_callbacks import names
 from audit_callbacks.callbacks import CanaryAudit
-from audit_callbacks.federated import DPFedAvg
+from audit_callbacks.federated import Cohort, DPFedAvg, FederatedAuditHooks, FederatedRound
 from datamodules import FederatedDataModule
 from models import MLP
 from tests._federated import digits_dpfedavg, fit
@@ -61,9 +63,10 @@ def test_end_to_end_tensorboard_tags_and_summary(tmp_path):
     layout.ParseFromString(layout_events[0].tensor_proto.string_val[0])
     charts = {c.title: list(c.multiline.tag) for cat in layout.category for c in cat.chart}
     assert charts["epsilon (final model)"] == [
-        "audit/epsilon_final_model", "audit/epsilon_lower_bound_final_model",
-        "audit/epsilon_gdp_lower_bound_final_model", "audit/epsilon_analytic"]
-    assert charts["accuracy"] == [r"val.*acc.*"]
+        "^audit/epsilon_final_model$", "^audit/epsilon_lower_bound_final_model$",
+        "^audit/epsilon_gdp_lower_bound_final_model$"]
+    assert charts["epsilon (analytic)"] == ["^audit/epsilon_analytic$"]  # DP-FedAvg: no RDP/PRV
+    assert charts["accuracy"] == [r"^val.*acc.*"]
     # logged once per validation epoch (3) and at fit end
     final_events = acc.Scalars("audit/epsilon_final_model")
     assert len(final_events) >= 3
@@ -85,8 +88,24 @@ def test_end_to_end_tensorboard_tags_and_summary(tmp_path):
             assert summary["estimates"][key]["status"] == "ok", key
             assert math.isfinite(summary["estimates"][key]["value"]), key
     assert summary["tags"]["epsilon_final_model"] == "audit/epsilon_final_model"
-    assert summary["versions"]["torch"] == torch.__version__.split("+")[0] or summary["versions"]["torch"]
+    _walk_the_name_table(tags["scalars"], summary)
+    assert summary["versions"]["torch"] == metadata.version("torch")
     assert summary["epsilon_analytic"] > 0
+
+
+def _walk_the_name_table(scalar_tags, summary):
+    """Every scalar the run logged is a quantity of the name table (Lightning adds ``_step`` /
+    ``_epoch`` to a metric logged both ways); the summary's names and tags are the table's."""
+    registered = {q.tag for q in names.QUANTITIES}
+    for tag in scalar_tags:
+        base = tag.removesuffix("_step").removesuffix("_epoch")
+        assert tag in registered or base in registered, tag
+    assert summary["tags"] == {q.name: q.tag for q in names.family("audit")}
+    audit_names = set(names.names("audit"))
+    assert set(summary["estimates"]) <= audit_names
+    for key in ("epsilon_analytic", "epsilon_analytic_rdp", "epsilon_analytic_prv",
+                "num_canaries_participated"):
+        assert key in summary and key in audit_names
 
 
 @pytest.mark.parametrize("kind", ["hadamard", "gaussian"])
@@ -108,14 +127,14 @@ def test_resume_gives_the_same_estimate(tmp_path, kind):
     assert set(got) == set(expected)
     for key in expected:
         assert got[key].value == expected[key].value, key
-    assert np.array_equal(second.participations, full.participations)
+    assert np.array_equal(second.auditor.participations, full.auditor.participations)
 
 
 def test_repeated_presentations_schedule(tmp_path):
     dm, module = make(clients=20, per_round=5)
     audit = CanaryAudit(10, 10, repeats=3, seed=2)
     fit(dm, module, [audit], 9, tmp_path, logger=False)
-    assert audit.participations.tolist() == [3] * 10
+    assert audit.auditor.participations.tolist() == [3] * 10
     assert audit.last_report.max_participations == 3
 
 
@@ -205,11 +224,14 @@ def test_nan_delta_is_skipped_with_a_warning(tmp_path):
     dm, module = make(clients=20, per_round=5)
     audit = CanaryAudit(10, 10)
     fit(dm, module, [audit], 4, tmp_path, logger=False)
-    seen = audit.backend.stats.rounds_seen
+    seen = audit.auditor.stats.rounds_seen
     bad = torch.full((module.num_parameters,), float("nan"))
+    nobody = Cohort(real_ids=[], virtual_ids={}, population_ids=[], divisor=5)
+    fl_round = FederatedRound(5, nobody, theta=module.flat_parameters(), clip_norm=module.clip_norm,
+                              model_delta=bad)
     with pytest.warns(UserWarning, match="NaN or inf"):
-        audit.on_federated_round_end(None, module, 5, bad)
-    assert audit.backend.stats.rounds_skipped == 1 and audit.backend.stats.rounds_seen == seen
+        audit.on_federated_round_end(None, module, fl_round)
+    assert audit.auditor.stats.rounds_skipped == 1 and audit.auditor.stats.rounds_seen == seen
     report = audit.compute()
     for est in report.estimates.values():
         assert math.isfinite(est.value)
@@ -230,13 +252,14 @@ def test_fit_end_after_a_validation_logs_each_histogram_once(tmp_path):
         assert [e.step for e in images] == [8] and images[0].width > 0, tag
 
 
-class _Observer(pl.Callback):
+class _Observer(FederatedAuditHooks, pl.Callback):
     """Needs the clipped rows of every round: the module then asks owners for rows, not sums."""
 
     rows = 0
 
-    def on_federated_client_updates(self, trainer, pl_module, round_idx, client_ids, updates):
-        self.rows += sum(cid.startswith("canary") for cid in client_ids)
+    def on_federated_client_updates(self, trainer, pl_module, fl_round):
+        assert not fl_round.summed
+        self.rows += sum(fl_round.rows_of(name).size for name in fl_round.owners)
 
 
 @pytest.mark.parametrize("kind", ["hadamard", "gaussian"])
@@ -248,7 +271,7 @@ def test_canary_sums_and_rows_train_the_same_model(tmp_path, kind):
         fit(dm, module, [audit, *extra], 6, tmp_path, logger=False, name=name)
         models[name] = module.flat_parameters()
         if extra:
-            assert extra[0].rows == int(audit.participations.sum()) > 0
+            assert extra[0].rows == int(audit.auditor.participations.sum()) > 0
     assert torch.allclose(models["sum"], models["rows"], atol=1e-5)
 
 

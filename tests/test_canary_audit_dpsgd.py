@@ -17,6 +17,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from audit_callbacks import names
 from audit_callbacks.callbacks import CanaryAudit
 from audit_callbacks.canaries import CanarySet
 from audit_callbacks.dpsgd import (
@@ -133,7 +134,7 @@ def test_lightning_make_private_tags_accountant_and_join_rate(tmp_path):
     steps, q = audit.backend.injector.steps, audit.backend.injector.sample_rate
     assert steps == sum(h[2] for h in module.privacy_engine.accountant.history)
     mean, sd = steps * q, math.sqrt(steps * q * (1 - q) / 150)
-    assert abs(audit.participations.mean() - mean) < 4 * sd
+    assert abs(audit.auditor.participations.mean() - mean) < 4 * sd
     # TensorBoard: the estimates, bounds and both analytic epsilons, finite
     acc = EventAccumulator(os.path.join(str(tmp_path), "run", "version_0"), size_guidance={"scalars": 0})
     acc.Reload()
@@ -141,6 +142,8 @@ def test_lightning_make_private_tags_accountant_and_join_rate(tmp_path):
             "audit/epsilon_lower_bound_all_iterates", "audit/epsilon_analytic", "audit/epsilon_analytic_rdp",
             "audit/epsilon_analytic_prv", "audit/num_canaries_participated", "val/accuracy"}
     assert want <= set(acc.Tags()["scalars"])
+    registered = {q.tag for q in names.QUANTITIES}  # every audit tag is in the name table
+    assert {t for t in acc.Tags()["scalars"] if t.startswith("audit/")} <= registered
     for tag in want:
         assert all(math.isfinite(e.value) for e in acc.Scalars(tag)), tag
     summary = json.load(open(audit.summary_path))
@@ -177,7 +180,7 @@ def test_resume_gives_the_same_estimate(tmp_path):
     _fit(tmp_path / "c", [second, ModelCheckpoint(dirpath=str(tmp_path / "ckpt2"))], epochs=4, noise=0.0,
          poisson=False, logger=False, ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
     assert second.backend.injector.steps == full.backend.injector.steps
-    assert np.array_equal(second.participations, full.participations)
+    assert np.array_equal(second.auditor.participations, full.auditor.participations)
     for key, est in full.last_report.estimates.items():
         got = second.last_report.estimates[key]
         assert (est is None) == (got is None), key
@@ -226,7 +229,7 @@ def test_lightning_gradient_accumulation_charges_canaries_like_the_accountant(tm
     assert audit.backend.injector.steps == sum(s for _, _, s in history)
     expected = sum(s * q for _, q, s in history)  # mean joins per canary
     var = sum(s * q * (1 - q) for _, q, s in history) / 400
-    assert abs(audit.participations.mean() - expected) < 4 * math.sqrt(var)
+    assert abs(audit.auditor.participations.mean() - expected) < 4 * math.sqrt(var)
     assert max(q for _, q, _ in history) == pytest.approx(2 * audit.backend.injector.sample_rate)
 
 

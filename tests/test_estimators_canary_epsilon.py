@@ -16,7 +16,7 @@ import pytest
 from scipy.optimize import brentq
 
 from audit_callbacks.estimators import (
-    Estimate,
+    AuditResult,
     cosine_null_sample,
     epsilon_from_cosines,
     estimate_epsilon_from_cosines,
@@ -83,7 +83,7 @@ def test_all_iterates_with_exact_null_unobserved() -> None:
         x = simulate_canary_cosines(rng, sigma, dim, k)
         u = cosine_null_sample(rng, dim, k)
         e = estimate_epsilon_from_cosines(x, DELTA, unobserved=u, fit="equal")
-        assert e.threat_model == "all_iterates"
+        assert e.details["threat_model"] == "all_iterates"
         eq.append(e.value)
         uneq.append(epsilon_from_cosines(x, DELTA, unobserved=u))
     # measured over 50 runs: equal mean 2.97 (sd 0.10); unequal mean 3.23 (sd 0.23)
@@ -107,13 +107,13 @@ def test_estimate_fields_and_bootstrap_reproducible() -> None:
     rng = np.random.default_rng(4)
     x = simulate_canary_cosines(rng, sigma_for(3.0), 10**5, 2000)
     e = estimate_epsilon_from_cosines(x, DELTA, dim=10**5, bootstrap=300, seed=7)
-    assert isinstance(e, Estimate)
-    assert e.method == "two_gaussians_unequal" and e.threat_model == "final_model"
-    assert e.n == 2000 and e.delta == DELTA and e.confidence == 0.95
+    assert isinstance(e, AuditResult)
+    assert e.method == "two_gaussians_unequal" and e.details["threat_model"] == "final_model"
+    assert e.counts["n"] == 2000 and e.delta == DELTA and e.confidence == pytest.approx(0.95)
     assert e.lower < e.value < e.upper
-    assert e.extras["sigma_null"] == pytest.approx(1 / math.sqrt(10**5))
-    assert e.extras["mu_observed"] == pytest.approx(x.mean())
-    assert e.extras["sigma_observed"] == pytest.approx(x.std(ddof=1))
+    assert e.details["sigma_null"] == pytest.approx(1 / math.sqrt(10**5))
+    assert e.details["mu_observed"] == pytest.approx(x.mean())
+    assert e.details["sigma_observed"] == pytest.approx(x.std(ddof=1))
     again = estimate_epsilon_from_cosines(x, DELTA, dim=10**5, bootstrap=300, seed=7)
     assert (again.lower, again.upper) == (e.lower, e.upper)
     other = estimate_epsilon_from_cosines(x, DELTA, dim=10**5, bootstrap=300, seed=8)
@@ -145,8 +145,8 @@ def test_bootstrap_with_unobserved_and_equal_fit_uses_null_sd() -> None:
     u = cosine_null_sample(rng, 10**4, 400)
     e = estimate_epsilon_from_cosines(x, 1e-5, unobserved=u, fit="equal", bootstrap=100)
     assert e.method == "two_gaussians_equal"
-    assert e.extras["sigma_observed"] == e.extras["sigma_null"] == pytest.approx(u.std(ddof=1))
-    assert e.extras["k_unobserved"] == 400
+    assert e.details["sigma_observed"] == e.details["sigma_null"] == pytest.approx(u.std(ddof=1))
+    assert e.details["k_unobserved"] == 400
     assert e.lower <= e.upper
 
 
@@ -204,11 +204,11 @@ def test_bad_options_raise(kwargs) -> None:
 def test_bootstrap_drops_degenerate_replicates() -> None:
     # k = 3: a ninth of the resamples repeat one value (zero variance) and are dropped
     e = estimate_epsilon_from_cosines([0.01, 0.03, 0.02], 1e-5, dim=10**4, bootstrap=200, seed=0)
-    assert 5 < e.extras["bootstrap_dropped"] < 50
+    assert 5 < e.details["bootstrap_dropped"] < 50
     assert math.isfinite(e.lower) and math.isfinite(e.upper) and e.lower < e.upper
     # the equal fit never needs the observed variance
     e = estimate_epsilon_from_cosines([0.01, 0.03], 1e-5, dim=10**4, fit="equal", bootstrap=50)
-    assert e.extras["bootstrap_dropped"] == 0
+    assert e.details["bootstrap_dropped"] == 0
 
 
 def test_bootstrap_of_two_values_raises_instead_of_a_zero_width_interval() -> None:

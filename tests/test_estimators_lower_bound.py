@@ -158,20 +158,20 @@ def test_estimate_fields() -> None:
     x = simulate_canary_cosines(rng, sigma_for(3.0), DIM, 400)
     e = estimate_epsilon_lower_bound_from_cosines(x, DELTA, dim=DIM)
     assert e.value == epsilon_lower_bound_from_cosines(x, DELTA, dim=DIM)
-    assert e.method == "eps_lo_max" and e.threat_model == "final_model"
+    assert e.method == "eps_lo_max" and e.details["threat_model"] == "final_model"
     assert e.lower == e.value and e.upper is None and e.confidence == pytest.approx(0.95)
-    assert e.n == 400 and e.extras["n_thresholds"] == 400
-    assert {"tau", "fpr_hi", "fnr_hi", "fn", "direction"} <= set(e.extras)
-    assert e.extras["fpr_hi"] == pytest.approx(float(cosine_null_sf(e.extras["tau"], DIM)))
+    assert e.counts["n"] == 400 and e.details["n_thresholds"] == 400
+    assert {"tau", "fpr_hi", "fnr_hi", "fn", "direction"} <= set(e.details)
+    assert e.details["fpr_hi"] == pytest.approx(float(cosine_null_sf(e.details["tau"], DIM)))
     h = estimate_epsilon_lower_bound_from_cosines(x, DELTA, dim=DIM, threshold="heldout", seed=5)
     assert h.method == "eps_lo_heldout"
-    assert h.extras["k_select"] + h.extras["k_evaluate"] == 400
+    assert h.details["k_select"] + h.details["k_evaluate"] == 400
     h2 = estimate_epsilon_lower_bound_from_cosines(x, DELTA, dim=DIM, threshold="heldout", seed=5)
     assert h2 == h
     u = cosine_null_sample(rng, DIM, 300)
     a = estimate_epsilon_lower_bound_from_cosines(x, DELTA, unobserved=u, threshold="heldout")
-    assert a.threat_model == "all_iterates" and a.extras["fp"] is not None
-    assert a.extras["k_unobserved_select"] + a.extras["k_unobserved_evaluate"] == 300
+    assert a.details["threat_model"] == "all_iterates" and a.details["fp"] is not None
+    assert a.details["k_unobserved_select"] + a.details["k_unobserved_evaluate"] == 300
     e.to_dict()
 
 

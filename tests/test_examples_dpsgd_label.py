@@ -123,10 +123,10 @@ def test_audited_run_logs_label_and_canary_tags_to_tensorboard(quick_run):
         for tag in acc.Tags()["scalars"]:
             assert all(math.isfinite(e.value) for e in acc.Scalars(tag)), tag
     for tag in (
-        "label_dp/epsilon_lo_batch",
-        "label_dp/epsilon_lo_max",
-        "label_dp/epsilon_lo_extrapolated",
-        "label_dp/epsilon_lo_second_last",
+        "label_dp/epsilon_lower_bound",
+        "label_dp/epsilon_lower_bound_max",
+        "label_dp/epsilon_lower_bound_extrapolated",
+        "label_dp/epsilon_lower_bound_second_last",
         "label_dp/epsilon_single_step",
         "label_dp/epsilon_accountant",
         "label_attack/accuracy",

@@ -66,12 +66,12 @@ def test_the_per_client_bound_is_logged_every_round_below_the_single_round_bound
     assert max(per_client) > np.log(10)
     acc = EventAccumulator(str(tmp_path / "run" / "version_0"), size_guidance={"scalars": 0})
     acc.Reload()
-    logged = [e.value for e in acc.Scalars("fl_label_attack/epsilon_lo_round")]
+    logged = [e.value for e in acc.Scalars("fl_label_attack/epsilon_lower_bound")]
     assert len(logged) == 4
     for r, value in zip(attack.rounds, logged, strict=True):
         clients = [h["epsilon_lower_bound"] for h in attack.history if h["round"] == r["round"]]
         assert value == pytest.approx(max(clients), rel=1e-6)
-    assert acc.Scalars("fl_label_attack/epsilon_lo_max")[-1].value == pytest.approx(max(per_client), rel=1e-6)
+    assert acc.Scalars("fl_label_attack/epsilon_lower_bound_max")[-1].value == pytest.approx(max(per_client), rel=1e-6)
     assert acc.Scalars("fl_label_attack/epsilon_single_round")[-1].value == pytest.approx(upper, rel=1e-6)
     summary = json.load(open(attack.summary_path))
     assert summary["epsilon_lower_bound_max"] == pytest.approx(max(per_client))
@@ -140,16 +140,15 @@ class _ProbeClip(FederatedLabelAttack):
 
     checks: list
 
-    def on_federated_client_updates(self, trainer, pl_module, round_idx, client_ids, updates):
-        self._ids = [c for c in client_ids if c.startswith("client/")]
-        return super().on_federated_client_updates(trainer, pl_module, round_idx, client_ids, updates)
+    def on_federated_client_updates(self, trainer, pl_module, fl_round):
+        self._ids = fl_round.row_ids[fl_round.real_rows].tolist()
+        return super().on_federated_client_updates(trainer, pl_module, fl_round)
 
     def _flipped_clip(self, trainer, pl_module, x, y, update, c, lr, c_norm):
         fn = super()._flipped_clip(trainer, pl_module, x, y, update, c, lr, c_norm)
         if fn is None or len(self.checks) >= 12:
             return fn
-        cid = next(int(n.split("/")[1]) for n in self._ids
-                   if torch.equal(pl_module.client_data(int(n.split("/")[1]))[0], x))
+        cid = next(c for c in self._ids if torch.equal(pl_module.client_data(c)[0], x))
         rows = np.array([0, 1, 2])
         labels = (y[:3].numpy() + 3) % 10
         got = fn(rows, labels)

@@ -27,7 +27,7 @@ from flwr.serverapp.strategy import (  # noqa: E402
 )
 from scipy import stats  # noqa: E402
 
-from audit_callbacks.callbacks.canary_audit import TAGS  # noqa: E402
+from audit_callbacks import names  # noqa: E402
 from audit_callbacks.flower import CanaryStrategy, LocalGrid  # noqa: E402
 
 D_IN, D_OUT = 100, 4  # a linear model: d = 100 * 4 + 4 = 404 parameters
@@ -98,13 +98,13 @@ def test_summary_and_tensorboard(tmp_path):
 
     strategy, result, _ = _run(tmp_path, rounds=6, every_n_rounds=2)
     summary = json.loads((tmp_path / "audit_summary.json").read_text())
-    assert summary["callback"] == "CanaryStrategy" and summary["tags"] == TAGS
+    assert summary["callback"] == "CanaryStrategy" and summary["tags"] == {q.name: q.tag for q in names.family("audit")}
     assert summary["versions"]["flwr"] == metadata.version("flwr")
     assert summary["inputs"]["num_canaries"] == 60 and summary["inputs"]["rounds"] == 6
     assert summary["inputs"]["clients_per_round"] == 16
     assert set(summary["estimates"]) >= {"epsilon_final_model", "epsilon_all_iterates"}
     _finite_estimates(summary)
-    assert summary["max_participations"] == int(strategy.participations.max())
+    assert summary["max_participations"] == int(strategy.auditor.participations.max())
     acc = EventAccumulator(str(tmp_path)).Reload()
     tags = acc.Tags()["scalars"]
     for tag in ("audit/epsilon_final_model", "audit/epsilon_all_iterates",
@@ -122,23 +122,19 @@ def test_canary_enters_the_clipped_sum_before_the_noise(tmp_path):
 
     class Spy(CanaryStrategy):
         def aggregate_train(self, server_round, replies):
-            before = self._prev[1].clone()
+            before = self.backend.theta_prev.clone()
             out = super().aggregate_train(server_round, replies)
-            seen.append((before, self.backend.theta.clone(), list(self._last_inserted)))
+            seen.append((before, self.backend.theta.clone(), list(self.backend.last_inserted)))
             return out
 
-        def _canary_replies(self, pending, valid, base):
-            self._last_inserted = [j for j, _ in pending]
-            return super()._canary_replies(pending, valid, base)
 
     random.seed(1)
     # no DP wrapper: flwr 1.41's clipping divides by the norm of an update, zero here
     inner = FedAvg(fraction_train=0.25, fraction_evaluate=0.0, min_available_nodes=8)
     strategy = Spy(inner, num_canaries=32, noise_multiplier=0.0, clip_norm=2.0, log_dir=None,
                    bootstrap=0)
-    strategy._last_inserted = []
     strategy.start(LocalGrid(8, _client(step=0.0)), _model(), num_rounds=3)
-    canaries = strategy.backend.stats.canaries
+    canaries = strategy.auditor.stats.canaries
     assert any(inserted for _, _, inserted in seen)
     for before, after, inserted in seen:
         expected = canaries.sum(inserted) * 2.0 / 10 if inserted else torch.zeros_like(before)
@@ -153,8 +149,8 @@ def test_participations_are_binomial(tmp_path):
                              handler=_client(step=0.0), bootstrap=0, every_n_rounds=100, dp=None,
                              canaries="gaussian")
     q = int((n + k) * fraction) / (n + k)
-    assert strategy.sample_rate == pytest.approx(q)
-    parts = strategy.participations
+    assert strategy.backend.inputs["sample_rate"] == pytest.approx(q)
+    parts = strategy.auditor.participations
     mean, var = rounds * q, rounds * q * (1 - q)
     assert abs(parts.mean() - mean) < 4 * math.sqrt(var / k)
     # goodness of fit of the counts to Binomial(rounds, q) (bins with small expectation merged)
@@ -215,18 +211,18 @@ def test_failures_and_bad_replies_are_skipped_not_nan(tmp_path, caplog):
     # (which skips rounds with failures) those rounds count no canary participation
     strategy, _, grid = _run(tmp_path, n=6, k=30, fraction=0.5, rounds=6,
                              handler=_client(fail={0}, bad={1}))
-    events = strategy.round_events
+    events = strategy.backend.round_events
     assert any("not aggregated" in e for e in events.values())
     assert "not model weights" in caplog.text and "counted as a failure" in caplog.text
     folded = [r for r, e in events.items() if e.startswith("folded")]
-    assert strategy.backend.stats.rounds_seen == len(folded)
+    assert strategy.auditor.stats.rounds_seen == len(folded)
     summary = json.loads((tmp_path / "audit_summary.json").read_text())
     _finite_estimates(summary)
     # without a DP wrapper FedAvg aggregates the valid replies and the canaries
     plain, result, _ = _run(tmp_path / "plain", n=6, k=30, fraction=0.5, rounds=4, dp=None,
                             handler=_client(fail={0}, bad={1}))
-    assert plain.backend.stats.rounds_seen == 4
-    assert plain.layout.dim == D_IN * D_OUT + D_OUT  # the int64 array is not audited
+    assert plain.auditor.stats.rounds_seen == 4
+    assert plain.backend.layout.dim == D_IN * D_OUT + D_OUT  # the int64 array is not audited
     assert "steps" in result.arrays  # carried through (canary clients copy it)
 
 
@@ -235,7 +231,7 @@ def test_cohort_without_a_real_client(tmp_path, caplog):
     # 1 real node among 200 canaries, 2 sampled a round: most rounds have no real client
     strategy, _, _ = _run(tmp_path, n=1, k=200, fraction=0.01, rounds=5, dp=None)
     assert "no valid real reply" in caplog.text
-    assert int(strategy.participations.sum()) <= 5
+    assert int(strategy.auditor.participations.sum()) <= 5
     summary = json.loads((tmp_path / "audit_summary.json").read_text())
     assert all(e["status"] != "ok" or math.isfinite(e["value"]) for e in summary["estimates"].values())
 
@@ -260,7 +256,7 @@ def test_client_side_clipping_and_unequal_weights(tmp_path, caplog):
 
     class Spy(CanaryStrategy):
         def aggregate_train(self, server_round, replies):
-            before = self._prev[1].clone()
+            before = self.backend.theta_prev.clone()
             out = super().aggregate_train(server_round, replies)
             deltas.append(float(torch.linalg.vector_norm(self.backend.theta - before)))
             return out
@@ -270,11 +266,11 @@ def test_client_side_clipping_and_unequal_weights(tmp_path, caplog):
         FedAvg(fraction_train=0.2, fraction_evaluate=0.0, min_available_nodes=20), 0.0, 1.0, 16)
     strategy = Spy(inner, num_canaries=60, log_dir=None, bootstrap=0)
     strategy.start(LocalGrid(20, clipped), _model(), num_rounds=4)
-    assert strategy.backend.stats.rounds_seen == 4 and strategy.participations.sum() > 0
+    assert strategy.auditor.stats.rounds_seen == 4 and strategy.auditor.participations.sum() > 0
     assert max(deltas) <= 1.0 + 1e-4 and min(deltas) > 0.05
     # unclipped, the same clients move the model much further
     unclipped, _, _ = _run(tmp_path / "raw", rounds=1, handler=raw, dp=None, z=0.0)
-    assert float(torch.linalg.vector_norm(unclipped.backend.theta - unclipped.backend.stats.theta0)) > 1.5
+    assert float(torch.linalg.vector_norm(unclipped.backend.theta - unclipped.auditor.stats.theta0)) > 1.5
 
     def weighted(msg, i):
         out = _client()(msg, i)
@@ -306,12 +302,12 @@ def test_state_round_trip_and_resume(tmp_path):
     second.load_state_dict(state)
     second.start(LocalGrid(20, _client()), result.arrays, num_rounds=1)
     assert second.backend.rounds == 5
-    assert second.backend.stats.rounds_seen == 5
-    assert (second.participations >= first.participations).all()
-    torch.testing.assert_close(second.backend.stats.theta0, first.backend.stats.theta0)
+    assert second.auditor.stats.rounds_seen == 5
+    assert (second.auditor.participations >= first.auditor.participations).all()
+    torch.testing.assert_close(second.auditor.stats.theta0, first.auditor.stats.theta0)
     bad = CanaryStrategy(FedAvg(), num_canaries=61, noise_multiplier=1.0, clip_norm=1.0, log_dir=None)
     bad.load_state_dict(state)
-    with pytest.raises(ValueError, match="num_observed|participations"):
+    with pytest.raises(ValueError, match="num_canaries|num_observed|participations"):
         bad.start(LocalGrid(20, _client()), result.arrays, num_rounds=1)
 
 
@@ -335,7 +331,7 @@ def test_unchanged_model_reply_does_not_stop_the_server(tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="flwr")
     strategy, _, _ = _run(tmp_path, n=4, k=8, fraction=0.5, rounds=2, handler=_client(step=0.0))
     assert "ZeroDivisionError" in caplog.text
-    assert strategy.backend.stats.rounds_seen == 0 and strategy.participations.sum() == 0
+    assert strategy.auditor.stats.rounds_seen == 0 and strategy.auditor.participations.sum() == 0
 
 
 def test_library_imports_without_flwr():
@@ -394,7 +390,7 @@ def test_accounted_dp_wrapper_counts_the_canaries_in_its_cohort(tmp_path):
     strategy = CanaryStrategy(dp, num_canaries=k, log_dir=None, bootstrap=0)
     strategy.start(LocalGrid(n, _client()), _model(), num_rounds=3)
     assert [e.sample_size for e in accountant.events] == [m, m, m]
-    assert strategy.backend.stats.rounds_seen == 3 and strategy.participations.sum() > 0
+    assert strategy.auditor.stats.rounds_seen == 3 and strategy.auditor.participations.sum() > 0
 
 
 def test_resume_equals_uninterrupted(tmp_path):
@@ -414,26 +410,26 @@ def test_resume_equals_uninterrupted(tmp_path):
     np.random.set_state(numpy_state)
     second.start(LocalGrid(20, _client()), result.arrays, num_rounds=3)
     assert second.backend.rounds == 6
-    np.testing.assert_array_equal(second.participations, full.participations)
+    np.testing.assert_array_equal(second.auditor.participations, full.auditor.participations)
     assert torch.equal(second.backend.theta, full.backend.theta)
-    assert torch.equal(second.backend.stats.max_cos, full.backend.stats.max_cos)
+    assert torch.equal(second.auditor.stats.max_cos, full.auditor.stats.max_cos)
     a, b = second.compute(), full.compute()
     assert a.estimates["epsilon_final_model"].value == b.estimates["epsilon_final_model"].value
     assert a.estimates["epsilon_all_iterates"].value == b.estimates["epsilon_all_iterates"].value
 
 
 def test_an_error_in_the_audit_does_not_stop_training(tmp_path, caplog, monkeypatch):
-    from audit_callbacks.flower._audit import Reporter
+    from audit_callbacks.auditing import CanaryAuditor
 
     caplog.set_level(logging.WARNING, logger="flwr")
 
-    def broken(self, *, bootstrap=0):
+    def broken(self, *, bootstrap=0, step=0):
         raise RuntimeError("estimator broke")
 
-    monkeypatch.setattr(Reporter, "compute", broken)
+    monkeypatch.setattr(CanaryAuditor, "report", broken)
     strategy, result, _ = _run(tmp_path, rounds=3)
-    assert strategy.backend.rounds == 3 and strategy.backend.stats.rounds_seen == 3
-    assert "no estimate after round 3 (RuntimeError: estimator broke)" in caplog.text
+    assert strategy.backend.rounds == 3 and strategy.auditor.stats.rounds_seen == 3
+    assert "no estimate after 3 rounds (steps) (RuntimeError: estimator broke)" in caplog.text
     summary = json.loads((tmp_path / "audit_summary.json").read_text())
     assert all(e["status"].startswith("skipped") for e in summary["estimates"].values())
 
@@ -453,6 +449,6 @@ def test_other_fedavg_style_strategies(tmp_path, name):
     strategy = CanaryStrategy(DifferentialPrivacyServerSideFixedClipping(inner, 0.5, 1.0, 20),
                               num_canaries=32, log_dir=None, bootstrap=0)
     result = strategy.start(LocalGrid(8, _client()), _model(), num_rounds=3)
-    assert strategy.backend.stats.rounds_seen == 3 and strategy.participations.sum() > 0
-    flat = strategy.layout.flatten(result.arrays)
+    assert strategy.auditor.stats.rounds_seen == 3 and strategy.auditor.participations.sum() > 0
+    flat = strategy.backend.layout.flatten(result.arrays)
     assert torch.equal(flat, strategy.backend.theta)

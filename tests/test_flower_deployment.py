@@ -178,11 +178,14 @@ def test_superlink_and_two_supernodes(tmp_path):
         superlink = start("superlink", "flower-superlink", "--insecure", "--host", "127.0.0.1",
                           "--port", str(link), "--disable-runtime-dependency-installation")
         _wait_port(link, superlink)
-        for pid in range(2):
+        nodes = []
+        for pid in range(2):  # both start at once; then both must listen
             port = _free_port()
-            node = start(f"supernode{pid}", "flower-supernode", "--insecure", "--superlink",
-                         f"127.0.0.1:{link}", "--host", "127.0.0.1", "--port", str(port),
-                         "--node-config", f"partition-id={pid} num-partitions=2")
+            nodes.append((port, start(
+                f"supernode{pid}", "flower-supernode", "--insecure", "--superlink",
+                f"127.0.0.1:{link}", "--host", "127.0.0.1", "--port", str(port),
+                "--node-config", f"partition-id={pid} num-partitions=2")))
+        for port, node in nodes:
             _wait_port(port, node)
         run = subprocess.run([str(BIN / "flwr"), "run", str(app), "test", "--stream"], env=env,
                              cwd=tmp_path, capture_output=True, text=True, timeout=240)

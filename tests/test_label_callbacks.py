@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import re
 
 import lightning.pytorch as pl
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from audit_callbacks.callbacks.label_audit import LabelDPLowerBound, LabelReconstructionAttack
+from audit_callbacks.callbacks import LabelDPLowerBound, LabelReconstructionAttack
 from audit_callbacks.estimators.gaussian import gaussian_epsilon
 from audit_callbacks.estimators.label_dp import extrapolation_factor
 from datamodules.central import CentralDataModule
@@ -71,23 +72,24 @@ def test_bounds_tags_and_attack_accuracy_match_the_closed_form(tmp_path):
     recs = bound.records
     assert len(recs) == len(attack.history) == bound.steps >= 20
     single = gaussian_epsilon(1.0, 1e-5, sensitivity=2.0)
-    lbs = [r["label_dp/epsilon_lo_batch"] for r in recs]
+    lbs = [r["epsilon_lower_bound"] for r in recs]
     for r in recs:
-        assert r["label_dp/epsilon_single_step"] == pytest.approx(single)
-        order = [r["label_dp/epsilon_lo_batch"], r["label_dp/epsilon_lo_optimal_test"],
-                 r["label_dp/epsilon_pair_layer"], r["label_dp/epsilon_pair_all_params"], single]
+        assert r["epsilon_single_step"] == pytest.approx(single)
+        order = [r["epsilon_lower_bound"], r["epsilon_pair_optimal_test"],
+                 r["epsilon_pair_layer"], r["epsilon_pair_all_params"], single]
         assert all(a <= b * (1 + 1e-9) + 1e-12 for a, b in zip(order, order[1:], strict=False)), order
-        assert r.get("label_dp/epsilon_lo_second_last", 0.0) <= single
+        assert r.get("epsilon_lower_bound_second_last", 0.0) <= single
     assert bound.running_max == max(lbs)
     n_e = round(bound.optimizer.expected_batch_size)
     exp = float(np.mean(lbs)) * extrapolation_factor(len(recs), n_e)
-    assert recs[-1]["label_dp/epsilon_lo_extrapolated"] == pytest.approx(exp, rel=1e-9)
-    assert bound.accountant_epsilon == pytest.approx(module.privacy_engine.get_epsilon(1e-5))
+    assert recs[-1]["epsilon_lower_bound_extrapolated"] == pytest.approx(exp, rel=1e-9)
+    assert bound.epsilon_accountant == pytest.approx(module.privacy_engine.get_epsilon(1e-5))
     # TensorBoard: every bound on the chart, finite
     acc = EventAccumulator(os.path.join(str(tmp_path), "run", "version_0"), size_guidance={"scalars": 0})
     acc.Reload()
-    want = {"label_dp/epsilon_lo_batch", "label_dp/epsilon_lo_max", "label_dp/epsilon_lo_extrapolated",
-            "label_dp/epsilon_single_step", "label_dp/epsilon_accountant", "label_dp/epsilon_lo_second_last",
+    want = {"label_dp/epsilon_lower_bound", "label_dp/epsilon_lower_bound_max",
+            "label_dp/epsilon_lower_bound_extrapolated", "label_dp/epsilon_single_step", "label_dp/epsilon_accountant",
+            "label_dp/epsilon_lower_bound_second_last", "label_dp/epsilon_lower_bound_second_last_max",
             "label_attack/accuracy_batch", "label_attack/accuracy", "val/accuracy"}
     assert want <= set(acc.Tags()["scalars"]), set(acc.Tags()["scalars"])
     for tag in want:
@@ -221,7 +223,7 @@ def test_per_step_scalars_follow_log_every_n_steps(tmp_path, every_n_steps):
     _fit(tmp_path, [attack, bound], epochs=1, logger=True, log_every=4)
     acc = EventAccumulator(os.path.join(str(tmp_path), "run", "version_0"), size_guidance={"scalars": 0})
     acc.Reload()
-    steps = [e.step for e in acc.Scalars("label_dp/epsilon_lo_batch")]
+    steps = [e.step for e in acc.Scalars("label_dp/epsilon_lower_bound")]
     assert bound.steps >= 12 and bound.steps % 4  # the epoch's last step is off the interval
     expected = [s for s in range(1, bound.steps + 1) if s % 4 == 0]
     if every_n_steps is None:
@@ -234,8 +236,8 @@ def test_per_step_scalars_follow_log_every_n_steps(tmp_path, every_n_steps):
         assert bound.considered == attack.considered == len(steps)
     else:
         assert len(bound.records) == bound.steps == bound.considered
-    by_step = {int(r["step"]): r["label_dp/epsilon_lo_batch"] for r in bound.records}
-    for e in acc.Scalars("label_dp/epsilon_lo_batch"):
+    by_step = {int(r["step"]): r["epsilon_lower_bound"] for r in bound.records}
+    for e in acc.Scalars("label_dp/epsilon_lower_bound"):
         assert e.value == pytest.approx(by_step[e.step], rel=1e-6)
 
 
@@ -263,3 +265,37 @@ def test_loss_scale_is_read_from_the_logit_layer():
     tiny = np.array([2e-5, -4e-5, 1e-5])
     assert _gradient_scale(Opt((0.25 * tiny).tolist()), layer, tiny, x) == pytest.approx(0.25, rel=1e-5)
     assert _gradient_scale(Opt([0.4, -0.6, 0.2]), layer, a, x) is None  # row 2 has twice the scale
+
+
+def test_every_logged_tag_record_and_summary_key_is_in_the_name_table(tmp_path):
+    """One name per quantity: each TensorBoard tag of the label callbacks is ``names.tag(family,
+    name)``, the records and summaries use the same names as keys, and the Custom Scalars layout
+    draws exactly the registered (anchored) tags."""
+    from tensorboard.plugins.custom_scalar import layout_pb2
+    from tensorboard.plugins.custom_scalar import metadata as cs_meta
+
+    from audit_callbacks import names
+
+    attack, bound = LabelReconstructionAttack(), LabelDPLowerBound(second_last=True)
+    _fit(tmp_path, [attack, bound], epochs=1, logger=True)
+    registered = {q.tag for q in names.QUANTITIES}
+    acc = EventAccumulator(os.path.join(str(tmp_path), "run", "version_0"),
+                           size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    logged = {t for t in acc.Tags()["scalars"] if t.split("/")[0] in ("label_dp", "label_attack")}
+    assert logged <= registered, logged - registered
+    assert {q.tag for q in names.family("label_dp")} - logged <= {"label_dp/warnings"}  # all drawn
+    for r in bound.records:
+        assert set(r) - {"step"} <= set(names.names("label_dp")), set(r)
+    summary = json.load(open(bound.summary_path))
+    assert "source" in summary and "paper" not in summary
+    assert {k for k in summary if k.startswith("epsilon")} <= set(names.names("label_dp"))
+    attack_summary = json.load(open(attack.summary_path))
+    assert "source" in attack_summary and "paper" not in attack_summary
+    assert {k for h in attack_summary["history"] for k in h} <= {"step", "batch_size", *names.names("label_attack")}
+    layout = layout_pb2.Layout()
+    for event in acc.Tensors(cs_meta.CONFIG_SUMMARY_TAG):
+        layout.MergeFromString(event.tensor_proto.string_val[0])
+    drawn = {t for cat in layout.category for c in cat.chart for t in c.multiline.tag if t.startswith("^label")}
+    assert drawn and drawn == {f"^{re.escape(q.tag)}$" for q in names.QUANTITIES
+                               if q.family in ("label_dp", "label_attack") and q.chart is not None}

@@ -29,6 +29,7 @@ from audit_callbacks.estimators.label_dp import (
     label_dp_lower_bound,
     last_layer_gram_inverse_diag,
 )
+from audit_callbacks.estimators.result import AuditResult
 from datamodules import load_breast_cancer_tensors
 from models import MLP
 
@@ -135,8 +136,8 @@ def test_flipped_clip_factor_matches_autograd_recomputation(batch):
     np.testing.assert_allclose(clip, batch.clip(batch.norms, c).numpy(), rtol=1e-12)
     assert (clip < 1).any() and (flipped_clip < 1).any() and (flipped_clip == 1).any()
     res = batch.bound(c, sigma=1.0, n_e=len(batch.y))
-    np.testing.assert_allclose(res.flipped_clip_factors, flipped_clip, rtol=1e-12)
-    np.testing.assert_allclose(res.clip_factors, clip, rtol=1e-12)
+    np.testing.assert_allclose(res.detail.flipped_clip_factors, flipped_clip, rtol=1e-12)
+    np.testing.assert_allclose(res.detail.clip_factors, clip, rtol=1e-12)
 
 
 def test_mu_of_every_pair_matches_autograd_gradient_changes(batch):
@@ -154,11 +155,11 @@ def test_mu_of_every_pair_matches_autograd_gradient_changes(batch):
                 for k in batch.per
             )
         )
-        assert res.all_params_pair_mu[r] == pytest.approx(float(diff) / (sigma * c), rel=1e-9)
+        assert res.detail.mu_pair_all_params[r] == pytest.approx(float(diff) / (sigma * c), rel=1e-9)
         # observed layer: || G_1[r] - G_0 || / s with both means from autograd
         g1w, g1b = batch.clipped_layer_mean(c, n_e, flip_row=r)
         layer = torch.sqrt((g1w - g0w).pow(2).sum() + (g1b - g0b).pow(2).sum())
-        assert res.layer_pair_mu[r] == pytest.approx(float(layer) / s, rel=1e-9)
+        assert res.detail.mu_pair_layer[r] == pytest.approx(float(layer) / s, rel=1e-9)
 
 
 def test_statistic_means_are_the_projection_of_autograd_mean_gradients(batch):
@@ -169,22 +170,22 @@ def test_statistic_means_are_the_projection_of_autograd_mean_gradients(batch):
     pinv = np.linalg.inv(xt @ xt.T) @ xt  # explicit reference, fine at this size
     g0w, g0b = batch.clipped_layer_mean(c, n_e)
     g0 = np.r_[g0w.numpy()[0], g0b.numpy()]
-    np.testing.assert_allclose(res.statistic_mean0, pinv @ g0, rtol=1e-7, atol=1e-12)
+    np.testing.assert_allclose(res.detail.statistic_mean0[:, 0], pinv @ g0, rtol=1e-7, atol=1e-12)
     a = batch.probs.numpy() - batch.y.numpy()
-    np.testing.assert_allclose(res.statistic_mean0, res.clip_factors * a / n_e, rtol=1e-7)
+    np.testing.assert_allclose(res.detail.statistic_mean0[:, 0], res.detail.clip_factors * a / n_e, rtol=1e-7)
     for r in range(len(batch.y)):
         g1w, g1b = batch.clipped_layer_mean(c, n_e, flip_row=r)
         g1 = np.r_[g1w.numpy()[0], g1b.numpy()]
-        assert res.statistic_mean1[r] == pytest.approx((pinv @ g1)[r], rel=1e-7)
-    np.testing.assert_allclose(res.gram_inv_diag, np.diag(np.linalg.inv(xt @ xt.T)), rtol=1e-8)
+        assert res.detail.statistic_mean1[r, 0] == pytest.approx((pinv @ g1)[r], rel=1e-7)
+    np.testing.assert_allclose(res.detail.gram_inv_diag, np.diag(np.linalg.inv(xt @ xt.T)), rtol=1e-8)
     np.testing.assert_allclose(
-        last_layer_gram_inverse_diag(batch.features.numpy()), res.gram_inv_diag
+        last_layer_gram_inverse_diag(batch.features.numpy()), res.detail.gram_inv_diag
     )
-    np.testing.assert_allclose(res.statistic_std, sigma * c / n_e * np.sqrt(res.gram_inv_diag))
+    np.testing.assert_allclose(res.detail.statistic_std, sigma * c / n_e * np.sqrt(res.detail.gram_inv_diag))
     # P_0 by scipy directly: Phi(|c_r a_r| / (sigma C sqrt(v_r)))
-    z0 = res.clip_factors * np.abs(a) / (sigma * c * np.sqrt(res.gram_inv_diag))
-    np.testing.assert_allclose(res.p0, stats.norm.cdf(z0), rtol=1e-12)
-    assert res.noise_std == pytest.approx(sigma * c / n_e)
+    z0 = res.detail.clip_factors * np.abs(a) / (sigma * c * np.sqrt(res.detail.gram_inv_diag))
+    np.testing.assert_allclose(res.detail.p0, stats.norm.cdf(z0), rtol=1e-12)
+    assert res.detail.noise_std == pytest.approx(sigma * c / n_e)
 
 
 # --------------------------------------------------------------------------------------------
@@ -209,7 +210,7 @@ def test_p0_p1_match_monte_carlo_of_the_attack(batch):
     a = batch.probs.numpy() - batch.y.numpy()
     sigma = float(np.median(cf * np.abs(a) / (c * np.sqrt(v))))
     res = batch.bound(c, sigma, n_e)
-    assert 0.55 < res.p0.min() and res.p0.max() < 0.999  # informative, not saturated
+    assert 0.55 < res.detail.p0.min() and res.detail.p0.max() < 0.999  # informative, not saturated
     s = sigma * c / n_e
     trials = 1500
     gen = torch.Generator().manual_seed(123)
@@ -231,10 +232,10 @@ def test_p0_p1_match_monte_carlo_of_the_attack(batch):
         stat, _ = label_attack_statistic(batch.features, draws_w, draws_b)  # [n, trials]
         p1_mc[r] = float(((stat[r] < 0).long() == y[r]).double().mean())
 
-    for p_cf, p_mc in ((res.p0, p0_mc), (res.p1, p1_mc)):
+    for p_cf, p_mc in ((res.detail.p0, p0_mc), (res.detail.p1, p1_mc)):
         se = np.sqrt(p_cf * (1 - p_cf) / trials)
         assert np.all(np.abs(p_mc - p_cf) <= 4 * se + 1e-12), (p_cf, p_mc)
-    assert np.all(res.p1 < 0.5) and np.all(res.p0 > 0.5)
+    assert np.all(res.detail.p1 < 0.5) and np.all(res.detail.p0 > 0.5)
 
 
 # --------------------------------------------------------------------------------------------
@@ -272,10 +273,10 @@ def test_precomputed_gram_diagonal_gives_the_same_bounds(batch):
     got = label_dp_lower_bound(batch.features.numpy(), batch.probs.numpy(), batch.y.numpy(), batch.norms.numpy(),
                                max_grad_norm=c, noise_multiplier=1.0, expected_batch_size=40.0, delta=DELTA,
                                gram_inv_diag=v)
-    np.testing.assert_allclose(got.gram_inv_diag, ref.gram_inv_diag, rtol=1e-9)
-    np.testing.assert_allclose(got.lower_bound, ref.lower_bound, rtol=1e-7)
-    assert got.epsilon_lower_bound == pytest.approx(ref.epsilon_lower_bound, rel=1e-7)
-    assert got.all_params_pair_epsilon_max == pytest.approx(ref.all_params_pair_epsilon_max, rel=1e-12)
+    np.testing.assert_allclose(got.detail.gram_inv_diag, ref.detail.gram_inv_diag, rtol=1e-9)
+    np.testing.assert_allclose(got.detail.epsilon_lower_bound, ref.detail.epsilon_lower_bound, rtol=1e-7)
+    assert got.epsilon_lower_bound.value == pytest.approx(ref.epsilon_lower_bound.value, rel=1e-7)
+    assert got.epsilon_pair_all_params.value == pytest.approx(ref.epsilon_pair_all_params.value, rel=1e-12)
     args = (batch.features.numpy(), batch.probs.numpy(), batch.y.numpy(), batch.norms.numpy())
     kw = dict(max_grad_norm=c, noise_multiplier=1.0, expected_batch_size=40.0, delta=DELTA)
     with pytest.raises(ValueError, match="gram_inv_diag must be > 0"):
@@ -300,13 +301,13 @@ def test_a_scaled_loss_is_the_unscaled_mechanism_at_clip_norm_c_over_kappa(batch
     kw = dict(noise_multiplier=0.8, expected_batch_size=40.0, delta=DELTA)
     scaled = label_dp_lower_bound(*args, kappa * batch.norms.numpy(), max_grad_norm=c, grad_scale=kappa, **kw)
     plain = label_dp_lower_bound(*args, batch.norms.numpy(), max_grad_norm=c / kappa, **kw)
-    assert 0 < scaled.clip_factors.min() < 1  # some examples clipped: kappa matters
-    for name in ("log_p0", "log_p1", "optimal_test_mu", "layer_pair_mu", "all_params_pair_mu"):
-        np.testing.assert_allclose(getattr(scaled, name), getattr(plain, name), rtol=1e-9, err_msg=name)
-    assert scaled.epsilon_lower_bound == pytest.approx(plain.epsilon_lower_bound, rel=1e-9)
+    assert 0 < scaled.detail.clip_factors.min() < 1  # some examples clipped: kappa matters
+    for name in ("log_p0", "log_p1", "mu_pair_optimal_test", "mu_pair_layer", "mu_pair_all_params"):
+        np.testing.assert_allclose(getattr(scaled.detail, name), getattr(plain.detail, name), rtol=1e-9, err_msg=name)
+    assert scaled.epsilon_lower_bound.value == pytest.approx(plain.epsilon_lower_bound.value, rel=1e-9)
     wrong = label_dp_lower_bound(*args, kappa * batch.norms.numpy(), max_grad_norm=c, **kw) if kappa > 1 else None
     if wrong is not None:  # ignoring kappa misstates the bound
-        assert abs(wrong.epsilon_lower_bound - plain.epsilon_lower_bound) > 1e-3
+        assert abs(wrong.epsilon_lower_bound.value - plain.epsilon_lower_bound.value) > 1e-3
     with pytest.raises(ValueError, match="grad_scale"):
         label_dp_lower_bound(*args, batch.norms.numpy(), max_grad_norm=c, grad_scale=0.0, **kw)
     with pytest.raises(ValueError, match="smaller than"):  # norms of unscaled gradients, kappa > 1 claimed
@@ -320,22 +321,22 @@ def test_b9_order_on_random_instances():
     for _ in range(60):
         args, kw = _random_instance(rng)
         res = label_dp_lower_bound(*args, **kw)
-        lb = res.lower_bound
+        lb = res.detail.epsilon_lower_bound
         finite = np.isfinite(lb)
-        assert np.all(lb[finite] <= res.optimal_test_epsilon[finite] * (1 + tol) + tol)
-        assert np.all(res.optimal_test_epsilon <= res.layer_pair_epsilon * (1 + tol) + tol)
-        assert np.all(res.layer_pair_epsilon <= res.all_params_pair_epsilon * (1 + tol) + tol)
-        assert np.all(res.all_params_pair_epsilon <= res.single_step_epsilon * (1 + tol) + tol)
-        assert np.all(res.optimal_test_mu <= res.layer_pair_mu * (1 + tol))
-        assert np.all(res.all_params_pair_mu <= 2.0 / kw["noise_multiplier"] * (1 + tol))
-        assert res.epsilon_lower_bound <= res.optimal_test_epsilon_max * (1 + tol) + tol
-        assert res.single_step_epsilon == pytest.approx(
+        assert np.all(lb[finite] <= res.detail.epsilon_pair_optimal_test[finite] * (1 + tol) + tol)
+        assert np.all(res.detail.epsilon_pair_optimal_test <= res.detail.epsilon_pair_layer * (1 + tol) + tol)
+        assert np.all(res.detail.epsilon_pair_layer <= res.detail.epsilon_pair_all_params * (1 + tol) + tol)
+        assert np.all(res.detail.epsilon_pair_all_params <= res.epsilon_single_step.value * (1 + tol) + tol)
+        assert np.all(res.detail.mu_pair_optimal_test <= res.detail.mu_pair_layer * (1 + tol))
+        assert np.all(res.detail.mu_pair_all_params <= 2.0 / kw["noise_multiplier"] * (1 + tol))
+        assert res.epsilon_lower_bound.value <= res.epsilon_pair_optimal_test.value * (1 + tol) + tol
+        assert res.epsilon_single_step.value == pytest.approx(
             gaussian_epsilon(kw["noise_multiplier"], kw["delta"], sensitivity=2.0)
         )
-        for arr in (res.p0, res.p1, res.log_p0, res.log_p1, res.optimal_test_epsilon):
+        for arr in (res.detail.p0, res.detail.p1, res.detail.log_p0, res.detail.log_p1, res.detail.epsilon_pair_optimal_test):
             assert not np.any(np.isnan(arr))
-        assert math.isfinite(res.epsilon_lower_bound) and res.epsilon_lower_bound >= 0
-        strict_seen += int(np.any(res.optimal_test_epsilon < res.layer_pair_epsilon - 1e-6))
+        assert math.isfinite(res.epsilon_lower_bound.value) and res.epsilon_lower_bound.value >= 0
+        strict_seen += int(np.any(res.detail.epsilon_pair_optimal_test < res.detail.epsilon_pair_layer - 1e-6))
     assert strict_seen > 10  # the chain is not trivially equal
 
 
@@ -345,13 +346,13 @@ def test_optimal_test_equals_two_gaussians_epsilon(batch):
     res = batch.bound(c, sigma=1.5, n_e=8.0)
     for r in range(3):
         ref = epsilon_two_gaussians(
-            res.statistic_mean1[r] / res.statistic_std[r],
+            res.detail.statistic_mean1[r, 0] / res.detail.statistic_std[r],
             1.0,
-            res.statistic_mean0[r] / res.statistic_std[r],
+            res.detail.statistic_mean0[r, 0] / res.detail.statistic_std[r],
             1.0,
             DELTA,
         )
-        assert res.optimal_test_epsilon[r] == pytest.approx(ref, rel=1e-7, abs=1e-9)
+        assert res.detail.epsilon_pair_optimal_test[r] == pytest.approx(ref, rel=1e-7, abs=1e-9)
 
 
 @pytest.mark.parametrize("sigma", [0.3, 1.0, 3.0])
@@ -363,14 +364,14 @@ def test_lower_bound_never_exceeds_analytic_upper_bound(batch, sigma):
     acc = RDPAccountant()
     acc.history = [(sigma / 2.0, 1.0, 1)]  # one unsampled step, sensitivity 2C
     rdp_eps = acc.get_epsilon(DELTA)
-    assert res.single_step_epsilon <= rdp_eps  # the exact Gaussian is below the RDP conversion
-    assert res.epsilon_lower_bound <= res.all_params_pair_epsilon_max <= res.single_step_epsilon * (1 + 1e-12)
-    assert np.all(res.lower_bound <= res.single_step_epsilon)
+    assert res.epsilon_single_step.value <= rdp_eps  # the exact Gaussian is below the RDP conversion
+    assert res.epsilon_lower_bound.value <= res.epsilon_pair_all_params.value <= res.epsilon_single_step.value * (1 + 1e-12)
+    assert np.all(res.detail.epsilon_lower_bound <= res.epsilon_single_step.value)
 
 
 def test_small_noise_gives_a_non_vacuous_bound_and_it_grows_as_noise_shrinks(batch):
     c = _clip_norm(batch)
-    values = [batch.bound(c, sigma, n_e=8.0).epsilon_lower_bound for sigma in (2.0, 0.5, 0.1)]
+    values = [batch.bound(c, sigma, n_e=8.0).epsilon_lower_bound.value for sigma in (2.0, 0.5, 0.1)]
     assert values[0] < values[1] < values[2]
     assert values[1] > 0.1
 
@@ -383,13 +384,14 @@ def test_small_noise_gives_a_non_vacuous_bound_and_it_grows_as_noise_shrinks(bat
 def test_p1_underflow_keeps_everything_finite(batch):
     c = _clip_norm(batch)
     res = batch.bound(c, sigma=1e-4, n_e=8.0)
-    assert np.any(res.p1 == 0.0)  # underflows in linear space
-    assert np.all(np.isfinite(res.log_p1)) and np.all(np.isfinite(res.lower_bound))
+    assert np.any(res.detail.p1 == 0.0)  # underflows in linear space
+    assert np.all(np.isfinite(res.detail.log_p1)) and np.all(np.isfinite(res.detail.epsilon_lower_bound))
     # LB = log P0 - log P1 ~ z1^2 / 2: huge but finite and below the analytic bound
-    assert 1e3 < res.epsilon_lower_bound <= res.optimal_test_epsilon_max <= res.single_step_epsilon
-    est = res.to_estimate()
-    assert est.value == res.epsilon_lower_bound
-    assert all(math.isfinite(v) for v in est.extras.values())
+    assert 1e3 < res.epsilon_lower_bound.value <= res.epsilon_pair_optimal_test.value <= res.epsilon_single_step.value
+    results = res.results()  # every scalar of the step is an AuditResult with a finite value
+    assert all(isinstance(r, AuditResult) for r in results.values())
+    assert results["epsilon_lower_bound"] is res.epsilon_lower_bound and res.epsilon_lower_bound.delta == DELTA
+    assert all(math.isfinite(r.value) for r in results.values())
 
 
 def test_vacuous_events_give_minus_inf_and_a_zero_batch_bound():
@@ -405,10 +407,10 @@ def test_vacuous_events_give_minus_inf_and_a_zero_batch_bound():
         expected_batch_size=2,
         delta=0.9,
     )
-    assert np.all(res.p0 <= 0.9)
-    assert np.all(res.lower_bound == -np.inf)
-    assert res.epsilon_lower_bound == 0.0 and res.best_index == -1
-    assert not np.any(np.isnan(res.lower_bound))
+    assert np.all(res.detail.p0 <= 0.9)
+    assert np.all(res.detail.epsilon_lower_bound == -np.inf)
+    assert res.epsilon_lower_bound.value == 0.0 and res.epsilon_lower_bound.details["best_index"] == -1
+    assert not np.any(np.isnan(res.detail.epsilon_lower_bound))
     # with a small delta the same instance gives finite (here negative-or-small) values
     res2 = label_dp_lower_bound(
         x,
@@ -420,16 +422,16 @@ def test_vacuous_events_give_minus_inf_and_a_zero_batch_bound():
         expected_batch_size=2,
         delta=1e-6,
     )
-    assert np.all(np.isfinite(res2.lower_bound)) and res2.epsilon_lower_bound >= 0.0
+    assert np.all(np.isfinite(res2.detail.epsilon_lower_bound)) and res2.epsilon_lower_bound.value >= 0.0
 
 
 def test_expected_batch_size_cancels(batch):
     c = _clip_norm(batch)
     a = batch.bound(c, 0.7, n_e=8.0)
     b = batch.bound(c, 0.7, n_e=37.5)
-    np.testing.assert_allclose(a.lower_bound, b.lower_bound, rtol=1e-10)
-    np.testing.assert_allclose(a.layer_pair_epsilon, b.layer_pair_epsilon, rtol=1e-10)
-    assert b.noise_std == pytest.approx(a.noise_std * 8.0 / 37.5)
+    np.testing.assert_allclose(a.detail.epsilon_lower_bound, b.detail.epsilon_lower_bound, rtol=1e-10)
+    np.testing.assert_allclose(a.detail.epsilon_pair_layer, b.detail.epsilon_pair_layer, rtol=1e-10)
+    assert b.detail.noise_std == pytest.approx(a.detail.noise_std * 8.0 / 37.5)
 
 
 def test_bias_false_uses_the_features_as_given():
@@ -437,7 +439,7 @@ def test_bias_false_uses_the_features_as_given():
     x = rng.normal(size=(3, 3))
     kw = dict(max_grad_norm=1.0, noise_multiplier=1.0, expected_batch_size=3, delta=1e-5)
     res = label_dp_lower_bound(x, [0.2, 0.7, 0.5], [0, 1, 1], [5.0, 5.0, 5.0], bias=False, **kw)
-    np.testing.assert_allclose(res.gram_inv_diag, np.diag(np.linalg.inv(x @ x.T)), rtol=1e-9)
+    np.testing.assert_allclose(res.detail.gram_inv_diag, np.diag(np.linalg.inv(x @ x.T)), rtol=1e-9)
     with pytest.raises(ValueError, match="at most 3 examples"):
         label_dp_lower_bound(
             np.r_[x, x[:1] + 1], [0.2, 0.7, 0.5, 0.5], [0, 1, 1, 0], [5.0] * 4, bias=False, **kw

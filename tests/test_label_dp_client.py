@@ -6,7 +6,7 @@ import torch
 
 from audit_callbacks.attacks.label_reconstruction import factorize_layer, reconstruct_labels
 from audit_callbacks.estimators.gaussian import gaussian_epsilon
-from audit_callbacks.estimators.label_dp_client import client_update_label_dp_lower_bound
+from audit_callbacks.estimators.label_dp import client_update_label_dp_lower_bound
 
 
 def _client(k: int, n: int = 12, p: int = 30, seed: int = 0):
@@ -37,7 +37,7 @@ def test_p0_is_the_success_rate_of_the_attack_on_noised_updates(k):
     f = factorize_layer(xt, bias=True)
     res = client_update_label_dp_lower_bound(probs, y, f.gram_inv_diag, update_scale=s, local_lr=lr,
                                              noise_multiplier=z, clip_norm=clip, delta=1e-5)
-    assert 0.05 < res.p0.mean() < 0.95  # a regime where the attack sometimes fails
+    assert 0.05 < res.detail.p0.mean() < 0.95  # a regime where the attack sometimes fails
     gen = torch.Generator().manual_seed(1)
     trials = 3000
     hits = np.zeros(n)
@@ -46,8 +46,9 @@ def test_p0_is_the_success_rate_of_the_attack_on_noised_updates(k):
         pred = reconstruct_labels(xt, noisy[:, :-1], noisy[:, -1], factorization=f).numpy()
         hits += pred == y
     rate = hits / trials
-    se = np.sqrt(res.p0 * (1 - res.p0) / trials) + 1e-4
-    assert np.all(np.abs(rate - res.p0) <= 4 * se), np.max(np.abs(rate - res.p0) / se)
+    se = np.sqrt(res.detail.p0 * (1 - res.detail.p0) / trials) + 1e-4
+    assert np.all(np.abs(rate - res.detail.p0) <= 4 * se), np.max(np.abs(rate - res.detail.p0) / se)
+    assert res.expected_attack_accuracy.value == pytest.approx(res.detail.p0.mean())
 
 
 @pytest.mark.parametrize("k", [1, 10])
@@ -58,15 +59,15 @@ def test_bound_is_below_the_single_round_bound_and_falls_with_noise(k):
     values = []
     for z in (0.0005, 0.01, 0.1, 1.0, 100.0):
         res = client_update_label_dp_lower_bound(probs, y, v, noise_multiplier=z, **kw)
-        assert 0 <= res.epsilon_lower_bound <= res.epsilon_single_round
-        assert res.epsilon_single_round == pytest.approx(gaussian_epsilon(z, 1e-5, sensitivity=2.0))
-        values.append(res.epsilon_lower_bound)
+        assert 0 <= res.epsilon_lower_bound.value <= res.epsilon_single_round.value
+        assert res.epsilon_single_round.value == pytest.approx(gaussian_epsilon(z, 1e-5, sensitivity=2.0))
+        values.append(res.epsilon_lower_bound.value)
     # without the replaced update's clip factor c' (-> 0) the bound cannot pass log K: P1 >= 1/K
     assert values[0] == pytest.approx(np.log(max(k, 2)), rel=1e-4)
     assert values[-1] < 1e-2 and values == sorted(values, reverse=True)
     exhaustive = client_update_label_dp_lower_bound(probs, y, v, noise_multiplier=0.002, max_pairs=None, **kw)
     ranked = client_update_label_dp_lower_bound(probs, y, v, noise_multiplier=0.002, **kw)
-    assert ranked.epsilon_lower_bound <= exhaustive.epsilon_lower_bound + 1e-12
+    assert ranked.epsilon_lower_bound.value <= exhaustive.epsilon_lower_bound.value + 1e-12
 
 
 @pytest.mark.parametrize(
@@ -113,14 +114,16 @@ def test_known_flipped_clip_factors_give_p1_of_the_attack_and_a_stronger_bound(k
 
         lazy = client_update_label_dp_lower_bound(probs, y, f.gram_inv_diag, noise_multiplier=z,
                                                   flipped_clip_factors=fn, **kw)
-        assert known.epsilon_lower_bound >= unknown.epsilon_lower_bound
-        assert lazy.epsilon_lower_bound <= known.epsilon_lower_bound + 1e-9 and sum(asked) <= 4 * 16
-    assert known.epsilon_lower_bound > 0
+        assert known.epsilon_lower_bound.value >= unknown.epsilon_lower_bound.value
+        assert lazy.epsilon_lower_bound.value <= known.epsilon_lower_bound.value + 1e-9 and sum(asked) <= 4 * 16
+    assert known.epsilon_lower_bound.value > 0
     assert client_update_label_dp_lower_bound(probs, y, f.gram_inv_diag, noise_multiplier=0.0005,
-                                              flipped_clip_factors=flip, **kw).epsilon_lower_bound > np.log(kk) + 1
+                                              flipped_clip_factors=flip, **kw).epsilon_lower_bound.value > np.log(kk) + 1
     # Monte Carlo of P1 at z = 0.05 for the best example: its label replaced by the worst y'
-    r = int(np.argmax(np.where(np.isfinite(known.lower_bound), known.lower_bound, -np.inf)))
-    y2 = int(known.worst_labels[r])
+    lb = known.detail.epsilon_lower_bound
+    r = int(np.argmax(np.where(np.isfinite(lb), lb, -np.inf)))
+    assert known.epsilon_lower_bound.details["best_index"] == r
+    y2 = int(known.detail.worst_labels[r])
     y_alt = y.copy()
     y_alt[r] = y2
     if k == 1:
@@ -135,8 +138,8 @@ def test_known_flipped_clip_factors_give_p1_of_the_attack_and_a_stronger_bound(k
     for _ in range(trials):
         noisy = torch.tensor(g1) + torch.randn(g1.shape, generator=gen, dtype=torch.float64) * 0.05 * clip
         hits += int(reconstruct_labels(xt, noisy[:, :-1], noisy[:, -1], factorization=f)[r] == y[r])
-    se = np.sqrt(known.p1[r] * (1 - known.p1[r]) / trials) + 1e-4
-    assert abs(hits / trials - known.p1[r]) <= 4 * se, (hits / trials, known.p1[r])
+    se = np.sqrt(known.detail.p1[r] * (1 - known.detail.p1[r]) / trials) + 1e-4
+    assert abs(hits / trials - known.detail.p1[r]) <= 4 * se, (hits / trials, known.detail.p1[r])
 
 
 @pytest.mark.parametrize("k", [1, 3])

@@ -7,8 +7,8 @@ import torch
 from scipy import integrate, stats
 
 from audit_callbacks.attacks.label_reconstruction import factorize_layer
-from audit_callbacks.estimators._label_dp_multiclass import log_prob_argmin
 from audit_callbacks.estimators.label_dp import label_dp_lower_bound
+from audit_callbacks.estimators.label_dp.attack import log_prob_argmin
 
 
 def _instance(rng, n=24, p=40, k=5, temp=2.0):
@@ -56,10 +56,10 @@ def test_k2_equals_the_binary_closed_form():
         m = label_dp_lower_bound(x, np.c_[1 - pb, pb], y, np.sqrt(2) * g, flipped_grad_norms=np.sqrt(2) * gf,
                                  max_grad_norm=np.sqrt(2), noise_multiplier=sigma, expected_batch_size=n,
                                  delta=1e-5)
-        np.testing.assert_allclose(m.log_p0, b.log_p0, rtol=1e-8, atol=1e-10)
-        np.testing.assert_allclose(m.log_p1, b.log_p1, rtol=1e-8, atol=1e-10)
-        assert m.epsilon_lower_bound == pytest.approx(b.epsilon_lower_bound, rel=1e-8)
-        assert m.num_classes == 2 and (m.worst_labels == 1 - y).all()
+        np.testing.assert_allclose(m.detail.log_p0, b.detail.log_p0, rtol=1e-8, atol=1e-10)
+        np.testing.assert_allclose(m.detail.log_p1, b.detail.log_p1, rtol=1e-8, atol=1e-10)
+        assert m.epsilon_lower_bound.value == pytest.approx(b.epsilon_lower_bound.value, rel=1e-8)
+        assert m.detail.num_classes == 2 and (m.detail.worst_labels == 1 - y).all()
 
 
 def test_p0_p1_match_a_monte_carlo_of_the_attack():
@@ -87,16 +87,16 @@ def test_p0_p1_match_a_monte_carlo_of_the_attack():
         return float((a[r].argmin(dim=1) == int(y[r])).double().mean())
 
     checked = 0
-    for r in np.argsort(-res.lower_bound)[:3].tolist() + [int(np.argmin(res.p0))]:
+    for r in np.argsort(-res.detail.epsilon_lower_bound)[:3].tolist() + [int(np.argmin(res.detail.p0))]:
         p_hat0 = hit_rate(coef0, r)
         coef1 = coef0.copy()
-        yp = int(res.worst_labels[r])
+        yp = int(res.detail.worst_labels[r])
         coef1[r] = np.minimum(1.0, c_max / gf[r, yp]) * (probs[r] - np.eye(k)[yp])
         p_hat1 = hit_rate(coef1, r)
-        for est, exact in ((p_hat0, res.p0[r]), (p_hat1, res.p1[r])):
+        for est, exact in ((p_hat0, res.detail.p0[r]), (p_hat1, res.detail.p1[r])):
             se = max(np.sqrt(exact * (1 - exact) / reps), 1.0 / reps)
             assert abs(est - exact) <= 4 * se, (r, est, exact)
-        checked += 0.02 < res.p1[r] < 0.98
+        checked += 0.02 < res.detail.p1[r] < 0.98
     assert checked >= 1  # at least one P1 in the informative range
 
 
@@ -108,12 +108,12 @@ def test_never_above_the_single_step_bound_and_the_b9_order(sigma):
         for flipped in (gf, None):
             res = label_dp_lower_bound(x, probs, y, g, flipped_grad_norms=flipped, max_grad_norm=1.0,
                                        noise_multiplier=sigma, expected_batch_size=30, delta=1e-5)
-            order = [res.epsilon_lower_bound, res.optimal_test_epsilon_max, res.layer_pair_epsilon_max,
-                     res.all_params_pair_epsilon_max, res.single_step_epsilon]
+            order = [res.epsilon_lower_bound.value, res.epsilon_pair_optimal_test.value, res.epsilon_pair_layer.value,
+                     res.epsilon_pair_all_params.value, res.epsilon_single_step.value]
             assert all(a <= b * (1 + 1e-9) + 1e-12 for a, b in zip(order, order[1:], strict=False)), order
-            assert np.isfinite(res.log_p1).all() and res.lower_bound.shape == (30,)
-            assert res.p0.shape == res.p1.shape == (30,) and res.worst_labels.shape == (30,)
-            assert (res.worst_labels != y).all()
+            assert np.isfinite(res.detail.log_p1).all() and res.detail.epsilon_lower_bound.shape == (30,)
+            assert res.detail.p0.shape == res.detail.p1.shape == (30,) and res.detail.worst_labels.shape == (30,)
+            assert (res.detail.worst_labels != y).all()
 
 
 def test_unknown_clip_factors_give_a_smaller_bound():
@@ -124,8 +124,8 @@ def test_unknown_clip_factors_give_a_smaller_bound():
     kw = dict(max_grad_norm=1.0, noise_multiplier=0.1, expected_batch_size=20, delta=1e-5)
     exact = label_dp_lower_bound(x, probs, y, g, flipped_grad_norms=gf, **kw)
     conservative = label_dp_lower_bound(x, probs, y, g, **kw)
-    assert conservative.epsilon_lower_bound <= exact.epsilon_lower_bound * 1.01 + 1e-9
-    assert 0 < exact.epsilon_lower_bound
+    assert conservative.epsilon_lower_bound.value <= exact.epsilon_lower_bound.value * 1.01 + 1e-9
+    assert 0 < exact.epsilon_lower_bound.value
 
 
 @pytest.mark.parametrize("change,match", [
@@ -159,23 +159,46 @@ def test_ranked_evaluation_gives_the_batch_bound():
                       delta=1e-5)
             full = label_dp_lower_bound(x, probs, y, g, **kw)
             fast = label_dp_lower_bound(x, probs, y, g, max_pairs=16, **kw)
-            assert fast.epsilon_lower_bound == pytest.approx(full.epsilon_lower_bound, rel=1e-12), sigma
-            assert (fast.lower_bound <= full.lower_bound + 1e-12).all()
-            np.testing.assert_array_equal(fast.p0, full.p0)
+            assert fast.epsilon_lower_bound.value == pytest.approx(full.epsilon_lower_bound.value, rel=1e-12), sigma
+            assert (fast.detail.epsilon_lower_bound <= full.detail.epsilon_lower_bound + 1e-12).all()
+            np.testing.assert_array_equal(fast.detail.p0, full.detail.p0)
             few = label_dp_lower_bound(x, probs, y, g, max_pairs=16, p0_for_all=False, **kw)
-            assert few.epsilon_lower_bound == fast.epsilon_lower_bound and np.isnan(few.p0).any()
+            assert few.epsilon_lower_bound.value == fast.epsilon_lower_bound.value and np.isnan(few.detail.p0).any()
+            assert few.expected_attack_accuracy is None and fast.expected_attack_accuracy is not None
             # the norms asked lazily, for the evaluated pairs only (what the callback does)
             asked = []
             lazy = dict(kw, flipped_grad_norms=lambda r, k, asked=asked, gf=gf: asked.append(len(r)) or gf[r, k])
             every = label_dp_lower_bound(x, probs, y, g, **lazy)
-            assert every.epsilon_lower_bound == full.epsilon_lower_bound and asked == [30 * 9]
+            assert every.epsilon_lower_bound.value == full.epsilon_lower_bound.value and asked == [30 * 9]
             asked.clear()
             ranked = label_dp_lower_bound(x, probs, y, g, max_pairs=16, **lazy)
-            assert ranked.epsilon_lower_bound <= full.epsilon_lower_bound + 1e-12 and asked == [64]
-            assert ranked.epsilon_lower_bound >= 0.9 * full.epsilon_lower_bound
+            assert ranked.epsilon_lower_bound.value <= full.epsilon_lower_bound.value + 1e-12 and asked == [64]
+            assert ranked.epsilon_lower_bound.value >= 0.9 * full.epsilon_lower_bound.value
         # without flipped norms (P1 maximised over the clip factor): the same ranking
         kw.pop("flipped_grad_norms")
         full = label_dp_lower_bound(x, probs, y, g, **kw)
         fast = label_dp_lower_bound(x, probs, y, g, max_pairs=16, **kw)
-        assert fast.epsilon_lower_bound <= full.epsilon_lower_bound + 1e-12
-        assert fast.epsilon_lower_bound >= 0.9 * full.epsilon_lower_bound, sigma
+        assert fast.epsilon_lower_bound.value <= full.epsilon_lower_bound.value + 1e-12
+        assert fast.epsilon_lower_bound.value >= 0.9 * full.epsilon_lower_bound.value, sigma
+
+
+def test_the_result_has_the_same_shape_for_every_k():
+    """One result type for a sigmoid and for K classes: the same AuditResult fields, per-example
+    arrays [N] (statistic means [N, L], L the layer's outputs), worst labels for both."""
+    rng = np.random.default_rng(8)
+    x, probs, y, g, gf = _instance(rng, n=12, p=30, k=4)
+    kw = dict(max_grad_norm=1.0, noise_multiplier=0.5, expected_batch_size=12, delta=1e-5)
+    multi = label_dp_lower_bound(x, probs, y, g, flipped_grad_norms=gf, **kw)
+    pb = 1 / (1 + np.exp(-rng.normal(size=12)))
+    yb = (rng.random(12) < 0.5).astype(int)
+    gb = np.abs(pb - yb) * np.linalg.norm(np.c_[x, np.ones(12)], axis=1) * 2.0
+    binary = label_dp_lower_bound(x, pb, yb, gb, **kw)
+    assert list(multi.results()) == list(binary.results())
+    for res, k, outputs in ((multi, 4, 4), (binary, 2, 1)):
+        d = res.detail
+        assert d.num_classes == k and res.epsilon_lower_bound.counts == {"n": 12, "num_classes": k}
+        for name in ("p0", "p1", "epsilon_lower_bound", "worst_labels", "mu_pair_layer", "epsilon_pair_layer",
+                     "clip_factors", "flipped_clip_factors", "statistic_std"):
+            assert getattr(d, name).shape == (12,), name
+        assert d.statistic_mean0.shape == d.statistic_mean1.shape == (12, outputs)
+    assert (binary.detail.worst_labels == 1 - yb).all()

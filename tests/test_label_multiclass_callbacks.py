@@ -11,13 +11,13 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch import nn
 
 from audit_callbacks.attacks.label_gradients import relu_mlp_label_grad_norms
-from audit_callbacks.callbacks.label_audit import (
-    SKIP_REASONS,
+from audit_callbacks.callbacks import (
     LabelDPLowerBound,
     LabelReconstructionAttack,
     LabelStepObserver,
-    recover_label_counts,
 )
+from audit_callbacks.callbacks.label_base import SKIP_REASONS
+from audit_callbacks.callbacks.label_reconstruction import recover_label_counts
 from audit_callbacks.estimators.gaussian import gaussian_epsilon
 from datamodules.central import CentralDataModule
 from models import MLP
@@ -87,11 +87,11 @@ def test_digits_mlp_bound_every_step_below_single_step_and_matching_the_attack(t
     assert len(recs) == bound.steps == len(attack.history) >= 40 and bound.attacked_fraction == 1.0
     single = gaussian_epsilon(sigma, 1e-5, sensitivity=2.0)
     for r in recs:
-        assert 0 <= r["label_dp/epsilon_lo_batch"] <= r["label_dp/epsilon_pair_all_params"] <= single * (1 + 1e-9)
-    tb_steps = [e.step for e in _scalars(tmp_path).Scalars("label_dp/epsilon_lo_batch")]
+        assert 0 <= r["epsilon_lower_bound"] <= r["epsilon_pair_all_params"] <= single * (1 + 1e-9)
+    tb_steps = [e.step for e in _scalars(tmp_path).Scalars("label_dp/epsilon_lower_bound")]
     assert len(tb_steps) == len(recs)
     acc = np.array([a for _, a, _ in attack.history])
-    p0 = np.array([r["label_dp/expected_attack_accuracy"] for r in recs])
+    p0 = np.array([r["expected_attack_accuracy"] for r in recs])
     se = np.sqrt(np.sum(p0 * (1 - p0))) / len(p0)  # each batch's accuracy has variance <= mean_r P0 (1 - P0)
     assert abs(acc.mean() - p0.mean()) <= 4 * se + 1e-3, (acc.mean(), p0.mean(), se)
 
@@ -100,12 +100,12 @@ def test_running_values_reach_the_logger_off_the_interval(tmp_path):
     attack, bound = LabelReconstructionAttack(every_n_steps=3), LabelDPLowerBound(every_n_steps=3)
     _fit(tmp_path, [attack, bound], hidden=(128, 128), logger=True, log_every=4)
     acc = _scalars(tmp_path)
-    logged = [e.step for e in acc.Scalars("label_dp/epsilon_lo_batch")]
+    logged = [e.step for e in acc.Scalars("label_dp/epsilon_lower_bound")]
     assert logged and all(s % 4 == 0 for s in logged)
     for tag in ("label_dp/attacked_fraction", "label_attack/attacked_fraction", "label_dp/skip_reason"):
         assert tag in acc.Tags()["scalars"], tag
-    by_step = {int(r["step"]): r["label_dp/epsilon_lo_batch"] for r in bound.records}
-    for e in acc.Scalars("label_dp/epsilon_lo_batch"):  # the latest attacked step at or before it
+    by_step = {int(r["step"]): r["epsilon_lower_bound"] for r in bound.records}
+    for e in acc.Scalars("label_dp/epsilon_lower_bound"):  # the latest attacked step at or before it
         assert e.value == pytest.approx(by_step[max(s for s in by_step if s <= e.step)], rel=1e-6)
     fractions = [e.value for e in acc.Scalars("label_attack/attacked_fraction")]
     assert all(f == 1.0 for f in fractions)  # every considered step (one in three) was attacked
@@ -170,5 +170,5 @@ def test_without_per_label_norms_the_conservative_bound_still_covers_every_step(
     _fit(tmp_path, [bound], hidden=(128, 128), module_cls=_TanhClassifier, noise=0.5)
     assert bound.flipped_norms.startswith("unknown") and bound.attacked_fraction == 1.0
     single = gaussian_epsilon(0.5, 1e-5, sensitivity=2.0)
-    assert all(0 <= r["label_dp/epsilon_lo_batch"] <= single for r in bound.records)
-    assert max(r["label_dp/epsilon_lo_batch"] for r in bound.records) > 0
+    assert all(0 <= r["epsilon_lower_bound"] <= single for r in bound.records)
+    assert max(r["epsilon_lower_bound"] for r in bound.records) > 0

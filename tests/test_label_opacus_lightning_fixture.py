@@ -9,7 +9,7 @@ from pytorch_lightning.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from audit_callbacks.callbacks import LabelDPLowerBound, LabelReconstructionAttack
-from audit_callbacks.callbacks.label_audit import SKIP_REASONS
+from audit_callbacks.callbacks.label_base import SKIP_REASONS
 from tests.fixtures.opacus_mnist_lightning import main
 
 pytestmark = pytest.mark.filterwarnings(

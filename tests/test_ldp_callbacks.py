@@ -21,7 +21,7 @@ from audit_callbacks.callbacks.ldp_audit import (
 )
 from audit_callbacks.callbacks.ldp_inference import LDPInferenceAudit
 from audit_callbacks.estimators.shuffle import epsilon_from_counts
-from audit_callbacks.federated import DPFedAvg
+from audit_callbacks.federated import DPFedAvg, FederatedAuditHooks
 from audit_callbacks.mechanisms import LDPSGD, BrokenStaircase, Staircase, TwoPoint
 from datamodules import FederatedDataModule
 from models import MLP
@@ -264,15 +264,15 @@ def test_wrong_module_or_no_randomizer_raises_type_error(tmp_path):
 
 
 # ------------------------------------------------------------------------------ inference
-class Spy(pl.Callback):
+class Spy(FederatedAuditHooks, pl.Callback):
     def __init__(self):
         self.updates, self.released = [], []
 
-    def on_federated_client_updates(self, trainer, pl_module, round_idx, ids, updates):
-        self.updates.append(updates.clone())
+    def on_federated_client_updates(self, trainer, pl_module, fl_round):
+        self.updates.append(fl_round.updates.clone())
 
-    def on_federated_randomized_updates(self, trainer, pl_module, round_idx, ids, released):
-        self.released.append(released.clone())
+    def on_federated_randomized_updates(self, trainer, pl_module, fl_round):
+        self.released.append(fl_round.released.clone())
 
 
 @pytest.mark.parametrize("mech", [TwoPoint(2.0, center=0.0, radius=0.2),

@@ -26,7 +26,7 @@ from audit_callbacks.attacks import (
     paper_measurable_ceiling,
     supports_fast_path,
 )
-from audit_callbacks.estimators import Estimate
+from audit_callbacks.estimators import AuditResult
 from audit_callbacks.estimators.shuffle import epsilon_from_counts
 
 # --------------------------------------------------------------------------------------------
@@ -151,8 +151,8 @@ def test_perfect_mechanism_is_capped_at_ceiling():
         epsilon_from_counts(r.tp, 0, 0, r.tn).epsilon_lower_bound, rel=1e-12
     )
     est = r.to_estimate()
-    assert isinstance(est, Estimate) and est.upper is None and est.confidence == 0.95
-    assert est.extras["paper_ceiling"] == pytest.approx(paper_measurable_ceiling(1000))
+    assert isinstance(est, AuditResult) and est.upper is None and est.confidence == pytest.approx(0.95)
+    assert est.details["paper_ceiling"] == pytest.approx(paper_measurable_ceiling(1000))
 
 
 # --------------------------------------------------------------------------------------------
@@ -373,8 +373,8 @@ def test_result_and_estimate_fields():
     est = r.to_estimate()
     assert est.value == r.epsilon and est.lower == r.epsilon_lower_bound
     assert est.upper == r.epsilon_upper_bound and est.confidence == pytest.approx(0.9)
-    assert est.extras["lower_confidence"] == 0.95 and est.threat_model == "local"
-    assert est.method == "ldp_test_fast" and est.n == 4000
+    assert est.details["lower_confidence"] == 0.95 and est.details["threat_model"] == "local"
+    assert est.method == "ldp_test_fast" and est.counts["n"] == 4000
     with pytest.raises(AttributeError):
         r.epsilon = 1.0  # frozen
 

@@ -11,17 +11,17 @@ from scipy import stats
 from scipy.optimize import brentq
 
 from audit_callbacks.estimators import (
+    AuditResult,
     CanaryScoreAuditor,
-    ScoreAuditResult,
     cosine_null_sample,
     gaussian_epsilon,
 )
-from audit_callbacks.estimators.score_auditor import (
-    _fdp_mu,
-    _guess_counts,
-    _log_binom_coef,
-    _one_run_eps,
-    _one_run_pvalue,
+from audit_callbacks.estimators.one_run import (
+    fdp_mu,
+    guess_counts,
+    log_binom_coef,
+    one_run_epsilon,
+    one_run_pvalue,
 )
 
 DELTA = 1e-5
@@ -46,7 +46,7 @@ def test_gdp_bound_approaches_true_mu_with_huge_k() -> None:
     assert r.details["mu_lower"] < mu  # a lower bound, on this seed
     assert r.details["mu_lower"] == pytest.approx(mu, abs=0.02)
     assert r.value == pytest.approx(4.0, rel=0.03)
-    assert r.gof_pvalue is not None and r.gof_pvalue > 0.001
+    assert r.details["gof_pvalue"] is not None and r.details["gof_pvalue"] > 0.001
     assert "Dong, Roth, Su (2022)" in r.source
 
 
@@ -67,7 +67,7 @@ def test_gdp_bound_normal_approx_agrees_with_noncentral_t() -> None:
 def test_gof_pvalue_flags_non_gaussian_scores() -> None:
     rng = np.random.default_rng(3)
     x, y = rng.exponential(1.0, 1000) + 0.5, rng.exponential(1.0, 1000)
-    assert CanaryScoreAuditor(x, y).epsilon_gdp_lower_bound(0.05, DELTA).gof_pvalue < 1e-6
+    assert CanaryScoreAuditor(x, y).epsilon_gdp_lower_bound(0.05, DELTA).details["gof_pvalue"] < 1e-6
 
 
 def test_clopper_pearson_fixed_threshold_hand_computed() -> None:
@@ -76,7 +76,7 @@ def test_clopper_pearson_fixed_threshold_hand_computed() -> None:
     assert r.counts["fn"] == 1 and r.counts["fp"] == 1  # x=1 < 2; y=2.5 >= 2
     u = stats.beta.ppf(1 - 0.05, 2, 3)  # CP upper for 1 of 4 at 1 - alpha/2
     assert r.value == pytest.approx(max(math.log((1 - u) / u), 0.0), abs=1e-12)
-    assert r.threshold == 2.0 and r.alpha == 0.1
+    assert r.details["threshold"] == 2.0 and r.alpha == 0.1
 
 
 def test_clopper_pearson_perfect_separation_and_delta() -> None:
@@ -94,7 +94,7 @@ def test_split_threshold_is_evaluated_on_the_other_half() -> None:
     x, y = _gauss(3.0, 400, 4)
     r = CanaryScoreAuditor(x, y).epsilon_lower_bound(0.05, DELTA, threshold="split", seed=1)
     assert r.counts["k_in_test"] == 200 and r.method == "clopper_pearson_split"
-    assert r.value > 0 and r.threshold is not None
+    assert r.value > 0 and r.details["threshold"] is not None
 
 
 def test_auroc_matches_mann_whitney_with_ties() -> None:
@@ -113,8 +113,8 @@ def test_tpr_at_fpr_uses_the_roc_hull() -> None:
 
 def test_one_run_pvalue_matches_direct_sum() -> None:
     n, v, m, eps, delta = 30, 24, 200, 0.7, 1e-3
-    lc, j = _log_binom_coef(np.array([n]), n + 1)
-    p = _one_run_pvalue(np.array([eps]), np.array([n]), np.array([v]), np.array([m]), delta, lc, j)
+    lc, j = log_binom_coef(np.array([n]), n + 1)
+    p = one_run_pvalue(np.array([eps]), np.array([n]), np.array([v]), np.array([m]), delta, lc, j)
     q = 1 / (1 + math.exp(-eps))
     tail = stats.binom.sf(v - 1, n, q)
     extra = max(sum(stats.binom.pmf(v - i2, n, q) for i2 in range(1, i + 1)) / i
@@ -125,14 +125,14 @@ def test_one_run_pvalue_matches_direct_sum() -> None:
 def test_one_run_all_correct_closed_form_delta0() -> None:
     # v = n: p = q^n, so eps = logit(alpha^(1/n))
     n = np.array([20])
-    e = _one_run_eps(n, n, np.array([100.0]), np.array([0.05]), 0.0)
+    e = one_run_epsilon(n, n, np.array([100.0]), np.array([0.05]), 0.0)
     q = 0.05 ** (1 / 20)
     assert e[0] == pytest.approx(math.log(q / (1 - q)), abs=1e-9)
 
 
 def test_guess_counts_use_top_and_bottom_scores() -> None:
     x, y = np.array([5.0, 4.0, 0.5]), np.array([3.0, 0.0, -1.0])
-    n, v, nt, nb = _guess_counts(x, y, 0)
+    n, v, nt, nb = guess_counts(x, y, 0)
     i = int(np.flatnonzero((nt == 2) & (nb == 2))[0])  # top {5, 4}, bottom {-1, 0}
     assert n[i] == 4 and v[i] == 4
     i = int(np.flatnonzero((nt == 3) & (nb == 0))[0])  # top {5, 4, 3}: 2 in
@@ -178,7 +178,7 @@ def test_accepts_lists_and_torch_tensors() -> None:
     tx = torch.tensor(x, dtype=torch.float64, requires_grad=True)
     got = CanaryScoreAuditor(tx, torch.tensor(y)).auroc().value
     assert got == pytest.approx(ref, abs=1e-6)  # float32 conversion
-    assert isinstance(CanaryScoreAuditor(x, y).auroc(), ScoreAuditResult)
+    assert isinstance(CanaryScoreAuditor(x, y).auroc(), AuditResult)
 
 
 # ------------------------------------------------------------------ bad input
@@ -271,16 +271,16 @@ def test_coverage_gdp(mc: tuple) -> None:
 
 def _batched_one_run(sets: list, fdp: bool) -> np.ndarray:
     """The methods' computation for many data sets at once (same candidates and levels)."""
-    lanes = [_guess_counts(x, y, 0)[:2] for x, y in sets]
+    lanes = [guess_counts(x, y, 0)[:2] for x, y in sets]
     c = lanes[0][0].size
     n = np.concatenate([lane[0] for lane in lanes])
     v = np.concatenate([lane[1] for lane in lanes])
     m = np.full(n.size, 2.0 * K)
     lv = np.full(n.size, 0.05 / c)
     if fdp:
-        mu = _fdp_mu(n, v, m, lv).reshape(len(sets), c).max(axis=1)
+        mu = fdp_mu(n, v, m, lv).reshape(len(sets), c).max(axis=1)
         return np.array([gaussian_epsilon(1 / u, DELTA) if u > 0 else 0.0 for u in mu])
-    return _one_run_eps(n, v, m, lv, DELTA).reshape(len(sets), c).max(axis=1)
+    return one_run_epsilon(n, v, m, lv, DELTA).reshape(len(sets), c).max(axis=1)
 
 
 @pytest.mark.parametrize("fdp", [False, True])

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from audit_callbacks.estimators import Estimate, clopper_pearson_upper
+from audit_callbacks.estimators import AuditResult, clopper_pearson_upper
 from audit_callbacks.estimators.shuffle import (
     ShuffleTestResult,
     epsilon_from_counts,
@@ -149,7 +149,7 @@ def test_shuffle_test_seeded_and_estimate():
     assert a.counts == shuffle_test(2.0, 974, 5000, seed=3).counts
     assert sum(b.counts.values()) == 5000 and a.counts != c.counts
     est = a.to_estimate()
-    assert isinstance(est, Estimate) and est.threat_model == "shuffle" and est.n == 5000
+    assert isinstance(est, AuditResult) and est.details["threat_model"] == "shuffle" and est.counts["n"] == 5000
     assert est.lower == a.epsilon_lower_bound and est.value == a.epsilon
 
 
@@ -260,5 +260,56 @@ def test_game_results_share_the_count_statistics():
     ce = epsilon_from_counts(res.tp, res.fn, res.fp, res.tn, res.alpha)
     assert res.game_fields() == ce.game_fields()
     est = res.to_estimate()
-    assert (est.value, est.lower, est.n) == (res.epsilon, res.epsilon_lower_bound, 3000)
-    assert est.extras["tau"] == res.tau and "trials" not in est.extras
+    assert (est.value, est.lower, est.counts["n"]) == (res.epsilon, res.epsilon_lower_bound, 3000)
+    assert est.details["tau"] == res.tau and "trials" not in est.details
+
+
+# ------------------------------------------ issue 26: overflowing epsilon0, delta = 5e-324
+def test_min_clients_for_an_overflowing_epsilon0_is_the_rounded_up_integer():
+    import decimal
+
+    n = min_clients_for_shuffling(800.0, DELTA)  # e^800 overflows a float
+    assert isinstance(n, int)
+    with decimal.localcontext() as ctx:
+        ctx.prec, ctx.Emax = 80, decimal.MAX_EMAX
+        exact = decimal.Decimal(8.0 * math.log(2 / DELTA)) * (decimal.Decimal(800).exp() + 1)
+    assert exact <= n < exact * (1 + decimal.Decimal("1e-35"))
+    shuffle_amplification_bound(800.0, n, DELTA)  # valid at the minimum
+    with pytest.raises(ValueError, match="clients"):
+        shuffle_amplification_bound(800.0, n - 1, DELTA)
+    with pytest.raises(ValueError, match="epsilon0"):  # a count of ~43,000 digits
+        min_clients_for_shuffling(1e5, DELTA)
+
+
+def test_delta_down_to_the_smallest_float_is_resolved():
+    d = 5e-324  # 2 / delta overflows a float
+    n = min_clients_for_shuffling(1.0, d)
+    assert n == math.ceil(8 * (math.log(2) - math.log(d)) * (math.e + 1))
+    tiny = shuffle_amplification_bound(1.0, 10**5, d)
+    assert math.isfinite(tiny) and tiny > shuffle_amplification_bound(1.0, 10**5, DELTA)
+    ex = shuffle_dummy_exact_epsilon(1.0, 50, d)
+    assert 0 < ex <= 1.0 and ex >= shuffle_dummy_exact_epsilon(1.0, 50, DELTA)
+
+
+def test_the_bound_in_the_log_domain_matches_the_direct_formula():
+    # n > 1e15 and eps0 > 300 take the log-domain path: it continues the direct one
+    direct = shuffle_amplification_bound(5.0, 10**15, DELTA)
+    logged = shuffle_amplification_bound(5.0, 10**15 + 1, DELTA)
+    assert logged == pytest.approx(direct, rel=1e-12)
+    assert shuffle_amplification_bound(1.0, 10**400, DELTA) > 0  # n beyond a float
+    assert shuffle_amplification_bound(300.0, 10**140, DELTA) == pytest.approx(
+        shuffle_amplification_bound(300.0 + 1e-9, 10**140, DELTA), rel=1e-6)
+    big = [shuffle_amplification_bound(800.0, 10**k, DELTA) for k in (360, 380, 400)]
+    assert all(math.isfinite(b) and b > 0 for b in big)
+    assert big[0] > big[1] > big[2]  # more clients, more amplification
+    assert math.isfinite(shuffle_amplification_bound(1e4, 10**5000, DELTA))
+
+
+def test_exact_epsilon_of_an_overflowing_epsilon0():
+    # the pair differs in one report: with e^-eps0 negligible, delta(eps) = 1 - e^(eps - eps0)
+    assert shuffle_dummy_exact_epsilon(800.0, 50, DELTA) == pytest.approx(
+        800.0 + math.log1p(-DELTA), abs=1e-9)
+    assert shuffle_dummy_exact_epsilon(1e300, 50, DELTA) == pytest.approx(1e300, rel=1e-11)
+    log_d, log_dp = shuffle_dummy_count_logpmfs(800.0, 50)
+    assert np.all(np.isfinite(log_d) | (log_d == -np.inf)) and not np.any(np.isnan(log_dp))
+    assert math.isfinite(shuffle_test(800.0, 50, trials=200).epsilon_lower_bound)

@@ -120,7 +120,7 @@ def test_a_repeated_fit_continues_the_audit_and_the_accountant(tmp_path):
     second = _trainer(L, tmp_path / "twice", 2, [audit], name="second")
     second.fit(module)
     assert audit.backend.progress() == whole.backend.progress()
-    assert (audit.participations == whole.participations).all()
+    assert (audit.auditor.participations == whole.auditor.participations).all()
     eps = module.privacy_engine.get_epsilon(1e-5)
     assert eps == pytest.approx(one.privacy_engine.get_epsilon(1e-5))
     assert audit.last_report.epsilon_analytic == pytest.approx(eps)
@@ -142,7 +142,7 @@ def test_resume_restores_the_accountant(tmp_path):
             resumed, ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
     assert resumed.privacy_engine.accountant.history == whole.privacy_engine.accountant.history
     assert audit.last_report.epsilon_analytic == pytest.approx(full.last_report.epsilon_analytic)
-    assert (audit.participations == full.participations).all()
+    assert (audit.auditor.participations == full.auditor.participations).all()
 
 
 def test_the_callbacks_accept_a_pytorch_lightning_tensorboard_logger():
@@ -234,4 +234,4 @@ def test_federated_label_attack_with_dpfedavg_on_pytorch_lightning(tmp_path):
     trainer.fit(module, train_dataloaders=dm.train_dataloader(), val_dataloaders=dm.val_dataloader())
     assert len(attack.history) == 12 and all(h["accuracy"] == 1.0 for h in attack.history)
     assert attack.flipped_clip.startswith("exact")
-    assert len(_events(trainer.logger.log_dir).Scalars("fl_label_attack/epsilon_lo_round")) == 3
+    assert len(_events(trainer.logger.log_dir).Scalars("fl_label_attack/epsilon_lower_bound")) == 3

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from audit_callbacks.estimators._validation import check_count, check_positive_finite, make_rng
+from audit_callbacks.validation import check_count, check_positive, make_rng
 
 __all__ = [
     "ADVERSARIES",
@@ -79,11 +79,6 @@ class CraftedPair:
 
     def as_tuple(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self.g1, self.g2
-
-
-def _check_int(value: Any, name: str, minimum: int) -> int:
-    """An integer >= minimum (bool, floats with a fraction, NaN rejected)."""
-    return check_count(value, name, minimum)
 
 
 def _make_pair(name: str, g1: torch.Tensor, g2: torch.Tensor, **details: Any) -> CraftedPair:
@@ -225,7 +220,7 @@ def label_flip_pair(
     """
     x, y = _check_data(model, x, y)
     n = int(x.shape[0])
-    num_classes = _check_int(num_classes, "num_classes", 2)
+    num_classes = check_count(num_classes, "num_classes", minimum=2)
     if int(y.max()) >= num_classes:
         raise ValueError(f"num_classes = {num_classes} but y holds the label {int(y.max())}")
     gen = make_rng(rng)
@@ -292,9 +287,9 @@ def collusion_pair(
     Details returned: target_label, steps, lr, train_loss_start/_end, index, label.
     """
     x, y = _check_data(model, x, y)
-    steps = _check_int(steps, "steps", 0)
-    lr = check_positive_finite(lr, "lr")
-    target_label = _check_int(target_label, "target_label", 0)
+    steps = check_count(steps, "steps", minimum=0)
+    lr = check_positive(lr, "lr")
+    target_label = check_count(target_label, "target_label", minimum=0)
     gen = make_rng(rng)
     same = torch.nonzero(y == target_label).reshape(-1)
     other = torch.nonzero(y != target_label).reshape(-1)
@@ -352,8 +347,8 @@ def dummy_pair(
         ValueError: dim not an integer >= 1; clip_norm not finite > 0; dtype not a floating
             torch dtype.
     """
-    d = _check_int(dim, "dim", 1)
-    L = check_positive_finite(clip_norm, "clip_norm")
+    d = check_count(dim, "dim", minimum=1)
+    L = check_positive(clip_norm, "clip_norm")
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"dtype must be a floating torch dtype, got {dtype!r}")
     finfo = torch.finfo(dtype)

@@ -30,12 +30,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from audit_callbacks.estimators._validation import (
-    as_float_array,
-    check_positive_finite,
-    check_real_finite,
-    check_seed,
-)
+from audit_callbacks.validation import as_float_array, check_positive, check_real, check_seed
 
 __all__ = ["InferencePrediction", "LDPFLInferenceAttack", "two_point_prediction"]
 
@@ -59,9 +54,9 @@ def two_point_prediction(p: ArrayLike, epsilon: float, center: float, radius: fl
         ValueError: epsilon <= 0 or not finite; p not floats in [0, 1] (NaN, inf, booleans);
             center not finite; radius <= 0 or not finite.
     """
-    e = check_positive_finite(epsilon, "epsilon")
-    c = check_real_finite(center, "center")
-    r = check_positive_finite(radius, "radius")
+    e = check_positive(epsilon, "epsilon")
+    c = check_real(center, "center")
+    r = check_positive(radius, "radius")
     share = as_float_array(p, "p", allow_int=True)
     if not np.all(np.isfinite(share)) or np.any(share < 0.0) or np.any(share > 1.0):
         raise ValueError("p must be shares in [0, 1] (no NaN or inf)")
@@ -108,8 +103,8 @@ class LDPFLInferenceAttack:
         self, center: float = 0.0, radius: float = 1.0, *,
         invert: Callable[[np.ndarray], np.ndarray] | None = None, seed: int = 0,
     ) -> None:
-        self.center = check_real_finite(center, "center")
-        self.radius = check_positive_finite(radius, "radius")
+        self.center = check_real(center, "center")
+        self.radius = check_positive(radius, "radius")
         if invert is not None and not callable(invert):
             raise ValueError(f"invert must be callable, got {invert!r}")
         self.invert = invert or (lambda m: m)

@@ -56,20 +56,22 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from audit_callbacks.estimators import Estimate, epsilon_from_error_rates
-from audit_callbacks.estimators._validation import (
-    check_alpha,
-    check_count,
-    check_positive_finite,
-    check_seed,
-    to_numpy,
-)
+from audit_callbacks.estimators import AuditResult, epsilon_from_error_rates
 from audit_callbacks.estimators.error_rates import (
     GameStatistics,
     confusion_counts,
     epsilon_from_counts,
     measurable_ceiling,
     paper_measurable_ceiling,
+)
+from audit_callbacks.validation import (
+    check_alpha,
+    check_choice,
+    check_count,
+    check_optional_count,
+    check_positive,
+    check_seed,
+    to_numpy,
 )
 
 __all__ = [
@@ -221,20 +223,6 @@ def _check_pair(g1: Any, g2: Any) -> tuple[torch.Tensor, torch.Tensor, PairGeome
     return t1, t2, geom
 
 
-def _check_trials(trials: Any) -> int:
-    return check_count(trials, "trials", minimum=1)
-
-
-def _check_alpha(alpha: Any) -> float:
-    return check_alpha(alpha)
-
-
-def _check_positive_int(x: Any, name: str) -> int:
-    if isinstance(x, float) and not x.is_integer():
-        raise ValueError(f"{name} must be an integer >= 1, got {x!r}")
-    return check_count(x, name, minimum=1)
-
-
 # --------------------------------------------------------------------------------------------
 # Fast path (LDP-SGD, docs/methods/ldp.md, C3)
 # --------------------------------------------------------------------------------------------
@@ -360,8 +348,7 @@ def _default_batch(d: int) -> int:
 
 
 def _resolve_path(mechanism: Any, path: str) -> str:
-    if not isinstance(path, str) or path not in ("auto", "fast", "batched"):
-        raise ValueError(f"path must be 'auto', 'fast' or 'batched', got {path!r}")
+    check_choice(path, "path", ("auto", "fast", "batched"))
     if path == "auto" and supports_fast_path(mechanism):
         return "fast"
     if path == "fast":
@@ -448,19 +435,22 @@ class LDPTestResult(GameStatistics):
     def trials_per_second(self) -> float:
         return self.trials / self.elapsed_s if self.elapsed_s > 0 else math.inf
 
-    def to_estimate(self) -> Estimate:
-        """As :class:`~audit_callbacks.estimators.Estimate` (threat model ``"local"``, delta 0).
+    def to_estimate(self) -> AuditResult:
+        """As an :class:`~audit_callbacks.estimators.AuditResult` (threat model ``"local"``,
+        delta 0).
 
         ``value`` = ``epsilon``; ``lower`` = ``epsilon_lower_bound``; ``upper`` =
         ``epsilon_upper_bound`` or ``None`` when infinite. Each end is a one-sided (1 - alpha)
-        bound, so ``confidence`` is the two-sided level 1 - 2 alpha (1 - alpha when ``upper`` is
-        ``None``); ``extras["lower_confidence"]`` = 1 - alpha. The other fields go to extras.
+        bound, so the result's ``alpha`` is 2 alpha (alpha when ``upper`` is ``None``);
+        ``details["lower_confidence"]`` = 1 - alpha. The other fields go to ``details``.
         """
         return self._game_estimate(
             n=self.trials,
             alpha=self.alpha,
             method=f"ldp_test_{self.method}",
             threat_model="local",
+            source="Matsumoto et al., the empirical epsilon0 test of a local randomizer, §4.1-4.3, "
+                   "Alg. 2, eq. (3)",
             paper_ceiling=paper_measurable_ceiling(self.trials, self.alpha),
         )
 
@@ -478,8 +468,8 @@ def ldp_sgd_error_rates(epsilon0: float, clip_norm: float, g1: Any, g2: Any) -> 
     Raises:
         ValueError: epsilon0 or clip_norm not finite > 0; g1, g2 as :func:`ldp_epsilon_test`.
     """
-    e = check_positive_finite(epsilon0, "epsilon0")
-    L = check_positive_finite(clip_norm, "clip_norm")
+    e = check_positive(epsilon0, "epsilon0")
+    L = check_positive(clip_norm, "clip_norm")
     _, _, geom = _check_pair(g1, g2)
     return _closed_form_rates(geom, e, L)
 
@@ -539,12 +529,12 @@ def ldp_test_statistics(
     Raises:
         as :func:`ldp_epsilon_test`.
     """
-    k = _check_trials(trials)
+    k = check_count(trials, "trials", minimum=1)
     sd = check_seed(seed)
     t1, t2, geom = _check_pair(g1, g2)
     method = _resolve_path(mechanism, path)
-    bs = None if batch_size is None else _check_positive_int(batch_size, "batch_size")
-    cs = _check_positive_int(chunk_size, "chunk_size")
+    bs = check_optional_count(batch_size, "batch_size", minimum=1)
+    cs = check_count(chunk_size, "chunk_size", minimum=1)
     bs_list, st_list = [], []
     for b2, stat in _chunks(mechanism, t1, t2, geom, k, sd, method, bs, cs):
         bs_list.append(np.where(b2, 2, 1).astype(np.int8))
@@ -581,7 +571,7 @@ def ldp_epsilon_test(
         chunk_size: trials per vectorised chunk on the fast path.
 
     Returns:
-        :class:`LDPTestResult` (``to_estimate()`` for an :class:`Estimate`).
+        :class:`LDPTestResult` (``to_estimate()`` for an :class:`~audit_callbacks.estimators.AuditResult`).
 
     Memory: g1 and g2 are used in place (float32 stays float32; float16/bfloat16 and integer
     input become float32, tensors keep their device); the geometry is computed in float64
@@ -598,13 +588,13 @@ def ldp_epsilon_test(
 
     Source: Matsumoto et al. Alg. 2, eqs. 3-4, §4.1; docs/methods/ldp.md, C2-C3.
     """
-    k = _check_trials(trials)
-    a = _check_alpha(alpha)
+    k = check_count(trials, "trials", minimum=1)
+    a = check_alpha(alpha)
     sd = check_seed(seed)
     t1, t2, geom = _check_pair(g1, g2)
     method = _resolve_path(mechanism, path)
-    bs = None if batch_size is None else _check_positive_int(batch_size, "batch_size")
-    cs = _check_positive_int(chunk_size, "chunk_size")
+    bs = check_optional_count(batch_size, "batch_size", minimum=1)
+    cs = check_count(chunk_size, "chunk_size", minimum=1)
     tally = np.zeros(4, dtype=np.int64)  # tp, fn, fp, tn
     start = time.perf_counter()
     for b2, stat in _chunks(mechanism, t1, t2, geom, k, sd, method, bs, cs):

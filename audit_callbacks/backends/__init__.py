@@ -1,17 +1,19 @@
 """How canaries enter a given kind of training, and what is observed of it.
 
-A backend inserts canaries into one kind of DP training and feeds the model's deltas to
-:class:`~audit_callbacks.canary_stats.CanaryStatistics`; the callbacks only forward their hooks
-to it (see :class:`~audit_callbacks.callbacks.CanaryAudit`).
+A backend inserts the canaries of a :class:`~audit_callbacks.auditing.CanaryAuditor` into one
+kind of DP training and feeds it the model's releases; front ends only forward their hooks to
+it (:class:`~audit_callbacks.callbacks.CanaryAudit`, ``audit_callbacks.flower.CanaryStrategy``).
 
-* :class:`FedAvgBackend` - :class:`~audit_callbacks.federated.DPFedAvg`: canary clients join the
-  population and are sampled like real clients.
-* :class:`OpacusBackend` - Opacus' ``DPOptimizer``: gradient canaries join every logical step
-  with a real example's sampling rate, before the noise.
+* :class:`~audit_callbacks.backends.fedavg.FedAvgBackend` - :class:`~audit_callbacks.federated.
+  DPFedAvg`: canary clients join the population and are sampled like real clients.
+* :class:`~audit_callbacks.backends.opacus.OpacusBackend` - Opacus' ``DPOptimizer``: gradient
+  canaries join every logical step with a real example's sampling rate, before the noise.
+* ``audit_callbacks.flower.backend.FlowerBackend`` - canary clients inside a Flower strategy.
+
+The submodules are imported where they are used, so that importing this package (or
+``audit_callbacks.flower``) loads neither Lightning nor Opacus.
 """
 
-from audit_callbacks.backends.base import CanaryBackend, CanaryConfig
-from audit_callbacks.backends.fedavg import FedAvgBackend
-from audit_callbacks.backends.opacus import OpacusBackend
+from audit_callbacks.backends.base import CanaryBackend
 
-__all__ = ["CanaryBackend", "CanaryConfig", "FedAvgBackend", "OpacusBackend"]
+__all__ = ["CanaryBackend"]

@@ -3,7 +3,8 @@ Empirical Privacy Estimation for Federated Learning", ICLR 2024, Alg. 2 and §5.
 
 Canary clients join the client population and are sampled by exactly the same rule as the real
 clients; a sampled canary client ``j`` returns ``clip_norm * c_j``. The backend is the owner of
-the virtual clients (:mod:`audit_callbacks.federated.protocol`).
+the virtual clients (:mod:`audit_callbacks.federated.protocol`); at the end of each round it
+releases the model delta, with the canaries of that round's cohort, to the auditor.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from audit_callbacks.backends.base import CanaryBackend, CanaryConfig, total_rounds
+from audit_callbacks.backends.base import CanaryBackend, total_rounds
 from audit_callbacks.federated.clipping import clip_updates_
 
 __all__ = ["FedAvgBackend", "crowding_warning"]
@@ -51,11 +52,13 @@ class FedAvgBackend(CanaryBackend):
     """Canary clients of a ``DPFedAvg`` module.
 
     Args:
-        config: the audit's settings.
         module: the ``DPFedAvg`` LightningModule.
-        trainer: the Trainer (its length, when ``config.repeats`` is set).
+        trainer: the Trainer (its length, when ``repeats`` is set).
         warn: ``warn(key, message)``, once per key.
         name: the name of the canary clients' block in the module (distinct per audit).
+        repeats: each canary presented in ``repeats`` scheduled rounds instead of sampled
+            (Andrew et al. §5.2); None: sampled.
+        seed: the seed of the schedule.
 
     Raises:
         RuntimeError: the trainer runs more than one process (``trainer.world_size > 1``, e.g.
@@ -63,16 +66,15 @@ class FedAvgBackend(CanaryBackend):
             every client of a round in one process, so each rank would run the same full rounds
             with its own noise and its own canary clients, and the audit would describe none of
             them.
-        ValueError: a model with fewer than 2 parameters, more Hadamard canaries than the
-            transform length.
     """
 
     training = "DP-FedAvg"
     sign = 1.0
+    default_delta = 1e-6
 
     def __init__(
-        self, config: CanaryConfig, module: Any, trainer: Any, warn: Callable[[str, str], None],
-        *, name: str = "canary",
+        self, module: Any, trainer: Any, warn: Callable[[str, str], None], *,
+        name: str = "canary", repeats: int | None = None, seed: int = 0,
     ) -> None:
         world_size = _world_size(trainer)
         if world_size > 1:
@@ -82,31 +84,49 @@ class FedAvgBackend(CanaryBackend):
                 "each rank would run the same full rounds with its own noise and canary clients. "
                 "Train DPFedAvg with one process (Trainer(devices=1), strategy 'auto')"
             )
-        super().__init__(config, warn)
+        super().__init__(int(module.num_parameters), int(module.num_real_clients))
+        if getattr(module, "delta", None) is not None:
+            self.default_delta = float(module.delta)
         self.module = module
         self.name = name
+        self.warn = warn
+        self.repeats = repeats
+        self.seed = int(seed)
         self._clip_factors: dict[tuple[float, torch.dtype, torch.device], float] = {}
         self._trainer = trainer
         self._schedule: dict[int, list[int]] | None = None
-        n_real = int(module.num_real_clients)
-        self._make_stats(int(module.num_parameters), n_real)
-        if config.repeats is None:
-            message = crowding_warning(self.num_canaries, n_real, getattr(module, "clients_per_round", None))
+
+    def attach(self, auditor: Any) -> None:
+        super().attach(auditor)
+        if self.repeats is None:
+            message = crowding_warning(auditor.num_canaries, int(self.module.num_real_clients),
+                                       getattr(self.module, "clients_per_round", None))
             if message:
-                warn("crowding", message)
+                self.warn("crowding", message)
         self.register()
+
+    def on_setup(self, trainer: Any, pl_module: Any) -> None:
+        """A second fit of the same module: the same canaries go on."""
+        self._trainer = trainer
+        self.register()
+
+    @property
+    def num_canaries(self) -> int:
+        assert self.auditor is not None
+        return self.auditor.num_canaries
 
     def register(self) -> None:
         """Register the canary clients with the module (sampled, or on their schedule)."""
-        schedule = None if self.config.repeats is None else self._scheduled
-        self.module.register_virtual_clients(self, self.num_canaries, name=self.name, schedule=schedule)
+        schedule = None if self.repeats is None else self._scheduled
+        self.module.register_virtual_clients(self, self.num_canaries, name=self.name, schedule=schedule,
+                                             gives_sum=True)
 
     def _scheduled(self, round_idx: int) -> list[int]:
         """Repeated presentations (§5.2): each canary joins one uniformly chosen round of each of
         ``repeats`` equal periods of training."""
         if self._schedule is None:
-            total, repeats = total_rounds(self._trainer), int(self.config.repeats or 1)
-            rng = np.random.default_rng([self.config.seed, 0x5C4ED])
+            total, repeats = total_rounds(self._trainer), int(self.repeats or 1)
+            rng = np.random.default_rng([self.seed, 0x5C4ED])
             bounds = np.linspace(0, total, repeats + 1).astype(int)
             schedule: dict[int, list[int]] = {}
             for p in range(repeats):
@@ -121,23 +141,18 @@ class FedAvgBackend(CanaryBackend):
         first = next(iter(self.module.trainable_parameters()))
         return first.device, first.dtype
 
-    def federated_client_updates(
-        self, trainer: Any, pl_module: Any, indices: np.ndarray, round_idx: int, clip_norm: float,
-        out: torch.Tensor,
-    ) -> None:
+    def client_updates(self, fl_round: Any, indices: np.ndarray, clip_norm: float, out: torch.Tensor) -> None:
         """Write ``clip_norm * c_j`` for the canary clients ``indices`` into ``out`` ``[m, d]``."""
-        assert self.stats is not None
-        out.copy_(self.stats.canaries.batch(indices.tolist(), scale=clip_norm, device=out.device))
+        assert self.auditor is not None
+        out.copy_(self.auditor.canaries.batch(indices.tolist(), scale=clip_norm, device=out.device))
 
-    def federated_client_update_sum(
-        self, trainer: Any, pl_module: Any, indices: np.ndarray, round_idx: int, clip_norm: float,
-    ) -> torch.Tensor:
+    def client_update_sum(self, fl_round: Any, indices: np.ndarray, clip_norm: float) -> torch.Tensor:
         """The sum ``[d]`` of the canary clients' updates ``clip_norm * c_j``, each clipped to
         ``clip_norm`` (Hadamard canaries: one transform; every canary has the same norm, so one
         clip factor; Gaussian canaries: chunk by chunk, each row clipped as the module clips)."""
-        assert self.stats is not None
+        assert self.auditor is not None
         device, dtype = self._device_dtype()
-        canaries, idx = self.stats.canaries, indices.tolist()
+        canaries, idx = self.auditor.canaries, indices.tolist()
         if canaries.kind == "hadamard":
             key = (float(clip_norm), dtype, device)
             factor = self._clip_factors.get(key)
@@ -154,13 +169,11 @@ class FedAvgBackend(CanaryBackend):
         return total
 
     # rounds ---------------------------------------------------------------------------------
-    def on_round_start(self, cohort: Any) -> None:
-        idx = cohort.virtual.get(self.name)
-        if idx is not None and idx.size:
-            np.add.at(self.participations, idx, 1)
-
-    def on_round_end(self, round_idx: int, model_delta: torch.Tensor) -> None:
-        self.fold(model_delta, f"round {round_idx}")
+    def on_federated_round_end(self, fl_round: Any) -> None:
+        """The round's release: the canaries of its cohort took part in its model delta."""
+        assert self.auditor is not None
+        self.auditor.release(fl_round.model_delta, fl_round.cohort.virtual_ids.get(self.name),
+                             what=f"round {fl_round.index}")
 
     def flat_parameters(self) -> torch.Tensor:
         return self.module.flat_parameters()
@@ -171,13 +184,14 @@ class FedAvgBackend(CanaryBackend):
     def analytic(self, delta: float) -> dict[str, float | None]:
         """The Gaussian mechanism composed over the most-sampled canary's rounds, if the
         adversary knows them (the module's ``analytic_epsilon``); ``inf`` without noise."""
-        max_part = int(self.participations.max(initial=0))
+        assert self.auditor is not None
+        max_part = int(self.auditor.participations.max(initial=0))
         return {"epsilon_analytic": self.module.analytic_epsilon(max_part)}
 
     def summary_inputs(self) -> dict[str, Any]:
         m = self.module
         return {
-            "repeats": self.config.repeats,
+            "repeats": self.repeats,
             "rounds": int(m.round),
             "noise_multiplier": m.noise_multiplier,
             "clip_norm": m.clip_norm,

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from audit_callbacks.backends.base import CanaryBackend, CanaryConfig, num_batches, num_examples
+from audit_callbacks.backends.base import CanaryBackend, num_batches, num_examples
 from audit_callbacks.dpsgd import (
     GradientCanaryInjector,
     accountant_epsilon,
@@ -34,30 +34,46 @@ class OpacusBackend(CanaryBackend):
     """Gradient canaries of the trainer's Opacus ``DPOptimizer``.
 
     Args:
-        config: the audit's settings (``sample_rate``: the canaries' rate, default the rate
-            the accountant is charged, else ``1 / num_batches``).
         trainer: the Trainer: its optimizers, and its training set's size (which caps the
             default k) and loader's length (the fallback rate).
         warn: ``warn(key, message)``, once per key.
+        sample_rate: the canaries' rate per logical step (None: the rate the accountant is
+            charged, else ``1 / num_batches``).
+        seed: the seed of the canaries' join draws.
 
     Raises:
         TypeError: no ``DPOptimizer`` among ``optimizers``.
-        ValueError: no rate can be found, a model with fewer than 2 parameters.
+        ValueError: no rate can be found.
         RuntimeError: several processes with a non-distributed ``DPOptimizer`` on each.
     """
 
     training = "Opacus DP-SGD"
     sign = -1.0
+    default_delta = 1e-5
+    analytic_names = ("epsilon_analytic", "epsilon_analytic_rdp", "epsilon_analytic_prv")
 
     def __init__(
-        self, config: CanaryConfig, trainer: Any, warn: Callable[[str, str], None],
+        self, trainer: Any, warn: Callable[[str, str], None], *, sample_rate: float | None = None,
+        seed: int = 0, module: Any = None,
     ) -> None:
-        super().__init__(config, warn)
         opt = _dp_optimizer(trainer)
-        self._make_stats(int(sum(p.numel() for p in opt.params)), num_examples(trainer))
+        super().__init__(int(sum(p.numel() for p in opt.params)), num_examples(trainer))
+        if getattr(module, "delta", None) is not None:
+            self.default_delta = float(module.delta)
+        self.warn = warn
+        self.sample_rate = sample_rate
+        self.seed = int(seed)
+        self._trainer = trainer
         self.injector: GradientCanaryInjector | None = None
         self.accountant: Any = None
         self._history: list[tuple[float, float, int]] = []  # carried into a new accountant
+
+    def attach(self, auditor: Any) -> None:
+        super().attach(auditor)
+        self.bind(self._trainer)
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        """A repeated fit: the canaries go on with the new optimizer."""
         self.bind(trainer)
 
     def bind(self, trainer: Any) -> None:
@@ -70,14 +86,14 @@ class OpacusBackend(CanaryBackend):
             TypeError: no ``DPOptimizer``; ValueError: a model of another size, no rate;
             RuntimeError: several processes with a non-distributed ``DPOptimizer``.
         """
-        assert self.stats is not None
+        assert self.auditor is not None
         opt = _dp_optimizer(trainer)
         dim = int(sum(p.numel() for p in opt.params))
-        if dim != self.stats.dim:
-            raise ValueError(f"CanaryAudit: the model has {dim} parameters, the audit's canaries {self.stats.dim}")
+        if dim != self.dim:
+            raise ValueError(f"CanaryAudit: the model has {dim} parameters, the audit's canaries {self.dim}")
         accountant, rate = find_accountant(opt)
-        if self.config.sample_rate is not None:
-            rate = self.config.sample_rate
+        if self.sample_rate is not None:
+            rate = self.sample_rate
         if rate is None:
             batches = num_batches(trainer)
             if not batches:
@@ -97,10 +113,12 @@ class OpacusBackend(CanaryBackend):
             self.injector.detach()
         if self.accountant is not None and accountant is not self.accountant:
             self._history = [tuple(h) for h in self.accountant.history]
-        self.injector = GradientCanaryInjector(opt, self.stats.canaries, self.num_canaries, rate,
-                                               seed=self.config.seed,
+        self.injector = GradientCanaryInjector(opt, self.auditor.canaries, self.auditor.num_canaries,
+                                               rate, seed=self.seed,
                                                world_size=int(getattr(trainer, "world_size", 1)))
-        self.injector.participations = self.participations  # one array, counted by the injector
+        # one array: the injector counts a canary's participation when the noise is added (the
+        # step's release)
+        self.injector.participations = self.auditor.participations
         self.injector.steps = steps
         self.accountant = accountant
         self._carry_history()
@@ -126,14 +144,15 @@ class OpacusBackend(CanaryBackend):
     def progress(self) -> int:
         return int(self.injector.steps)
 
-    def after_batch(self) -> None:
-        """After an optimizer call: fold the parameter delta if a logical step was taken
+    def on_train_batch_end(self) -> None:
+        """After an optimizer call: release the parameter delta if a logical step was taken
         (gradient accumulation and ``BatchMemoryManager`` take none on most batches)."""
+        assert self.auditor is not None
         steps = self.injector.steps
         if steps == self._steps_seen:
             return
         theta = self.flat_parameters()
-        self.fold(theta - self._theta_prev, f"step {steps}")
+        self.auditor.release(theta - self._theta_prev, what=f"step {steps}")
         self._theta_prev, self._steps_seen = theta, steps
 
     def analytic(self, delta: float) -> dict[str, float | None]:
@@ -168,14 +187,12 @@ class OpacusBackend(CanaryBackend):
 
     def state_dict(self) -> dict[str, Any]:
         history = [] if self.accountant is None else [list(h) for h in self.accountant.history]
-        return {**super().state_dict(), "steps": int(self.injector.steps),
-                "accountant_history": history}
+        return {"steps": int(self.injector.steps), "accountant_history": history}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`, the accountant's history included (Opacus'
         ``PrivacyEngine`` is not in Lightning's checkpoint: without this a resumed run's
         accountant would count only the steps after the resume)."""
-        super().load_state_dict(state)
         self.injector.steps = self._steps_seen = int(state.get("steps", 0))
         self._history = [tuple(h) for h in state.get("accountant_history", [])]
         self._carry_history()

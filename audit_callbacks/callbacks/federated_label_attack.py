@@ -17,11 +17,11 @@ release, i.e. what an observer of the noisy aggregate learns about a client when
 updates are known), ``expected_accuracy_noised`` (the mean over the client's examples of
 P(argmin = y_r), docs/methods/label_dp_multiclass.md eq. (3)), ``attacked_clients``, and the
 label-DP lower bound of the release for one label of one client
-(:func:`~audit_callbacks.estimators.label_dp_client.client_update_label_dp_lower_bound`, with
+(:func:`~audit_callbacks.estimators.label_dp.client_update_label_dp_lower_bound`, with
 the replaced label's clip factor computed exactly from the whole update, docs/methods/
 label_dp_multiclass.md eq. (7)):
-``epsilon_lo_round`` (max over the round's attacked clients), ``epsilon_lo_max`` (running
-maximum) beside ``epsilon_single_round``, the upper bound of one round for one label (the
+``epsilon_lower_bound`` (max over the round's attacked clients), ``epsilon_lower_bound_max``
+(running maximum) beside ``epsilon_single_round``, the upper bound of one round for one label (the
 Gaussian mechanism with sensitivity 2C, no amplification). The bound assumes the release is the
 cohort sum plus N(0, (z C)^2 I) only: with a local randomizer the noised metrics and the bound
 are skipped with a reason. Clients with more examples than the last layer has coefficients
@@ -42,6 +42,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
+from audit_callbacks import names
 from audit_callbacks.attacks.label_gradients import (
     gradient_scale,
     label_change_gradients,
@@ -50,9 +51,13 @@ from audit_callbacks.attacks.label_gradients import (
 from audit_callbacks.attacks.label_reconstruction import factorize_layer, reconstruct_labels
 from audit_callbacks.callbacks import tensorboard as tb
 from audit_callbacks.callbacks.summary import write_summary
-from audit_callbacks.estimators.label_dp_client import client_update_label_dp_lower_bound
+from audit_callbacks.estimators.label_dp import client_update_label_dp_lower_bound
+from audit_callbacks.federated.protocol import FederatedAuditHooks, FederatedRound
+from audit_callbacks.validation import check_delta, check_real, check_seed
 
 __all__ = ["FederatedLabelAttack"]
+
+FAMILY = "fl_label_attack"  # its quantities in audit_callbacks.names
 
 _CHUNK_ENTRIES = 8_000_000  # float64 entries of per-pair gradients held at once (64 MB)
 
@@ -71,7 +76,7 @@ def _side_effect_free(model: nn.Module) -> Iterator[None]:
                     b.copy_(saved[k])
 
 
-class FederatedLabelAttack(Callback):
+class FederatedLabelAttack(FederatedAuditHooks, Callback):
     """Attack each sampled real client's last-layer update in FedSGD (see the module docstring).
 
     Args:
@@ -85,7 +90,8 @@ class FederatedLabelAttack(Callback):
         summary_filename: JSON at fit end in the logger's directory (None: none).
 
     Raises:
-        ValueError: ``noise_multiplier`` < 0 or not finite, ``delta`` outside (0, 1).
+        ValueError: naming the argument: ``noise_multiplier`` neither None nor a finite real
+            >= 0, ``delta`` neither None nor in (0, 1), ``seed`` not an integer >= 0.
 
     Never aborts the fit: on a module that is not ``DPFedAvg``-like, a model without an
     ``nn.Linear`` layer or more than one local step it warns once, logs why and does nothing.
@@ -93,16 +99,13 @@ class FederatedLabelAttack(Callback):
 
     def __init__(self, *, noise_multiplier: float | None = None, delta: float | None = None, seed: int = 0,
                  summary_filename: str | None = "federated_label_attack_summary.json") -> None:
-        if noise_multiplier is not None and not (noise_multiplier >= 0 and np.isfinite(noise_multiplier)):
-            raise ValueError(f"noise_multiplier must be >= 0 and finite, got {noise_multiplier!r}")
-        if delta is not None and not 0 < delta < 1:
-            raise ValueError(f"delta must be in (0, 1), got {delta!r}")
-        self.noise_multiplier = noise_multiplier
-        self.delta = delta
+        self.noise_multiplier = (None if noise_multiplier is None
+                                 else check_real(noise_multiplier, "noise_multiplier", low=0.0))
+        self.delta = None if delta is None else check_delta(delta)
+        self.seed = check_seed(seed)
+        self.summary_filename = summary_filename
         self.running_max = 0.0
         self.flipped_clip: str | None = None
-        self.seed = int(seed)
-        self.summary_filename = summary_filename
         self.history: list[dict[str, float]] = []  # one row per attacked client
         self.rounds: list[dict[str, float]] = []
         self.skips: Counter[str] = Counter()
@@ -118,7 +121,10 @@ class FederatedLabelAttack(Callback):
         rank_zero_warn(f"FederatedLabelAttack: {message}", category=UserWarning)
         writer = tb.tensorboard_writer(trainer)
         if writer is not None:
-            writer.add_text("fl_label_attack/warnings", f"[{key}] {message}", int(trainer.global_step))
+            writer.add_text(names.tag(FAMILY, "warnings"), f"[{key}] {message}", int(trainer.global_step))
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        tb.add_custom_scalars_layout(trainer, names.chart_layout([FAMILY]))
 
     @staticmethod
     def _last_layer(module: Any) -> tuple[nn.Linear, int, int | None] | None:
@@ -138,8 +144,7 @@ class FederatedLabelAttack(Callback):
             return None
         return last, offsets[id(last.weight)], (offsets[id(last.bias)] if last.bias is not None else None)
 
-    def on_federated_client_updates(self, trainer: pl.Trainer, pl_module: Any, round_idx: int,
-                                    client_ids: list[str], updates: torch.Tensor) -> None:
+    def on_federated_client_updates(self, trainer: pl.Trainer, pl_module: Any, fl_round: FederatedRound) -> None:
         found = self._last_layer(pl_module) if hasattr(pl_module, "trainable_parameters") else None
         if found is None:
             self._warn_once(trainer, "unsupported_model", "needs DPFedAvg over a model with a trainable nn.Linear "
@@ -156,10 +161,10 @@ class FederatedLabelAttack(Callback):
         delta = self.delta if self.delta is not None else (float(own) if own else 1e-5)
         accs, noised, expected, bounds = [], [], [], []
         single_round = None
-        for row, cid_name in enumerate(client_ids):
-            if not cid_name.startswith("client/"):
-                continue  # virtual clients (canaries) carry no labels to recover
-            x_all, y_all = pl_module.client_data(int(cid_name.split("/", 1)[1]))
+        updates = fl_round.updates
+        real = fl_round.real_rows  # virtual clients (canaries) carry no labels to recover
+        for row, cid in zip(real.tolist(), fl_round.row_ids[real].tolist(), strict=True):
+            x_all, y_all = pl_module.client_data(cid)
             n = int(x_all.shape[0])
             if int(pl_module.local_epochs) != 1 or int(pl_module.local_batch_size) < n:
                 self._warn_once(trainer, "not_fedsgd", "the attack needs one local step on the whole client data "
@@ -183,7 +188,7 @@ class FederatedLabelAttack(Callback):
                 continue
             y = y_all.reshape(-1).to(torch.int64)
             accs.append(float((pred == y).double().mean()))
-            row_out = {"round": float(round_idx), "client": float(cid_name.split("/", 1)[1]),
+            row_out = {"round": float(fl_round.index), "client": float(cid),
                        "accuracy": accs[-1], "examples": float(n)}
             if z > 0:
                 noise = torch.randn(upd.shape[0], generator=self._gen, dtype=torch.float64) * (z * c_norm)
@@ -194,25 +199,25 @@ class FederatedLabelAttack(Callback):
                 row_out["accuracy_noised"] = noised[-1]
                 res = self._bound(trainer, pl_module, f, w, b, logits, y, z, c_norm, delta, x_all, updates[row])
                 if res is not None:
-                    expected.append(float(np.mean(res.p0)))
-                    bounds.append(res.epsilon_lower_bound)
-                    single_round = res.epsilon_single_round
+                    expected.append(res.expected_attack_accuracy.value)
+                    bounds.append(res.epsilon_lower_bound.value)
+                    single_round = res.epsilon_single_round.value
                     row_out["expected_accuracy_noised"] = expected[-1]
                     row_out["epsilon_lower_bound"] = bounds[-1]
             self.history.append(row_out)
         if not accs:
             return
-        metrics = {"fl_label_attack/accuracy": float(np.mean(accs)), "fl_label_attack/attacked_clients": len(accs)}
+        metrics = {"accuracy": float(np.mean(accs)), "attacked_clients": len(accs)}  # names of FAMILY
         if noised:
-            metrics["fl_label_attack/accuracy_noised"] = float(np.mean(noised))
+            metrics["accuracy_noised"] = float(np.mean(noised))
         if bounds:
             self.running_max = max(self.running_max, max(bounds))
-            metrics["fl_label_attack/expected_accuracy_noised"] = float(np.mean(expected))
-            metrics["fl_label_attack/epsilon_lo_round"] = float(max(bounds))
-            metrics["fl_label_attack/epsilon_lo_max"] = self.running_max
-            metrics["fl_label_attack/epsilon_single_round"] = float(single_round)
-        self.rounds.append({"round": float(round_idx), "noise_multiplier": z, **metrics})
-        tb.log_scalars(trainer, metrics, int(trainer.global_step))
+            metrics["expected_accuracy_noised"] = float(np.mean(expected))
+            metrics["epsilon_lower_bound"] = float(max(bounds))
+            metrics["epsilon_lower_bound_max"] = self.running_max
+            metrics["epsilon_single_round"] = float(single_round)
+        self.rounds.append({"round": float(fl_round.index), "noise_multiplier": z, **metrics})
+        tb.log_scalars(trainer, {names.tag(FAMILY, k): v for k, v in metrics.items()}, int(trainer.global_step))
 
     def _bound(self, trainer: pl.Trainer, pl_module: Any, f: Any, w: torch.Tensor, b: torch.Tensor | None,
                logits: torch.Tensor, y: torch.Tensor, z: float, c_norm: float, delta: float, x: torch.Tensor,
@@ -305,8 +310,8 @@ class FederatedLabelAttack(Callback):
         acc = [h["accuracy"] for h in self.history]
         self.summary_path = write_summary(tb.log_dir(trainer), self.summary_filename, {
             "callback": "FederatedLabelAttack",
-            "paper": "Yuan, Xue, Wang & Shen (2022), Deep Gradient Attacks with Strong DP-SGD Lower Bounds for "
-                     "Label Privacy, §3 eq. (1), Alg. 1 and 3; softmax: docs/methods/label_dp_multiclass.md",
+            "source": "Yuan, Xue, Wang & Shen (2022), Deep Gradient Attacks with Strong DP-SGD Lower Bounds for "
+                      "Label Privacy, §3 eq. (1), Alg. 1 and 3; softmax: docs/methods/label_dp_multiclass.md",
             "threat_model": "server without secure aggregation sees each FedSGD client's clipped update, the "
                             "global model and the client's features",
             "attacked_clients": len(self.history),
@@ -317,7 +322,7 @@ class FederatedLabelAttack(Callback):
                 getattr(pl_module, "noise_multiplier", float("nan"))),
             "epsilon_lower_bound_max": self.running_max,
             "flipped_clip_factors": self.flipped_clip,
-            "epsilon_single_round": self.rounds[-1].get("fl_label_attack/epsilon_single_round") if self.rounds
+            "epsilon_single_round": self.rounds[-1].get("epsilon_single_round") if self.rounds
             else None,
             "skipped": dict(self.skips),
             "rounds": self.rounds,

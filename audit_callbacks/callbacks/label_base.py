@@ -18,13 +18,17 @@ step; the running maximum and the accuracy then cover every batch, at a cost mea
 so a maximum over them is still a valid lower bound.
 
 Coverage. Every step the callback considers ends attacked or skipped with a reason code
-(:data:`SKIP_REASONS`); ``<prefix>/attacked_fraction`` (attacked / considered so far) and
-``<prefix>/skip_reason`` (the code of the latest considered step, 0 = attacked) are logged at
+(:data:`SKIP_REASONS`); ``<family>/attacked_fraction`` (attacked / considered so far) and
+``<family>/skip_reason`` (the code of the latest considered step, 0 = attacked) are logged at
 every logged step, together with the latest attacked step's values (running values: an attacked
 step that is not on ``log_every_n_steps`` still reaches the logger at the next logged step). The
 summary JSON holds the counts per reason. The first time a reason occurs the callback warns
 (``rank_zero_warn``) and writes the text once to the logger (TensorBoard ``add_text`` under
-``<prefix>/warnings`` when a ``TensorBoardLogger`` is attached).
+``<family>/warnings`` when a ``TensorBoardLogger`` is attached).
+
+Names. ``<family>`` is the callback's family in :mod:`audit_callbacks.names` (``label_attack``,
+``label_dp``): every tag is ``names.tag(family, name)`` and every chart comes from
+``names.chart_layout``; the records and summaries use the same names as keys.
 """
 
 from __future__ import annotations
@@ -39,13 +43,15 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
+from audit_callbacks import names
 from audit_callbacks.callbacks import tensorboard as tb
 from audit_callbacks.callbacks.label_step import LabelStepObserver, LayerTap
 from audit_callbacks.dpsgd import chain_step_hook, find_dp_optimizer, unchain_step_hook
+from audit_callbacks.validation import check_optional_count
 
 __all__ = ["SKIP_REASONS", "default_labels", "linear_layers"]
 
-#: reason code -> number logged as ``<prefix>/skip_reason`` (0: the step was attacked)
+#: reason code -> number logged as ``<family>/skip_reason`` (0: the step was attacked)
 SKIP_REASONS: dict[str, int] = {
     "attacked": 0,
     "batch_wider_than_layer": 1,  # N > p (+1 bias): the linear system is under-determined
@@ -83,17 +89,16 @@ class StepAuditCallback(Callback):
     """Base of the label callbacks (see the module docstring)."""
 
     name = "label audit"
-    prefix = "label"
+    family = ""  # each subclass: the family of its quantities in audit_callbacks.names
 
     def __init__(self, *, every_n_steps: int | None, label_fn: Any, summary_filename: str | None,
                  observer: LabelStepObserver | None = None) -> None:
-        if every_n_steps is not None and (isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int)
-                                          or every_n_steps < 1):
-            raise ValueError("every_n_steps must be None (the Trainer's logging steps) or an integer >= 1, "
-                             f"got {every_n_steps!r}")
+        # None: the Trainer's logging steps
+        self.every_n_steps = check_optional_count(every_n_steps, "every_n_steps", minimum=1)
         if observer is not None and not isinstance(observer, LabelStepObserver):
             raise ValueError(f"observer must be a LabelStepObserver, got {type(observer).__name__}")
-        self.every_n_steps = every_n_steps
+        if label_fn is not None and not callable(label_fn):
+            raise ValueError(f"label_fn must be None or a callable batch -> labels, got {label_fn!r}")
         self.label_fn = label_fn or default_labels
         self.summary_filename = summary_filename
         self.observer = observer
@@ -120,7 +125,7 @@ class StepAuditCallback(Callback):
         rank_zero_warn(message, category=UserWarning)
         writer = tb.tensorboard_writer(self._trainer) if self._trainer is not None else None
         if writer is not None:
-            writer.add_text(f"{self.prefix}/warnings", f"[{key}] {message}", int(self._trainer.global_step))
+            writer.add_text(names.tag(self.family, "warnings"), f"[{key}] {message}", int(self._trainer.global_step))
 
     def _skip(self, reason: str, message: str) -> None:
         """Count this step as skipped for ``reason`` (a key of SKIP_REASONS); warn the first time."""
@@ -161,6 +166,8 @@ class StepAuditCallback(Callback):
         """Raise CannotAudit when the optimizer's settings make the audit impossible."""
 
     def _on_step(self, optimizer: Any, data: dict[str, Any]) -> dict[str, float] | None:
+        """Attack one step: ``{name: value}`` (names of the callback's family, logged as
+        ``names.tag(family, name)``), or None when the step was skipped (``_skip``)."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ Lightning hooks
@@ -230,9 +237,9 @@ class StepAuditCallback(Callback):
         stepped, self._stepped = self._stepped, False
         if not (self._log_this_batch and stepped) or self.last_reason is None:
             return  # a batch that accumulates gradients logs nothing: its values would be the last step's
-        metrics = {k: float(v) for k, v in self._latest.items() if v is not None and math.isfinite(v)}
-        metrics[f"{self.prefix}/attacked_fraction"] = self.attacked_fraction
-        metrics[f"{self.prefix}/skip_reason"] = float(SKIP_REASONS.get(self.last_reason, -1))
+        latest = {**self._latest, "attacked_fraction": self.attacked_fraction,
+                  "skip_reason": float(SKIP_REASONS.get(self.last_reason, -1))}
+        metrics = {names.tag(self.family, k): float(v) for k, v in latest.items() if v is not None and math.isfinite(v)}
         tb.log_scalars(trainer, metrics, int(trainer.global_step))
 
     def _teardown_hooks(self) -> None:

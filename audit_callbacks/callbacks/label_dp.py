@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from audit_callbacks import names
 from audit_callbacks.attacks.label_gradients import (
     ReluMlpLabelNorms,
     ghost_grad_norms,
@@ -29,11 +30,12 @@ from audit_callbacks.callbacks.summary import write_summary
 from audit_callbacks.dpsgd import accountant_epsilon, find_accountant
 from audit_callbacks.estimators.gaussian import gaussian_epsilon
 from audit_callbacks.estimators.label_dp import extrapolation_factor, label_dp_lower_bound
+from audit_callbacks.validation import check_delta, check_flag, check_optional_count
 
 __all__ = ["LabelDPLowerBound", "second_last_layer_features"]
 
-PAPER = ("Yuan, Xue, Wang & Shen (2022), Deep Gradient Attacks with Strong DP-SGD Lower Bounds for Label "
-         "Privacy, §3 eq. (3), Alg. 2, App. A.3.1")
+SOURCE = ("Yuan, Xue, Wang & Shen (2022), Deep Gradient Attacks with Strong DP-SGD Lower Bounds for Label "
+          "Privacy, §3 eq. (3), Alg. 2, App. A.3.1; K classes: docs/methods/label_dp_multiclass.md")
 
 
 def second_last_layer_features(
@@ -73,18 +75,20 @@ class LabelDPLowerBound(StepAuditCallback):
     bias, else from ``grad_sample``),
     :func:`~audit_callbacks.estimators.label_dp.label_dp_lower_bound` and logs, in nats at
     ``delta``, on the Trainer's ``log_every_n_steps`` steps (``records`` and the summary keep
-    every attacked step):
+    every attacked step, keyed by the same names; the family ``label_dp`` of
+    :mod:`audit_callbacks.names`):
 
-    * ``label_dp/epsilon_lo_batch`` - the bound of this batch (binary: the sign test of Yuan et
-      al. 2022 Alg. 2; K classes: the argmin test, docs/methods/label_dp_multiclass.md eq. (5));
-    * ``label_dp/epsilon_lo_max`` - its running maximum over the attacked steps;
-    * ``label_dp/epsilon_lo_extrapolated`` - the mean batch bound times ``1 + log M / log N``
-      (Yuan et al. 2022 App. A.3.1; M attacked steps, N the expected batch size);
-    * ``label_dp/epsilon_lo_optimal_test``, ``label_dp/epsilon_pair_layer``,
+    * ``label_dp/epsilon_lower_bound`` - the bound of this batch (binary: the sign test of Yuan
+      et al. 2022 Alg. 2; K classes: the argmin test, docs/methods/label_dp_multiclass.md eq. (5));
+    * ``label_dp/epsilon_lower_bound_max`` - its running maximum over the attacked steps;
+    * ``label_dp/epsilon_lower_bound_extrapolated`` - the mean batch bound times
+      ``1 + log M / log N`` (Yuan et al. 2022 App. A.3.1; M attacked steps, N the expected batch
+      size);
+    * ``label_dp/epsilon_pair_optimal_test``, ``label_dp/epsilon_pair_layer``,
       ``label_dp/epsilon_pair_all_params`` - Gaussian-pair epsilons of the same observation
       (Balle & Wang 2018, Thm. 8), each >= the one before (max over examples);
-    * ``label_dp/epsilon_lo_second_last`` - binary only, with ``second_last=True``: the bound from
-      the second-last layer (Yuan et al. 2022 Alg. 4);
+    * ``label_dp/epsilon_lower_bound_second_last`` (and its running ``..._max``) - binary only,
+      with ``second_last=True``: the bound from the second-last layer (Yuan et al. 2022 Alg. 4);
     * ``label_dp/epsilon_single_step`` - the upper bound of one step for replacing one label, the
       Gaussian mechanism with sensitivity 2C (mu = 2 / sigma, no amplification);
     * ``label_dp/epsilon_accountant`` - the run's Opacus accountant (amplified, composed),
@@ -120,7 +124,9 @@ class LabelDPLowerBound(StepAuditCallback):
             of every example only on logged steps; None: every pair at every step.
 
     Raises:
-        ValueError: ``delta`` outside (0, 1), ``every_n_steps`` neither None nor >= 1, ``max_pairs`` < 1.
+        ValueError: naming the argument: ``delta`` neither None nor in (0, 1), ``every_n_steps``
+            or ``max_pairs`` neither None nor an integer >= 1, ``second_last`` not a bool,
+            ``label_fn`` neither None nor callable, ``observer`` not a ``LabelStepObserver``.
     Never aborts the fit: on a model it cannot audit (no ``nn.Linear`` last layer, no Opacus
     optimizer, noise multiplier 0, a loss other than log-loss / cross-entropy on that layer)
     it warns once, logs why (text in TensorBoard) and disables itself; a step it cannot audit
@@ -128,7 +134,7 @@ class LabelDPLowerBound(StepAuditCallback):
     """
 
     name = "label-DP lower bound"
-    prefix = "label_dp"
+    family = "label_dp"
 
     def __init__(
         self, *, every_n_steps: int | None = None, delta: float | None = None, second_last: bool = False,
@@ -137,13 +143,9 @@ class LabelDPLowerBound(StepAuditCallback):
     ) -> None:
         super().__init__(every_n_steps=every_n_steps, label_fn=label_fn, summary_filename=summary_filename,
                          observer=observer)
-        if delta is not None and not 0 < delta < 1:
-            raise ValueError(f"delta must be in (0, 1), got {delta}")
-        if max_pairs is not None and (isinstance(max_pairs, bool) or not isinstance(max_pairs, int) or max_pairs < 1):
-            raise ValueError(f"max_pairs must be None or an integer >= 1, got {max_pairs!r}")
-        self.max_pairs = max_pairs
-        self.delta = delta
-        self.second_last = bool(second_last)
+        self.max_pairs = check_optional_count(max_pairs, "max_pairs", minimum=1)
+        self.delta = None if delta is None else check_delta(delta)
+        self.second_last = check_flag(second_last, "second_last")
         self._delta_used = 1e-5
         self._accountant: Any = None
         self._ghost: dict[str, nn.Linear] = {}
@@ -154,7 +156,7 @@ class LabelDPLowerBound(StepAuditCallback):
         self.running_max = 0.0
         self.running_max_second_last = 0.0
         self._sum = 0.0
-        self.accountant_epsilon: float | None = None
+        self.epsilon_accountant: float | None = None
 
     def _layers(self, pl_module: pl.LightningModule) -> dict[str, nn.Linear]:
         layers = linear_layers(pl_module)
@@ -186,18 +188,10 @@ class LabelDPLowerBound(StepAuditCallback):
         own = getattr(pl_module, "delta", None)
         self._delta_used = self.delta if self.delta is not None else (float(own) if own else 1e-5)
         self._accountant, _ = find_accountant(self.optimizer)
-        lines = ["label_dp/epsilon_lo_batch", "label_dp/epsilon_lo_max", "label_dp/epsilon_lo_extrapolated",
-                 "label_dp/epsilon_single_step", "label_dp/epsilon_accountant"]
-        if self.second_last:
-            lines.insert(3, "label_dp/epsilon_lo_second_last")
-        tb.add_custom_scalars_layout(trainer, {"label privacy (Yuan et al. 2022)": {
-            "label-DP epsilon: lower bounds vs upper bounds": ["Multiline", lines],
-            "Gaussian-pair bounds (one batch)": ["Multiline", [
-                "label_dp/epsilon_lo_batch", "label_dp/epsilon_lo_optimal_test", "label_dp/epsilon_pair_layer",
-                "label_dp/epsilon_pair_all_params", "label_dp/epsilon_single_step"]],
-            "coverage": ["Multiline", ["label_dp/attacked_fraction"]],
-            "model accuracy": ["Multiline", [r"val.*acc.*"]],
-        }})
+        drawn = [q.tag for q in names.family(self.family) if self.second_last or "second_last" not in q.name]
+        tb.add_custom_scalars_layout(trainer, names.chart_layout(
+            [self.family], only=drawn,
+            extra={names.SECTIONS[self.family]: {"model accuracy": [r"val.*acc.*"]}}))
 
     def _norm_layers(self, pl_module: pl.LightningModule) -> dict[str, nn.Linear]:
         self._ghost = ghost_layers(pl_module, self.optimizer.params)
@@ -258,28 +252,22 @@ class LabelDPLowerBound(StepAuditCallback):
         except ValueError as err:
             self._skip("rank_deficient", str(err))
             return None
-        lb = float(res.epsilon_lower_bound)
+        lb = res.epsilon_lower_bound.value
         self.running_max = max(self.running_max, lb)
         self._sum += lb
         attacked = len(self.records) + 1
         n_e = max(2, int(round(float(optimizer.expected_batch_size))))
-        record = {
-            "step": float(self.steps),
-            "label_dp/epsilon_lo_batch": lb,
-            "label_dp/epsilon_lo_max": self.running_max,
-            "label_dp/epsilon_lo_extrapolated": self._sum / attacked * extrapolation_factor(attacked, n_e),
-            "label_dp/epsilon_lo_optimal_test": float(res.optimal_test_epsilon_max),
-            "label_dp/epsilon_pair_layer": float(res.layer_pair_epsilon_max),
-            "label_dp/epsilon_pair_all_params": float(res.all_params_pair_epsilon_max),
-            "label_dp/epsilon_single_step": float(res.single_step_epsilon),
-        }
-        if np.isfinite(res.p0).all():  # all rows' P0: computed on logged steps (max_pairs)
-            record["label_dp/expected_attack_accuracy"] = float(np.mean(res.p0))
+        # the step's results by name (expected_attack_accuracy only where every row's P0 was
+        # computed: on logged steps with max_pairs), then the run's running values
+        record = {"step": float(self.steps), **{k: r.value for k, r in res.results().items()},
+                  "epsilon_lower_bound_max": self.running_max,
+                  "epsilon_lower_bound_extrapolated": self._sum / attacked * extrapolation_factor(attacked, n_e)}
         if self.second_last:
             sl = self._second_last(data, probs, y, norms, kw)
             if sl is not None:
                 self.running_max_second_last = max(self.running_max_second_last, sl)
-                record["label_dp/epsilon_lo_second_last"] = sl
+                record["epsilon_lower_bound_second_last"] = sl
+            record["epsilon_lower_bound_second_last_max"] = self.running_max_second_last
         self.records.append(record)
         return {k: v for k, v in record.items() if k != "step"}
 
@@ -317,17 +305,19 @@ class LabelDPLowerBound(StepAuditCallback):
                                        gram_inv_diag=v, **kw)
         except ValueError:
             return None
-        return float(res.epsilon_lower_bound)
+        return res.epsilon_lower_bound.value
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.disabled_reason is not None and self._accountant is None:
             return
-        self.accountant_epsilon = accountant_epsilon(self._accountant, self._delta_used)
-        if self.accountant_epsilon is not None:
-            pl_module.log("label_dp/epsilon_accountant", self.accountant_epsilon, on_step=False, on_epoch=True)
+        self.epsilon_accountant = accountant_epsilon(self._accountant, self._delta_used)
+        if self.epsilon_accountant is not None:
+            pl_module.log(names.tag(self.family, "epsilon_accountant"), self.epsilon_accountant, on_step=False,
+                          on_epoch=True)
 
     @property
-    def single_step_epsilon(self) -> float | None:
+    def epsilon_single_step(self) -> float | None:
+        """The single-step upper bound at the optimizer's noise multiplier (None without noise)."""
         if self.optimizer is None or float(self.optimizer.noise_multiplier) <= 0:
             return None
         return float(gaussian_epsilon(float(self.optimizer.noise_multiplier), self._delta_used, sensitivity=2.0))
@@ -339,7 +329,7 @@ class LabelDPLowerBound(StepAuditCallback):
         opt = self.optimizer
         self.summary_path = write_summary(tb.log_dir(trainer), self.summary_filename, {
             "callback": "LabelDPLowerBound",
-            "paper": PAPER + "; K classes: docs/methods/label_dp_multiclass.md",
+            "source": SOURCE,
             "threat_model": "one release of one DP-SGD step on a known batch; the adversary runs the "
                             "last-layer (and second-last-layer) label attack",
             "num_classes": self.num_classes,
@@ -351,8 +341,8 @@ class LabelDPLowerBound(StepAuditCallback):
             **self.coverage(),
             "epsilon_lower_bound_max": self.running_max,
             "epsilon_lower_bound_second_last_max": self.running_max_second_last if self.second_last else None,
-            "epsilon_lower_bound_extrapolated": last.get("label_dp/epsilon_lo_extrapolated"),
-            "epsilon_single_step": self.single_step_epsilon,
+            "epsilon_lower_bound_extrapolated": last.get("epsilon_lower_bound_extrapolated"),
+            "epsilon_single_step": self.epsilon_single_step,
             "epsilon_accountant": accountant_epsilon(self._accountant, self._delta_used),
             "records": self.records,
         })

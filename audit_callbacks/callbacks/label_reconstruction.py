@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from torchmetrics.functional.classification import binary_accuracy, multiclass_accuracy
 
+from audit_callbacks import names
 from audit_callbacks.attacks.label_gradients import gradient_scale
 from audit_callbacks.attacks.label_reconstruction import reconstruct_labels
 from audit_callbacks.callbacks import tensorboard as tb
@@ -23,6 +24,9 @@ from audit_callbacks.callbacks.label_step import LabelStepObserver
 from audit_callbacks.callbacks.summary import write_summary
 
 __all__ = ["LabelReconstructionAttack", "recover_label_counts"]
+
+SOURCE = ("Yuan, Xue, Wang & Shen (2022), Deep Gradient Attacks with Strong DP-SGD Lower Bounds for Label "
+          "Privacy, §3 eq. (1), Alg. 1 and 3; softmax: docs/methods/label_dp_multiclass.md")
 
 
 def recover_label_counts(probs: np.ndarray, clip: np.ndarray, kappa: float, bias_grad: np.ndarray,
@@ -77,8 +81,9 @@ class LabelReconstructionAttack(StepAuditCallback):
     Logs ``label_attack/accuracy_batch`` and ``label_attack/accuracy`` (running over every
     attacked example, torchmetrics), ``label_attack/attacked_fraction`` and
     ``label_attack/skip_reason`` (see :mod:`audit_callbacks.callbacks.label_base`) at the
-    Trainer's ``log_every_n_steps`` steps; ``history`` and ``label_attack_summary.json`` (fit
-    end) hold every attacked step and the skip counts.
+    Trainer's ``log_every_n_steps`` steps (the family ``label_attack`` of
+    :mod:`audit_callbacks.names`); ``history`` and ``label_attack_summary.json`` (fit end) hold
+    every attacked step and the skip counts.
 
     Narrow heads. When the batch is wider than the layer (N > p + 1) the per-example system is
     under-determined: the step is skipped with reason ``batch_wider_than_layer`` and, when the
@@ -96,12 +101,17 @@ class LabelReconstructionAttack(StepAuditCallback):
         observer: a :class:`LabelStepObserver` shared with ``LabelDPLowerBound`` (default: the
             one attached to the optimizer).
 
+    Raises:
+        ValueError: naming the argument: ``layer`` neither None nor an ``nn.Linear``,
+            ``every_n_steps`` neither None nor an integer >= 1, ``label_fn`` neither None nor
+            callable, ``observer`` not a ``LabelStepObserver``.
+
     Never aborts the fit: without an Opacus ``DPOptimizer`` or an ``nn.Linear`` layer it warns
     once, logs why and disables itself.
     """
 
     name = "label reconstruction"
-    prefix = "label_attack"
+    family = "label_attack"
 
     def __init__(
         self, layer: nn.Linear | None = None, *, every_n_steps: int | None = None, label_fn: Any = None,
@@ -109,6 +119,8 @@ class LabelReconstructionAttack(StepAuditCallback):
     ) -> None:
         super().__init__(every_n_steps=every_n_steps, label_fn=label_fn, summary_filename=summary_filename,
                          observer=observer)
+        if layer is not None and not isinstance(layer, nn.Linear):
+            raise ValueError(f"layer must be None or an nn.Linear, got {type(layer).__name__}")
         self.layer = layer
         self._num_classes = 1
         self.history: list[tuple[int, float, int]] = []  # (step, batch accuracy, batch size)
@@ -152,7 +164,7 @@ class LabelReconstructionAttack(StepAuditCallback):
             batch_acc = float(multiclass_accuracy(pred, target, num_classes=self._num_classes, average="micro",
                                                   validate_args=False))
         self.history.append((self.steps, batch_acc, int(x.shape[0])))
-        return {"label_attack/accuracy_batch": batch_acc, "label_attack/accuracy": self.accuracy}
+        return {"accuracy_batch": batch_acc, "accuracy": self.accuracy}
 
     def _counts(self, optimizer: Any, data: dict[str, Any], b_grad: torch.Tensor | None) -> None:
         """Recover the label counts (narrow head); logs through ``_latest``, returns None."""
@@ -174,17 +186,13 @@ class LabelReconstructionAttack(StepAuditCallback):
         true = np.bincount(y.numpy(), minlength=k)
         acc = float(np.minimum(counts, true).sum()) / max(1, int(true.sum()))
         self.count_history.append((self.steps, acc, int(true.sum())))
-        self._latest["label_attack/count_accuracy"] = acc
+        self._latest["count_accuracy"] = acc
         return None
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_fit_start(trainer, pl_module)
-        tb.add_custom_scalars_layout(trainer, {"label attack": {
-            "reconstruction accuracy": ["Multiline", ["label_attack/accuracy_batch", "label_attack/accuracy",
-                                                      "label_attack/count_accuracy"]],
-            "coverage": ["Multiline", ["label_attack/attacked_fraction"]],
-            "model accuracy": ["Multiline", [r"val.*acc.*"]],
-        }})
+        tb.add_custom_scalars_layout(trainer, names.chart_layout(
+            [self.family], extra={names.SECTIONS[self.family]: {"model accuracy": [r"val.*acc.*"]}}))
 
     @property
     def accuracy(self) -> float | None:
@@ -199,14 +207,13 @@ class LabelReconstructionAttack(StepAuditCallback):
             return
         self.summary_path = write_summary(tb.log_dir(trainer), self.summary_filename, {
             "callback": "LabelReconstructionAttack",
-            "paper": "Yuan, Xue, Wang & Shen (2022), Deep Gradient Attacks with Strong DP-SGD Lower Bounds for "
-                     "Label Privacy, §3 eq. (1), Alg. 1 and 3; softmax: docs/methods/label_dp_multiclass.md",
+            "source": SOURCE,
             "threat_model": "sees the privatized aggregated gradient of one linear layer and the layer's "
                             "per-example inputs for the batch",
             "layer": repr(self.layer),
             **self.coverage(),
             "accuracy": self.accuracy,
-            "history": [{"step": s, "accuracy": a, "batch_size": n} for s, a, n in self.history],
+            "history": [{"step": s, "accuracy_batch": a, "batch_size": n} for s, a, n in self.history],
             "count_history": [{"step": s, "count_accuracy": a, "batch_size": n} for s, a, n in self.count_history],
         })
 

@@ -82,6 +82,16 @@ from audit_callbacks.estimators import (
 )
 from audit_callbacks.federated import DPFedAvg
 from audit_callbacks.federated.dp_fedavg import DPFedAvgMixin
+from audit_callbacks.federated.protocol import FederatedAuditHooks, FederatedRound
+from audit_callbacks.validation import (
+    check_choice,
+    check_count,
+    check_flag,
+    check_optional_count,
+    check_positive,
+    check_probability,
+    check_seed,
+)
 
 __all__ = [
     "ADVERSARY_NAMES",
@@ -154,7 +164,7 @@ def _finite_or_none(x: Any) -> float | None:
 
 
 # ------------------------------------------------------------------------------ callback
-class LDPAudit(Callback):
+class LDPAudit(FederatedAuditHooks, Callback):
     """Empirical epsilon-0 of a DP-FedAvg run's client randomizer, per adversary, during training.
 
     Args:
@@ -196,12 +206,9 @@ class LDPAudit(Callback):
         exact_audit: bool = True,
         summary_filename: str = "ldp_audit_summary.json",
     ) -> None:
-        if isinstance(trials, bool) or not isinstance(trials, (int, np.integer)) or trials < 2:
-            raise ValueError(f"trials must be an integer >= 2, got {trials!r}")
-        if not 0.0 < float(alpha) < 1.0:
-            raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
-        if isinstance(every_n_rounds, bool) or int(every_n_rounds) < 1:
-            raise ValueError(f"every_n_rounds must be >= 1, got {every_n_rounds!r}")
+        trials = check_count(trials, "trials", minimum=2)
+        alpha = check_probability(alpha, "alpha")
+        every_n_rounds = check_count(every_n_rounds, "every_n_rounds", minimum=1)
         if isinstance(adversaries, str):
             adversaries = (adversaries,)
         advs = tuple(adversaries)
@@ -210,21 +217,17 @@ class LDPAudit(Callback):
             raise ValueError(
                 f"adversaries must be distinct names from {ADVERSARY_NAMES}, got {advs!r}"
             )
-        if path not in ("auto", "fast", "batched"):
-            raise ValueError(f"path must be 'auto', 'fast' or 'batched', got {path!r}")
-        if int(collusion_steps) < 0 or not float(collusion_lr) > 0:
-            raise ValueError("collusion_steps must be >= 0 and collusion_lr > 0")
-        self.trials = int(trials)
-        self.alpha = float(alpha)
-        self.every_n_rounds = int(every_n_rounds)
+        self.trials = trials
+        self.alpha = alpha
+        self.every_n_rounds = every_n_rounds
         self.adversaries = advs
-        self.seed = int(seed)
-        self.num_classes = num_classes
-        self.collusion_steps = int(collusion_steps)
-        self.collusion_lr = float(collusion_lr)
-        self.path = path
-        self.batch_size = batch_size
-        self.exact_audit = bool(exact_audit)
+        self.seed = check_seed(seed, "seed")
+        self.num_classes = check_optional_count(num_classes, "num_classes", minimum=2)
+        self.collusion_steps = check_count(collusion_steps, "collusion_steps", minimum=0)
+        self.collusion_lr = check_positive(collusion_lr, "collusion_lr")
+        self.path = check_choice(path, "path", ("auto", "fast", "batched"))
+        self.batch_size = check_optional_count(batch_size, "batch_size", minimum=1)
+        self.exact_audit = check_flag(exact_audit, "exact_audit")
         self.summary_filename = summary_filename
 
         self.history: list[dict[str, Any]] = []
@@ -282,21 +285,22 @@ class LDPAudit(Callback):
             self._run_exact_audit(trainer, pl_module)
 
     # ------------------------------------------------------------------ protocol hooks
-    def on_federated_client_updates(self, trainer, pl_module, round_idx, client_ids, updates) -> None:
+    def on_federated_client_updates(self, trainer: pl.Trainer, pl_module: Any, fl_round: FederatedRound) -> None:
         """Count the real clients' clipped update norms (raw norm >= C iff clipped to C)."""
-        real = [i for i, cid in enumerate(client_ids) if str(cid).startswith("client/")]
-        if not real:
+        real = torch.from_numpy(fl_round.real_rows)
+        if not real.numel():
             return
-        norms = torch.linalg.vector_norm(updates[real].detach().double(), dim=1).cpu().numpy()
+        updates = fl_round.updates.detach()
+        norms = torch.linalg.vector_norm(updates[real.to(updates.device)].double(), dim=1).cpu().numpy()
         clip = float(pl_module.clip_norm)
         self.update_norms["count"] += int(norms.size)
         self.update_norms["at_clip"] += int(np.count_nonzero(norms >= clip * (1 - 1e-6)))
         self.update_norms["sum"] += float(norms.sum())
         self.update_norms["max"] = max(self.update_norms["max"], float(norms.max()))
 
-    def on_federated_round_end(self, trainer, pl_module, round_idx, model_delta) -> None:
-        if int(round_idx) % self.every_n_rounds == 0:
-            self.audit(trainer, pl_module, int(round_idx))
+    def on_federated_round_end(self, trainer: pl.Trainer, pl_module: Any, fl_round: FederatedRound) -> None:
+        if fl_round.index % self.every_n_rounds == 0:
+            self.audit(trainer, pl_module, fl_round.index)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not isinstance(pl_module, DPFedAvgMixin) or pl_module.randomizer is None:

@@ -38,7 +38,6 @@ custom-scalars chart of the errors, one of the confidences. A summary JSON at fi
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -51,13 +50,15 @@ from audit_callbacks.attacks import LDPFLInferenceAttack
 from audit_callbacks.callbacks import tensorboard as tb
 from audit_callbacks.callbacks.summary import write_summary
 from audit_callbacks.federated.dp_fedavg import DPFedAvgMixin
+from audit_callbacks.federated.protocol import FederatedAuditHooks, FederatedRound
+from audit_callbacks.validation import check_count, check_positive, check_real, check_seed
 
 __all__ = ["INFERENCE_MODES", "LDPInferenceAudit"]
 
 INFERENCE_MODES: tuple[str, ...] = ("debiased", "raw")
 
 
-class LDPInferenceAudit(Callback):
+class LDPInferenceAudit(FederatedAuditHooks, Callback):
     """Per-round prediction error and confidence of the LDP-FL inference attack (Varun et al. 2024 §3.1).
 
     Args:
@@ -95,20 +96,14 @@ class LDPInferenceAudit(Callback):
         modes = tuple(modes)
         if not modes or any(m not in INFERENCE_MODES for m in modes) or len(set(modes)) != len(modes):
             raise ValueError(f"modes must be distinct names from {INFERENCE_MODES}, got {modes!r}")
-        if radius is not None and not (math.isfinite(radius) and radius > 0):
-            raise ValueError(f"radius must be finite and > 0, got {radius!r}")
-        if center is not None and not math.isfinite(center):
-            raise ValueError(f"center must be finite, got {center!r}")
-        if int(every_n_rounds) < 1:
-            raise ValueError(f"every_n_rounds must be >= 1, got {every_n_rounds!r}")
-        self.center = center
-        self.radius = radius
+        self.center = None if center is None else check_real(center, "center")
+        self.radius = None if radius is None else check_positive(radius, "radius")
         self.modes = modes
         self.weights = None if weights is None else np.asarray(weights, dtype=np.int64).reshape(-1)
         if self.weights is not None and (self.weights.size == 0 or self.weights.min() < 0):
             raise ValueError("weights must be non-empty, non-negative indices")
-        self.every_n_rounds = int(every_n_rounds)
-        self.seed = int(seed)
+        self.every_n_rounds = check_count(every_n_rounds, "every_n_rounds", minimum=1)
+        self.seed = check_seed(seed, "seed")
         self.summary_filename = summary_filename
 
         self.attacks: dict[str, LDPFLInferenceAttack] = {}
@@ -177,32 +172,22 @@ class LDPInferenceAudit(Callback):
         arr = rows.detach().to("cpu", torch.float64).numpy()
         return arr if self.weights is None else arr[:, self.weights]
 
-    def on_federated_client_updates(self, trainer, pl_module, round_idx, client_ids, updates) -> None:
-        """The attack's target: what the mechanism sees (``project``) of every released row."""
-        rnd = pl_module.randomizer
-        if rnd is None:
-            return
+    def on_federated_randomized_updates(
+        self, trainer: pl.Trainer, pl_module: Any, fl_round: FederatedRound,
+    ) -> None:
+        """Observe the round's released rows; the attack's target is what the mechanism saw
+        (``project``) of each clipped update ``fl_round.updates``."""
+        rnd, updates, released = fl_round.randomizer, fl_round.updates, fl_round.released
         seen = rnd.project(updates) if callable(getattr(rnd, "project", None)) else updates.clamp(
             self._c - self._r, self._c + self._r)
         arr = self._select(seen)
-        self._pending = (int(round_idx), arr.sum(0), int(arr.shape[0]))
-
-    def on_federated_randomized_updates(self, trainer, pl_module, round_idx, client_ids, released) -> None:
-        rnd = pl_module.randomizer
-        if self._pending is None or self._pending[0] != int(round_idx):
-            raise RuntimeError(
-                f"LDPInferenceAudit: round {round_idx}'s randomized updates came without its "
-                "client updates (on_federated_client_updates)"
-            )
-        _, target_sum, count = self._pending
-        self._pending = None
-        self._target_sum = target_sum if self._target_sum is None else self._target_sum + target_sum
-        self._target_count += count
+        self._target_sum = arr.sum(0) if self._target_sum is None else self._target_sum + arr.sum(0)
+        self._target_count += int(arr.shape[0])
         for mode, attack in self.attacks.items():
             values = rnd.debias(released) if mode == "debiased" else released
             attack.observe(self._select(values))
-        if int(round_idx) % self.every_n_rounds == 0:
-            self._predict_and_log(trainer, int(round_idx))
+        if fl_round.index % self.every_n_rounds == 0:
+            self._predict_and_log(trainer, fl_round.index)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self.attacks:

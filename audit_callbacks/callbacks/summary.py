@@ -1,61 +1,18 @@
-"""The JSON summary a callback writes at fit end, atomically, into the run's own folder."""
+"""The run's own folder of a Lightning run, where a callback writes its summary at fit end.
+
+The JSON itself is written atomically by :func:`audit_callbacks.outputs.write_summary`.
+"""
 
 from __future__ import annotations
 
-import functools
-import json
-import math
 import os
-import platform
 import re
-import tempfile
 import weakref
-from collections.abc import Mapping
-from dataclasses import is_dataclass
-from importlib import metadata
 from typing import Any
 
-import numpy as np
+from audit_callbacks.outputs import to_jsonable, versions, write_summary
 
 __all__ = ["run_dir", "summary_dir", "to_jsonable", "versions", "write_summary"]
-
-_PACKAGES = ("audit-callbacks", "torch", "lightning", "opacus", "torchmetrics", "numpy", "scipy")
-
-
-def versions() -> dict[str, str]:
-    """Versions of Python and of the packages an estimate depends on (read once a process)."""
-    return dict(_versions())
-
-
-@functools.lru_cache(maxsize=1)
-def _versions() -> dict[str, str]:
-    out = {"python": platform.python_version()}
-    for name in _PACKAGES:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = "not installed"
-    return out
-
-
-def to_jsonable(obj: Any) -> Any:
-    """Dataclasses, numpy and torch values to plain JSON (non-finite floats become None)."""
-    if is_dataclass(obj) and not isinstance(obj, type):
-        return to_jsonable(obj.to_dict() if hasattr(obj, "to_dict") else vars(obj))
-    if isinstance(obj, Mapping):
-        return {str(k): to_jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [to_jsonable(v) for v in obj]
-    if hasattr(obj, "detach"):  # torch tensor
-        obj = obj.detach().cpu().numpy()
-    if isinstance(obj, np.ndarray):
-        return to_jsonable(obj.tolist())
-    if isinstance(obj, (np.integer,)):
-        return int(obj)
-    if isinstance(obj, (float, np.floating)):
-        return float(obj) if math.isfinite(obj) else None
-    return obj
-
 
 # Trainer -> the fresh folder of a run without a logger: every callback of one run writes there.
 _RUN_DIRS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
@@ -102,24 +59,3 @@ def summary_dir(trainer: Any, filename: str) -> str:
     except OSError as err:
         raise ValueError(f"summary_filename {filename!r}: cannot create its folder in {directory}: {err}") from err
     return directory
-
-
-def write_summary(directory: str, filename: str, summary: Mapping[str, Any]) -> str:
-    """Write ``summary`` (with versions added) as indented JSON into ``directory/filename``,
-    atomically (a temporary file in the same folder, then ``os.replace``: a reader sees the old
-    file or the new one, never a partial one); returns the path."""
-    path = os.path.join(directory, filename)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    payload = dict(summary)
-    payload.setdefault("versions", versions())
-    text = json.dumps(to_jsonable(payload), indent=2, allow_nan=False)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=os.path.dirname(path))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path

@@ -22,7 +22,6 @@ from .cosine_null import (
     cosine_null_sf,
 )
 from .error_rates import epsilon_from_error_rates, epsilon_from_error_rates_array
-from .estimate import Estimate
 from .gaussian import (
     epsilon_two_gaussians,
     gaussian_delta,
@@ -40,20 +39,24 @@ from .intervals import (
     jeffreys_upper,
 )
 from .label_dp import (
+    ClientLabelDPBound,
+    ClientLabelDPDetail,
     LabelDPBounds,
+    LabelDPDetail,
     argmin_attack_success_probability,
+    client_update_label_dp_lower_bound,
     extrapolate_lower_bound,
     extrapolation_factor,
     flipped_clip_factors,
     label_dp_lower_bound,
     last_layer_gram_inverse_diag,
 )
-from .label_dp_client import ClientLabelDPBound, client_update_label_dp_lower_bound
 from .lower_bound import (
     epsilon_lower_bound_from_cosines,
     estimate_epsilon_lower_bound_from_cosines,
 )
-from .score_auditor import CanaryScoreAuditor, ScoreAuditResult
+from .result import AuditResult
+from .score_auditor import CanaryScoreAuditor
 from .shuffle import (
     min_clients_for_shuffling,
     shuffle_amplification_bound,
@@ -62,6 +65,7 @@ from .shuffle import (
 )
 
 __all__ = [
+    "AuditResult",
     "CanaryScoreAuditor",
     "clopper_pearson_interval",
     "clopper_pearson_lower",
@@ -76,7 +80,6 @@ __all__ = [
     "epsilon_from_error_rates_array",
     "epsilon_lower_bound_from_cosines",
     "epsilon_two_gaussians",
-    "Estimate",
     "estimate_epsilon_from_cosines",
     "estimate_epsilon_lower_bound_from_cosines",
     "extrapolate_lower_bound",
@@ -91,12 +94,13 @@ __all__ = [
     "jeffreys_upper",
     "label_dp_lower_bound",
     "LabelDPBounds",
+    "LabelDPDetail",
     "ClientLabelDPBound",
+    "ClientLabelDPDetail",
     "client_update_label_dp_lower_bound",
     "argmin_attack_success_probability",
     "last_layer_gram_inverse_diag",
     "min_clients_for_shuffling",
-    "ScoreAuditResult",
     "shuffle_amplification_bound",
     "shuffle_dummy_exact_epsilon",
     "shuffle_test",

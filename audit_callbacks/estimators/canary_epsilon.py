@@ -20,14 +20,26 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
-from ._validation import check_alpha, check_cosines, check_count, check_delta, check_dim
-from .estimate import Estimate
+from ..validation import (
+    check_alpha,
+    check_choice,
+    check_cosines,
+    check_count,
+    check_delta,
+    check_dim,
+    check_seed,
+)
 from .gaussian import (
     _epsilon_standardized_array,
     _epsilon_standardized_scalar,
     _standardize,
     gaussian_epsilon_array,
 )
+from .result import AuditResult
+
+#: The source of the estimate, in every result.
+SOURCE = ("Andrew, Kairouz, Oh, Oprea, McMahan, Suriyakumar (2024), One-shot Empirical Privacy "
+          "Estimation for Federated Learning, ICLR 2024, §3.2, Alg. 1-3, Thm 3.3")
 
 __all__ = ["epsilon_from_cosines", "estimate_epsilon_from_cosines"]
 
@@ -69,8 +81,7 @@ def _fit_pair(
     obs: np.ndarray, dim: int | None, unobs: np.ndarray | None, fit: str
 ) -> tuple[float, float, float, float]:
     """(mu_observed, sigma_observed, mu_null, sigma_null) under the chosen fit."""
-    if fit not in ("unequal", "equal"):
-        raise ValueError(f"fit must be 'unequal' or 'equal', got {fit!r}")
+    check_choice(fit, "fit", ("unequal", "equal"))
     if dim is not None:
         mu0, s0 = 0.0, 1.0 / math.sqrt(dim)
     else:
@@ -129,7 +140,7 @@ def estimate_epsilon_from_cosines(
     bootstrap: int = 0,
     confidence: float = 0.95,
     seed: int = 0,
-) -> Estimate:
+) -> AuditResult:
     """One-shot epsilon estimate from canary cosines, with an optional bootstrap interval.
 
     fit="unequal": observed ~ N(mean, var) (ddof=1), as :func:`epsilon_from_cosines`.
@@ -160,7 +171,7 @@ def estimate_epsilon_from_cosines(
         seed: seed of the numpy Generator used for resampling.
 
     Returns:
-        Estimate with value = eps (nats, finite), lower/upper = bootstrap percentiles (None when
+        AuditResult with value = eps (nats, finite), lower/upper = bootstrap percentiles (None when
         bootstrap = 0), n = k, method "two_gaussians_unequal" / "two_gaussians_equal",
         threat_model "final_model" / "all_iterates", delta, confidence (None without bootstrap),
         extras: mu_observed, sigma_observed, mu_null, sigma_null (cosine units), shift
@@ -169,7 +180,8 @@ def estimate_epsilon_from_cosines(
 
     Raises:
         ValueError: as :func:`epsilon_from_cosines`; fit not in {"unequal", "equal"};
-            bootstrap < 0; confidence not in (0, 1); every bootstrap replicate degenerate;
+            bootstrap not an integer >= 0; confidence not in (0, 1); seed not a non-negative
+            integer; every bootstrap replicate degenerate;
             bootstrap > 0 with fewer than 3 values in a sample whose sd is fitted (see above).
 
     Source: Andrew et al. 2024 §3-4, Thm 3.3; docs/methods/canaries.md, A2-A5.
@@ -178,6 +190,7 @@ def estimate_epsilon_from_cosines(
     dl = check_delta(delta)
     b = check_count(bootstrap, "bootstrap", minimum=0)
     conf = check_alpha(confidence, "confidence")
+    sd = check_seed(seed)
     mu1, s1, mu0, s0 = _fit_pair(obs, d, unobs, fit)
     m, r = _standardize(mu1, s1, mu0, s0)
     value = _epsilon_standardized_scalar(m, r, dl)
@@ -186,7 +199,7 @@ def estimate_epsilon_from_cosines(
     dropped = 0
     if b > 0:
         _check_bootstrap_sizes(obs, unobs, fit)
-        reps, dropped = _bootstrap_standardized(obs, d, unobs, fit, b, seed)
+        reps, dropped = _bootstrap_standardized(obs, d, unobs, fit, b, sd)
         if reps[0].size == 0:
             raise ValueError("every bootstrap replicate had zero variance")
         if fit == "equal":  # sd ratio 1: the pair is |shift|-GDP (Balle & Wang closed form)
@@ -196,16 +209,17 @@ def estimate_epsilon_from_cosines(
         q = (1.0 - conf) / 2.0
         lower, upper = (float(v) for v in np.quantile(eps_b, [q, 1.0 - q]))
 
-    return Estimate(
+    return AuditResult(
         value=value,
         lower=lower,
         upper=upper,
-        n=int(obs.size),
-        method=f"two_gaussians_{fit}",
-        threat_model="final_model" if d is not None else "all_iterates",
+        alpha=1.0 - conf if b > 0 else None,
         delta=dl,
-        confidence=conf if b > 0 else None,
-        extras={
+        method=f"two_gaussians_{fit}",
+        source=SOURCE,
+        counts={"n": int(obs.size)},
+        details={
+            "threat_model": "final_model" if d is not None else "all_iterates",
             "mu_observed": mu1,
             "sigma_observed": s1,
             "mu_null": mu0,

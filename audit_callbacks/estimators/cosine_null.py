@@ -21,7 +21,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy.special import betainc, betaln
 
-from ._validation import as_float_array, check_dim, check_size, make_rng
+from ..validation import as_float_array, check_dim, check_size, make_rng
 
 __all__ = [
     "cosine_null_cdf",

@@ -61,8 +61,8 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy.special import betaincinv
 
-from ._validation import as_float_array, check_alpha, check_count, check_real_finite
-from .estimate import Estimate
+from ..validation import as_float_array, check_alpha, check_count, check_real_finite
+from .result import AuditResult
 
 __all__ = [
     "CountEpsilon",
@@ -273,14 +273,16 @@ class GameStatistics:
         return {f.name: getattr(self, f.name) for f in fields(GameStatistics)}
 
     def _game_estimate(
-        self, *, n: int, alpha: float, method: str, threat_model: str, **extras: Any
-    ) -> Estimate:
-        """As :class:`Estimate` at delta 0: ``value`` = ``epsilon``, ``lower`` =
+        self, *, n: int, alpha: float, method: str, threat_model: str, source: str = "",
+        **extras: Any
+    ) -> AuditResult:
+        """As an :class:`AuditResult` at delta 0: ``value`` = ``epsilon``, ``lower`` =
         ``epsilon_lower_bound``, ``upper`` = ``epsilon_upper_bound`` (``None`` when infinite).
 
-        Each end is a one-sided (1 - alpha) bound, so ``confidence`` is the two-sided level
-        1 - 2 alpha (1 - alpha when ``upper`` is ``None``); ``extras["lower_confidence"]`` =
-        1 - alpha. Every other field (``trials`` aside) goes to extras, then ``extras``.
+        Each end is a one-sided (1 - alpha) bound, so the result's ``alpha`` is that of the
+        two-sided interval, 2 alpha (alpha when ``upper`` is ``None``);
+        ``details["lower_confidence"]`` = 1 - alpha. Every other field (``trials`` aside) goes to
+        ``details`` with the threat model and ``extras``; ``counts["n"]`` = ``n``.
         """
         upper = self.epsilon_upper_bound if math.isfinite(self.epsilon_upper_bound) else None
         more = {
@@ -291,16 +293,16 @@ class GameStatistics:
         more["epsilon_upper_bound"] = upper
         more["lower_confidence"] = 1.0 - alpha
         more.update(extras)
-        return Estimate(
+        return AuditResult(
             value=self.epsilon,
             lower=self.epsilon_lower_bound,
             upper=upper,
-            n=n,
-            method=method,
-            threat_model=threat_model,
+            alpha=(2.0 if upper is not None else 1.0) * alpha,
             delta=0.0,
-            confidence=1.0 - (2.0 if upper is not None else 1.0) * alpha,
-            extras=more,
+            method=method,
+            source=source,
+            counts={"n": int(n)},
+            details={**more, "threat_model": threat_model},
         )
 
 

@@ -20,7 +20,13 @@ from numpy.typing import ArrayLike
 from scipy.optimize import brentq
 from scipy.special import log_ndtr, ndtri
 
-from ._validation import as_float_array, check_delta, check_positive_finite, check_real_finite
+from ..validation import (
+    as_float_array,
+    check_count,
+    check_delta,
+    check_positive_finite,
+    check_real_finite,
+)
 
 __all__ = [
     "gaussian_delta",
@@ -88,11 +94,8 @@ def gaussian_mu(
     s = check_real_finite(sensitivity, "sensitivity")
     if s < 0.0:
         raise ValueError(f"sensitivity must be >= 0, got {sensitivity!r}")
-    if isinstance(compositions, bool) or not isinstance(compositions, (int, np.integer)):
-        raise ValueError(f"compositions must be an integer >= 1, got {compositions!r}")
-    if compositions < 1:
-        raise ValueError(f"compositions must be an integer >= 1, got {compositions!r}")
-    mu = math.sqrt(int(compositions)) * s / z
+    r = check_count(compositions, "compositions", minimum=1)
+    mu = math.sqrt(r) * s / z
     if not math.isfinite(mu):
         raise ValueError(f"mu = sqrt(compositions)*sensitivity/noise_multiplier overflows ({mu})")
     return mu

@@ -23,7 +23,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy.stats import beta as beta_dist
 
-from ._validation import check_alpha, check_count, to_numpy
+from ..validation import check_alpha, check_count, to_numpy
 
 __all__ = [
     "clopper_pearson_interval",
@@ -186,13 +186,3 @@ def jeffreys_lower(k: ArrayLike, n: int, alpha: float) -> float | np.ndarray:
     kf, nn = _check_kn(k, n)
     a = check_alpha(alpha)
     return _out(beta_dist.ppf(a, kf + 0.5, nn - kf + 0.5))
-
-
-def _jeffreys_upper_and_complement(
-    k: np.ndarray, n: int, alpha: float
-) -> tuple[np.ndarray, np.ndarray]:
-    """(U, 1 - U) for U = Beta(k+1/2, n-k+1/2).ppf(1-alpha); 1 - U computed without cancellation
-    as Beta(n-k+1/2, k+1/2).ppf(alpha). Private, no validation (k float array in [0, n])."""
-    u = beta_dist.ppf(1.0 - alpha, k + 0.5, n - k + 0.5)
-    one_minus_u = beta_dist.ppf(alpha, n - k + 0.5, k + 0.5)
-    return u, one_minus_u

@@ -49,11 +49,16 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy.special import betaincinv
 
-from ._validation import check_alpha, check_delta
+from ..validation import check_alpha, check_choice, check_delta, check_seed
 from .canary_epsilon import _threat_inputs
 from .cosine_null import _logsf_raw
-from .estimate import Estimate
 from .gaussian import _log_sub
+from .result import AuditResult
+
+#: The source of eps_lo, in every result.
+SOURCE = ("Andrew, Kairouz, Oh, Oprea, McMahan, Suriyakumar (2024), One-shot Empirical Privacy "
+          "Estimation for Federated Learning, ICLR 2024, §5.1 (Clopper-Pearson intervals on "
+          "FPR and FNR)")
 
 __all__ = ["epsilon_lower_bound_from_cosines", "estimate_epsilon_lower_bound_from_cosines"]
 
@@ -234,8 +239,8 @@ def estimate_epsilon_lower_bound_from_cosines(
     alpha: float = 0.05,
     threshold: Threshold = "max",
     seed: int = 0,
-) -> Estimate:
-    """eps_lo as an :class:`Estimate`, choosing the threshold by "max" (paper) or "heldout".
+) -> AuditResult:
+    """eps_lo as an :class:`~audit_callbacks.estimators.AuditResult`, choosing the threshold by "max" (paper) or "heldout".
 
     Args:
         observed: shape (k,), cosines in [-1, 1]; k >= 1 ("max") or k >= 2 ("heldout").
@@ -248,20 +253,20 @@ def estimate_epsilon_lower_bound_from_cosines(
         seed: seed of the split (heldout only).
 
     Returns:
-        Estimate with value = lower = eps_lo (nats, finite, >= 0), upper None, n = k,
+        AuditResult with value = lower = eps_lo (nats, finite, >= 0), upper None, counts["n"] = k,
         method "eps_lo_max" / "eps_lo_heldout", threat_model, delta, confidence = 1 - alpha,
-        extras: tau, fnr_hi, fpr_hi, log_fpr_hi (fpr_hi can underflow to 0.0 while its log
+        details: tau, fnr_hi, fpr_hi, log_fpr_hi (fpr_hi can underflow to 0.0 while its log
         stays finite), fn, fp (all iterates), direction, n_thresholds, alpha, and for heldout
         the sizes of the two halves and the bound on the selection half.
 
     Raises:
         ValueError: as :func:`epsilon_lower_bound_from_cosines`; threshold not in
-            {"max", "heldout"}; too few values to split.
+            {"max", "heldout"}; seed not a non-negative integer; too few values to split.
 
     Source: Andrew et al. 2024 §5.1; docs/methods/canaries.md, A6.
     """
-    if threshold not in ("max", "heldout"):
-        raise ValueError(f"threshold must be 'max' or 'heldout', got {threshold!r}")
+    check_choice(threshold, "threshold", ("max", "heldout"))
+    sd = check_seed(seed)
     min_size = 1 if threshold == "max" else 2
     obs, d, unobs = _threat_inputs(observed, dim, unobserved, min_size)
     dl = check_delta(delta)
@@ -275,7 +280,7 @@ def estimate_epsilon_lower_bound_from_cosines(
         value = float(res["eps"][0])
         extras: dict = {"n_thresholds": int(taus.size), **_pick(res, 0)}
     else:
-        rng = np.random.default_rng(seed)
+        rng = np.random.default_rng(sd)
         po = rng.permutation(obs.size)
         h = obs.size // 2
         obs_a, obs_b = obs[po[:h]], obs[po[h:]]
@@ -299,19 +304,19 @@ def estimate_epsilon_lower_bound_from_cosines(
             "k_evaluate": int(obs_b.size),
             "k_unobserved_select": None if un_a is None else int(un_a.size),
             "k_unobserved_evaluate": None if un_b is None else int(un_b.size),
-            "seed": int(seed),
+            "seed": sd,
         }
     extras["alpha"] = a
     extras["dim"] = d
     extras["k_unobserved"] = None if unobs is None else int(unobs.size)
-    return Estimate(
+    return AuditResult(
         value=value,
         lower=value,
         upper=None,
-        n=int(obs.size),
-        method=f"eps_lo_{threshold}",
-        threat_model=threat,
+        alpha=a,
         delta=dl,
-        confidence=1.0 - a,
-        extras=extras,
+        method=f"eps_lo_{threshold}",
+        source=SOURCE,
+        counts={"n": int(obs.size)},
+        details={**extras, "threat_model": threat},
     )

@@ -35,18 +35,19 @@ pair 0.203, 0.127, 0.329, 0.323, 0.411, 0.315; population eq.-3 value of the tau
 
 from __future__ import annotations
 
+import decimal
 import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import logsumexp
-from scipy.stats import binom
+from scipy.special import gammaln, logsumexp
 
-from ._validation import (
+from ..validation import (
     check_alpha,
     check_count,
     check_delta,
     check_positive_finite,
+    check_real,
     check_seed,
 )
 from .error_rates import (
@@ -57,7 +58,7 @@ from .error_rates import (
     measurable_ceiling,
     paper_measurable_ceiling,
 )
-from .estimate import Estimate
+from .result import AuditResult
 
 __all__ = [
     "CountEpsilon",
@@ -85,24 +86,68 @@ def _check_eps0(epsilon0: object) -> float:
     return check_positive_finite(epsilon0, "epsilon0")
 
 
+def _log_8_ln_2_over_delta(d: float) -> float:
+    """log(8 ln(2/delta)), without forming 2/delta (which overflows for delta < 1e-308)."""
+    return math.log(8.0 * (math.log(2.0) - math.log(d)))
+
+
+def _log_min_clients(e: float, d: float) -> float:
+    """log(8 ln(2/delta) (e^eps0 + 1)), finite for every finite eps0 and delta in (0, 1)."""
+    return _log_8_ln_2_over_delta(d) + e + math.log1p(math.exp(-e))
+
+
+# Above this eps0 the client count has more than 3,900 decimal digits; Python refuses to print
+# integers beyond 4,300 digits, and no population is that large.
+_MAX_EPS0_CLIENT_COUNT = 9000.0
+
+
+def _min_clients(e: float, d: float) -> int:
+    """ceil(8 ln(2/delta) (e^eps0 + 1)) for validated arguments (see min_clients_for_shuffling)."""
+    if e <= 700.0:
+        x = 8.0 * (math.log(2.0) - math.log(d)) * (math.exp(e) + 1.0)
+        if math.isfinite(x):
+            return int(math.ceil(x - 1e-9))
+    if e > _MAX_EPS0_CLIENT_COUNT:
+        raise ValueError(
+            f"epsilon0 = {e!r} needs about e^{_log_min_clients(e, d):.6g} clients for the shuffle "
+            f"bound, a count with more than 3,900 digits; min_clients_for_shuffling answers for "
+            f"epsilon0 <= {_MAX_EPS0_CLIENT_COUNT:g}"
+        )
+    # e^eps0 overflows a float: the same formula in 40-digit decimal arithmetic, rounded up
+    with decimal.localcontext() as ctx:
+        ctx.prec = 40
+        ctx.Emax = decimal.MAX_EMAX
+        x = decimal.Decimal(8.0 * (math.log(2.0) - math.log(d))) * (decimal.Decimal(e).exp() + 1)
+        return int(x.to_integral_value(rounding=decimal.ROUND_CEILING))
+
+
+def _show_int(x: int) -> str:
+    """An integer for a message: in full below 1e30, else as 10^(its log10)."""
+    return f"{x}" if x < 10**30 else f"10^{math.log10(x):.6f}"
+
+
 def min_clients_for_shuffling(epsilon0: float, delta: float) -> int:
     """Smallest n for which the Feldman-McMillan-Talwar (2023) bound is valid.
 
     n_min = ceil(8 ln(2/delta) (e^eps0 + 1)), equivalently eps0 <= ln(n/(8 ln(2/delta)) - 1)
     (Matsumoto et al. §6.2). 432, 974, 6454 for eps0 = 1, 2, 4 at delta = 1e-6.
 
+    Large epsilon0 and tiny delta are valid: when e^eps0 overflows a float (eps0 above about
+    709.78), n_min (above 1e308) is computed in 40-digit decimal arithmetic and rounded up, so
+    the integer returned is never below the exact threshold; delta down to 5e-324 is resolved
+    (ln(2/delta) is formed as ln 2 - ln delta).
+
     Args:
-        epsilon0: local epsilon, > 0, finite (nats).
+        epsilon0: local epsilon, > 0, finite (nats); at most 9000 (beyond, n_min has more than
+            3,900 digits).
         delta: in (0, 1).
 
     Raises:
-        ValueError: epsilon0 <= 0 or not finite, delta not in (0, 1).
+        ValueError: epsilon0 <= 0, not finite or above 9000; delta not in (0, 1).
 
     Source: docs/methods/ldp.md, C4; Matsumoto et al. §6.2 and Table 3.
     """
-    e = _check_eps0(epsilon0)
-    d = check_delta(delta)
-    return int(math.ceil(8.0 * math.log(2.0 / d) * (math.exp(e) + 1.0) - 1e-9))
+    return _min_clients(_check_eps0(epsilon0), check_delta(delta))
 
 
 def shuffle_amplification_bound(epsilon0: float, n: int, delta: float) -> float:
@@ -110,6 +155,10 @@ def shuffle_amplification_bound(epsilon0: float, n: int, delta: float) -> float:
 
     eps = ln(1 + (e^eps0 - 1) (4 sqrt(2 ln(4/delta)) / sqrt((e^eps0 + 1) n) + 4/n)),
     as restated in docs/methods/ldp.md, C4 (Matsumoto et al. eq. 1).
+
+    Every finite epsilon0 > 0, any integer n and delta down to 5e-324 give a finite answer:
+    beyond eps0 = 300 or n = 1e15 the same formula is evaluated in the log domain (e^eps0 and n
+    are never formed as floats). Such an epsilon0 needs n above e^eps0 clients to be valid.
 
     Args:
         epsilon0: local epsilon of each report, > 0, finite (nats).
@@ -129,14 +178,29 @@ def shuffle_amplification_bound(epsilon0: float, n: int, delta: float) -> float:
     e = _check_eps0(epsilon0)
     d = check_delta(delta)
     nn = check_count(n, "n", minimum=1)
-    n_min = min_clients_for_shuffling(e, d)
-    if nn < n_min:
+    log_n_min = _log_min_clients(e, d)
+    if e <= _MAX_EPS0_CLIENT_COUNT:
+        n_min = _min_clients(e, d)
+        too_few, shown = nn < n_min, _show_int(n_min)
+    else:
+        too_few, shown = math.log(nn) < log_n_min, f"e^{log_n_min:.6g}"
+    if too_few:
         raise ValueError(
-            f"the shuffle bound needs n >= 8 ln(2/delta)(e^eps0 + 1) = {n_min} clients at "
-            f"eps0 = {e}, delta = {d}; got n = {nn}"
+            f"the shuffle bound needs n >= 8 ln(2/delta)(e^eps0 + 1) = {shown} clients at "
+            f"eps0 = {e}, delta = {d}; got n = {_show_int(nn)}"
         )
-    inner = 4.0 * math.sqrt(2.0 * math.log(4.0 / d)) / math.sqrt((math.exp(e) + 1.0) * nn)
-    return math.log1p(math.expm1(e) * (inner + 4.0 / nn))
+    log_4_over_d = math.log(4.0) - math.log(d)
+    if e <= 300.0 and nn <= 10**15:
+        inner = 4.0 * math.sqrt(2.0 * log_4_over_d) / math.sqrt((math.exp(e) + 1.0) * nn)
+        return math.log1p(math.expm1(e) * (inner + 4.0 / nn))
+    # log domain: log(e^eps0 - 1), log(e^eps0 + 1) and log n stay finite
+    log_em1 = e + math.log1p(-math.exp(-e)) if e > 1.0 else math.log(math.expm1(e))
+    log_ep1 = e + math.log1p(math.exp(-e))
+    log_n = math.log(nn)
+    t1 = math.log(4.0 * math.sqrt(2.0 * log_4_over_d)) + log_em1 - 0.5 * (log_ep1 + log_n)
+    t2 = math.log(4.0) + log_em1 - log_n
+    lg = float(np.logaddexp(t1, t2))
+    return lg + math.log1p(math.exp(-lg)) if lg > 0 else math.log1p(math.exp(lg))
 
 
 def _p_keep(e: float) -> float:
@@ -157,15 +221,27 @@ def shuffle_dummy_count_logpmfs(epsilon0: float, n: int) -> tuple[np.ndarray, np
     """
     e = _check_eps0(epsilon0)
     nn = check_count(n, "n", minimum=1)
-    p = _p_keep(e)
-    log_p, log_q = -math.log1p(math.exp(-e)), -math.log1p(math.exp(e))  # log p, log(1 - p)
+    # log p and log(1 - p), finite for every finite eps0 (1 - p is never formed from p)
+    log_p, log_q = -math.log1p(math.exp(-e)), -(e + math.log1p(math.exp(-e)))
     k = np.arange(nn + 1)
-    log_d = binom.logpmf(k, nn, p)
-    with np.errstate(divide="ignore"):
-        log_dp = np.logaddexp(
-            binom.logpmf(k, nn - 1, p) + log_p, binom.logpmf(k - 1, nn - 1, p) + log_q
-        )
+    log_d = _log_binom_pmf(k, nn, log_p, log_q)
+    log_dp = np.logaddexp(
+        _log_binom_pmf(k, nn - 1, log_p, log_q) + log_p,
+        _log_binom_pmf(k - 1, nn - 1, log_p, log_q) + log_q,
+    )
     return log_d, log_dp
+
+
+def _log_binom_pmf(k: np.ndarray, n: int, log_p: float, log_q: float) -> np.ndarray:
+    """log Binomial(n, p) pmf at k from log p and log(1 - p) (-inf outside 0..n)."""
+    out = np.full(k.shape, -math.inf)
+    ok = (k >= 0) & (k <= n)
+    kk = k[ok].astype(np.float64)
+    out[ok] = (
+        gammaln(n + 1.0) - gammaln(kk + 1.0) - gammaln(n - kk + 1.0)
+        + kk * log_p + (n - kk) * log_q
+    )
+    return out
 
 
 def _log_hockey_stick(log_a: np.ndarray, log_b: np.ndarray, eps: float) -> float:
@@ -189,9 +265,7 @@ def shuffle_dummy_delta(epsilon0: float, n: int, epsilon: float) -> float:
         ValueError: invalid epsilon0 or n; epsilon < 0 or not finite.
     """
     log_d, log_dp = shuffle_dummy_count_logpmfs(epsilon0, n)
-    eps = float(epsilon)
-    if not math.isfinite(eps) or eps < 0:
-        raise ValueError(f"epsilon must be finite and >= 0, got {epsilon!r}")
+    eps = check_real(epsilon, "epsilon", low=0.0)
     return math.exp(
         max(_log_hockey_stick(log_d, log_dp, eps), _log_hockey_stick(log_dp, log_d, eps))
     )
@@ -201,8 +275,10 @@ def shuffle_dummy_exact_epsilon(epsilon0: float, n: int, delta: float) -> float:
     """Exact epsilon at ``delta`` of shuffling n LDP-SGD reports of the dummy pair (docs/methods/ldp.md, C4).
 
     The smallest eps >= 0 with :func:`shuffle_dummy_delta` (eps) <= delta, found by bisection
-    on [0, eps0] to 1e-12 (delta(eps) is non-increasing and delta(eps0) = 0: the pair differs in
-    one eps0-LDP report). This is the true epsilon of this pair of datasets, so it lower-bounds
+    on [0, eps0] to 1e-12 (relative to eps0 above eps0 = 1; delta(eps) is non-increasing and
+    delta(eps0) = 0: the pair differs in one eps0-LDP report). Every finite eps0 > 0 is
+    answered (the count pmfs are built from log p and log(1 - p), never from e^eps0), and delta
+    down to 5e-324. This is the true epsilon of this pair of datasets, so it lower-bounds
     the shuffle model's worst-case epsilon and sits below :func:`shuffle_amplification_bound`.
 
     Args:
@@ -232,7 +308,7 @@ def shuffle_dummy_exact_epsilon(epsilon0: float, n: int, delta: float) -> float:
     if ok(0.0):
         return 0.0
     lo, hi = 0.0, e
-    while hi - lo > 1e-12:
+    while hi - lo > 1e-12 * max(1.0, hi):  # relative beyond eps0 = 1: any finite eps0 ends
         mid = 0.5 * (lo + hi)
         if ok(mid):
             hi = mid
@@ -281,14 +357,16 @@ class ShuffleTestResult(GameStatistics):
     tau: float
     seed: int
 
-    def to_estimate(self) -> Estimate:
-        """As :class:`~audit_callbacks.estimators.Estimate` (threat model ``"shuffle"``).
+    def to_estimate(self) -> AuditResult:
+        """As an :class:`~audit_callbacks.estimators.AuditResult` (threat model ``"shuffle"``).
 
-        ``lower``/``upper`` are each one-sided (1 - alpha) bounds, so ``confidence`` is the
-        two-sided level 1 - 2 alpha (1 - alpha when the upper bound is infinite and dropped).
+        ``lower``/``upper`` are each one-sided (1 - alpha) bounds, so the result's ``alpha`` is
+        2 alpha (alpha when the upper bound is infinite and dropped).
         """
         return self._game_estimate(
-            n=self.trials, alpha=self.alpha, method="shuffle_dummy_test", threat_model="shuffle"
+            n=self.trials, alpha=self.alpha, method="shuffle_dummy_test", threat_model="shuffle",
+            source="docs/methods/ldp.md, C4: the shuffle model's dummy-pair test (Feldman, "
+                   "McMillan, Talwar 2021 amplification bound)",
         )
 
 

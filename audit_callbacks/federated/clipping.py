@@ -1,8 +1,8 @@
 """Per-client update clipping of DP-FedAvg (McMahan et al. 2018; Andrew et al. 2024, Alg. 2, step 3).
 
 Shared by :class:`~audit_callbacks.federated.DPFedAvg` and by the owners of virtual clients that
-give the module the sum of their clipped updates (``federated_client_update_sum``, see
-:mod:`audit_callbacks.federated.protocol`).
+give the module the sum of their clipped updates (``VirtualClientSumOwner.client_update_sum``,
+see :mod:`audit_callbacks.federated.protocol`).
 """
 
 from __future__ import annotations

@@ -1,17 +1,22 @@
 """DP-FedAvg as a LightningModule: one federated round per training step.
 
-The algorithm (McMahan et al. 2018, as run in Andrew et al. 2024 §4 / Alg. 2):
+The algorithm (McMahan et al. 2018, as run in Andrew et al. 2024 §4 / Alg. 2), one stage method
+each, passing a typed :class:`~audit_callbacks.federated.round.FederatedRound` from stage to
+stage (:mod:`audit_callbacks.federated.protocol` says which audit hook runs after which stage):
 
-1. sample the round's cohort from the population (real clients plus registered virtual clients,
-   see :mod:`audit_callbacks.federated.protocol`) by the ``sampling`` rule;
-2. each sampled real client starts from the global model and runs ``local_epochs`` epochs of
-   SGD (``local_lr``, ``local_batch_size``) on its own data; its update is
-   ``theta_local - theta_global`` (a virtual client returns its owner's update instead);
-3. each update is clipped to L2 norm ``clip_norm`` (C);
-4. the clipped updates are summed, ``N(0, (noise_multiplier * C)^2 I_d)`` is added, and the sum is
-   divided by the fixed cohort size m (``clients_per_round``);
-5. the server optimizer (SGD, ``server_lr``, ``server_momentum``) takes the negated average as
-   its gradient.
+1. sample (``_sample``): the round's cohort from the population (real clients plus registered
+   virtual clients, see :mod:`audit_callbacks.federated.protocol`) by the ``sampling`` rule;
+2. local train (``_train_clients``): each sampled real client starts from the global model and
+   runs ``local_epochs`` epochs of SGD (``local_lr``, ``local_batch_size``) on its own data; its
+   update is ``theta_local - theta_global`` (a virtual client's owner gives its update instead);
+3. clip (``_clip``): each update is clipped to L2 norm ``clip_norm`` (C);
+4. randomize (``_randomize``): with a local randomizer, each clipped update is randomized
+   (below);
+5. aggregate (``_aggregate``): the clipped updates are summed,
+   ``N(0, (noise_multiplier * C)^2 I_d)`` is added, and the sum is divided by the fixed cohort
+   size m (``clients_per_round``);
+6. server step (``_server_step``): the server optimizer (SGD, ``server_lr``,
+   ``server_momentum``) takes the negated average as its gradient.
 
 Local DP (Matsumoto et al.; Varun et al. 2024): with a ``randomizer`` (an
 :class:`~audit_callbacks.mechanisms.LocalRandomizer`), every clipped client update is randomized
@@ -30,6 +35,7 @@ import math
 import secrets
 import warnings
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import lightning.pytorch as pl
@@ -44,8 +50,24 @@ from torchmetrics.classification import MulticlassAccuracy
 from audit_callbacks._lightning import is_lightning_module, overrides
 from audit_callbacks.estimators import gaussian_epsilon
 from audit_callbacks.federated.clipping import clip_updates_
-from audit_callbacks.federated.protocol import Cohort
-from audit_callbacks.federated.sampling import CohortSampler
+from audit_callbacks.federated.protocol import (
+    FederatedAuditHooks,
+    VirtualClientOwner,
+    VirtualClientSumOwner,
+)
+from audit_callbacks.federated.round import REAL_CLIENT, Cohort, FederatedRound
+from audit_callbacks.federated.sampling import SAMPLING_RULES, CohortSampler
+from audit_callbacks.names import tag
+from audit_callbacks.validation import (
+    check_choice,
+    check_count,
+    check_delta,
+    check_flag,
+    check_optional_count,
+    check_positive,
+    check_real,
+    check_seed,
+)
 
 __all__ = ["DPFedAvg", "DPFedAvgMixin"]
 
@@ -53,10 +75,16 @@ Schedule = Callable[[int], Iterable[int]]
 
 
 class _VirtualBlock:
-    def __init__(self, owner: Any, name: str, start: int, count: int, schedule: Schedule | None):
+    """One owner's virtual clients: population ids ``start..start+count-1``."""
+
+    def __init__(
+        self, owner: VirtualClientOwner, name: str, start: int, count: int,
+        schedule: Schedule | None, gives_sum: bool,
+    ) -> None:
         self.owner, self.name, self.start, self.count, self.schedule = (
             owner, name, start, count, schedule,
         )
+        self.gives_sum = gives_sum
 
 
 class DPFedAvgMixin:
@@ -100,8 +128,14 @@ class DPFedAvgMixin:
             run has no differential privacy against them.
 
     Raises:
-        ValueError: bad hyper-parameters; no clients; a population smaller than the cohort; a
-            client update with NaN or inf entries (lower ``local_lr``).
+        ValueError: a bad hyper-parameter, naming it (counts: integers, ``clients_per_round``
+            and ``local_batch_size`` >= 1, ``local_epochs`` >= 0, ``num_classes`` None or >= 2;
+            finite reals: ``noise_multiplier`` and ``local_lr`` >= 0, ``clip_norm`` and
+            ``server_lr`` > 0, ``server_momentum`` in [0, 1), ``delta`` in (0, 1); ``seed`` an
+            integer >= 0; ``reproducible_noise`` a bool; ``sampling`` one of the rules); no
+            clients; a population smaller than the cohort; a client update with NaN or inf
+            entries (lower ``local_lr``).
+        TypeError: a ``randomizer`` without ``randomize`` and ``debias``.
     """
 
     def __init__(
@@ -126,16 +160,22 @@ class DPFedAvgMixin:
         reproducible_noise: bool = False,
     ) -> None:
         super().__init__()
-        if noise_multiplier < 0 or not math.isfinite(noise_multiplier):
-            raise ValueError(f"noise_multiplier must be >= 0 and finite, got {noise_multiplier}")
-        if clip_norm <= 0 or not math.isfinite(clip_norm):
-            raise ValueError(f"clip_norm must be > 0 and finite, got {clip_norm}")
-        if clients_per_round < 1:
-            raise ValueError(f"clients_per_round must be >= 1, got {clients_per_round}")
-        if local_epochs < 0 or local_batch_size < 1 or local_lr < 0:
-            raise ValueError("local_epochs >= 0, local_batch_size >= 1, local_lr >= 0 required")
-        if not 0 < delta < 1:
-            raise ValueError(f"delta must be in (0, 1), got {delta}")
+        # checked once, in their canonical types; save_hyperparameters below reads these locals
+        clients_per_round = check_count(clients_per_round, "clients_per_round", minimum=1)
+        noise_multiplier = check_real(noise_multiplier, "noise_multiplier", low=0.0)
+        clip_norm = check_positive(clip_norm, "clip_norm")
+        local_epochs = check_count(local_epochs, "local_epochs")  # 0: no local step (zero updates)
+        local_lr = check_real(local_lr, "local_lr", low=0.0)  # 0: zero updates (the noise alone)
+        local_batch_size = check_count(local_batch_size, "local_batch_size", minimum=1)
+        server_lr = check_positive(server_lr, "server_lr")
+        server_momentum = check_real(server_momentum, "server_momentum", low=0.0, high=1.0, high_inclusive=False)
+        sampling = check_choice(sampling, "sampling", SAMPLING_RULES)
+        delta = check_delta(delta)
+        num_classes = check_optional_count(num_classes, "num_classes", minimum=2)
+        seed = check_seed(seed)
+        reproducible_noise = check_flag(reproducible_noise, "reproducible_noise")
+        if loss_fn is not None and not callable(loss_fn):
+            raise ValueError(f"loss_fn must be None or a callable (logits, y) -> loss, got {loss_fn!r}")
         if randomizer is not None and not (
             callable(getattr(randomizer, "randomize", None)) and callable(getattr(randomizer, "debias", None))
         ):
@@ -145,18 +185,18 @@ class DPFedAvgMixin:
         self.automatic_optimization = False
         self.model = model
         self.loss_fn = loss_fn or F.cross_entropy
-        self.clients_per_round = int(clients_per_round)
-        self.noise_multiplier = float(noise_multiplier)
-        self.clip_norm = float(clip_norm)
-        self.local_epochs = int(local_epochs)
-        self.local_lr = float(local_lr)
-        self.local_batch_size = int(local_batch_size)
-        self.server_lr = float(server_lr)
-        self.server_momentum = float(server_momentum)
+        self.clients_per_round = clients_per_round
+        self.noise_multiplier = noise_multiplier
+        self.clip_norm = clip_norm
+        self.local_epochs = local_epochs
+        self.local_lr = local_lr
+        self.local_batch_size = local_batch_size
+        self.server_lr = server_lr
+        self.server_momentum = server_momentum
         self.sampling = sampling
-        self.delta = float(delta)
-        self.seed = int(seed)
-        self.reproducible_noise = bool(reproducible_noise)
+        self.delta = delta
+        self.seed = seed
+        self.reproducible_noise = reproducible_noise
         self._num_classes = num_classes
         self._client_datasets = list(client_datasets) if client_datasets is not None else None
         self._client_tensors: list[tuple[torch.Tensor, torch.Tensor]] | None = None
@@ -225,7 +265,8 @@ class DPFedAvgMixin:
 
     # ------------------------------------------------------------------ virtual clients
     def register_virtual_clients(
-        self, owner: Any, count: int, *, name: str | None = None, schedule: Schedule | None = None,
+        self, owner: VirtualClientOwner, count: int, *, name: str | None = None,
+        schedule: Schedule | None = None, gives_sum: bool = False,
     ) -> str:
         """Add ``count`` virtual clients owned by ``owner`` to the population.
 
@@ -234,19 +275,28 @@ class DPFedAvgMixin:
         another owner's block of that name is refused: its clients would silently vanish.
 
         Args:
-            owner: the object that gives the updates: ``federated_client_update_sum`` (the
-                sum of a round's clipped updates, where no hook needs the rows),
-                ``federated_client_updates`` (all of a round's rows at once) or
-                ``federated_client_update`` (one client), see
-                :mod:`audit_callbacks.federated.protocol`.
+            owner: a :class:`~audit_callbacks.federated.protocol.VirtualClientOwner`: it writes
+                its sampled clients' updates with ``client_updates(fl_round, indices,
+                clip_norm, out)``.
             count: number of virtual clients (local indices ``0..count-1``).
             name: the block's name (default: the owner's class name).
             schedule: ``None``: the clients are sampled exactly like real ones. Otherwise
                 ``schedule(round_idx) -> local indices``: those clients join that round on top
                 of the sampled cohort and are never sampled.
+            gives_sum: the owner is a :class:`~audit_callbacks.federated.protocol.
+                VirtualClientSumOwner` and is asked for ``client_update_sum(fl_round, indices,
+                clip_norm)``, the sum of its clients' clipped updates, in the rounds where
+                nobody needs the rows (see :mod:`audit_callbacks.federated.protocol`).
 
         Returns:
-            The block's name, used as the key in :class:`Cohort.virtual`.
+            The block's name: the key of ``FederatedRound.cohort.virtual_ids`` and its entry in
+            ``FederatedRound.owners``.
+
+        Raises:
+            ValueError: a negative ``count``; another owner's block has this ``name``.
+            TypeError: ``owner`` has no ``client_updates``, or no ``client_update_sum`` with
+                ``gives_sum=True``.
+            RuntimeError: a new block after the first round.
         """
         if count < 0:
             raise ValueError(f"count must be >= 0, got {count}")
@@ -257,13 +307,25 @@ class DPFedAvgMixin:
                 f"virtual clients named {name!r} are already registered by another "
                 f"{type(clash[0].owner).__name__}; give each owner its own name"
             )
+        if not isinstance(owner, VirtualClientOwner):
+            raise TypeError(
+                f"{type(owner).__name__} is not a VirtualClientOwner: it needs a method "
+                "client_updates(fl_round, indices, clip_norm, out) "
+                "(audit_callbacks.federated.protocol)"
+            )
+        if gives_sum and not isinstance(owner, VirtualClientSumOwner):
+            raise TypeError(
+                f"gives_sum=True, but {type(owner).__name__} has no method "
+                "client_update_sum(fl_round, indices, clip_norm) (audit_callbacks.federated.protocol)"
+            )
         same = [b for b in self._blocks if b.name == name and b.owner is owner]
         if same and same[0].count == int(count) and same[0].schedule == schedule:
-            return name  # a repeated fit: the population does not change
+            same[0].gives_sum = bool(gives_sum)  # a repeated fit: the population does not change
+            return name
         if self.round > 0 and self._sampler is not None:
             raise RuntimeError("virtual clients must be registered before the first round")
         self._blocks = [b for b in self._blocks if b.name != name]
-        self._blocks.append(_VirtualBlock(owner, name, 0, int(count), schedule))
+        self._blocks.append(_VirtualBlock(owner, name, 0, int(count), schedule, bool(gives_sum)))
         self._sampler = None
         return name
 
@@ -299,38 +361,6 @@ class DPFedAvgMixin:
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
-
-    def _hooks(self, name: str) -> list[Callable[..., Any]]:
-        trainer = self._trainer
-        if trainer is None:
-            return []
-        return [getattr(cb, name) for cb in trainer.callbacks if callable(getattr(cb, name, None))]
-
-    def _sample_cohort(self, round_idx: int) -> tuple[Cohort, np.ndarray]:
-        sampler = self._ensure_sampler()
-        ids = sampler.sample()
-        n_real = self.num_real_clients
-        virtual: dict[str, np.ndarray] = {}
-        all_ids = [ids]
-        for block in self._blocks:
-            mask = (ids >= block.start) & (ids < block.start + block.count)
-            local = ids[mask] - block.start
-            if block.schedule is not None:
-                forced = np.asarray(sorted({int(i) for i in block.schedule(round_idx)}), dtype=np.int64)
-                if forced.size and (forced.min() < 0 or forced.max() >= block.count):
-                    raise ValueError(f"schedule of {block.name!r} gave indices outside [0, {block.count})")
-                local = forced
-                all_ids.append(forced + block.start)
-            virtual[block.name] = local
-        population_ids = np.unique(np.concatenate(all_ids))
-        cohort = Cohort(
-            round_idx=round_idx,
-            real_ids=ids[ids < n_real],
-            virtual=virtual,
-            size=int(population_ids.size),
-            divisor=self.clients_per_round,
-        )
-        return cohort, population_ids
 
     def _local_update(self, cid: int, global_flat: torch.Tensor) -> tuple[torch.Tensor, float]:
         if not self._worker:
@@ -374,131 +404,213 @@ class DPFedAvgMixin:
             raise ValueError("the client loss must be a scalar tensor")
         return loss
 
+    # ------------------------------------------------------------------ one round, in stages
     def training_step(self, batch: Any, batch_idx: int) -> None:
-        """One federated round (see the class docstring).
+        """One federated round: sample -> local train -> clip -> randomize -> aggregate ->
+        server step, with the audit hooks between them (:mod:`audit_callbacks.federated.protocol`).
 
         Raises:
-            ValueError: a client's update is not finite, or an owner's
-                ``federated_client_update_sum`` is not a finite vector of ``d`` entries.
+            ValueError: a client's update is not finite, or an owner's ``client_update_sum`` is
+                not a finite vector of ``d`` entries.
         """
-        round_idx = self.round + 1
-        cohort, population_ids = self._sample_cohort(round_idx)
-        for hook in self._hooks("on_federated_round_start"):
-            hook(self.trainer, self, round_idx, cohort)
-
-        global_flat = self.flat_parameters()
-        d = global_flat.numel()
-        # Rows are needed by observers of the clipped updates and by a local randomizer; without
-        # them an owner that gives the sum of its clipped updates is not asked for its rows.
-        need_rows = self.randomizer is not None or bool(self._hooks("on_federated_client_updates"))
-        summed = {
-            block.name for block in self._blocks
-            if not need_rows and callable(getattr(block.owner, "federated_client_update_sum", None))
-        }
-        n_rows = cohort.real_ids.size + sum(
-            int(cohort.virtual[b.name].size) for b in self._blocks if b.name not in summed
+        hooks = self._audit_hooks()
+        fl_round = self._sample(self.round + 1)
+        for hook in hooks:
+            hook.on_federated_round_start(self.trainer, self, fl_round)
+        # rows are needed by a local randomizer and by observers of the clipped updates; without
+        # them an owner registered with gives_sum=True gives the sum of its clipped updates
+        rows_needed = self.randomizer is not None or any(
+            type(hook).on_federated_client_updates is not FederatedAuditHooks.on_federated_client_updates
+            for hook in hooks
         )
-        # every row is written below (real clients, then each owner's virtual clients)
-        updates = torch.empty(n_rows, d, dtype=global_flat.dtype, device=global_flat.device)
-        labels: list[str] = []
-        client_losses = []
-        row = 0
-        for cid in cohort.real_ids.tolist():
-            update, loss = self._local_update(cid, global_flat)
-            updates[row] = update
-            labels.append(f"client/{cid}")
-            if math.isfinite(loss):
-                client_losses.append(loss)
-            row += 1
-        groups: list[tuple[int, int] | _VirtualBlock] = [(0, row)]  # summed separately, in order
-        for block in self._blocks:
-            local = cohort.virtual[block.name]
-            if not local.size:
-                continue
-            if block.name in summed:
-                groups.append(block)
-                continue
-            start = row
-            fill = getattr(block.owner, "federated_client_updates", None)
-            if callable(fill):  # the owner writes all its rows at once
-                fill(self.trainer, self, local, round_idx, self.clip_norm, updates[row:row + local.size])
-                labels.extend(f"{block.name}/{j}" for j in local.tolist())
-                row += int(local.size)
-            else:
-                for j in local.tolist():
-                    upd = block.owner.federated_client_update(self.trainer, self, j, round_idx, self.clip_norm)
-                    updates[row] = upd.to(device=updates.device, dtype=updates.dtype).reshape(-1)
-                    labels.append(f"{block.name}/{j}")
-                    row += 1
-            groups.append((start, row))
+        fl_round = self._train_clients(fl_round, rows_needed=rows_needed)
+        fl_round = self._clip(fl_round)
+        for hook in hooks:
+            hook.on_federated_client_updates(self.trainer, self, fl_round)
+        fl_round = self._randomize(fl_round)
+        if fl_round.released is not None:
+            for hook in hooks:
+                hook.on_federated_randomized_updates(self.trainer, self, fl_round)
+        fl_round = self._aggregate(fl_round)
+        fl_round = self._server_step(fl_round)
+        self.round = fl_round.index
+        assert self._participations is not None
+        self._participations[fl_round.cohort.population_ids] += 1
+        for hook in hooks:
+            hook.on_federated_round_end(self.trainer, self, fl_round)
+        self._log_round(fl_round)
 
-        norms = clip_updates_(updates, self.clip_norm)
+    def _audit_hooks(self) -> list[FederatedAuditHooks]:
+        """The trainer's callbacks that audit rounds: the instances of
+        :class:`~audit_callbacks.federated.protocol.FederatedAuditHooks`, in callback order."""
+        trainer = self._trainer
+        if trainer is None:
+            return []
+        return [cb for cb in trainer.callbacks if isinstance(cb, FederatedAuditHooks)]
+
+    def _sample(self, round_idx: int) -> FederatedRound:
+        """Stage 1: the cohort of round ``round_idx`` (sampled clients, then each owner's
+        scheduled ones) and the global model it starts from."""
+        sampler = self._ensure_sampler()
+        ids = sampler.sample()
+        virtual: dict[str, np.ndarray] = {}
+        all_ids = [ids]
+        for block in self._blocks:
+            mask = (ids >= block.start) & (ids < block.start + block.count)
+            local = ids[mask] - block.start
+            if block.schedule is not None:
+                forced = np.asarray(sorted({int(i) for i in block.schedule(round_idx)}), dtype=np.int64)
+                if forced.size and (forced.min() < 0 or forced.max() >= block.count):
+                    raise ValueError(f"schedule of {block.name!r} gave indices outside [0, {block.count})")
+                local = forced
+                all_ids.append(forced + block.start)
+            virtual[block.name] = local
+        cohort = Cohort(
+            real_ids=ids[ids < self.num_real_clients],
+            virtual_ids=virtual,
+            population_ids=np.unique(np.concatenate(all_ids)),
+            divisor=self.clients_per_round,
+        )
+        return FederatedRound(
+            index=round_idx, cohort=cohort, theta=self.flat_parameters(),
+            clip_norm=self.clip_norm, owners=tuple(b.name for b in self._blocks),
+        )
+
+    def _train_clients(self, fl_round: FederatedRound, *, rows_needed: bool) -> FederatedRound:
+        """Stage 2: the update matrix, the real clients' rows (local SGD), then each owner's
+        (:meth:`VirtualClientOwner.client_updates`); an owner registered with ``gives_sum`` gives
+        no rows where ``rows_needed`` is False (its sum is asked for by :meth:`_aggregate`)."""
+        cohort, theta = fl_round.cohort, fl_round.theta
+        summed = tuple(
+            b.name for b in self._blocks
+            if b.gives_sum and not rows_needed and cohort.virtual_ids[b.name].size
+        )
+        giving = [
+            (k, b) for k, b in enumerate(self._blocks)
+            if b.name not in summed and cohort.virtual_ids[b.name].size
+        ]
+        n_real = int(cohort.real_ids.size)
+        row_owner = np.concatenate([
+            np.full(n_real, REAL_CLIENT, dtype=np.int64),
+            *[np.full(cohort.virtual_ids[b.name].size, k, dtype=np.int64) for k, b in giving],
+        ])
+        row_ids = np.concatenate([cohort.real_ids, *[cohort.virtual_ids[b.name] for _, b in giving]])
+        # every row is written below (real clients, then each owner's virtual clients)
+        updates = torch.empty(row_ids.size, theta.numel(), dtype=theta.dtype, device=theta.device)
+        losses = []
+        for row, cid in enumerate(cohort.real_ids.tolist()):
+            update, loss = self._local_update(cid, theta)
+            updates[row] = update
+            if math.isfinite(loss):
+                losses.append(loss)
+        row = n_real
+        for _, block in giving:
+            local = cohort.virtual_ids[block.name]
+            block.owner.client_updates(fl_round, local, self.clip_norm, updates[row:row + local.size])
+            row += int(local.size)
+        return replace(
+            fl_round, updates=updates, row_owner=row_owner, row_ids=row_ids, summed=summed,
+            client_loss=float(np.mean(losses)) if losses else math.nan,
+        )
+
+    def _clip(self, fl_round: FederatedRound) -> FederatedRound:
+        """Stage 3: clip every row of ``fl_round.updates`` to ``clip_norm``, in place.
+
+        Raises:
+            ValueError: a row is not finite (naming the clients).
+        """
+        assert fl_round.updates is not None
+        norms = clip_updates_(fl_round.updates, self.clip_norm)
         bad = ~torch.isfinite(norms)
         if bad.any():
-            who = [labels[i] for i in torch.nonzero(bad).flatten().tolist()]
+            rows = bad.cpu().numpy()
+            who = [
+                f"real client {cid}" if owner == REAL_CLIENT
+                else f"virtual client {cid} of {fl_round.owners[owner]!r}"
+                for owner, cid in zip(fl_round.row_owner[rows].tolist(), fl_round.row_ids[rows].tolist(),
+                                      strict=True)
+            ]
             raise ValueError(
-                f"round {round_idx}: non-finite update from {who}; lower local_lr or check the data"
+                f"round {fl_round.index}: non-finite update from {who}; lower local_lr or check the data"
             )
-        for hook in self._hooks("on_federated_client_updates"):
-            hook(self.trainer, self, round_idx, labels, updates)
+        return fl_round
 
-        rows = updates
-        if self.randomizer is not None:
-            released = self.randomizer.randomize(updates, generator=self._ldp_generator(updates))
-            for hook in self._hooks("on_federated_randomized_updates"):
-                hook(self.trainer, self, round_idx, labels, released)
-            rows = self.randomizer.debias(released)
-        # the sum of the real clients' rows, then of each owner's: the same grouping whether an
-        # owner gives its rows or their sum, so either way trains the same bits
-        total = rows[0:groups[0][1]].sum(0)
-        for group in groups[1:]:
-            if isinstance(group, tuple):
-                total.add_(rows[group[0]:group[1]].sum(0))
+    def _randomize(self, fl_round: FederatedRound) -> FederatedRound:
+        """Stage 4, only with a local randomizer: the rows the clients release."""
+        if self.randomizer is None:
+            return fl_round
+        assert fl_round.updates is not None
+        released = self.randomizer.randomize(
+            fl_round.updates, generator=self._ldp_generator(fl_round.updates),
+        )
+        return replace(fl_round, randomizer=self.randomizer, released=released)
+
+    def _aggregate(self, fl_round: FederatedRound) -> FederatedRound:
+        """Stage 5: the noisy average. The sum of the real clients' rows, then of each owner's
+        rows or the sum it gives, in registration order (the same grouping whether an owner
+        gives its rows or their sum, so either way trains the same bits), plus the noise,
+        divided by m.
+
+        Raises:
+            ValueError: an owner's sum is not a finite vector of ``d`` entries.
+        """
+        assert fl_round.updates is not None
+        rows = fl_round.updates if fl_round.released is None else fl_round.randomizer.debias(fl_round.released)
+        cohort, d = fl_round.cohort, fl_round.theta.numel()
+        end = int(cohort.real_ids.size)
+        total = rows[0:end].sum(0)
+        for block in self._blocks:
+            local = cohort.virtual_ids[block.name]
+            if not local.size:
                 continue
-            part = group.owner.federated_client_update_sum(
-                self.trainer, self, cohort.virtual[group.name], round_idx, self.clip_norm,
-            ).to(device=total.device, dtype=total.dtype).reshape(-1)
+            if block.name not in fl_round.summed:
+                start, end = end, end + int(local.size)
+                total.add_(rows[start:end].sum(0))
+                continue
+            part = block.owner.client_update_sum(fl_round, local, self.clip_norm)
+            part = part.to(device=total.device, dtype=total.dtype).reshape(-1)
             finite = part.numel() == d and (
                 math.isfinite(float(part.sum())) or bool(torch.isfinite(part).all())
             )
             if not finite:
                 raise ValueError(
-                    f"round {round_idx}: {group.name!r} gave a sum of clipped updates that is not "
-                    f"a finite vector of {d} entries"
+                    f"round {fl_round.index}: {block.name!r} gave a sum of clipped updates that is "
+                    f"not a finite vector of {d} entries"
                 )
             total.add_(part)
         if self.noise_multiplier > 0:
             total.add_(self._noise(d, total), alpha=self.noise_multiplier * self.clip_norm)
-        average = total / cohort.divisor
+        return replace(fl_round, average=total / cohort.divisor)
 
+    def _server_step(self, fl_round: FederatedRound) -> FederatedRound:
+        """Stage 6: the server optimizer takes ``-average`` as its gradient; the model delta."""
+        assert fl_round.average is not None
         opt = self.optimizers()
-        params = self.trainable_parameters()
         offset = 0
-        for p in params:
+        for p in self.trainable_parameters():
             n = p.numel()
-            p.grad = (-average[offset:offset + n]).view_as(p).clone()
+            p.grad = (-fl_round.average[offset:offset + n]).view_as(p).clone()
             offset += n
         opt.step()
         opt.zero_grad(set_to_none=True)
-        model_delta = self.flat_parameters() - global_flat
+        return replace(fl_round, model_delta=self.flat_parameters() - fl_round.theta)
 
-        self.round = round_idx
-        assert self._participations is not None
-        self._participations[population_ids] += 1
-        for hook in self._hooks("on_federated_round_end"):
-            hook(self.trainer, self, round_idx, model_delta)
-
-        self.log("fl/round", float(round_idx), on_step=True, on_epoch=False, batch_size=1)
-        self.log("fl/cohort_size", float(cohort.size), on_step=True, on_epoch=False, batch_size=1)
-        if client_losses:
-            self.log("train/client_loss", float(np.mean(client_losses)), on_step=True, on_epoch=True, batch_size=1)
+    def _log_round(self, fl_round: FederatedRound) -> None:
+        """``fl/round``, ``fl/cohort_size``, ``train/client_loss`` and
+        ``privacy/epsilon_analytic`` (:mod:`audit_callbacks.names`), at the round's step."""
+        self.log(tag("fl", "round"), float(fl_round.index), on_step=True, on_epoch=False, batch_size=1)
+        self.log(tag("fl", "cohort_size"), float(fl_round.cohort.size), on_step=True, on_epoch=False,
+                 batch_size=1)
+        if math.isfinite(fl_round.client_loss):
+            self.log(tag("train", "client_loss"), fl_round.client_loss, on_step=True, on_epoch=True,
+                     batch_size=1)
         eps = self.analytic_epsilon()
         if eps == math.inf and not self._warned_no_noise:
             self._warned_no_noise = True
             rank_zero_warn("DPFedAvg: noise_multiplier = 0: no DP noise, the analytic epsilon "
                            "is infinite (logged as inf)", category=UserWarning)
         if eps is not None:
-            self.log("privacy/epsilon_analytic", eps, on_step=True, on_epoch=False, batch_size=1)
+            self.log(tag("privacy", "epsilon_analytic"), eps, on_step=True, on_epoch=False, batch_size=1)
 
     def _noise(self, d: int, like: torch.Tensor) -> torch.Tensor:
         if self._noise_gen is None or self._noise_gen.device != like.device:
@@ -548,10 +660,10 @@ class DPFedAvgMixin:
         x, y = batch[0], batch[1]
         logits = self.model(x)
         loss = self.loss_fn(logits, y)
-        self.log(f"{prefix}/loss", loss, on_step=False, on_epoch=True, prog_bar=prefix == "val")
+        self.log(tag(prefix, "loss"), loss, on_step=False, on_epoch=True, prog_bar=prefix == "val")
         if metric is not None:
             metric.update(logits.argmax(-1), y)
-            self.log(f"{prefix}/accuracy", metric, on_step=False, on_epoch=True, prog_bar=True)
+            self.log(tag(prefix, "accuracy"), metric, on_step=False, on_epoch=True, prog_bar=True)
         return loss
 
     def _user_step(self, name: str, batch: Any, batch_idx: int) -> Any:

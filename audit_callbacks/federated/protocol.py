@@ -1,126 +1,144 @@
-"""The audit protocol that :class:`~audit_callbacks.federated.DPFedAvg` calls on callbacks.
+"""How audits take part in :class:`~audit_callbacks.federated.DPFedAvg`'s rounds.
 
-A Lightning callback takes part by implementing any of the methods of
-:class:`FederatedAuditHooks`; the module looks each one up on every callback of the trainer and
-skips those that do not define it. All tensors are flat parameter vectors of dimension
-``d = pl_module.num_parameters`` (trainable parameters, in ``model.parameters()`` order).
+Two roles, each with one explicit interface:
 
-Virtual clients (canaries) are registered with
-:meth:`DPFedAvg.register_virtual_clients <audit_callbacks.federated.DPFedAvg.register_virtual_clients>`
-from the callback's ``setup`` or ``on_fit_start``. A virtual client joins the population and is
-sampled by exactly the same rule as a real client (Andrew et al., ICLR 2024, §4, Alg. 2); when it is sampled the
-module asks its owner for its update. An owner may also give a ``schedule`` that forces some of its
-clients into chosen rounds, outside the sampling (repeated canary presentations, Andrew et al. §5.2).
+* **Owners of virtual clients** (canaries) implement :class:`VirtualClientOwner` and are passed
+  to :meth:`DPFedAvg.register_virtual_clients
+  <audit_callbacks.federated.DPFedAvg.register_virtual_clients>` (from a callback's ``setup`` or
+  ``on_fit_start``). A virtual client joins the population and is sampled by exactly the same
+  rule as a real client (Andrew et al., ICLR 2024, §4, Alg. 2); an owner may also give a
+  ``schedule`` that forces some of its clients into chosen rounds, outside the sampling
+  (repeated canary presentations, Andrew et al. §5.2).
+* **Audit callbacks** subclass :class:`FederatedAuditHooks` (next to Lightning's ``Callback``)
+  and override the hooks they need; the module calls the hooks of every callback of the trainer
+  that is an instance of :class:`FederatedAuditHooks`, in the trainer's callback order, and no
+  other (a callback that merely defines a method of the same name is not called).
 
-Order within one round ``t`` (1-based, ``t = pl_module.round``):
+Every hook and owner call receives the round's typed record,
+:class:`~audit_callbacks.federated.round.FederatedRound` (round index, cohort with int64 arrays
+of real and virtual client ids, the update matrix and the owner and id of each row, the released
+rows, the model delta). Tensors are flat parameter vectors of dimension
+``d = pl_module.num_parameters`` (trainable parameters, in ``model.parameters()`` order); hooks
+read them and must not modify them, and keep what they need rather than the record itself (it
+holds the round's ``[n, d]`` update matrix).
 
-1. ``on_federated_round_start(trainer, pl_module, round_idx, cohort)``
-2. An owner gives the updates of its sampled virtual clients ``indices`` (local indices
-   ``0..count-1``, in cohort order) through the first of these it defines:
+A round ``t`` (1-based, ``pl_module.round`` once it is over) runs six stages, and the hooks are
+called between them:
 
-   * ``federated_client_update_sum(trainer, pl_module, indices, round_idx, clip_norm)``, only in
-     a round where nobody needs the rows (no ``on_federated_client_updates`` hook and no local
-     randomizer): it returns the sum ``[d]`` of the clients' updates, each clipped by
-     :func:`~audit_callbacks.federated.clipping.clip_updates_` (the module's own clipping) in
-     the dtype and on the device of the module's trainable parameters, so that the module
-     neither holds nor clips those rows. Called after the real clients trained. A sum that is
-     not a finite vector of ``d`` entries raises ``ValueError``.
-   * ``federated_client_updates(trainer, pl_module, indices, round_idx, clip_norm, out)``, once:
-     it writes the updates into the rows ``out`` ``[m, d]`` of the round's update matrix (one call
-     a round instead of one a client). It must write every row: the matrix is not initialised.
-   * ``federated_client_update(trainer, pl_module, index, round_idx, clip_norm)`` for each
-     client, returning its update ``[d]``.
-
-   The module sums the real clients' clipped rows, then each owner's (its rows, or the sum it
-   gave), in that order, so the three give the same model bit for bit.
-3. ``on_federated_client_updates(trainer, pl_module, round_idx, client_ids, updates)``:
-   ``updates`` ``[m, d]`` are the clipped updates before noise (read-only)
-4. ``on_federated_randomized_updates(trainer, pl_module, round_idx, client_ids, released)``: only
-   with a local randomizer (LDP): the rows ``[m, d]`` the clients release (read-only)
-5. ``on_federated_round_end(trainer, pl_module, round_idx, model_delta)``: ``model_delta`` ``[d]`` is
-   ``theta_t - theta_{t-1}`` after the server optimizer step.
+1. **sample**: the cohort, by the module's sampling rule over real and sampled virtual clients,
+   plus scheduled ones. Then ``on_federated_round_start(trainer, pl_module, fl_round)``.
+2. **local train**: each sampled real client runs local SGD from the global model; its update is
+   ``theta_local - theta_global``. Each owner with clients in the round gives their updates
+   through :meth:`VirtualClientOwner.client_updates`, writing its rows of the update matrix
+   after the real clients' rows, or, where the owner registered with ``gives_sum=True`` and
+   nobody needs the rows (no local randomizer and no audit callback that overrides
+   ``on_federated_client_updates``), through :meth:`VirtualClientSumOwner.client_update_sum`
+   at the aggregate stage, so that the module neither holds nor clips those rows.
+3. **clip**: every row to L2 norm ``clip_norm`` (:func:`~audit_callbacks.federated.clipping.
+   clip_updates_`); a non-finite row raises ``ValueError``. Then
+   ``on_federated_client_updates(trainer, pl_module, fl_round)``: ``fl_round.updates`` ``[n, d]``
+   are the clipped updates before any noise.
+4. **randomize** (only with a local randomizer, LDP): each clipped row is randomized on its
+   client; ``fl_round.released`` ``[n, d]``. Then
+   ``on_federated_randomized_updates(trainer, pl_module, fl_round)``.
+5. **aggregate**: the sum of the real clients' rows (their ``randomizer.debias`` with LDP), then
+   of each owner's rows or the sum it gave, in registration order, so that an owner's rows and
+   its sum train the same model bit for bit; plus ``N(0, (z C)^2 I_d)``; divided by m:
+   ``fl_round.average``.
+6. **server step**: the server optimizer takes ``-average`` as its gradient;
+   ``fl_round.model_delta`` = theta_t - theta_{t-1}. Then
+   ``on_federated_round_end(trainer, pl_module, fl_round)``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from abc import abstractmethod
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 
+from audit_callbacks.federated.round import REAL_CLIENT, Cohort, FederatedRound
+
 if TYPE_CHECKING:  # pragma: no cover
     import lightning.pytorch as pl
 
-__all__ = ["Cohort", "FederatedAuditHooks"]
-
-
-@dataclass(frozen=True)
-class Cohort:
-    """The clients of one round.
-
-    Attributes:
-        round_idx: the round, 1-based.
-        real_ids: sorted ids of the real clients (indices into ``client_datasets``).
-        virtual: ``{owner_name: local indices}`` of the virtual clients in the round, sampled
-            and scheduled together.
-        size: the number of clients in the round (real + virtual).
-        divisor: what the noisy sum is divided by (the fixed cohort size m).
-    """
-
-    round_idx: int
-    real_ids: np.ndarray
-    virtual: dict[str, np.ndarray]
-    size: int
-    divisor: int
+__all__ = [
+    "REAL_CLIENT", "Cohort", "FederatedAuditHooks", "FederatedRound", "VirtualClientOwner",
+    "VirtualClientSumOwner",
+]
 
 
 @runtime_checkable
-class FederatedAuditHooks(Protocol):
-    """Optional methods a callback implements to audit DP-FedAvg (see the module docstring)."""
+class VirtualClientOwner(Protocol):
+    """The owner of a block of virtual clients (see the module docstring).
 
-    def federated_client_update(
-        self, trainer: pl.Trainer, pl_module: Any, index: int, round_idx: int, clip_norm: float,
-    ) -> torch.Tensor:  # pragma: no cover - protocol
-        """The update ``[d]`` of this owner's virtual client ``index`` in round ``round_idx``."""
-        ...
+    Implement it structurally (any class with this method) or by subclassing; pass the owner to
+    :meth:`DPFedAvg.register_virtual_clients
+    <audit_callbacks.federated.DPFedAvg.register_virtual_clients>`.
+    """
 
-    def federated_client_update_sum(
-        self, trainer: pl.Trainer, pl_module: Any, indices: np.ndarray, round_idx: int,
-        clip_norm: float,
-    ) -> torch.Tensor:  # pragma: no cover - protocol
-        """The sum ``[d]`` of the updates of virtual clients ``indices`` ``[m]``, each clipped
-        to ``clip_norm`` by ``clip_updates_``; preferred over the two others where the round
-        needs no rows (see the module docstring)."""
-        ...
+    @abstractmethod
+    def client_updates(
+        self, fl_round: FederatedRound, indices: np.ndarray, clip_norm: float, out: torch.Tensor,
+    ) -> None:
+        """Write the updates of this owner's virtual clients ``indices`` ``[m]`` (int64 local
+        indices, ``fl_round.cohort.virtual_ids[name]``) into every row of ``out`` ``[m, d]``.
 
-    def federated_client_updates(
-        self, trainer: pl.Trainer, pl_module: Any, indices: np.ndarray, round_idx: int,
-        clip_norm: float, out: torch.Tensor,
-    ) -> None:  # pragma: no cover - protocol
-        """Write the updates of virtual clients ``indices`` ``[m]`` into every row of ``out``
-        ``[m, d]`` (the module's device and dtype, not initialised); preferred over
-        :meth:`federated_client_update`."""
-        ...
+        ``out`` is a view of the round's update matrix, on the device and in the dtype of the
+        module's trainable parameters, and not initialised: every row must be written. The
+        module clips the rows afterwards, like a real client's. Called once a round, only when
+        the owner has clients in it; ``fl_round`` is the sampled round (no updates yet).
+        """
 
-    def on_federated_round_start(
-        self, trainer: pl.Trainer, pl_module: Any, round_idx: int, cohort: Cohort,
-    ) -> None:  # pragma: no cover - protocol
-        ...
+
+@runtime_checkable
+class VirtualClientSumOwner(VirtualClientOwner, Protocol):
+    """An owner that can also give the sum of its clients' clipped updates: the fast path,
+    declared by registering with ``register_virtual_clients(..., gives_sum=True)``."""
+
+    @abstractmethod
+    def client_update_sum(
+        self, fl_round: FederatedRound, indices: np.ndarray, clip_norm: float,
+    ) -> torch.Tensor:
+        """The sum ``[d]`` of the updates of virtual clients ``indices`` ``[m]``, each clipped to
+        ``clip_norm`` exactly as :func:`~audit_callbacks.federated.clipping.clip_updates_` clips
+        a row, in the dtype and on the device of the module's trainable parameters.
+
+        Asked instead of :meth:`client_updates` in a round where nobody needs the rows (no local
+        randomizer, no audit callback overriding ``on_federated_client_updates``), at the
+        aggregate stage. A sum that is not a finite vector of ``d`` entries raises
+        ``ValueError``. For the model to be the same bit for bit either way, the sum must be the
+        ``sum(0)`` of the clipped rows :meth:`client_updates` would write.
+        """
+
+
+class FederatedAuditHooks:
+    """Base of the callbacks that audit DP-FedAvg's rounds; every hook is a no-op here.
+
+    Subclass it next to Lightning's ``Callback`` (``class MyAudit(FederatedAuditHooks,
+    Callback)``) and override the hooks you need. :class:`~audit_callbacks.federated.DPFedAvg`
+    calls them on the trainer's callbacks that are instances of this class, between the stages
+    of each round (see the module docstring). The update matrix is handed to the hooks whole
+    (owners give rows, not sums) when a callback overrides :meth:`on_federated_client_updates`.
+    """
+
+    def on_federated_round_start(self, trainer: pl.Trainer, pl_module: Any, fl_round: FederatedRound) -> None:
+        """The round's cohort is sampled (``fl_round.cohort``, ``fl_round.theta``)."""
 
     def on_federated_client_updates(
-        self, trainer: pl.Trainer, pl_module: Any, round_idx: int, client_ids: list[str],
-        updates: torch.Tensor,
-    ) -> None:  # pragma: no cover - protocol
-        ...
+        self, trainer: pl.Trainer, pl_module: Any, fl_round: FederatedRound,
+    ) -> None:
+        """The clipped updates ``fl_round.updates`` ``[n, d]``, before any noise; row ``i`` is the
+        client ``fl_round.row_ids[i]`` of ``fl_round.row_owner[i]`` (``REAL_CLIENT`` or an owner
+        index, see ``fl_round.real_rows`` and ``fl_round.rows_of(name)``)."""
 
     def on_federated_randomized_updates(
-        self, trainer: pl.Trainer, pl_module: Any, round_idx: int, client_ids: list[str],
-        released: torch.Tensor,
-    ) -> None:  # pragma: no cover - protocol
-        ...
+        self, trainer: pl.Trainer, pl_module: Any, fl_round: FederatedRound,
+    ) -> None:
+        """Only with a local randomizer: the rows ``fl_round.released`` ``[n, d]`` the clients
+        release (same row layout as ``fl_round.updates``)."""
 
-    def on_federated_round_end(
-        self, trainer: pl.Trainer, pl_module: Any, round_idx: int, model_delta: torch.Tensor,
-    ) -> None:  # pragma: no cover - protocol
-        ...
+    def on_federated_round_end(self, trainer: pl.Trainer, pl_module: Any, fl_round: FederatedRound) -> None:
+        """After the server step: ``fl_round.model_delta`` ``[d]`` is theta_t - theta_{t-1}."""
+

@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from audit_callbacks.validation import check_choice, check_count, check_seed
+
 __all__ = ["SAMPLING_RULES", "CohortSampler"]
 
 SAMPLING_RULES = ("uniform", "shuffle", "poisson")
@@ -42,21 +44,23 @@ class CohortSampler:
         seed: seed of the sampler's generator.
 
     Raises:
-        ValueError: for an unknown rule, or a cohort larger than the population.
+        ValueError: naming the argument: an unknown ``rule``; ``population`` not an integer >= 0,
+            ``cohort_size`` not one >= 1, ``seed`` not one >= 0; a cohort larger than the
+            population.
     """
 
     def __init__(self, population: int, cohort_size: int, rule: str = "uniform", seed: int = 0):
-        if rule not in SAMPLING_RULES:
-            raise ValueError(f"sampling must be one of {SAMPLING_RULES}, got {rule!r}")
-        if cohort_size < 1:
-            raise ValueError(f"clients_per_round must be >= 1, got {cohort_size}")
+        rule = check_choice(rule, "rule", SAMPLING_RULES)
+        cohort_size = check_count(cohort_size, "cohort_size", minimum=1)
+        population = check_count(population, "population")
+        seed = check_seed(seed)
         if population < cohort_size:
             raise ValueError(
                 f"the population ({population} clients, canaries included) is smaller than the "
                 f"cohort ({cohort_size} clients per round): lower clients_per_round or add clients"
             )
-        self.population = int(population)
-        self.cohort_size = int(cohort_size)
+        self.population = population
+        self.cohort_size = cohort_size
         self.rule = rule
         self._rng = np.random.default_rng(seed)
         self._queue: list[int] = []

@@ -21,10 +21,11 @@ except ImportError as err:  # pragma: no cover - exercised where flwr is missing
         '(flwr[simulation]==1.41.0)'
     ) from err
 
+from audit_callbacks.flower.backend import BAD_REPLY_CODE, FlowerBackend
 from audit_callbacks.flower.client import evaluate_accuracy, local_sgd
 from audit_callbacks.flower.local_grid import LocalGrid
 from audit_callbacks.flower.records import Layout, flower_versions
-from audit_callbacks.flower.strategy import BAD_REPLY_CODE, CanaryStrategy
+from audit_callbacks.flower.strategy import CanaryStrategy
 
-__all__ = ["BAD_REPLY_CODE", "CanaryStrategy", "Layout", "LocalGrid", "evaluate_accuracy",
+__all__ = ["BAD_REPLY_CODE", "CanaryStrategy", "FlowerBackend", "Layout", "LocalGrid", "evaluate_accuracy",
            "local_sgd", "flower_versions"]

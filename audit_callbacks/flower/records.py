@@ -7,16 +7,21 @@ A model is audited as one flat float32 vector ``[d]``: the floating arrays of th
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from importlib import metadata
+from typing import Any
 
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord
 
-from audit_callbacks.callbacks.summary import versions
+from audit_callbacks.outputs import versions
 
-__all__ = ["Layout", "flower_versions"]
+__all__ = ["LOGGER", "Layout", "flower_versions", "numeric_metrics"]
+
+#: Flower's own logger: the audit's messages appear among the server app's.
+LOGGER = logging.getLogger("flwr")
 
 
 @dataclass(frozen=True)
@@ -81,14 +86,10 @@ class Layout:
                 parts.append(np.asarray(arr.numpy(), dtype=np.float32).reshape(-1))
         return torch.from_numpy(np.concatenate(parts))
 
-    def add_flat(self, record: ArrayRecord, flat: torch.Tensor) -> ArrayRecord:
-        """A new record: ``record`` plus the flat vector ``flat`` ``[d]`` on its floating arrays
-        (each cast back to its dtype); integer arrays are copied."""
-        return self.add_rows(record, flat.reshape(1, -1))[0]
-
     def add_rows(self, record: ArrayRecord, rows: torch.Tensor) -> list[ArrayRecord]:
-        """``[add_flat(record, rows[i]) for i]`` with ``record`` decoded once (``rows``:
-        ``[b, d]``)."""
+        """New records, one per row of ``rows`` ``[b, d]``: ``record`` plus that row on its
+        floating arrays (each cast back to its dtype; integer arrays copied), with ``record``
+        decoded once."""
         base = [arr.numpy() for arr in record.values()]
         vecs = rows.detach().cpu().numpy()
         out = []
@@ -115,3 +116,9 @@ def _flwr_version() -> str:
 def flower_versions() -> dict[str, str]:
     """The package versions of a summary, Flower's included."""
     return {**versions(), "flwr": _flwr_version()}
+
+
+def numeric_metrics(metrics: Any, prefix: str) -> dict[str, float | None]:
+    """The numeric entries of a ``MetricRecord``, as ``{prefix + key: value}``."""
+    return {f"{prefix}{k}": float(v) for k, v in metrics.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)}

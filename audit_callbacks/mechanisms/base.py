@@ -16,22 +16,24 @@ audit them exactly: the largest ``|log P(y|x) - log P(y|x')|`` over input pairs 
 from __future__ import annotations
 
 import abc
-import functools
 import math
-import warnings
-from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, TypeVar
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from audit_callbacks.estimators._validation import as_float_array, check_real_finite
+from audit_callbacks.validation import (
+    as_float_array,
+    check_count,
+    check_optional_count,
+    check_real,
+)
 
 __all__ = [
     "ExactAudit",
     "LocalRandomizer",
-    "accepts_old_epsilon",
     "PerCoordinateRandomizer",
     "exact_epsilon",
     "exact_epsilon_witness",
@@ -41,60 +43,9 @@ __all__ = [
 _MAX_EPSILON = 700.0
 
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def accepts_old_epsilon(init: F) -> F:
-    """Accept the deprecated keyword ``epsilon=`` of a per-coordinate randomizer for
-    ``epsilon_per_coordinate=`` (for one release), with a ``DeprecationWarning``. The two
-    budgets have two names: ``epsilon_per_coordinate`` for one coordinate's release,
-    ``epsilon0`` for a whole row's (``LDPSGD(epsilon0=...)``, and every randomizer's
-    ``epsilon0`` property)."""
-
-    @functools.wraps(init)
-    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if "epsilon" in kwargs:
-            if "epsilon_per_coordinate" in kwargs:
-                raise ValueError("epsilon: give epsilon_per_coordinate only (epsilon is its old name)")
-            warnings.warn(
-                f"{type(self).__name__}(epsilon=...) is deprecated: pass epsilon_per_coordinate= "
-                "(the budget of one coordinate; epsilon0 is the budget of a whole row)",
-                DeprecationWarning, stacklevel=2,
-            )
-            kwargs["epsilon_per_coordinate"] = kwargs.pop("epsilon")
-        return init(self, *args, **kwargs)
-
-    return wrapper  # type: ignore[return-value]
-
-
 def _check_epsilon(epsilon: float, name: str = "epsilon") -> float:
     """Return ``epsilon`` as a float; raise ValueError unless 0 < epsilon <= 700 (finite)."""
-    eps = _check_positive(epsilon, name)
-    if eps > _MAX_EPSILON:
-        raise ValueError(f"{name} must be <= {_MAX_EPSILON} (exp(epsilon) overflows), got {eps}")
-    return eps
-
-
-def _check_positive(value: float, name: str) -> float:
-    """Return ``value`` as a float; raise ValueError unless it is a real scalar > 0, finite
-    (bool, str, None, complex and arrays are rejected; 0-d tensors of any dtype converted)."""
-    v = _check_finite(value, name)
-    if v <= 0:
-        raise ValueError(f"{name} must be > 0 and finite, got {value!r}")
-    return v
-
-
-def _check_finite(value: float, name: str) -> float:
-    """Return ``value`` as a float; raise ValueError unless it is a finite real scalar."""
-    return check_real_finite(value, name)
-
-
-def _check_int(value: int, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    if int(value) < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
+    return check_real(epsilon, name, low=0.0, high=_MAX_EPSILON, low_inclusive=False)
 
 
 def _check_rows(x: Tensor, name: str = "x", *, finite: bool = True) -> Tensor:
@@ -163,7 +114,7 @@ class LocalRandomizer(abc.ABC):
 
     def epsilon_for_dim(self, d: int) -> float:
         """Epsilon of releasing one whole ``d``-dim row (default: ``epsilon0`` whatever d)."""
-        _check_int(d, "d", 1)
+        check_count(d, "d", minimum=1)
         return float(self.epsilon0)
 
     def __repr__(self) -> str:
@@ -174,7 +125,7 @@ class PerCoordinateRandomizer(LocalRandomizer):
     """A discrete mechanism applied independently to each coordinate with the same law.
 
     Args:
-        epsilon: epsilon of ONE coordinate (``epsilon_per_coordinate``), > 0.
+        epsilon_per_coordinate: epsilon of ONE coordinate, in (0, 700].
         dim: optional row length d. When given, ``epsilon0 = d * epsilon`` (basic composition;
             the claim for the whole row) and :meth:`randomize` checks ``x.shape[1] == d``. When
             None, ``epsilon0`` is the per-coordinate epsilon (the claim for a one-dimensional
@@ -183,11 +134,10 @@ class PerCoordinateRandomizer(LocalRandomizer):
 
     per_coordinate = True
 
-    @accepts_old_epsilon
     def __init__(self, epsilon_per_coordinate: float, dim: int | None = None) -> None:
         self.epsilon_per_coordinate: float = _check_epsilon(epsilon_per_coordinate,
                                                             "epsilon_per_coordinate")
-        self.dim: int | None = None if dim is None else _check_int(dim, "dim", 1)
+        self.dim: int | None = check_optional_count(dim, "dim", minimum=1)
 
     @property
     def epsilon(self) -> float:
@@ -200,7 +150,7 @@ class PerCoordinateRandomizer(LocalRandomizer):
 
     def epsilon_for_dim(self, d: int) -> float:
         """``d * epsilon_per_coordinate`` (basic composition over independent coordinates)."""
-        return _check_int(d, "d", 1) * self.epsilon_per_coordinate
+        return check_count(d, "d", minimum=1) * self.epsilon_per_coordinate
 
     def _check_input(self, x: Tensor) -> Tensor:
         _check_rows(x)
@@ -295,7 +245,7 @@ def exact_epsilon_witness(
             ``output_distribution`` is inconsistent.
     """
     _check_discrete(mechanism)
-    step = _check_int(chunk_elements, "chunk_elements", 1)
+    step = check_count(chunk_elements, "chunk_elements", minimum=1)
     xs = mechanism.default_inputs() if inputs is None else _as_inputs(inputs)
     xs = _as_inputs(xs)
     values: Tensor | None = None

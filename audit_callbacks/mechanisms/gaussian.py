@@ -6,8 +6,8 @@ import torch
 from torch import Tensor
 
 from audit_callbacks.estimators import gaussian_epsilon
-from audit_callbacks.estimators._validation import check_delta
-from audit_callbacks.mechanisms.base import LocalRandomizer, _check_positive, _check_rows
+from audit_callbacks.mechanisms.base import LocalRandomizer, _check_rows
+from audit_callbacks.validation import check_delta, check_positive
 
 __all__ = ["GaussianRandomizer"]
 
@@ -40,8 +40,8 @@ class GaussianRandomizer(LocalRandomizer):
     epsilon_per_coordinate = None
 
     def __init__(self, noise_multiplier: float, clip_norm: float, delta: float) -> None:
-        self.noise_multiplier: float = _check_positive(noise_multiplier, "noise_multiplier")
-        self.clip_norm: float = _check_positive(clip_norm, "clip_norm")
+        self.noise_multiplier: float = check_positive(noise_multiplier, "noise_multiplier")
+        self.clip_norm: float = check_positive(clip_norm, "clip_norm")
         dl = check_delta(delta)
         self.delta: float = dl
         self.sensitivity: float = LOCAL_SENSITIVITY

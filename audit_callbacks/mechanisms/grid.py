@@ -18,13 +18,10 @@ from torch import Tensor
 from audit_callbacks.mechanisms.base import (
     PerCoordinateRandomizer,
     _as_inputs,
-    _check_finite,
-    _check_int,
-    _check_positive,
     _check_rows,
     _uniform,
-    accepts_old_epsilon,
 )
+from audit_callbacks.validation import check_choice, check_count, check_positive, check_real
 
 __all__ = ["GRR", "GridRandomizer"]
 
@@ -43,8 +40,7 @@ class GridRandomizer(PerCoordinateRandomizer):
     """Base of the per-coordinate mechanisms on the grid ``c - r + k 10^-p`` (k = 0..D-1).
 
     Args:
-        epsilon_per_coordinate: the epsilon of one coordinate's release, > 0 (old name:
-            ``epsilon``, deprecated).
+        epsilon_per_coordinate: the epsilon of one coordinate's release, > 0.
         center: c, rounded to p decimals (stored rounded in ``self.center``).
         radius: r > 0, rounded to p decimals (must stay >= 10^-p).
         precision: p, an integer in [0, 12].
@@ -57,7 +53,6 @@ class GridRandomizer(PerCoordinateRandomizer):
         dim: optional row length (see :class:`PerCoordinateRandomizer`).
     """
 
-    @accepts_old_epsilon
     def __init__(
         self,
         epsilon_per_coordinate: float,
@@ -69,14 +64,12 @@ class GridRandomizer(PerCoordinateRandomizer):
         dim: int | None = None,
     ) -> None:
         super().__init__(epsilon_per_coordinate, dim)
-        _check_finite(center, "center")
-        _check_positive(radius, "radius")
-        self.precision: int = _check_int(precision, "precision", 0)
+        check_real(center, "center")
+        check_positive(radius, "radius")
+        self.precision: int = check_count(precision, "precision", minimum=0)
         if self.precision > _MAX_PRECISION:
             raise ValueError(f"precision must be <= {_MAX_PRECISION}, got {precision}")
-        if rounding not in _ROUNDING:
-            raise ValueError(f"rounding must be one of {_ROUNDING}, got {rounding!r}")
-        self.rounding: str = rounding
+        self.rounding: str = check_choice(rounding, "rounding", _ROUNDING)
         self._scale: int = 10**self.precision
         c_int = _round_decimal(center, self.precision)
         r_int = _round_decimal(radius, self.precision)
@@ -187,10 +180,6 @@ class GridRandomizer(PerCoordinateRandomizer):
         return torch.cat(
             [self._rows(k) for k in torch.arange(self.domain_size).split(chunk)], dim=0
         )
-
-    def expected_output(self) -> Tensor:
-        """``E[y | x = grid[k]]`` for every grid input, float64 ``[D]`` (before debiasing)."""
-        return self.transition_matrix() @ self.output_values()
 
     def _grid_repr(self) -> str:
         return (

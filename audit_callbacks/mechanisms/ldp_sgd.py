@@ -11,11 +11,10 @@ from torch import Tensor
 from audit_callbacks.mechanisms.base import (
     LocalRandomizer,
     _check_epsilon,
-    _check_int,
-    _check_positive,
     _check_rows,
     _uniform,
 )
+from audit_callbacks.validation import check_count, check_positive
 
 __all__ = ["LDPSGD", "sphere_sign_constant"]
 
@@ -26,7 +25,7 @@ def sphere_sign_constant(d: int) -> float:
     For a unit vector u, ``E[sgn(<u, v>) v] = c_d u``. Values: c_1 = 1, c_2 = 2/pi, c_3 = 1/2;
     c_d ~ sqrt(2 / (pi d)) for large d. Computed with log-gamma (no overflow for any d).
     """
-    d = _check_int(d, "d", 1)
+    d = check_count(d, "d", minimum=1)
     return math.exp(float(gammaln(d / 2.0) - gammaln((d + 1) / 2.0))) / math.sqrt(math.pi)
 
 
@@ -61,7 +60,7 @@ class LDPSGD(LocalRandomizer):
 
     def __init__(self, epsilon0: float, clip_norm: float) -> None:
         self.epsilon0: float = _check_epsilon(epsilon0, "epsilon0")
-        self.clip_norm: float = _check_positive(clip_norm, "clip_norm")
+        self.clip_norm: float = check_positive(clip_norm, "clip_norm")
         # P(keep the side of z) = e^eps / (1 + e^eps), written to stay exact for large eps
         self.keep_probability: float = 1.0 / (1.0 + math.exp(-self.epsilon0))
 
@@ -105,7 +104,7 @@ class LDPSGD(LocalRandomizer):
 
     def epsilon_for_dim(self, d: int) -> float:
         """``epsilon0`` whatever d (the whole row is one randomized-response release)."""
-        _check_int(d, "d", 1)
+        check_count(d, "d", minimum=1)
         return self.epsilon0
 
     def __repr__(self) -> str:

@@ -54,13 +54,11 @@ from torch import Tensor
 
 from audit_callbacks.mechanisms.base import (
     _check_epsilon,
-    _check_finite,
-    _check_int,
     _check_rows,
     _uniform,
-    accepts_old_epsilon,
 )
 from audit_callbacks.mechanisms.grid import GridRandomizer
+from audit_callbacks.validation import check_choice, check_count, check_real
 
 __all__ = [
     "BrokenStaircase",
@@ -77,22 +75,19 @@ _DEFECTS = ("interval", "sorted", "per_group")
 
 # ----------------------------------------------------------------------- sizes, probabilities
 def _check_groups(domain_size: int, groups: int) -> int:
-    m = _check_int(groups, "groups", 2)
+    m = check_count(groups, "groups", minimum=2)
     if m > domain_size:
         raise ValueError(f"groups must be <= the domain size D = {domain_size}, got {m}")
     return m
 
 
 def _as_fraction(value: float, name: str) -> Fraction:
-    v = _check_finite(value, name)
-    if v < 0:
-        raise ValueError(f"{name} must be >= 0 and finite, got {value!r}")
-    return Fraction(v)
+    return Fraction(check_real(value, name, low=0.0))
 
 
 def staircase_max_delta(domain_size: int, groups: int) -> float:
     """Eq. 5 of 002: ``Delta_d < 2 D / (m (m - 1))`` keeps ``|G_1| > 0``."""
-    d = _check_int(domain_size, "domain_size", 1)
+    d = check_count(domain_size, "domain_size", minimum=1)
     m = _check_groups(d, groups)
     return 2.0 * d / (m * (m - 1))
 
@@ -110,7 +105,7 @@ def staircase_group_sizes(domain_size: int, groups: int, delta_d: float) -> tupl
     Raises:
         ValueError: m < 2 or m > D, ``delta_d`` < 0 or not finite, or ``|G_1| < 1``.
     """
-    d = _check_int(domain_size, "domain_size", 1)
+    d = check_count(domain_size, "domain_size", minimum=1)
     m = _check_groups(d, groups)
     delta = _as_fraction(delta_d, "delta_d")
     g1 = Fraction(d, m) - (m - 1) * delta / 2
@@ -138,8 +133,7 @@ def staircase_alphas(
     ``alpha_1 / alpha_m = e^eps``.
 
     Args:
-        epsilon_per_coordinate: the epsilon of one coordinate's release, > 0 (old name:
-            ``epsilon``, deprecated).
+        epsilon: the epsilon of one coordinate's release, in (0, 700].
         sizes: group sizes ``n_1..n_m``, m >= 2, each >= 1.
         domain_size: D in ``alpha_m``; default ``sum(sizes)``, which makes
             ``sum_j n_j alpha_j = 1``. Another D (the public reference code passes the true D
@@ -152,11 +146,11 @@ def staircase_alphas(
     eps = _check_epsilon(epsilon)
     if isinstance(sizes, (str, bytes)) or not hasattr(sizes, "__len__"):
         raise ValueError(f"sizes must be a sequence of group sizes, got {sizes!r}")
-    sizes = tuple(_check_int(n, "sizes", 1) for n in sizes)
+    sizes = tuple(check_count(n, "sizes", minimum=1) for n in sizes)
     m = len(sizes)
     if m < 2:
         raise ValueError(f"sizes must hold >= 2 groups of size >= 1, got {sizes}")
-    d = sum(sizes) if domain_size is None else _check_int(domain_size, "domain_size", 1)
+    d = sum(sizes) if domain_size is None else check_count(domain_size, "domain_size", minimum=1)
     epsilon = eps
     k = math.exp(epsilon)
     weighted = sum((j - 1) * n for j, n in enumerate(sizes, start=1))
@@ -173,7 +167,7 @@ def reference_group_sizes(domain_size: int, groups: int, delta_d: float) -> tupl
     for j = 1..m-1. Their sum is ``D - m frac(g1) + 1`` for integer delta_d: D only when
     ``m frac(g1) = 1``; otherwise the groups miss values or overrun the domain.
     """
-    d = _check_int(domain_size, "domain_size", 1)
+    d = check_count(domain_size, "domain_size", minimum=1)
     m = _check_groups(d, groups)
     delta = _as_fraction(delta_d, "delta_d")
     g1 = (Fraction(2 * d, m) - (m - 1) * delta) / 2
@@ -245,7 +239,6 @@ class _StaircaseGroups(GridRandomizer):
         delta_d: the group-size step Delta_d (real); default ``floor(D / (m (m - 1)))``.
     """
 
-    @accepts_old_epsilon
     def __init__(
         self,
         epsilon_per_coordinate: float,
@@ -346,7 +339,6 @@ class Staircase(_StaircaseGroups):
 
     name = "staircase"
 
-    @accepts_old_epsilon
     def __init__(
         self,
         epsilon_per_coordinate: float,
@@ -368,12 +360,8 @@ class Staircase(_StaircaseGroups):
         self.alphas: Tensor = staircase_alphas(self.epsilon_per_coordinate, sizes)
         # P(group j) = n_j alpha_j, the same for every input
         self._set_groups(sizes, self.alphas * torch.tensor(sizes, dtype=torch.float64))
-        if debias_method not in _DEBIAS_METHODS:
-            raise ValueError(
-                f"debias_method must be one of {_DEBIAS_METHODS}, got {debias_method!r}"
-            )
-        self.debias_method: str = debias_method
-        self.max_debias_domain: int = _check_int(max_debias_domain, "max_debias_domain", 1)
+        self.debias_method: str = check_choice(debias_method, "debias_method", _DEBIAS_METHODS)
+        self.max_debias_domain: int = check_count(max_debias_domain, "max_debias_domain", minimum=1)
         self._debias_table: Tensor | None = None
         self._debias_bias: Tensor | None = None
         self._blocks: tuple[int, int] | None = None
@@ -486,7 +474,6 @@ class BrokenStaircase(_StaircaseGroups):
 
     name = "broken_staircase"
 
-    @accepts_old_epsilon
     def __init__(
         self,
         epsilon_per_coordinate: float,
@@ -499,8 +486,7 @@ class BrokenStaircase(_StaircaseGroups):
         defect: str = "interval",
         dim: int | None = None,
     ) -> None:
-        if defect not in _DEFECTS:
-            raise ValueError(f"defect must be one of {_DEFECTS}, got {defect!r}")
+        check_choice(defect, "defect", _DEFECTS)
         super().__init__(
             epsilon_per_coordinate, center, radius, precision, groups, delta_d, rounding="nearest", dim=dim
         )

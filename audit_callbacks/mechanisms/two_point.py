@@ -10,10 +10,8 @@ from torch import Tensor
 from audit_callbacks.mechanisms.base import (
     PerCoordinateRandomizer,
     _as_inputs,
-    _check_finite,
-    _check_positive,
-    accepts_old_epsilon,
 )
+from audit_callbacks.validation import check_positive, check_real
 
 __all__ = ["TwoPoint"]
 
@@ -33,8 +31,7 @@ class TwoPoint(PerCoordinateRandomizer):
     ``sigma(t) = 1/(1 + e^-t)``, algebraically eq. 1 and exact at both ends.
 
     Args:
-        epsilon_per_coordinate: the epsilon of one coordinate's release, > 0 (old name:
-            ``epsilon``, deprecated).
+        epsilon_per_coordinate: the epsilon of one coordinate's release, > 0.
         center: c (finite).
         radius: r > 0.
         dim: optional row length (see :class:`PerCoordinateRandomizer`).
@@ -42,14 +39,13 @@ class TwoPoint(PerCoordinateRandomizer):
 
     name = "two_point"
 
-    @accepts_old_epsilon
     def __init__(
         self, epsilon_per_coordinate: float, center: float = 0.0, radius: float = 1.0,
         dim: int | None = None,
     ) -> None:
         super().__init__(epsilon_per_coordinate, dim)
-        self.center: float = _check_finite(center, "center")
-        self.radius: float = _check_positive(radius, "radius")
+        self.center: float = check_real(center, "center")
+        self.radius: float = check_positive(radius, "radius")
         eps = self.epsilon_per_coordinate
         self.output_magnitude: float = self.radius / math.tanh(eps / 2.0)  # B
         self._p_top = 1.0 / (1.0 + math.exp(-eps))  # e^eps / (1 + e^eps)
@@ -64,10 +60,6 @@ class TwoPoint(PerCoordinateRandomizer):
         """Clip each coordinate to ``[c - r, c + r]``."""
         self._check_input(x)
         return x.clamp(self.center - self.radius, self.center + self.radius)
-
-    def high_probability(self, w: Tensor) -> Tensor:
-        """P(output = c + B) for (clipped) inputs w, float64, same shape."""
-        return self._probability_from(w.detach().to(torch.float64, copy=True))
 
     def _probability_from(self, s: Tensor) -> Tensor:
         """P(high) from a float64 buffer holding the clipped inputs (the buffer is overwritten).

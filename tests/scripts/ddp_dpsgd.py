@@ -19,7 +19,8 @@ Modes:
   ``CanaryAudit`` must refuse this at fit start (``--audit 0``: train without the audit and
   report each rank's final parameters).
 
-Usage: ``python ddp_dpsgd.py --out DIR [--devices 2] [--mode distributed|plain] [--audit 1]``.
+Usage: ``python ddp_dpsgd.py --out DIR [--devices 2] [--mode distributed|plain] [--audit 1]``,
+or ``main(["--out", DIR, "--devices", "1"])`` from Python (the one-process run).
 """
 
 from __future__ import annotations
@@ -174,7 +175,10 @@ class Classifier(pl.LightningModule):
         return optimizer
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Train and write ``<out>/rank<r>.json``; ``argv`` as on the command line (default
+    ``sys.argv[1:]``), so that ``tests/test_ddp.py`` can run the one-process reference in its
+    own interpreter."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", required=True)
     parser.add_argument("--devices", type=int, default=2)
@@ -189,7 +193,7 @@ def main() -> None:
     parser.add_argument("--clip", type=float, default=1.0)
     parser.add_argument("--lr", type=float, default=0.5)
     parser.add_argument("--seed", type=int, default=3)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
     pl.seed_everything(args.seed, verbose=False)
     model = Classifier(args)

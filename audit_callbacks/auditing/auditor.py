@@ -1,0 +1,348 @@
+"""The one canary auditor: canaries -> statistics -> report -> summary, for every front end.
+
+Andrew, Kairouz, Oh, Oprea, McMahan, Suriyakumar, "One-shot Empirical Privacy Estimation for
+Federated Learning" (ICLR 2024), Alg. 2 (final model) and Alg. 3 (all iterates). The auditor
+knows neither Lightning nor Flower nor Opacus. A backend (:mod:`audit_callbacks.backends`,
+:mod:`audit_callbacks.flower.backend`) inserts its canaries into one kind of training and
+speaks one event interface to it:
+
+* :meth:`CanaryAuditor.start` - the model before training, ``theta_0``;
+* :meth:`CanaryAuditor.release` - each release: the model delta ``theta_t - theta_{t-1}`` and
+  the observed canaries that took part in it;
+* ``backend.analytic(delta)`` - the analytic epsilon the estimates are compared with.
+
+Front ends (``CanaryAudit`` for Lightning, ``CanaryStrategy`` for Flower) forward their
+framework's events to the backend and ask the auditor for :meth:`report`, :meth:`log` and
+:meth:`summary`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from audit_callbacks import names
+from audit_callbacks.auditing.config import CanaryAuditConfig
+from audit_callbacks.auditing.report import CanaryReport, summary_json
+from audit_callbacks.canaries import CanarySet
+from audit_callbacks.canary_stats import CanaryStatistics
+from audit_callbacks.estimators.canary_report import canary_report
+from audit_callbacks.outputs import write_summary
+
+__all__ = ["CanaryAuditor", "NoEstimateYet", "ReportSink", "Warn"]
+
+DEFAULT_CANARIES = 1000
+DEFAULT_HADAMARD_UNOBSERVED = 100_000
+_BUFFER_BYTES = 16 << 20  # Gaussian canaries: model deltas buffered between passes
+
+#: ``warn(key, message)``: a front end's warning, once per key.
+Warn = Callable[[str, str], None]
+
+
+class NoEstimateYet(RuntimeError):
+    """:meth:`CanaryAuditor.report` has nothing to report yet; ``reason`` says why (fewer than
+    2 canaries took part, no release yet, a model with NaN or inf parameters)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class ReportSink(Protocol):
+    """Where a report is written (TensorBoard through Lightning's loggers, or a
+    ``SummaryWriter``); every method is a no-op where the sink has no such output."""
+
+    def scalars(self, values: dict[str, float | None], step: int) -> None: ...
+
+    def histograms(self, values: dict[str, np.ndarray], step: int) -> None: ...
+
+    def figures(self, figures: dict[str, Any], step: int) -> None: ...
+
+    def layout(self, layout: dict[str, dict[str, list[Any]]]) -> None: ...
+
+
+class CanaryAuditor:
+    """The canaries of one audit, their statistics and participations, and the estimates.
+
+    Args:
+        config: the audit's settings.
+        backend: how the canaries enter the training (see the module docstring). It gives
+            ``dim`` (the model's trainable parameters), ``population`` (real clients or
+            training examples, which cap the default k; None when unknown), ``sign`` (+1 when
+            canaries are updates the model moves along, -1 for gradients), ``training`` (its
+            name), ``default_delta``, ``flat_parameters()``, ``progress()``,
+            ``analytic(delta)``, ``summary_inputs()`` and ``attach(auditor)``.
+        warn: ``warn(key, message)``, once per key.
+        name: the front end's name in warnings and the summary (``"CanaryAudit"``...).
+
+    Raises:
+        ValueError: a model with fewer than 2 parameters, more Hadamard canaries than the
+            transform length.
+    """
+
+    def __init__(self, config: CanaryAuditConfig, backend: Any, warn: Warn, *,
+                 name: str = "CanaryAudit") -> None:
+        self.config = config
+        self.backend = backend
+        self.warn = warn
+        self.name = name
+        dim = int(backend.dim)
+        if dim < 2:
+            raise ValueError(f"the model has {dim} trainable parameter(s); canaries need d >= 2")
+        population = backend.population
+        k = config.num_canaries if config.num_canaries is not None else (
+            min(DEFAULT_CANARIES, population) if population else DEFAULT_CANARIES)
+        if config.num_unobserved is not None:
+            k_un = config.num_unobserved
+        elif config.canaries == "hadamard":
+            n = 1 << max(1, (dim - 1).bit_length())
+            k_un = max(0, min(n - k, DEFAULT_HADAMARD_UNOBSERVED))
+        else:
+            k_un = k
+        canaries = CanarySet(config.seed, dim, k + k_un, kind=config.canaries)
+        buffered = config.max_buffered_rounds or max(1, _BUFFER_BYTES // (4 * dim))
+        self.stats = CanaryStatistics(canaries, k, k_un, sign=float(backend.sign), max_buffered=buffered)
+        self.participations = np.zeros(k, dtype=np.int64)
+        self.last_report: CanaryReport | None = None
+        self.skip_reason: str | None = None
+        self._last_logged = -1
+        backend.attach(self)
+
+    # ------------------------------------------------------------------ what it holds
+    @property
+    def canaries(self) -> CanarySet:
+        return self.stats.canaries
+
+    @property
+    def num_canaries(self) -> int:
+        return self.stats.num_observed
+
+    @property
+    def num_unobserved(self) -> int:
+        return self.stats.num_unobserved
+
+    @property
+    def delta(self) -> float:
+        """The delta of every epsilon: the config's, else the backend's default."""
+        return self.config.delta if self.config.delta is not None else float(self.backend.default_delta)
+
+    # ------------------------------------------------------------------ events
+    def start(self, theta0: torch.Tensor | None = None) -> None:
+        """The model before training (flat ``[d]``; default: the backend's current model),
+        once: a repeated or resumed run keeps the first ``theta_0``."""
+        if self.stats.theta0 is None:
+            self.stats.set_initial(self.backend.flat_parameters() if theta0 is None else theta0)
+
+    def release(self, model_delta: torch.Tensor, participants: np.ndarray | None = None, *,
+                what: str = "a release") -> None:
+        """One release: count the observed canaries that took part (local indices ``[m]`` in
+        ``0..k-1``, repeats allowed) and fold ``model_delta`` ``[d]`` into the all-iterates
+        statistic. A delta with NaN or inf entries is skipped with a warning (counted in the
+        summary's ``rounds_skipped_non_finite``)."""
+        if participants is not None and len(participants):
+            np.add.at(self.participations, np.asarray(participants, dtype=np.int64), 1)
+        if not self.stats.add_delta(model_delta):
+            self.warn("nan", f"{self.name}: {what} produced a model delta with NaN or inf; it is "
+                      "skipped by the all-iterates statistic")
+
+    def skip_release(self, what: str) -> None:
+        """A release the audit cannot read (e.g. a model of another layout): counted as
+        skipped, nothing folded."""
+        self.stats.rounds_skipped += 1
+        self.warn(f"skip:{what}", f"{self.name}: {what} is skipped by the audit")
+
+    # ------------------------------------------------------------------ estimates
+    def report(self, *, bootstrap: int = 0, step: int = 0) -> CanaryReport:
+        """Every estimate from the canaries so far.
+
+        Args:
+            bootstrap: resamples of the estimates' percentile intervals (seeded by the
+                canaries' seed).
+            step: the training's step, recorded in the report.
+
+        Raises:
+            NoEstimateYet: fewer than 2 canaries took part, or the model has NaN or inf
+                parameters (the reason is kept for the summary and warned once).
+        """
+        try:
+            report = self._report(bootstrap, step)
+        except NoEstimateYet as err:
+            self.skip_reason = err.reason
+            self.warn(err.reason, f"{self.name}: {err.reason}; no estimate")
+            raise
+        if report.epsilon_analytic == math.inf:
+            self.warn("nonoise", f"{self.name}: no DP noise (noise_multiplier = 0): the analytic "
+                      "epsilon is infinite")
+        self.last_report = report
+        return report
+
+    def _report(self, bootstrap: int, step: int) -> CanaryReport:
+        if self.stats.theta0 is None:
+            raise NoEstimateYet("no model was released yet")
+        with torch.inference_mode(False), torch.no_grad():  # Lightning validates in inference mode
+            theta = self.backend.flat_parameters()
+            if theta is None:
+                raise NoEstimateYet("no model was released yet")
+            if not bool(torch.isfinite(theta).all()):
+                raise NoEstimateYet("the model has NaN or inf parameters")
+            took = self.participations > 0
+            if int(took.sum()) < 2:
+                raise NoEstimateYet("fewer than 2 canaries have taken part")
+            raw = {key: v.numpy() for key, v in self.stats.compute(theta).items()}
+        stats = {
+            "final_observed": raw["final_observed"][took],
+            "final_unobserved": raw["final_unobserved"],
+            "all_observed": raw["all_observed"][took] if raw["all_observed"].size else raw["all_observed"],
+            "all_unobserved": raw["all_unobserved"],
+        }
+        exact_null = self.canaries.kind == "gaussian"
+        delta = self.delta
+        estimates, skipped = canary_report(
+            {"final_model": stats["final_observed"], "all_iterates": stats["all_observed"]},
+            {"final_model": stats["final_unobserved"], "all_iterates": stats["all_unobserved"]},
+            delta, dim=self.stats.dim if exact_null else None,
+            alpha=self.config.alpha, bootstrap=bootstrap, seed=self.config.seed,
+        )
+        return CanaryReport(
+            estimates=estimates, skipped=skipped, **self.backend.analytic(delta),
+            max_participations=int(self.participations.max(initial=0)),
+            num_canaries_participated=int(took.sum()), statistics=stats,
+            progress=int(self.backend.progress()), step=int(step),
+        )
+
+    def try_report(self, *, bootstrap: int = 0, step: int = 0) -> CanaryReport | None:
+        """:meth:`report`, or None when there is no estimate yet (the reason warned once) or
+        the estimators failed (warned, never raised into the training)."""
+        try:
+            return self.report(bootstrap=bootstrap, step=step)
+        except NoEstimateYet:
+            return None
+        except (ValueError, RuntimeError, FloatingPointError) as err:
+            message = (f"{self.name}: no estimate after {self.backend.progress()} rounds (steps) "
+                       f"({type(err).__name__}: {err})")
+            self.warn(message, message)
+            return None
+
+    def update(self, sink: ReportSink, *, step: int, histograms: bool = True) -> CanaryReport | None:
+        """A periodic estimate: report and log at ``step``, unless this round (step) was
+        logged already."""
+        if self.logged(int(self.backend.progress())):
+            return self.last_report
+        report = self.try_report(step=step)
+        self.log(report, sink, step=step, histograms=histograms)
+        return report
+
+    def finish(self, sink: ReportSink, *, step: int, directory: str | None, filename: str,
+               histograms: bool = True, figures: bool = True,
+               extra: dict[str, Any] | None = None) -> str | None:
+        """The final estimate (with the config's ``bootstrap`` intervals), logged with the
+        density figures, and the summary written atomically to ``directory/filename`` (with
+        ``extra`` keys). Returns the summary's path (None without a directory, or when it
+        could not be written: warned)."""
+        report = self.try_report(bootstrap=self.config.bootstrap, step=step)
+        self.log(report, sink, step=step, histograms=histograms, figures=figures)
+        if directory is None:
+            return None
+        try:
+            return write_summary(directory, filename, {**self.summary(report), **(extra or {})})
+        except OSError as err:
+            self.warn(f"write:{err}", f"{self.name}: the summary could not be written ({err})")
+            return None
+
+    # ------------------------------------------------------------------ output
+    def log(self, report: CanaryReport | None, sink: ReportSink, *, step: int,
+            histograms: bool = True, figures: bool = False) -> None:
+        """Write ``report`` to ``sink`` at ``step``: its scalars and (``histograms``) the
+        cosine histograms once per report, and (``figures``) the density figures."""
+        if report is None:
+            return
+        if report.progress != self._last_logged:
+            self._last_logged = report.progress
+            sink.scalars(report.scalars(), step)
+            if histograms:
+                sink.histograms({f"audit/cosine_{key}": value
+                                 for key, value in report.statistics.items()}, step)
+        if figures:
+            from audit_callbacks.auditing.figures import canary_figures
+
+            sink.figures(canary_figures(report.statistics, self.stats.dim,
+                                        exact_null=self.canaries.kind == "gaussian"), step)
+
+    def layout(self) -> dict[str, dict[str, list[Any]]]:
+        """The Custom Scalars layout of the audit's charts (:func:`audit_callbacks.names.
+        chart_layout`, family ``audit``, with only the analytic epsilons the backend gives),
+        and the validation accuracy beside them."""
+        analytic = set(self.backend.analytic_names)
+        keep = [q.tag for q in names.family("audit")
+                if not q.name.startswith("epsilon_analytic") or q.name in analytic]
+        return names.chart_layout(["audit"], only=keep, extra={
+            names.SECTIONS["audit"]: {"accuracy": [r"^val.*acc.*"]}})
+
+    def logged(self, progress: int) -> bool:
+        """Whether a report at ``progress`` was already logged."""
+        return progress == self._last_logged
+
+    def identity(self) -> dict[str, Any]:
+        """What identifies the audit: its settings and the canaries they resolved to (checked
+        against a checkpoint's on resume, and the start of the summary's ``inputs``)."""
+        return {
+            "canaries": self.config.canaries, "seed": self.config.seed,
+            "requested_num_canaries": self.config.num_canaries,
+            "num_canaries": self.num_canaries, "num_unobserved": self.num_unobserved,
+            "training": self.backend.training, "delta": self.config.delta,
+        }
+
+    def summary(self, report: CanaryReport | None = None) -> dict[str, Any]:
+        """The summary JSON's content: ``report``'s, else the last report marked stale (or
+        every estimate skipped with the reason)."""
+        stale = report is None and self.last_report is not None
+        inputs = {
+            **self.identity(), "dim": self.stats.dim, "delta": self.delta,
+            "alpha": self.config.alpha,
+            "participations_histogram": np.bincount(self.participations).tolist(),
+            "rounds_skipped_non_finite": self.stats.rounds_skipped,
+            **self.backend.summary_inputs(),
+        }
+        return summary_json(report or self.last_report, stale=stale, skip_reason=self.skip_reason,
+                            inputs=inputs, gradients=self.backend.sign < 0, callback=self.name)
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """The statistics, participations, the backend's state and the audit's identity."""
+        return {"stats": self.stats.state_dict(), "participations": self.participations.tolist(),
+                "backend": self.backend.state_dict(), "config": self.identity()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`.
+
+        Raises:
+            ValueError: the checkpoint's audit differs from this one (naming the setting), or
+                its arrays do not match.
+        """
+        check_identity(state.get("config") or {}, self.identity(), name=self.name, strict=True)
+        saved = np.asarray(state["participations"], dtype=np.int64)
+        if saved.shape != self.participations.shape:
+            raise ValueError(f"checkpointed participations cover {saved.size} canaries, this run "
+                             f"has {self.participations.size}")
+        self.stats.load_state_dict(state["stats"])
+        self.participations[:] = saved
+        self.backend.load_state_dict(state.get("backend") or {})
+
+
+def check_identity(theirs: dict[str, Any], mine: dict[str, Any], *, name: str, strict: bool) -> None:
+    """Raise ``ValueError`` naming the first audit setting in which a checkpoint differs
+    (``strict``: also the resolved k and k')."""
+    fields = ["canaries", "seed", "requested_num_canaries", "delta", "training"]
+    if strict:
+        fields += ["num_canaries", "num_unobserved"]
+    for key in fields:
+        if key in theirs and mine.get(key) is not None and theirs[key] != mine[key]:
+            raise ValueError(
+                f"{name}: the checkpoint's audit has {key}={theirs[key]!r}, this one "
+                f"{mine[key]!r}; resuming would mix two audits. Resume with the same settings, "
+                "or start a new run"
+            )

@@ -1,0 +1,69 @@
+"""What the canary audit's front ends share (``CanaryAudit``, ``CanaryStrategy``): the auditor,
+once-only warnings, and a checkpoint's state kept until the auditor can take it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from audit_callbacks.auditing.auditor import CanaryAuditor
+from audit_callbacks.auditing.config import CanaryAuditConfig
+from audit_callbacks.auditing.report import CanaryReport
+
+__all__ = ["AuditFrontEnd"]
+
+
+class AuditFrontEnd:
+    """Mixin of a front end: ``config`` and ``name`` are set by the subclass, which also
+    implements :meth:`_emit` (its framework's warning)."""
+
+    config: CanaryAuditConfig
+    name = "CanaryAudit"
+
+    def __init__(self) -> None:
+        super().__init__()  # cooperative: the framework's base class comes next
+        self.auditor: CanaryAuditor | None = None
+        self._state: dict[str, Any] | None = None
+        self._warned: set[str] = set()
+        self.summary_path: str | None = None  #: the summary JSON written at the end
+
+    def _emit(self, message: str) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _warn(self, key: str, message: str) -> None:
+        """Warn once per ``key``."""
+        if key not in self._warned:
+            self._warned.add(key)
+            self._emit(message)
+
+    def _open(self, backend: Any) -> None:
+        """Make the auditor over ``backend`` (once), and apply a checkpoint's state."""
+        if self.auditor is None and backend is not None:
+            self.auditor = CanaryAuditor(self.config, backend, self._warn, name=self.name)
+        if self._state is not None and self.auditor is not None:
+            state, self._state = self._state, None
+            self.auditor.load_state_dict(state)
+
+    @property
+    def backend(self) -> Any:
+        """The backend inserting the canaries (None before the training started)."""
+        return None if self.auditor is None else self.auditor.backend
+
+    @property
+    def last_report(self) -> CanaryReport | None:
+        return None if self.auditor is None else self.auditor.last_report
+
+    def compute(self, *, bootstrap: int = 0, step: int | None = None) -> CanaryReport | None:
+        """Every estimate from the canaries so far (None until there is one). Logs nothing."""
+        if self.auditor is None:
+            return None
+        step = self.auditor.backend.progress() if step is None else step
+        return self.auditor.try_report(bootstrap=bootstrap, step=step)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The audit's state: statistics, participations, the backend's, the identity."""
+        return {} if self.auditor is None else self.auditor.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Keep a checkpoint's state; it is checked and applied when the training (re)starts
+        (raising ``ValueError`` naming what differs)."""
+        self._state = dict(state_dict) or None

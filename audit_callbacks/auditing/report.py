@@ -1,0 +1,122 @@
+"""A canary audit's report at one point of training, and the summary JSON built from it.
+
+The estimates themselves come from :func:`audit_callbacks.estimators.canary_report.canary_report`
+(numpy and scipy only); this module holds what is not numerics: the report's fields, their
+TensorBoard tags (:mod:`audit_callbacks.names`, family ``audit``) and the summary's layout.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from audit_callbacks import names
+from audit_callbacks.estimators.canary_report import SOURCE, THREAT_MODELS, estimate_names
+from audit_callbacks.estimators.result import AuditResult
+
+__all__ = ["CanaryReport", "summary_estimates", "summary_json"]
+
+#: The report's fields that are logged beside the estimates (names of family ``audit``).
+_FIELDS = ("epsilon_analytic", "epsilon_analytic_rdp", "epsilon_analytic_prv",
+           "num_canaries_participated")
+
+
+@dataclass(frozen=True)
+class CanaryReport:
+    """One canary audit's numbers at one point of training.
+
+    Attributes:
+        estimates: name -> result (names of :func:`~audit_callbacks.estimators.canary_report.
+            estimate_names`: ``epsilon_<tm>``, ``epsilon_<tm>_unequal_fit``,
+            ``epsilon_lower_bound_<tm>``, ``epsilon_gdp_lower_bound_<tm>``).
+        skipped: name -> why that estimate is missing (too few canaries, degenerate scores).
+        epsilon_analytic: the analytic epsilon of a canary at ``delta`` (``inf`` without DP
+            noise, None when unknown); ``epsilon_analytic_rdp``, ``epsilon_analytic_prv``:
+            Opacus' RDP and PRV accountants on the same history (DP-SGD only).
+        max_participations: the most rounds (steps) any canary took part in.
+        num_canaries_participated: observed canaries that took part at least once.
+        statistics: the cosines: ``final_observed`` / ``all_observed`` ``[participated]``,
+            ``final_unobserved`` / ``all_unobserved`` ``[k']`` (float64).
+        progress: rounds (DP-FedAvg, Flower) or logical steps (DP-SGD) when it was computed.
+        step: the training's step when it was computed (Lightning's global step, Flower's
+            round).
+    """
+
+    estimates: dict[str, AuditResult]
+    skipped: dict[str, str]
+    epsilon_analytic: float | None = None
+    epsilon_analytic_rdp: float | None = None
+    epsilon_analytic_prv: float | None = None
+    max_participations: int = 0
+    num_canaries_participated: int = 0
+    statistics: dict[str, np.ndarray] = field(default_factory=dict)
+    progress: int = 0
+    step: int = 0
+
+    def value(self, name: str) -> float | None:
+        """The value of estimate ``name``, or None when it was skipped."""
+        est = self.estimates.get(name)
+        return None if est is None else est.value
+
+    def scalars(self) -> dict[str, float | None]:
+        """``{tag: value}`` of every quantity of family ``audit`` (None where skipped or
+        unknown); the tags are :mod:`audit_callbacks.names`'."""
+        out: dict[str, float | None] = {}
+        for q in names.family("audit"):
+            value = getattr(self, q.name) if q.name in _FIELDS else self.value(q.name)
+            out[q.tag] = None if value is None else float(value)
+        return out
+
+
+def summary_json(
+    report: CanaryReport | None, *, stale: bool, skip_reason: str | None, inputs: dict[str, Any],
+    gradients: bool, callback: str,
+) -> dict[str, Any]:
+    """The canary audit's ``audit_summary.json`` content: the inputs, every estimate with its
+    ``status`` (:func:`summary_estimates`), the analytic epsilon with its status, the tag of
+    every name. ``report`` is the end's, or with ``stale`` the last earlier one."""
+    sign = "theta_0 - theta_T" if gradients else "theta_T - theta_0"
+    summary: dict[str, Any] = {
+        "callback": callback,
+        "source": SOURCE,
+        "threat_models": {
+            "final_model": f"the adversary sees only the final model; statistic cos(c_j, {sign})",
+            "all_iterates": "the adversary sees every round's (step's) model; statistic "
+                            "max_t cos(c_j, model delta of round t)",
+        },
+        "inputs": inputs,
+        "tags": {q.name: q.tag for q in names.family("audit")},
+        "estimates": summary_estimates(report, report.step if stale and report else None, skip_reason),
+    }
+    if report is not None:
+        eps = report.epsilon_analytic
+        summary.update(
+            epsilon_analytic=eps, epsilon_analytic_rdp=report.epsilon_analytic_rdp,
+            epsilon_analytic_prv=report.epsilon_analytic_prv,
+            epsilon_analytic_status="infinite: no DP noise (noise_multiplier = 0)"
+            if eps == math.inf else ("ok" if eps is not None else "unknown"),
+            max_participations=report.max_participations,
+            num_canaries_participated=report.num_canaries_participated,
+        )
+    return summary
+
+
+def summary_estimates(
+    report: CanaryReport | None, stale_from: int | None = None, reason: str | None = None,
+) -> dict[str, Any]:
+    """The summary JSON's ``estimates``: every name with its ``status`` (``ok``,
+    ``skipped: <reason>``, or ``stale: from step N`` when ``report`` is an earlier one)."""
+    all_names = [n for tm in THREAT_MODELS for n in estimate_names(tm).values()]
+    if report is None:
+        return {n: {"status": f"skipped: {reason or 'no estimate'}"} for n in all_names}
+    status = "ok" if stale_from is None else f"stale: from step {stale_from}"
+    out: dict[str, Any] = {}
+    for n in all_names:
+        if n in report.estimates:
+            out[n] = {**report.estimates[n].to_dict(), "status": status}
+        else:
+            out[n] = {"status": f"skipped: {report.skipped.get(n, reason or 'not computed')}"}
+    return out

@@ -1,0 +1,70 @@
+"""Report sinks without Lightning: a ``torch.utils.tensorboard.SummaryWriter``.
+
+Lightning's sink (scalars through every attached logger, the rest through its
+``TensorBoardLogger``) is :class:`audit_callbacks.callbacks.tensorboard.LightningSink`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["WriterSink", "clean_scalars"]
+
+
+def clean_scalars(values: dict[str, float | None]) -> dict[str, float]:
+    """Drop None and NaN; keep ``+inf`` (an infinite analytic epsilon)."""
+    return {k: float(v) for k, v in values.items() if v is not None and not np.isnan(v)}
+
+
+class WriterSink:
+    """Writes reports through a TensorBoard ``SummaryWriter``: ``writer``, or one made on
+    first use in ``log_dir`` (nothing when both are None). Histograms use the writer's default
+    buckets; figures are closed after writing."""
+
+    def __init__(self, writer: Any | None = None, *, log_dir: str | None = None) -> None:
+        self._writer = writer
+        self.log_dir = log_dir
+
+    @property
+    def writer(self) -> Any | None:
+        if self._writer is None and self.log_dir is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(self.log_dir)
+        return self._writer
+
+    def close(self) -> None:
+        """Flush and close the writer this sink made (a later write opens a new one)."""
+        if self._writer is not None and self.log_dir is not None:
+            self._writer.close()
+            self._writer = None
+
+    def scalars(self, values: dict[str, float | None], step: int) -> None:
+        if self.writer is None:
+            return
+        for tag, value in clean_scalars(values).items():
+            self.writer.add_scalar(tag, value, step)
+        self.writer.flush()
+
+    def histograms(self, values: dict[str, np.ndarray], step: int) -> None:
+        if self.writer is None:
+            return
+        for tag, arr in values.items():
+            arr = np.asarray(arr, dtype=np.float64)
+            arr = arr[np.isfinite(arr)]
+            if arr.size:
+                self.writer.add_histogram(tag, arr, step)
+        self.writer.flush()
+
+    def figures(self, figures: dict[str, Any], step: int) -> None:
+        if self.writer is None:
+            return
+        for tag, fig in figures.items():
+            self.writer.add_figure(tag, fig, global_step=step, close=True)
+        self.writer.flush()
+
+    def layout(self, layout: dict[str, dict[str, list[Any]]]) -> None:
+        if self.writer is not None:
+            self.writer.add_custom_scalars(layout)

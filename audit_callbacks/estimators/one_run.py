@@ -1,0 +1,281 @@
+"""Lower bounds on epsilon from one training run: the guesses, the binomial p-value, the f-DP recursion.
+
+The m canaries of one run form a single pool in which each canary was inserted independently
+with probability 1/2 (in = inserted, out = not). An auditor ranks the canaries by their scores,
+guesses "in" for the t highest and "out" for the b lowest and abstains on the rest: n = t + b
+guesses, v of them correct. Two bounds turn (n, v) into a lower bound on the privacy of the run:
+
+* Steinke, Nasr & Jagielski (2023), "Privacy Auditing with One (1) Training Run", NeurIPS 2023,
+  Thm 3.1 and Thm 5.2 / Alg. 2: under (eps, delta)-DP the number of correct guesses V satisfies
+  P[V >= v] <= P[B >= v] + 2 m delta max_{1<=i<=v} P[v-i <= B < v] / i with
+  B ~ Binomial(n, e^eps / (1 + e^eps)); the bound is the largest eps this p-value rejects
+  (:func:`one_run_pvalue`, :func:`one_run_epsilon`).
+* Mahloujifar, Melis & Chaudhuri (2024), "Auditing f-Differential Privacy in One Run",
+  arXiv:2410.22235, §4: a recursion bounds the tail of V under f-DP; with the Gaussian trade-off
+  f(x) = Phi(Phi^-1(1 - x) - mu) (Dong, Roth & Su 2022) the bound is the largest rejected mu
+  (:func:`fdp_rejects`, :func:`fdp_mu`), converted to epsilon at delta by the caller.
+
+The guess rules (:func:`guess_grid`, :func:`guess_counts`) are fixed by m alone, so a Bonferroni
+correction over them keeps the level. Every function works on "lanes": one lane per candidate
+rule (and, in the tests and benchmarks, per simulated run), evaluated together in numpy.
+:class:`~audit_callbacks.estimators.score_auditor.CanaryScoreAuditor` (``epsilon_one_run``,
+``epsilon_one_run_fdp``) is the user-facing entry point; the formulas are written out in
+``docs/methods/score_auditor.md`` §3-4. Pure numpy/scipy.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from scipy.special import gammaln, ndtr, ndtri
+
+__all__ = [
+    "EPS_MAX",
+    "MU_MAX",
+    "SRC_MAHLOUJIFAR",
+    "SRC_STEINKE",
+    "fdp_mu",
+    "fdp_rejects",
+    "guess_counts",
+    "guess_grid",
+    "log_binom_coef",
+    "one_run_epsilon",
+    "one_run_pvalue",
+]
+
+SRC_STEINKE = (
+    "Steinke, Nasr, Jagielski (2023), Privacy Auditing with One (1) Training Run, NeurIPS 2023, "
+    "Thm 3.1 (binomial tail) and Thm 5.2 / Alg. 2 (delta term)"
+)
+SRC_MAHLOUJIFAR = (
+    "Mahloujifar, Melis, Chaudhuri (2024), Auditing f-Differential Privacy in One Run, "
+    "arXiv:2410.22235, §4 (tail bound on correct guesses under f-DP, numerical recursion); "
+    "Gaussian trade-off f(x) = Phi(Phi^-1(1-x) - mu) of Dong, Roth, Su (2022)"
+)
+
+#: Largest epsilon the one-run search considers (the p-values saturate long before).
+EPS_MAX = 60.0
+#: Largest mu the f-DP search considers.
+MU_MAX = 40.0
+
+
+# --------------------------------------------------------------------------------------------
+# The guesses
+# --------------------------------------------------------------------------------------------
+
+
+def guess_grid(m: int) -> np.ndarray:
+    """Numbers of guesses per side, fixed by m alone: round(m/2 * 2^(-j/2)), j = 0, 1, ...
+
+    Args:
+        m: the number of canaries in the pool (>= 1).
+
+    Returns:
+        int64, the distinct values >= 1, ascending (about 2 log2(m) of them).
+    """
+    g = np.round(m / 2.0 * 2.0 ** (-np.arange(2.0 * math.log2(m) + 2.0) / 2.0)).astype(np.int64)
+    return np.unique(g[g >= 1])
+
+
+def guess_counts(
+    in_scores: np.ndarray, out_scores: np.ndarray, seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Candidate guess rules and their counts: (guesses, correct, n_top, n_bottom).
+
+    Rule (t, b): guess "in" for the t highest scores and "out" for the b lowest, abstain on the
+    rest. Candidates: one-sided (t, 0) and symmetric (t, t) for t in :func:`guess_grid`
+    (2t <= m). Ties are ordered by a seeded random key, never by membership.
+
+    Args:
+        in_scores: [k] scores of the inserted canaries. out_scores: [k'] of the others.
+        seed: seed of the random order among tied scores.
+
+    Returns:
+        Four int64 arrays of one entry per candidate rule: n = t + b guesses, v correct
+        guesses, t ("in" guesses) and b ("out" guesses).
+    """
+    m = in_scores.size + out_scores.size
+    s = np.concatenate([in_scores, out_scores])
+    member = np.concatenate([np.ones(in_scores.size, bool), np.zeros(out_scores.size, bool)])
+    key = np.random.default_rng(seed).random(m)
+    order = np.lexsort((key, -s))  # descending score, random among ties
+    ins = member[order]
+    top = np.concatenate([[0], np.cumsum(ins)])  # in-members among the t highest
+    outs_bottom = np.concatenate([[0], np.cumsum(~ins[::-1])])  # out-members among b lowest
+    grid = guess_grid(m)
+    sym = grid[2 * grid <= m]
+    n_top = np.concatenate([grid, sym])
+    n_bot = np.concatenate([np.zeros_like(grid), sym])
+    correct = top[n_top] + outs_bottom[n_bot]
+    return n_top + n_bot, correct, n_top, n_bot
+
+
+# --------------------------------------------------------------------------------------------
+# Steinke, Nasr & Jagielski (2023): the binomial p-value with the delta term
+# --------------------------------------------------------------------------------------------
+
+
+def log_binom_coef(n: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """log C(n_c, j) for j = 0..width-1 (-inf where j > n_c), and the j grid.
+
+    Args:
+        n: [L] numbers of guesses, one per lane. width: the grid's length (max n + 1).
+
+    Returns:
+        ``(log_coef [L, width], j [1, width])``.
+    """
+    j = np.arange(width, dtype=float)[None, :]
+    nn = n.astype(float)[:, None]
+    with np.errstate(invalid="ignore"):
+        lc = gammaln(nn + 1.0) - gammaln(j + 1.0) - gammaln(np.maximum(nn - j, 0.0) + 1.0)
+    return np.where(j <= nn, lc, -np.inf), j
+
+
+def one_run_pvalue(
+    eps: np.ndarray,
+    n: np.ndarray,
+    v: np.ndarray,
+    m: np.ndarray,
+    delta: float,
+    lc: np.ndarray,
+    j: np.ndarray,
+) -> np.ndarray:
+    """P-value of v correct out of n guesses under (eps, delta)-DP, one per lane:
+    P[B >= v] + 2 m delta max_{1<=i<=v} P[v-i <= B < v] / i, B ~ Binomial(n, e^eps/(1+e^eps)).
+
+    Args:
+        eps: [L] the epsilon of the null hypothesis (nats). n, v, m: [L] guesses, correct
+            guesses and pool sizes. delta: in [0, 1) (0: the pure-DP tail alone).
+        lc, j: :func:`log_binom_coef` of ``n``.
+
+    Returns:
+        [L] p-values in [0, 1].
+
+    Source: Steinke, Nasr, Jagielski (2023), NeurIPS, Thm 3.1 (delta = 0) and Thm 5.2 / Alg. 2.
+    """
+    soft = np.log1p(np.exp(-eps))[:, None]  # log q = -soft, log(1 - q) = -eps - soft
+    pmf = np.exp(lc - j * soft + (n[:, None] - j) * (-eps[:, None] - soft))
+    below = j < v[:, None]
+    tail = np.sum(np.where(below, 0.0, pmf), axis=1)
+    if delta == 0.0:
+        return np.minimum(tail, 1.0)
+    pb = np.where(below, pmf, 0.0)
+    csum = np.cumsum(pb, axis=1) - pb  # sum over j' < j0
+    total = np.sum(pb, axis=1, keepdims=True)
+    i = v[:, None] - j
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(below, (total - csum) / np.maximum(i, 1.0), 0.0)
+    a = np.max(ratio, axis=1)
+    return np.minimum(tail + 2.0 * m * delta * a, 1.0)
+
+
+def _lanes(n: Any, v: Any, m: Any, level: Any) -> tuple[np.ndarray, ...]:
+    """(n, v, m, level) as int64, int64, float64 arrays and ``level`` broadcast to n's shape."""
+    n = np.asarray(n, np.int64)
+    return n, np.asarray(v, np.int64), np.asarray(m, float), np.broadcast_to(level, n.shape)
+
+
+def one_run_epsilon(
+    n: np.ndarray, v: np.ndarray, m: np.ndarray, level: np.ndarray, delta: float, iters: int = 42
+) -> np.ndarray:
+    """Largest eps whose (eps, delta)-DP claim the count v/n rejects at ``level``, per lane.
+
+    Bisection on [0, :data:`EPS_MAX`] of :func:`one_run_pvalue` <= level (the p-value
+    increases with eps); 0 where even eps = 0 is not rejected (or v = 0).
+
+    Args:
+        n, v, m: [L] guesses, correct guesses and pool sizes. level: [L] (or scalar) test
+            level of each lane, e.g. alpha / C for C candidate rules (Bonferroni).
+        delta: in [0, 1). iters: bisection steps (42: EPS_MAX / 2^42 ~ 1e-11).
+
+    Returns:
+        [L] lower bounds on epsilon (nats, >= 0).
+
+    Source: Steinke, Nasr, Jagielski (2023), NeurIPS, Thm 3.1 and Thm 5.2 / Alg. 2.
+    """
+    n, v, m, level = _lanes(n, v, m, level)
+    lc, j = log_binom_coef(n, int(n.max()) + 1)
+    out = np.zeros(n.size)
+    idx = np.flatnonzero((v > 0) & (one_run_pvalue(out, n, v, m, delta, lc, j) <= level))
+    n, v, m, level, lc = n[idx], v[idx], m[idx], level[idx], lc[idx]
+    lo, hi = np.zeros(idx.size), np.full(idx.size, EPS_MAX)
+    for _ in range(iters if idx.size else 0):
+        mid = 0.5 * (lo + hi)
+        rej = one_run_pvalue(mid, n, v, m, delta, lc, j) <= level
+        lo, hi = np.where(rej, mid, lo), np.where(rej, hi, mid)
+    out[idx] = lo
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Mahloujifar, Melis & Chaudhuri (2024): the f-DP recursion with the Gaussian trade-off
+# --------------------------------------------------------------------------------------------
+
+
+def fdp_rejects(
+    mu: np.ndarray, n: np.ndarray, v: np.ndarray, m: np.ndarray, level: np.ndarray
+) -> np.ndarray:
+    """Whether v correct out of n guesses rejects mu-GDP at ``level``, per lane.
+
+    The recursion of Mahloujifar et al. (2024): r = level v/m, h = level (n - v)/m; for
+    i = v-1, ..., 0: h' = max(h, g(r)) with g(x) = Phi(Phi^-1(x) - mu) = f(1 - x),
+    r <- min(r + i/(n - i) (h' - h), 1), h <- h'; stop early once h' = h. Rejects iff
+    r + h > n/m. Lanes advance together; finished lanes are dropped every 16 steps.
+
+    Args:
+        mu: [L] the mu of the null hypothesis (mu-GDP). n, v, m: [L] guesses, correct guesses
+            and pool sizes. level: [L] test levels.
+
+    Returns:
+        [L] bool.
+
+    Source: Mahloujifar, Melis, Chaudhuri (2024), arXiv:2410.22235, §4.
+    """
+    r, h, i = level * v / m, level * (n - v) / m, (v - 1).astype(float)
+    live = np.flatnonzero(v > 0)
+    rr, hh, ii, mm, nn = r[live], h[live], i[live], mu[live], n[live].astype(float)
+    step = 0
+    while live.size:
+        g = ndtr(ndtri(rr) - mm)
+        act = ii >= 0
+        h_new = np.where(act, np.maximum(hh, g), hh)
+        moved = act & (h_new > hh)
+        rr = np.where(moved, np.minimum(rr + ii / np.maximum(nn - ii, 1.0) * (h_new - hh), 1.0), rr)
+        hh = h_new
+        ii = np.where(moved, ii - 1.0, -1.0)
+        step += 1
+        if step % 16 == 0 or not moved.any():
+            r[live], h[live] = rr, hh
+            live, rr, hh, ii, mm, nn = (a[moved] for a in (live, rr, hh, ii, mm, nn))
+    return r + h > n / m
+
+
+def fdp_mu(
+    n: np.ndarray, v: np.ndarray, m: np.ndarray, level: np.ndarray, iters: int = 36
+) -> np.ndarray:
+    """Largest mu whose mu-GDP claim is rejected (0 when even mu = 0 is not), per lane.
+
+    Bisection on [0, :data:`MU_MAX`] of :func:`fdp_rejects`.
+
+    Args:
+        n, v, m: [L] guesses, correct guesses and pool sizes. level: [L] (or scalar) test
+            levels. iters: bisection steps (36: MU_MAX / 2^36 ~ 6e-10).
+
+    Returns:
+        [L] lower bounds on mu (>= 0); convert to epsilon at delta with
+        :func:`~audit_callbacks.estimators.gaussian.gaussian_epsilon_array` (Dong, Roth, Su
+        2022, Cor. 2.13).
+
+    Source: Mahloujifar, Melis, Chaudhuri (2024), arXiv:2410.22235, §4.
+    """
+    n, v, m, level = _lanes(n, v, m, level)
+    ok0 = fdp_rejects(np.zeros(n.size), n, v, m, level)
+    lo, hi, idx = np.zeros(n.size), np.full(n.size, MU_MAX), np.flatnonzero(ok0)
+    for _ in range(iters if idx.size else 0):
+        mid = 0.5 * (lo[idx] + hi[idx])
+        rej = fdp_rejects(mid, n[idx], v[idx], m[idx], level[idx])
+        lo[idx] = np.where(rej, mid, lo[idx])
+        hi[idx] = np.where(rej, hi[idx], mid)
+    return np.where(ok0, lo, 0.0)

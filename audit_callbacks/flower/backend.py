@@ -1,0 +1,414 @@
+"""Canary clients inside a Flower (Message API) strategy: the backend of ``CanaryStrategy``.
+
+**Sampling rule.** The wrapped strategy samples from the N connected nodes plus k virtual
+canary nodes (its grid's ``get_node_ids()`` lists both), by its own rule; the canaries'
+messages are kept on the server. With ``FedAvg``, the cohort is m = max(int((N + k) f),
+min_train_nodes) nodes drawn uniformly without replacement, so each client joins a round with
+probability q = m / (N + k). Set the DP wrapper's ``num_sampled_clients`` to that m (a warning
+says when it differs): its noise on the average is z C / num_sampled_clients.
+
+**Bad input.** A reply that is not model weights (other keys, shapes or dtypes, NaN or inf)
+becomes an error reply (code :data:`BAD_REPLY_CODE`), i.e. one of the round's Flower
+``failures``; a round with no valid real reply inserts no canary; a round the wrapped strategy
+does not aggregate counts no participation and folds nothing. Every skip is logged on the
+``flwr`` logger, never raised into the server app; no estimate is ever NaN.
+
+Andrew et al., "One-shot Empirical Privacy Estimation for Federated Learning" (ICLR 2024),
+§3: the canary clients are virtual: the server creates their updates, sampled like real
+clients by the wrapped strategy (its grid lists real and canary nodes). A sampled canary
+client j replies with the model theta_{t-1} + C c_j, so its update C c_j enters the clipped
+sum before the server's noise. At each aggregated round the backend releases the model delta,
+with the canaries that took part, to the :class:`~audit_callbacks.auditing.CanaryAuditor`.
+The sampling rule and what is observed are in ``docs/methods/flower.md``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.exception import InconsistentMessageReplies
+
+from audit_callbacks.backends.base import CanaryBackend
+from audit_callbacks.estimators import gaussian_epsilon
+from audit_callbacks.flower.records import LOGGER, Layout
+from audit_callbacks.validation import check_real
+
+__all__ = ["BAD_REPLY_CODE", "FlowerBackend", "find_attribute"]
+
+#: ``Error.code`` of the error reply that replaces a reply that is not model weights.
+BAD_REPLY_CODE = 17_001
+
+
+def find_attribute(strategy: Any, name: str) -> Any:
+    """``name`` of the first strategy in the wrapper chain (``.strategy`` links) that has it."""
+    seen = 0
+    while strategy is not None and seen < 16:
+        if hasattr(strategy, name):
+            return getattr(strategy, name)
+        strategy, seen = getattr(strategy, "strategy", None), seen + 1
+    return None
+
+
+class _CanaryGrid(Grid):
+    """The server's grid, whose node list also holds the canary clients' virtual node ids
+    (negative, so never a real node's). Everything else is the real grid's."""
+
+    def __init__(self, grid: Grid, virtual: list[int]) -> None:
+        self._grid = grid
+        self._virtual = virtual
+
+    def set_run(self, run: Any) -> None:
+        self._grid.set_run(run)
+
+    @property
+    def run(self) -> Any:
+        return self._grid.run
+
+    def create_message(self, *args: Any, **kwargs: Any) -> Message:
+        return self._grid.create_message(*args, **kwargs)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return [*self._grid.get_node_ids(), *self._virtual]
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        return self._grid.push_messages(messages)
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return self._grid.pull_messages(message_ids)
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None
+                         ) -> Iterable[Message]:
+        return self._grid.send_and_receive(messages, timeout=timeout)
+
+
+class FlowerBackend(CanaryBackend):
+    """Canary clients of a Flower strategy.
+
+    Args:
+        strategy: the wrapped strategy (FedAvg, or a DP wrapper around it).
+        arrays: the first round's global model (its layout fixes d).
+        population: N, the connected real nodes at the first round (caps the default k).
+        noise_multiplier: z of the central Gaussian noise (0: none).
+        clip_norm: C > 0.
+        warn: ``warn(key, message)``, once per key.
+
+    Attributes:
+        theta: the last released global model, flat ``[d]`` float32.
+        theta_prev: the model the current round started from, flat ``[d]``.
+        rounds: rounds whose release was folded or skipped (a resumed run's add to the
+            restored ones).
+        last_inserted: the canaries inserted in the last aggregated round.
+        round_events: server round -> what the audit did with it.
+        wrapper_seconds: seconds spent in the wrapper (not in the wrapped strategy), per
+            server round.
+    """
+
+    training = "DP-FedAvg (Flower)"
+    sign = 1.0
+    default_delta = 1e-6
+
+    def __init__(self, strategy: Any, arrays: ArrayRecord, population: int, noise_multiplier: float,
+                 clip_norm: float, warn: Callable[[str, str], None]) -> None:
+        self.layout = Layout.of(arrays)
+        super().__init__(self.layout.dim, int(population))
+        self.strategy = strategy
+        self.noise_multiplier = float(noise_multiplier)
+        self.clip_norm = float(clip_norm)
+        self.warn = warn
+        self.theta: torch.Tensor | None = None
+        self.theta_prev: torch.Tensor | None = None
+        self.rounds = 0
+        self.offset = 0
+        self.last_inserted: list[int] = []
+        self.round_events: dict[int, str] = {}
+        self.inputs: dict[str, Any] = {}
+        self.wrapper_seconds: dict[int, float] = {}
+        self._inner = 0.0
+        self.released: ArrayRecord | None = None
+        self._virtual: list[int] = []
+        self._pending: dict[int, list[tuple[int, Message]]] = {}
+        self._prev_arrays: ArrayRecord | None = None
+
+    @staticmethod
+    def noise_and_clip(strategy: Any, noise_multiplier: float | None, clip_norm: float | None
+                       ) -> tuple[float, float]:
+        """z >= 0 and C > 0: those given, else the DP wrapper's in the wrapped strategy.
+
+        Raises:
+            ValueError: a bad value (naming it), or none given and no DP wrapper found.
+        """
+        z = find_attribute(strategy, "noise_multiplier") if noise_multiplier is None else noise_multiplier
+        c = find_attribute(strategy, "clipping_norm") if clip_norm is None else clip_norm
+        if z is None or c is None:
+            raise ValueError("CanaryStrategy: no noise_multiplier / clip_norm given and no DP "
+                             "wrapper (e.g. DifferentialPrivacyServerSideFixedClipping) found "
+                             "in the wrapped strategy; pass noise_multiplier= and clip_norm=")
+        return (check_real(z, "noise_multiplier", low=0.0),
+                check_real(c, "clip_norm", low=0.0, low_inclusive=False))
+
+    @staticmethod
+    def wait_for_nodes(strategy: Any, grid: Grid) -> int:
+        """Wait for the strategy's minimum of real nodes; returns how many are connected."""
+        need = int(find_attribute(strategy, "min_available_nodes") or 1)
+        while len(real := list(grid.get_node_ids())) < need:
+            LOGGER.log(INFO, "CanaryStrategy: waiting for nodes: %d connected (minimum %d)",
+                       len(real), need)
+            time.sleep(1)
+        return len(real)
+
+    def attach(self, auditor: Any) -> None:
+        """Give the canaries virtual node ids, and check the DP wrapper's cohort size."""
+        super().attach(auditor)
+        k, n_real = auditor.num_canaries, int(self.population or 0)
+        self._virtual = [-(j + 1) for j in range(k)]
+        inputs: dict[str, Any] = {"clip_norm": self.clip_norm, "num_real_clients": n_real,
+                                  "sampling": "the wrapped strategy's, over real and canary nodes",
+                                  "strategy": repr(self.strategy)}
+        fraction = find_attribute(self.strategy, "fraction_train")
+        if isinstance(fraction, (int, float)):
+            m = max(int((n_real + k) * fraction), int(find_attribute(self.strategy, "min_train_nodes") or 0))
+            inputs.update(clients_per_round=m, sample_rate=m / (n_real + k))
+            sampled = find_attribute(self.strategy, "num_sampled_clients")
+            if sampled is not None and int(sampled) != m:
+                self.warn("cohort", f"CanaryStrategy: the cohort is {m} of {n_real} real + {k} "
+                          f"canary clients, but the DP wrapper's num_sampled_clients is "
+                          f"{sampled}: its noise on the sum of the cohort's updates is "
+                          f"z C {m}/{sampled}, not z C; set num_sampled_clients={m}")
+            LOGGER.log(INFO, "CanaryStrategy: %d canary clients join %d real ones; cohort %d, "
+                       "rate q = %.4f per round", k, n_real, m, m / (n_real + k))
+        self.inputs = inputs
+
+    # ------------------------------------------------------------------ a round
+    def _tick(self, server_round: int, since: float, inner: float = 0.0) -> None:
+        spent = time.perf_counter() - since - inner
+        self.wrapper_seconds[server_round] = self.wrapper_seconds.get(server_round, 0.0) + spent
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> list[Message]:
+        """Sample through the wrapped strategy over real + canary nodes; return the real
+        nodes' messages and keep the canaries'.
+
+        Raises:
+            ValueError: ``arrays`` is not a model of the first round's layout.
+        """
+        start = time.perf_counter()
+        why = self.layout.mismatch(arrays)
+        if why is not None:
+            raise ValueError(f"CanaryStrategy: the global model of round {server_round}: {why}")
+        self.theta_prev = self.layout.flatten(arrays)
+        self._prev_arrays = arrays
+        if self.theta is None:
+            self.theta = self.theta_prev
+        real, canary = [], []
+        t_inner = time.perf_counter()
+        messages = list(self.strategy.configure_train(server_round, arrays, config,
+                                                      _CanaryGrid(grid, self._virtual)))
+        inner = time.perf_counter() - t_inner
+        for msg in messages:
+            dst = int(msg.metadata.dst_node_id)
+            (canary.append((-dst - 1, msg)) if dst < 0 else real.append(msg))
+        self._pending[server_round] = canary
+        self._tick(server_round, start, inner)
+        return real
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None, bool]:
+        """Check the real replies, add the canary clients' replies, aggregate through the
+        wrapped strategy, and release the model delta to the auditor.
+
+        Returns:
+            ``(arrays, metrics, released)``: the wrapped strategy's result, and whether the
+            audit folded a release this round.
+        """
+        start = time.perf_counter()
+        result = self._aggregate(server_round, list(replies))
+        self._tick(server_round, start, self._inner)
+        return result
+
+    def _aggregate(self, server_round: int, replies: list[Message]
+                   ) -> tuple[ArrayRecord | None, MetricRecord | None, bool]:
+        assert self.auditor is not None
+        pending = self._pending.pop(server_round, [])
+        self._inner = 0.0
+        if self.theta_prev is None:  # configure_train was not ours
+            return (*self._inner_aggregate(server_round, replies), False)
+        checked: list[Message] = []
+        for msg in replies:
+            why = None if msg.has_error() else self._reply_problem(msg)
+            if why is not None:
+                LOGGER.log(WARNING, "CanaryStrategy: round %d: the reply of node %s is not model "
+                           "weights (%s); counted as a failure", server_round,
+                           msg.metadata.src_node_id, why)
+                msg = Message(error=Error(code=BAD_REPLY_CODE, reason=why), metadata=msg.metadata)
+            checked.append(msg)
+        valid = [m for m in checked if not m.has_error()]
+        failures = len(checked) - len(valid)
+        inserted: list[int] = []
+        if pending and not valid:
+            self.round_events[server_round] = "no real reply: canaries not inserted"
+            LOGGER.log(WARNING, "CanaryStrategy: round %d: no valid real reply (%d failures); "
+                       "the %d sampled canary clients are not inserted", server_round, failures,
+                       len(pending))
+        elif pending:
+            checked.extend(self._canary_replies(pending, valid))
+            inserted = [j for j, _ in pending]
+        self.last_inserted = inserted
+        sampled = find_attribute(self.strategy, "num_sampled_clients")
+        if sampled is not None and valid and len(valid) + len(inserted) != int(sampled):
+            self.warn("count", f"CanaryStrategy: round {server_round}: {len(valid)} real and "
+                      f"{len(inserted)} canary replies, the DP wrapper expects {sampled}")
+        try:
+            arrays, metrics = self._inner_aggregate(server_round, checked)
+        except (InconsistentMessageReplies, ZeroDivisionError) as err:
+            # ZeroDivisionError: flwr 1.41's fixed clipping divides by the norm of a client's
+            # update, so a client that returns the model unchanged stops its server app
+            LOGGER.log(WARNING, "CanaryStrategy: round %d: the wrapped strategy could not "
+                       "aggregate the replies (%s: %s); the round is skipped", server_round,
+                       type(err).__name__, err)
+            arrays, metrics = None, None
+        self.rounds = self.offset + server_round
+        if arrays is None:
+            self.round_events.setdefault(server_round, f"not aggregated ({failures} failures)")
+            LOGGER.log(WARNING, "CanaryStrategy: round %d was not aggregated (%d failures); the "
+                       "audit counts no canary participation and folds nothing", server_round,
+                       failures)
+            return arrays, metrics, False
+        if (why := self.layout.mismatch(arrays)) is not None:
+            self.round_events[server_round] = f"released model skipped: {why}"
+            self.auditor.skip_release(f"the aggregated model of round {server_round} ({why})")
+            return arrays, metrics, False
+        theta = self.layout.flatten(arrays)
+        self.auditor.release(theta - self.theta_prev, np.asarray(inserted, dtype=np.int64),
+                             what=f"round {server_round}")
+        self.theta, self.released = theta, arrays
+        self.round_events.setdefault(server_round, f"folded ({len(inserted)} canaries, "
+                                     f"{failures} failures)")
+        return arrays, metrics, True
+
+    def _inner_aggregate(self, server_round: int, replies: list[Message]
+                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """The wrapped strategy's aggregation, its time kept out of the wrapper's."""
+        t = time.perf_counter()
+        try:
+            return self.strategy.aggregate_train(server_round, replies)
+        finally:
+            self._inner += time.perf_counter() - t
+
+    def _canary_replies(self, pending: list[tuple[int, Message]], valid: list[Message]) -> list[Message]:
+        """Replies of the sampled canary clients: base + C c_j, with the real replies' record
+        names, the mean weight and the weighted mean metrics."""
+        assert self.auditor is not None and self._prev_arrays is not None
+        key = find_attribute(self.strategy, "weighted_by_key") or "num-examples"
+        template = valid[0].content
+        weights = []
+        for msg in valid:
+            metrics = next(iter(msg.content.metric_records.values()), None)
+            w = None if metrics is None else metrics.get(key)
+            weights.append(float(w) if isinstance(w, (int, float)) else 1.0)
+        wts = np.asarray(weights, dtype=np.float64)
+        if wts.size > 1 and not np.allclose(wts, wts[0]):
+            self.warn("weights", f"CanaryStrategy: the real clients report unequal {key!r}; "
+                      "DP-FedAvg's noise calibration and the canaries' analysis assume equal "
+                      "weights (canaries get the mean weight)")
+        norm = wts / wts.sum() if wts.sum() > 0 else np.full(wts.size, 1.0 / wts.size)
+        metric_records = {}
+        for name in template.metric_records.keys():
+            rec = MetricRecord()
+            for mkey, value in template[name].items():
+                if mkey == key:
+                    rec[mkey] = float(wts.mean())
+                    continue
+                vals = [m.content[name].get(mkey) for m in valid if name in m.content]
+                if isinstance(value, list):
+                    try:
+                        rec[mkey] = [float(x) for x in np.tensordot(norm, np.asarray(vals, float), 1)]
+                    except (ValueError, TypeError):
+                        rec[mkey] = value
+                elif all(isinstance(v, (int, float)) for v in vals) and len(vals) == len(valid):
+                    rec[mkey] = float(np.dot(norm, np.asarray(vals, dtype=np.float64)))
+                else:
+                    rec[mkey] = value
+            metric_records[name] = rec
+        updates = self.auditor.canaries.batch([j for j, _ in pending], scale=self.clip_norm)
+        out = []
+        records = self.layout.add_rows(self._prev_arrays, updates)
+        for record, (_, instruction) in zip(records, pending, strict=True):
+            content = RecordDict({name: record for name in template.array_records.keys()})
+            for name, rec in metric_records.items():
+                content[name] = rec
+            for name, cfg in template.config_records.items():
+                content[name] = cfg
+            out.append(Message(content, reply_to=instruction))
+        return out
+
+    def _reply_problem(self, msg: Message) -> str | None:
+        content = msg.content
+        if not content.array_records:
+            return "the reply has no ArrayRecord (model weights)"
+        for name, record in content.array_records.items():
+            why = self.layout.mismatch(record)
+            if why is not None:
+                return f"ArrayRecord {name!r}: {why}"
+        return None
+
+    def check_evaluated(self, arrays: ArrayRecord) -> None:
+        """Warn once when the model evaluated is not the one released (something outside
+        the wrapper changes the aggregate)."""
+        if self.released is not None and arrays is not self.released and (
+            self.layout.mismatch(arrays) is not None
+            or not torch.equal(self.layout.flatten(arrays), self.layout.flatten(self.released))
+        ):
+            self.warn("outer", "CanaryStrategy: the model evaluated is not the one this "
+                      "wrapper released: something outside it changes the aggregate (wrap the "
+                      "DP wrapper with CanaryStrategy, not the other way round)")
+
+    # ------------------------------------------------------------------ what the auditor asks
+    def flat_parameters(self) -> torch.Tensor | None:
+        return self.theta
+
+    def progress(self) -> int:
+        return self.rounds
+
+    def analytic(self, delta: float) -> dict[str, float | None]:
+        """The Gaussian mechanism composed over the most-sampled canary's rounds, if the
+        adversary knows them: sqrt(r)/z-GDP (Dong, Roth, Su 2022); ``inf`` without noise."""
+        assert self.auditor is not None
+        max_part = int(self.auditor.participations.max(initial=0))
+        if self.noise_multiplier <= 0:
+            return {"epsilon_analytic": math.inf}
+        if max_part < 1:
+            return {"epsilon_analytic": 0.0}
+        return {"epsilon_analytic": gaussian_epsilon(self.noise_multiplier, delta, compositions=max_part)}
+
+    def summary_inputs(self) -> dict[str, Any]:
+        return {"rounds": self.rounds, "noise_multiplier": self.noise_multiplier, **self.inputs,
+                "round_events": {str(k): v for k, v in self.round_events.items()}}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rounds": self.rounds, "theta": None if self.theta is None else self.theta.clone(),
+                "layout": [list(e) for e in self.layout.entries],
+                "round_events": dict(self.round_events)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`; a resumed run's rounds add to the restored ones.
+
+        Raises:
+            ValueError: the state's model layout differs from this run's.
+        """
+        layout = tuple((k, tuple(s), d) for k, s, d in state["layout"])
+        if layout != self.layout.entries:
+            raise ValueError("CanaryStrategy: the checkpointed model's arrays differ from this run's")
+        theta = state.get("theta")
+        if theta is not None and tuple(theta.shape) != (self.dim,):
+            raise ValueError(f"checkpointed theta has shape {tuple(theta.shape)}, expected ({self.dim},)")
+        self.rounds = self.offset = int(state["rounds"])
+        self.theta = None if theta is None else torch.as_tensor(theta, dtype=torch.float32).clone()
+        self.round_events = {int(k): v for k, v in state.get("round_events", {}).items()}

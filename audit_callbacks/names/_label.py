@@ -1,0 +1,108 @@
+"""The label callbacks' quantities (families ``label_attack``, ``label_dp``, ``fl_label_attack``).
+
+Yuan, Xue, Wang & Shen (2022), "Deep Gradient Attacks with Strong DP-SGD Lower Bounds for Label
+Privacy"; K classes and FedSGD clients: docs/methods/label_dp_multiclass.md. Epsilons are in
+nats at the callback's delta. A name here is also the field of the estimator's result
+(:class:`~audit_callbacks.estimators.label_dp.LabelDPBounds`,
+:class:`~audit_callbacks.estimators.label_dp.ClientLabelDPBound`) and the key of the callback's
+records and summary JSON.
+"""
+
+from __future__ import annotations
+
+from ._quantity import Quantity
+
+__all__ = ["QUANTITIES", "SECTIONS"]
+
+#: family -> its section title in the Custom Scalars tab.
+SECTIONS: dict[str, str] = {
+    "label_attack": "label attack (Yuan et al. 2022)",
+    "label_dp": "label privacy (Yuan et al. 2022)",
+    "fl_label_attack": "label attack on FedSGD clients (Yuan et al. 2022)",
+}
+
+_ACCURACY = "reconstruction accuracy"
+_COVERAGE = "coverage"
+_BOUNDS = "label-DP epsilon: lower bounds vs upper bounds"
+_PAIRS = "Gaussian-pair epsilons (one batch)"
+_CLIENT = "label-DP epsilon of one client's update"
+
+
+def _coverage(family: str) -> list[Quantity]:
+    """The coverage quantities every step-auditing label callback logs
+    (:mod:`audit_callbacks.callbacks.label_base`)."""
+    return [
+        Quantity(family, "attacked_fraction", _COVERAGE,
+                 "steps attacked / steps considered so far (the rest were skipped with a reason)"),
+        Quantity(family, "skip_reason", None,
+                 "reason code of the latest considered step (0 = attacked; the summary JSON names "
+                 "every code)"),
+        Quantity(family, "warnings", None,
+                 "text, written once per reason: why a step was skipped or the callback disabled"),
+    ]
+
+
+QUANTITIES: list[Quantity] = [
+    # LabelReconstructionAttack (Yuan et al. 2022 §3 eq. (1), Alg. 1 and 3)
+    Quantity("label_attack", "accuracy_batch", _ACCURACY,
+             "share of the batch's labels the attack recovers from the privatized gradient of the "
+             "attacked layer"),
+    Quantity("label_attack", "accuracy", _ACCURACY,
+             "reconstruction accuracy over every attacked example so far"),
+    Quantity("label_attack", "count_accuracy", _ACCURACY,
+             "batch wider than the layer: sum_k min(recovered n_k, true n_k) / N of the label counts "
+             "recovered from the bias gradient (1 = every count right)"),
+    *_coverage("label_attack"),
+    # LabelDPLowerBound (Yuan et al. 2022 Alg. 2, App. A.3.1; K classes: label_dp_multiclass.md)
+    Quantity("label_dp", "epsilon_lower_bound", _BOUNDS,
+             "label-DP lower bound of the step's batch: the attack's event test, max(0, max_r LB[r]) "
+             "(binary: Yuan et al. Alg. 2; K classes: docs/methods/label_dp_multiclass.md eq. (5))"),
+    Quantity("label_dp", "epsilon_lower_bound_max", _BOUNDS,
+             "running maximum of epsilon_lower_bound over the attacked steps"),
+    Quantity("label_dp", "epsilon_lower_bound_extrapolated", _BOUNDS,
+             "mean batch bound times 1 + log M / log N (M attacked steps, N the expected batch "
+             "size; Yuan et al. App. A.3.1): a prediction, not a bound"),
+    Quantity("label_dp", "epsilon_lower_bound_second_last", _BOUNDS,
+             "binary models with second_last=True: the bound from the second-last layer's attack "
+             "(Yuan et al. Alg. 4)"),
+    Quantity("label_dp", "epsilon_lower_bound_second_last_max", _BOUNDS,
+             "running maximum of epsilon_lower_bound_second_last"),
+    Quantity("label_dp", "epsilon_pair_optimal_test", _PAIRS,
+             "epsilon of the Gaussian pair of the attack's statistic under D0 and D1 (the best test "
+             "on it, Balle & Wang 2018), max over the batch; >= epsilon_lower_bound"),
+    Quantity("label_dp", "epsilon_pair_layer", _PAIRS,
+             "epsilon of the exact Gaussian pair of the attacked layer's released gradient, max over "
+             "the batch; >= epsilon_pair_optimal_test"),
+    Quantity("label_dp", "epsilon_pair_all_params", _PAIRS,
+             "epsilon of the Gaussian pair of the whole released gradient (exact for a sigmoid; K "
+             "classes: its triangle-inequality upper bound), max over the batch"),
+    Quantity("label_dp", "epsilon_single_step", _BOUNDS,
+             "upper bound of one step for replacing one label: the Gaussian mechanism with "
+             "sensitivity 2C, mu = 2 / noise_multiplier (no amplification)"),
+    Quantity("label_dp", "epsilon_accountant", _BOUNDS,
+             "the run's Opacus accountant (Poisson sampling, composed over the run), every epoch"),
+    Quantity("label_dp", "expected_attack_accuracy", None,
+             "mean over the batch of P0[r], the probability that the attack recovers label r at "
+             "this noise (what label_attack/accuracy_batch averages to)"),
+    *_coverage("label_dp"),
+    # FederatedLabelAttack (FedSGD clients of DPFedAvg)
+    Quantity("fl_label_attack", "accuracy", _ACCURACY,
+             "mean over the round's attacked clients of the share of labels recovered from the "
+             "client's clipped update (the server's view)"),
+    Quantity("fl_label_attack", "accuracy_noised", _ACCURACY,
+             "the same attack on the update plus the release's central noise N(0, (z C)^2 I)"),
+    Quantity("fl_label_attack", "expected_accuracy_noised", _ACCURACY,
+             "mean over the clients' examples of P0[r], the noised attack's success probability"),
+    Quantity("fl_label_attack", "attacked_clients", None,
+             "clients attacked in the round (the summary: over the run)"),
+    Quantity("fl_label_attack", "epsilon_lower_bound", _CLIENT,
+             "label-DP lower bound of one client's update in the release, max over the round's "
+             "attacked clients (docs/methods/label_dp_multiclass.md eq. (5)-(7))"),
+    Quantity("fl_label_attack", "epsilon_lower_bound_max", _CLIENT,
+             "running maximum of epsilon_lower_bound over the rounds"),
+    Quantity("fl_label_attack", "epsilon_single_round", _CLIENT,
+             "upper bound of one round for one label of one client: the Gaussian mechanism with "
+             "sensitivity 2C, mu = 2 / z (no amplification)"),
+    Quantity("fl_label_attack", "warnings", None,
+             "text, written once per reason: why a client or round was skipped"),
+]

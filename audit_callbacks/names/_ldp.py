@@ -1,0 +1,108 @@
+"""The local-DP callbacks' quantities (families ``ldp``, ``ldp_inference``).
+
+``ldp``: :class:`~audit_callbacks.callbacks.LDPAudit`, the empirical epsilon0 test of a client
+randomizer (Matsumoto et al., Alg. 2 and Table 2; docs/methods/ldp.md, C1-C3) and the exact
+audit of discrete per-coordinate randomizers. ``ldp_inference``:
+:class:`~audit_callbacks.callbacks.LDPInferenceAudit`, the LDP-FL inference attack (Varun et al.
+2024, §3.1; docs/methods/ldp.md, C5). Epsilons are in nats.
+
+A quantity measured once per crafting adversary (or attack mode) is registered once per
+adversary (mode): its name is the key of the callback's record followed by ``_<adversary>``
+(``_<mode>``): the record ``{"adversary": "dummy", "epsilon0_lower_bound": ...}`` is logged as
+``ldp/epsilon0_lower_bound_dummy``. The inference records are keyed by the full name
+(``error_debiased``). The adversaries and modes here are those of
+:data:`~audit_callbacks.callbacks.ldp_audit.ADVERSARY_NAMES` and
+:data:`~audit_callbacks.callbacks.ldp_inference.INFERENCE_MODES` (a test checks they agree; an
+unregistered one fails at :func:`audit_callbacks.names.tag`).
+"""
+
+from __future__ import annotations
+
+from ._quantity import Quantity
+
+__all__ = ["QUANTITIES", "SECTIONS"]
+
+#: family -> its section title in the Custom Scalars tab.
+SECTIONS: dict[str, str] = {
+    "ldp": "LDP audit",
+    "ldp_inference": "LDP-FL inference attack",
+}
+
+# The crafting adversaries of Matsumoto et al. Table 2, weakest first; those whose pair is the
+# gradient of client data (their |g1| is logged; the dummy's is L by construction).
+_ADVERSARIES = ("benign", "label_flip", "gradient_flip", "collusion", "dummy")
+_GRADIENT_ADVERSARIES = ("benign", "label_flip", "gradient_flip", "collusion")
+_MODES = {
+    "debiased": "the attacker averages the mechanism's debiased values (randomizer.debias)",
+    "raw": "the attacker averages the released values as they are",
+}
+
+_EPSILON0 = "epsilon0 (estimates, lower bounds, claimed)"
+_NORMS = "gradient norms vs clip norm"
+_ERROR = "prediction error / domain"
+_CONFIDENCE = "confidence score"
+
+
+def _ldp() -> list[Quantity]:
+    out: list[Quantity] = []
+    for adv in _ADVERSARIES:
+        out.append(Quantity(
+            "ldp", f"epsilon0_{adv}", _EPSILON0,
+            f"empirical epsilon0 of the run's randomizer against the {adv} adversary: the eq.-3 "
+            "point estimate of the distinguishing game (capped at the ceiling of its group sizes "
+            "when an error rate is 0)"))
+    for adv in _ADVERSARIES:
+        out.append(Quantity(
+            "ldp", f"epsilon0_lower_bound_{adv}", _EPSILON0,
+            f"one-sided (1 - alpha) lower bound on epsilon0, {adv} adversary: Clopper-Pearson "
+            "upper bounds on FPR and FNR at alpha/2 each (a per-test bound; the broken-randomizer "
+            "flag uses a family-wise one)"))
+    out += [
+        Quantity("ldp", "epsilon0_claimed", _EPSILON0,
+                 "the epsilon the randomizer claims for one release of a whole d-dim row "
+                 "(epsilon_for_dim(d): eps0 for LDP-SGD, d * eps for per-coordinate mechanisms)"),
+        Quantity("ldp", "epsilon0_ceiling", _EPSILON0,
+                 "the largest lower bound the callback's number of trials can show "
+                 "(measurable_ceiling(trials, alpha)); no estimate above it is measurable"),
+    ]
+    for adv in _GRADIENT_ADVERSARIES:
+        out.append(Quantity(
+            "ldp", f"norm_g1_{adv}", _NORMS,
+            f"|g1| of the {adv} adversary's crafted pair (gradient flip reaches epsilon0 only if "
+            "|g1| >= L)"))
+    out += [
+        Quantity("ldp", "clip_norm", _NORMS,
+                 "L: the randomizer's clip norm (else DP-FedAvg's)"),
+        Quantity("ldp", "client_updates_at_clip", None,
+                 "share of the real clients' updates so far that DP-FedAvg clipped to its clip "
+                 "norm (raw norm >= the clip norm)"),
+        Quantity("ldp", "epsilon_exact_per_coordinate", None,
+                 "discrete per-coordinate randomizers, once at fit start: the exact epsilon of "
+                 "one coordinate, max over inputs x, x' and outputs y of log P(y|x) - "
+                 "log P(y|x') by enumeration (+inf when an output is impossible under one input)"),
+        Quantity("ldp", "epsilon_claimed_per_coordinate", None,
+                 "the per-coordinate epsilon the discrete randomizer claims (beside the exact one)"),
+    ]
+    return out
+
+
+def _ldp_inference() -> list[Quantity]:
+    out: list[Quantity] = []
+    for mode, how in _MODES.items():
+        out += [
+            Quantity("ldp_inference", f"error_{mode}", _ERROR,
+                     f"mean over the attacked coordinates of |w_hat - w_mean| / (2r) ({how}); "
+                     "w_mean: the mean projected input over every released row so far"),
+            Quantity("ldp_inference", f"error_median_{mode}", _ERROR,
+                     f"median over the attacked coordinates of |w_hat - w_mean| / (2r) ({how})"),
+            Quantity("ldp_inference", f"error_max_{mode}", None,
+                     f"largest |w_hat - w_mean| / (2r) over the attacked coordinates ({how})"),
+            Quantity("ldp_inference", f"confidence_{mode}", _CONFIDENCE,
+                     f"mean over the coordinates of eq. 10's confidence score "
+                     f"1 / (0.01 + |w_hat_2 - w_hat_1| / (2r)) of two random halves of the "
+                     f"history, in (0, 100] ({how}; from the second round on)"),
+        ]
+    return out
+
+
+QUANTITIES: list[Quantity] = _ldp() + _ldp_inference()
