@@ -190,7 +190,6 @@ def test_clipping_is_min_one_c_over_norm_times_u():
             got = rows.clone()
             assert torch.equal(clipping.clip_updates_(got, clip_norm), norms)
             assert torch.equal(got, eager)
-            assert torch.equal(clipping.clipped_sum(rows, clip_norm), eager.sum(0))
         assert torch.all(torch.linalg.vector_norm(got.double(), dim=1) <= clip_norm * (1 + 1e-6))
     assert torch.equal(got[6], torch.zeros(20_001))  # a zero update stays zero
 

@@ -32,6 +32,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from audit_callbacks.validation import check_positive
+
 __all__ = [
     "ReluMlpLabelNorms",
     "ghost_grad_norms",
@@ -160,15 +162,21 @@ class ReluMlpLabelNorms:
         probs: [N, K] softmax outputs. labels: [N] observed labels. kappa: the loss scale.
         dtype: of the propagation (float32 halves the cost; the norms are then accurate to
             ~1e-6 relative, far inside the 1e-3 check and the bound's needs).
+
+    Raises:
+        ValueError: ``kappa`` not a finite real > 0; ``dtype`` not a floating-point dtype.
     """
 
     def __init__(self, weights: Sequence[Tensor], inputs: Sequence[Tensor], probs: Tensor, labels: Tensor,
                  kappa: float, *, dtype: torch.dtype = torch.float64) -> None:
+        kappa = check_positive(kappa, "kappa")
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise ValueError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
         self.ok = False
         if not weights or len(weights) != len(inputs):
             return
         n, k = probs.shape
-        self.n, self.k, self.kappa, self.dtype = n, k, float(kappa), dtype
+        self.n, self.k, self.kappa, self.dtype = n, k, kappa, dtype
         self.w = [wi.detach().to("cpu", dtype) for wi in weights]
         a = [x.detach().reshape(x.shape[0], -1).to("cpu", dtype) for x in inputs]
         if self.w[-1].shape[0] != k or any(x.shape[0] != n for x in a):
@@ -197,7 +205,12 @@ class ReluMlpLabelNorms:
 
     def matches(self, observed_bias_grads: Sequence[Tensor], rtol: float = 1e-3) -> bool:
         """Whether the deltas at the observed labels equal Opacus' per-example bias gradients of
-        each layer (relative tolerance ``rtol``): the layers form this chain with ReLU between them."""
+        each layer (relative tolerance ``rtol``): the layers form this chain with ReLU between them.
+
+        Raises:
+            ValueError: ``rtol`` not a finite real > 0.
+        """
+        rtol = check_positive(rtol, "rtol")
         deltas = self._deltas(self.p - self.eye[self.y], None)[::-1]  # layers 1..L
         if len(observed_bias_grads) != len(deltas):
             return False
@@ -242,7 +255,12 @@ def relu_mlp_label_grad_norms(
         float64 [N, K] (column y_r is ||g_r||), or [P] with ``pairs``; None when the shapes do
         not chain, a hidden input is negative (not ReLU) or the check against the observed
         gradients fails.
+
+    Raises:
+        ValueError: ``kappa`` or ``rtol`` not a finite real > 0; ``dtype`` not a floating-point
+            dtype.
     """
+    rtol = check_positive(rtol, "rtol")
     prep = ReluMlpLabelNorms(weights, inputs, probs, labels, kappa, dtype=dtype)
     if not prep.ok or (observed_bias_grads is not None and not prep.matches(observed_bias_grads, rtol)):
         return None
@@ -257,12 +275,6 @@ def _bias_grad_of(by_id: dict[int, Tensor], layer: nn.Linear) -> Tensor | None:
     if layer.bias is None:
         return None
     return by_id.get(id(layer.bias))
-
-
-def layer_grad_samples(by_id: dict[int, Any], layer: nn.Linear) -> tuple[Tensor | None, Tensor | None]:
-    """(per-example weight gradients, per-example bias gradients) of ``layer`` from
-    ``{id(param): grad_sample}`` (None where absent)."""
-    return by_id.get(id(layer.weight)), _bias_grad_of(by_id, layer)
 
 
 def _log_loss(logits: Tensor, labels: Tensor) -> Tensor:

@@ -47,6 +47,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from audit_callbacks.validation import check_count, check_flag, check_real
+
 __all__ = [
     "LayerFactorization",
     "SignAmbiguousLabels",
@@ -82,6 +84,16 @@ def _as_float_tensor(x: Any, name: str) -> Tensor:
 def _eps_of(t: Tensor) -> float:
     """Machine epsilon of the dtype the data came in (float32 activations -> 1.2e-7)."""
     return float(torch.finfo(t.dtype).eps) if t.is_floating_point() else 2.0**-52
+
+
+def _check_sign(value: Any, name: str) -> int | None:
+    """None, or a known sign +1 / -1 as ``int`` (a bool or any other number is refused)."""
+    if value is None:
+        return None
+    v = check_real(value, name)
+    if v not in (-1.0, 1.0):
+        raise ValueError(f"{name} must be None, +1 or -1, got {value!r}")
+    return int(v)
 
 
 def _check_finite(t: Tensor, name: str) -> None:
@@ -202,12 +214,13 @@ def factorize_layer(features: Tensor, *, bias: bool = True) -> LayerFactorizatio
 
     Raises:
         ValueError: not 2-D, empty, NaN/inf, N > p (+1 with bias) or a rank-deficient Gram
-            matrix (use a smaller batch or a wider layer).
+            matrix (use a smaller batch or a wider layer); ``bias`` not a bool.
 
     Source: Yuan et al. 2022 eq. 1, Alg. 1-3.
     """
+    bias = check_flag(bias, "bias")
     x = _check_features(features)
-    return _factorize(_design(x, bool(bias)), _eps_of(x), _what(x.shape[1], bool(bias)), bool(bias))
+    return _factorize(_design(x, bias), _eps_of(x), _what(x.shape[1], bias), bias)
 
 
 def _qr_solve(design: Tensor, rhs: Tensor, eps: float, what: str) -> Tensor:
@@ -514,10 +527,13 @@ def reconstruct_labels_second_last_layer(
     Raises:
         ValueError: neither or both of ``pre_activations`` / ``activation_derivative``; shapes
             inconsistent; NaN/inf; more determined examples than p' (+1 with bias) or a
-            rank-deficient system (use a smaller batch or a wider layer).
+            rank-deficient system (use a smaller batch or a wider layer);
+            ``positive_rate_below_half`` not a bool; ``output_weight_sign`` not None, +1 or -1.
 
     Source: Yuan et al. 2022 Alg. 4 and eq. 4.
     """
+    positive_rate_below_half = check_flag(positive_rate_below_half, "positive_rate_below_half")
+    output_weight_sign = _check_sign(output_weight_sign, "output_weight_sign")
     x = _check_features(inputs, "inputs")
     n, p = x.shape
     if (pre_activations is None) == (activation_derivative is None):
@@ -572,9 +588,10 @@ def craft_malicious_features(
         float64 [N, p1] features on the device of W (cast to the model's dtype before use).
 
     Raises:
-        ValueError: W not 2-D or not finite; N > p1 - rank(W) ("pick a smaller batch or a
-            larger feature size"); V not in the range of W, or V = 0 (the crafted rows would
-            not be linearly independent).
+        ValueError: W not 2-D or not finite; ``batch_size`` not an integer >= 1; N > p1 -
+            rank(W) ("pick a smaller batch or a larger feature size"); V not in the range of W,
+            or V = 0 (the crafted rows would not be linearly independent); ``generator`` not a
+            ``torch.Generator``.
 
     Source: Yuan et al. 2022 Alg. 5 and App. A.1.3.
     """
@@ -584,8 +601,9 @@ def craft_malicious_features(
     _check_finite(w, "first_layer_weight")
     w64 = w.to(torch.float64)
     p2, p1 = w64.shape
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    batch_size = check_count(batch_size, "batch_size", minimum=1)
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise ValueError(f"generator must be None or a torch.Generator, got {type(generator).__name__}")
     u_w, s, vh = torch.linalg.svd(w64, full_matrices=True)
     tol = max(p1, p2) * _eps_of(w) * (float(s[0]) if s.numel() else 0.0)
     rank = int((s > tol).sum())
@@ -642,7 +660,8 @@ def reconstruct_labels_malicious_input_layer(
         :class:`SignAmbiguousLabels`; all ``undetermined`` when the gradient is exactly zero.
 
     Raises:
-        ValueError: shapes inconsistent, NaN/inf, N > p1 (+1) or rank-deficient features.
+        ValueError: shapes inconsistent, NaN/inf, N > p1 (+1) or rank-deficient features;
+            ``positive_rate_below_half`` not a bool; ``unit_sign`` not None, +1 or -1.
 
     Source: Yuan et al. 2022 Alg. 5, eq. 6-7.
 
@@ -664,6 +683,8 @@ def reconstruct_labels_malicious_input_layer(
         >>> out.labels.tolist()
         [0, 1, 0, 0, 1]
     """
+    positive_rate_below_half = check_flag(positive_rate_below_half, "positive_rate_below_half")
+    unit_sign = _check_sign(unit_sign, "unit_sign")
     x = _check_features(features)
     n, p = x.shape
     gmat = _grad_matrix(unit_weight_grad, unit_bias_grad, p,

@@ -20,23 +20,31 @@ Gradients are flat over the model's trainable parameters (the vectors DP-FedAvg 
 L is the randomizer's ``clip_norm`` (else the module's). LDP-SGD runs on the exact O(1) fast path
 (docs/methods/ldp.md, C3); any other randomizer on the batched full-vector path.
 
-Logged (step = the round), through every attached logger:
+Logged (step = the round), through every attached logger; every tag is
+``names.tag("ldp", name)`` (:mod:`audit_callbacks.names`) and a per-adversary tag is the record's
+key followed by ``_<adversary>``:
 
 * ``ldp/epsilon0_<adversary>``: the eq.-3 point estimate (capped at the ceiling when a rate is 0);
-* ``ldp/epsilon0_lo_<adversary>``: its one-sided (1 - alpha) Clopper-Pearson lower bound;
+* ``ldp/epsilon0_lower_bound_<adversary>``: its one-sided (1 - alpha) Clopper-Pearson lower bound;
 * ``ldp/epsilon0_claimed``: what the randomizer claims for one release of a whole d-dim row
   (``epsilon_for_dim(d)``: eps0 for LDP-SGD, d * eps for per-coordinate mechanisms);
 * ``ldp/epsilon0_ceiling``: the largest lower bound ``trials`` trials can show
   (:func:`~audit_callbacks.attacks.measurable_ceiling`); no estimate above it is measurable;
-* ``ldp/gradient_norm_<adversary>``: |g1| of the crafted pair, and ``ldp/clip_norm`` (L);
+* ``ldp/norm_g1_<adversary>``: |g1| of the crafted pair, and ``ldp/clip_norm`` (L);
 * ``ldp/client_updates_at_clip``: the share of real clients' updates (so far) that DP-FedAvg
   clipped to its clip norm, i.e. whose raw norm was at least the clip norm;
-* for discrete per-coordinate mechanisms, once: ``ldp/epsilon_exact_per_coordinate`` (exact
-  audit by enumeration, :func:`~audit_callbacks.mechanisms.exact_epsilon_witness`) and
-  ``ldp/epsilon_claimed_per_coordinate`` (not logged when infinite; see the summary).
+* for discrete per-coordinate mechanisms, once at step 0: ``ldp/epsilon_exact_per_coordinate``
+  (exact audit by enumeration, :func:`~audit_callbacks.mechanisms.exact_epsilon_witness`; +inf
+  when an output is impossible under one input) and ``ldp/epsilon_claimed_per_coordinate``.
 
-One custom-scalars chart holds the estimates, lower bounds, the claimed eps0 and the ceiling;
-another ``val/accuracy`` (logged by DP-FedAvg); a third the gradient norms and L.
+The Custom Scalars layout comes from :func:`audit_callbacks.names.chart_layout`: one chart holds
+the estimates, lower bounds, the claimed eps0 and the ceiling; another ``val/accuracy`` (logged by
+DP-FedAvg); a third the gradient norms and L.
+
+Summary (``audit_summary``, written at fit end): each audit's epsilon0 with its lower and upper
+bounds, and its family-wise lower bound, is an
+:class:`~audit_callbacks.estimators.result.AuditResult` (``to_dict()``) under the same name as
+its tag; so is the exact audit.
 
 Broken randomizer. The logged lower bound is a per-test (1 - alpha) bound: a correct randomizer
 has it above its true epsilon in up to alpha of the tests, so flagging on it would flag correct
@@ -68,6 +76,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_only
 
+from audit_callbacks import names
 from audit_callbacks.attacks import (
     ADVERSARIES,
     craft_pair,
@@ -80,6 +89,7 @@ from audit_callbacks.estimators import (
     clopper_pearson_upper,
     epsilon_from_error_rates,
 )
+from audit_callbacks.estimators.result import AuditResult
 from audit_callbacks.federated import DPFedAvg
 from audit_callbacks.federated.dp_fedavg import DPFedAvgMixin
 from audit_callbacks.federated.protocol import FederatedAuditHooks, FederatedRound
@@ -97,11 +107,23 @@ __all__ = [
     "ADVERSARY_NAMES",
     "BrokenRandomizerWarning",
     "LDPAudit",
+    "epsilon0_result",
+    "exact_result",
     "familywise_alpha",
+    "familywise_result",
     "flag_lower_bound",
 ]
 
 _log = logging.getLogger(__name__)
+
+FAMILY = "ldp"
+#: Source of the per-test estimate and bounds, of the family-wise flag and of the exact audit.
+SOURCE = ("Matsumoto et al. (empirical epsilon-0 test of LDP-SGD in FL), Alg. 2, eq. 3, Table 2; "
+          "docs/methods/ldp.md, C1-C3")
+SOURCE_FLAG = ("Kairouz, Oh & Viswanath 2015 (eps, delta) error-rate bound, Clopper-Pearson at "
+               "alpha_k / 2 per rate with alpha_k = alpha / (A k (k + 1)); docs/methods/ldp.md, C2")
+SOURCE_EXACT = ("the definition of epsilon-LDP: max over inputs x, x' and outputs y of "
+                "log P(y|x) - log P(y|x'), by enumeration of the randomizer's output law")
 
 #: The five adversaries of Matsumoto et al. Table 2, weakest first.
 ADVERSARY_NAMES: tuple[str, ...] = ("benign", "label_flip", "gradient_flip", "collusion", "dummy")
@@ -186,8 +208,11 @@ class LDPAudit(FederatedAuditHooks, Callback):
         ValueError: bad arguments (at construction).
         TypeError: at ``setup``, if the module is not a ``DPFedAvg`` or has no randomizer.
 
-    Attributes (after fit): ``history`` (one dict per adversary and audit), ``flags``,
-    ``exact`` (the exact audit, or None), ``summary_path``.
+    Attributes (after fit): ``history`` (one dict per adversary and audit, keyed by the names
+    of :mod:`audit_callbacks.names`: ``epsilon0``, ``epsilon0_lower_bound``, ``norm_g1``...;
+    :func:`epsilon0_result` makes one an :class:`AuditResult`), ``flags``, ``exact`` (the exact
+    audit, keys ``epsilon_exact_per_coordinate``, ``epsilon_claimed_per_coordinate``, the
+    witness and ``flagged``; or None), ``summary_path``.
     """
 
     def __init__(
@@ -265,24 +290,23 @@ class LDPAudit(FederatedAuditHooks, Callback):
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self._layout_written:
-            advs = self.adversaries
-            tb.add_custom_scalars_layout(trainer, {
-                "LDP audit": {
-                    "epsilon0 (estimates, lower bounds, claimed)": ["Multiline", [
-                        *[f"ldp/epsilon0_{a}" for a in advs],
-                        *[f"ldp/epsilon0_lo_{a}" for a in advs],
-                        "ldp/epsilon0_claimed", "ldp/epsilon0_ceiling",
-                    ]],
-                    "accuracy": ["Multiline", ["val/accuracy"]],
-                    "gradient norms vs clip norm": ["Multiline", [
-                        *[f"ldp/gradient_norm_{a}" for a in advs if a in _GRADIENT_ADVERSARIES],
-                        "ldp/clip_norm",
-                    ]],
-                },
-            })
+            tb.add_custom_scalars_layout(trainer, names.chart_layout(
+                [FAMILY], only=self._tags(),
+                extra={names.SECTIONS[FAMILY]: {"accuracy": ["^val/accuracy$"]}}))
             self._layout_written = True
         if self.exact_audit and self.exact is None:
             self._run_exact_audit(trainer, pl_module)
+
+    def _tags(self) -> list[str]:
+        """The tags this callback logs (its adversaries'), all from :mod:`audit_callbacks.names`."""
+        per_adversary = [
+            names.tag(FAMILY, f"{key}_{a}") for a in self.adversaries
+            for key in ("epsilon0", "epsilon0_lower_bound", "norm_g1")
+            if key != "norm_g1" or a in _GRADIENT_ADVERSARIES
+        ]
+        shared = ("epsilon0_claimed", "epsilon0_ceiling", "clip_norm", "client_updates_at_clip",
+                  "epsilon_exact_per_coordinate", "epsilon_claimed_per_coordinate")
+        return per_adversary + [names.tag(FAMILY, n) for n in shared]
 
     # ------------------------------------------------------------------ protocol hooks
     def on_federated_client_updates(self, trainer: pl.Trainer, pl_module: Any, fl_round: FederatedRound) -> None:
@@ -374,12 +398,12 @@ class LDPAudit(FederatedAuditHooks, Callback):
         n_classes = self._num_classes(trainer, pl_module, x)
         records: list[dict[str, Any]] = []
         metrics: dict[str, float | None] = {
-            "ldp/epsilon0_claimed": claimed,
-            "ldp/epsilon0_ceiling": ceiling,
-            "ldp/clip_norm": clip,
+            names.tag(FAMILY, "epsilon0_claimed"): claimed,
+            names.tag(FAMILY, "epsilon0_ceiling"): ceiling,
+            names.tag(FAMILY, "clip_norm"): clip,
         }
         if self.update_norms["count"]:
-            metrics["ldp/client_updates_at_clip"] = (
+            metrics[names.tag(FAMILY, "client_updates_at_clip")] = (
                 self.update_norms["at_clip"] / self.update_norms["count"]
             )
         was_training = pl_module.model.training
@@ -401,15 +425,16 @@ class LDPAudit(FederatedAuditHooks, Callback):
                 "audit": k,
                 "adversary": name,
                 "client": cid,
-                "epsilon": float(res.epsilon),
-                "epsilon_capped": bool(res.epsilon_capped),
-                "epsilon_lower_bound": float(res.epsilon_lower_bound),
-                "epsilon_upper_bound": _finite_or_none(res.epsilon_upper_bound),
-                "expected_epsilon": _finite_or_none(res.expected_epsilon),
-                "claimed_epsilon": claimed,
+                "epsilon0": float(res.epsilon),
+                "epsilon0_capped": bool(res.epsilon_capped),
+                "epsilon0_lower_bound": float(res.epsilon_lower_bound),
+                "epsilon0_upper_bound": _finite_or_none(res.epsilon_upper_bound),
+                "epsilon0_expected": _finite_or_none(res.expected_epsilon),
+                "epsilon0_claimed": claimed,
                 "ceiling": float(res.ceiling),
-                "flag_alpha": alpha_flag,
-                "flag_lower_bound": lo_flag,
+                "familywise_alpha": alpha_flag,
+                "epsilon0_lower_bound_familywise": lo_flag,
+                "delta": delta,
                 "flagged": bool(flagged),
                 "exceeds_claimed_per_test": bool(res.epsilon_lower_bound > claimed * (1 + _REL_TOL)),
                 "norm_g1": float(pair.norm_g1),
@@ -421,10 +446,9 @@ class LDPAudit(FederatedAuditHooks, Callback):
                 "mechanism": res.mechanism, "seed": test_seed,
             }
             records.append(rec)
-            metrics[f"ldp/epsilon0_{name}"] = rec["epsilon"]
-            metrics[f"ldp/epsilon0_lo_{name}"] = rec["epsilon_lower_bound"]
-            if name in _GRADIENT_ADVERSARIES:
-                metrics[f"ldp/gradient_norm_{name}"] = rec["norm_g1"]
+            for key in ("epsilon0", "epsilon0_lower_bound", "norm_g1"):
+                if key != "norm_g1" or name in _GRADIENT_ADVERSARIES:
+                    metrics[names.tag(FAMILY, f"{key}_{name}")] = rec[key]
             if flagged:
                 self._flag(name, rec, repr(rnd))
         pl_module.model.train(was_training)
@@ -436,15 +460,15 @@ class LDPAudit(FederatedAuditHooks, Callback):
 
     def _flag(self, name: str, rec: dict[str, Any], mechanism: str) -> None:
         self.flags.append({k: rec[k] for k in (
-            "round", "adversary", "epsilon", "epsilon_lower_bound", "flag_lower_bound",
-            "flag_alpha", "claimed_epsilon")})
+            "round", "adversary", "epsilon0", "epsilon0_lower_bound",
+            "epsilon0_lower_bound_familywise", "familywise_alpha", "epsilon0_claimed")})
         self._warn_once(
             f"flag/{name}",
             f"LDPAudit: BROKEN RANDOMIZER: at round {rec['round']} the {name} adversary's lower "
-            f"bound {rec['flag_lower_bound']:.4g} (family-wise, alpha {rec['flag_alpha']:.3g}) "
-            f"exceeds the claimed epsilon0 {rec['claimed_epsilon']:.4g} of {mechanism} "
-            f"(estimate {rec['epsilon']:.4g}, {rec['trials']} trials): it does not give the "
-            "privacy it states",
+            f"bound {rec['epsilon0_lower_bound_familywise']:.4g} (family-wise, alpha "
+            f"{rec['familywise_alpha']:.3g}) exceeds the claimed epsilon0 "
+            f"{rec['epsilon0_claimed']:.4g} of {mechanism} (estimate {rec['epsilon0']:.4g}, "
+            f"{rec['trials']} trials): it does not give the privacy it states",
             BrokenRandomizerWarning,
         )
 
@@ -466,19 +490,19 @@ class LDPAudit(FederatedAuditHooks, Callback):
         claimed = float(rnd.epsilon_per_coordinate)
         flagged = wit.epsilon > claimed * (1.0 + _REL_TOL)
         self.exact = {
-            "epsilon_per_coordinate": wit.epsilon,
-            "infinite": math.isinf(wit.epsilon),
-            "claimed_per_coordinate": claimed,
-            "x_high": wit.x_high, "x_low": wit.x_low, "y": wit.y,
+            "epsilon_exact_per_coordinate": float(wit.epsilon),
+            "epsilon_claimed_per_coordinate": claimed,
+            "x_high": float(wit.x_high), "x_low": float(wit.x_low), "y": float(wit.y),
             "flagged": bool(flagged),
         }
         tb.log_scalars(trainer, {
-            "ldp/epsilon_exact_per_coordinate": wit.epsilon,
-            "ldp/epsilon_claimed_per_coordinate": claimed,
+            names.tag(FAMILY, "epsilon_exact_per_coordinate"): wit.epsilon,
+            names.tag(FAMILY, "epsilon_claimed_per_coordinate"): claimed,
         }, 0)
         if flagged:
-            self.flags.append({"round": 0, "adversary": "exact_audit", "epsilon": wit.epsilon,
-                               "claimed_epsilon": claimed})
+            self.flags.append({"round": 0, "adversary": "exact_audit",
+                               "epsilon_exact_per_coordinate": float(wit.epsilon),
+                               "epsilon_claimed_per_coordinate": claimed})
             self._warn_once(
                 "flag/exact",
                 f"LDPAudit: BROKEN RANDOMIZER: the exact audit of {rnd!r} gives a per-coordinate "
@@ -489,18 +513,17 @@ class LDPAudit(FederatedAuditHooks, Callback):
             )
 
     # ------------------------------------------------------------------ summary
-    def latest(self) -> dict[str, dict[str, Any]]:
-        """The last audit's record of each adversary (``{adversary: record}``)."""
-        out: dict[str, dict[str, Any]] = {}
-        for rec in self.history:
-            out[rec["adversary"]] = rec
-        return out
-
     def audit_summary(self, pl_module: DPFedAvg | None = None) -> dict[str, Any]:
-        """The JSON-able summary written at fit end (also callable any time). It holds no real
-        client's id and no value computed from one client's data: the crafted pairs' norms and
-        cosine are replaced by whether the pair reached the clip norm (``g1_at_clip``); they
-        stay in :attr:`history`, in memory only."""
+        """The JSON-able summary written at fit end (also callable any time).
+
+        Each record's ``epsilon0`` (with its lower and upper bounds) and
+        ``epsilon0_lower_bound_familywise``, and the exact audit's
+        ``epsilon_exact_per_coordinate``, are :class:`AuditResult` dicts (:func:`epsilon0_result`,
+        :func:`familywise_result`, :func:`exact_result`); every other key that is a quantity of
+        :mod:`audit_callbacks.names` has its name (``tags`` maps each name to its tag). It holds
+        no real client's id and no value computed from one client's data: the crafted pairs'
+        norms and cosine are replaced by whether the pair reached the clip norm
+        (``g1_at_clip``); they stay in :attr:`history`, in memory only."""
         rnd = getattr(pl_module, "randomizer", None)
         by_adv: dict[str, dict[str, Any]] = {}
         for name in self.adversaries:
@@ -510,19 +533,18 @@ class LDPAudit(FederatedAuditHooks, Callback):
             by_adv[name] = {
                 "audits": len(recs),
                 "last": _public(recs[-1]),
-                "mean_epsilon": float(np.mean([r["epsilon"] for r in recs])),
-                "max_epsilon_lower_bound": float(max(r["epsilon_lower_bound"] for r in recs)),
+                "epsilon0_mean": float(np.mean([r["epsilon0"] for r in recs])),
+                "epsilon0_lower_bound_max": float(max(r["epsilon0_lower_bound"] for r in recs)),
                 "audits_with_norm_at_least_clip": int(sum(r["norm_g1"] >= r["clip_norm"] for r in recs)),
             }
         n = self.update_norms["count"]
         return {
             "callback": "LDPAudit",
-            "paper": "Matsumoto et al. (empirical epsilon-0 test of LDP-SGD in FL), Alg. 2, Table 2; "
-                     "docs/methods/ldp.md, C1-C3",
+            "source": SOURCE,
             "inputs": {
                 "randomizer": repr(rnd),
                 "dim": self._dim,
-                "claimed_epsilon": self._claimed(pl_module) if rnd is not None else None,
+                "epsilon0_claimed": self._claimed(pl_module) if rnd is not None else None,
                 "clip_norm": self._clip_norm(pl_module) if rnd is not None else None,
                 "module_clip_norm": getattr(pl_module, "clip_norm", None),
                 "trials": self.trials,
@@ -530,18 +552,23 @@ class LDPAudit(FederatedAuditHooks, Callback):
                 "every_n_rounds": self.every_n_rounds,
                 "adversaries": list(self.adversaries),
                 "seed": self.seed,
-                "ceiling": measurable_ceiling(self.trials, self.alpha),
+                "epsilon0_ceiling": measurable_ceiling(self.trials, self.alpha),
                 "rounds": int(getattr(pl_module, "round", 0) or 0),
             },
+            "tags": {q.name: q.tag for q in names.family(FAMILY)},
             "flag_rule": "family-wise: audit k tests at alpha / (A k (k + 1)); flag when that "
                          "lower bound exceeds the claimed epsilon0 (P(any false flag) <= alpha)",
             "flagged": bool(self.flags),
             "flags": self.flags,
-            "exact_audit": self.exact,
+            "exact_audit": None if self.exact is None else {
+                "epsilon_exact_per_coordinate": exact_result(self.exact),
+                "epsilon_claimed_per_coordinate": self.exact["epsilon_claimed_per_coordinate"],
+                "flagged": self.exact["flagged"],
+            },
             "adversaries": by_adv,
             "client_update_norms": {  # aggregates only: no client's own value
                 "count": n,
-                "share_at_clip": (self.update_norms["at_clip"] / n) if n else None,
+                "client_updates_at_clip": (self.update_norms["at_clip"] / n) if n else None,
                 "mean": (self.update_norms["sum"] / n) if n else None,
             },
             "history": [_public(r) for r in self.history],
@@ -571,12 +598,72 @@ class LDPAudit(FederatedAuditHooks, Callback):
         self._warned = set(state_dict["warned"])
 
 
+# ------------------------------------------------------------------------------ results
+def epsilon0_result(rec: dict[str, Any]) -> AuditResult:
+    """An audit record's epsilon0 test as an :class:`AuditResult` (the numbers of the record).
+
+    ``value`` = ``epsilon0`` (eq. 3, capped at the ceiling of the group sizes when an error rate
+    is 0: then ``status`` says so); ``lower`` = ``epsilon0_lower_bound``, a one-sided
+    (1 - alpha) bound on the randomizer's epsilon0 at delta 0; ``upper`` =
+    ``epsilon0_upper_bound``, a one-sided (1 - alpha) bound on this game's eq.-3 value (None when
+    infinite). ``counts``: the game's TP, FN, FP, TN and trials.
+    """
+    capped = bool(rec["epsilon0_capped"])
+    return AuditResult(
+        value=rec["epsilon0"], lower=rec["epsilon0_lower_bound"], upper=rec["epsilon0_upper_bound"],
+        alpha=rec["alpha"], delta=0.0, method=f"ldp_test_{rec['method']}", source=SOURCE,
+        counts={k: int(rec[k]) for k in ("tp", "fn", "fp", "tn", "trials")},
+        details={
+            "interval": "lower and upper are each one-sided (1 - alpha) bounds",
+            "ceiling": rec["ceiling"],
+            "epsilon0_expected": rec["epsilon0_expected"],
+            "seed": rec["seed"],
+        },
+        status="capped: an error rate is 0, the estimate is the ceiling of the group sizes"
+        if capped else "ok",
+    )
+
+
+def familywise_result(rec: dict[str, Any]) -> AuditResult:
+    """An audit record's family-wise lower bound (the broken-randomizer flag's) as an
+    :class:`AuditResult`: ``value`` = ``epsilon0_lower_bound_familywise`` at ``alpha`` =
+    ``familywise_alpha`` and the randomizer's ``delta`` (:func:`flag_lower_bound`)."""
+    return AuditResult(
+        value=rec["epsilon0_lower_bound_familywise"], alpha=rec["familywise_alpha"],
+        delta=rec["delta"], method="clopper_pearson_familywise", source=SOURCE_FLAG,
+        counts={k: int(rec[k]) for k in ("tp", "fn", "fp", "tn", "trials")},
+    )
+
+
+def exact_result(exact: dict[str, Any]) -> dict[str, Any]:
+    """The exact audit's per-coordinate epsilon as an :class:`AuditResult` dict, its witness
+    (``x_high``, ``x_low``, ``y``) in ``details``. An AuditResult is finite: when the epsilon is
+    infinite (output ``y`` impossible under input ``x_low``), only ``status`` (saying so) and
+    ``details``, as the canary summary does for an estimate it has not got."""
+    details = {k: exact[k] for k in ("x_high", "x_low", "y")}
+    eps = float(exact["epsilon_exact_per_coordinate"])
+    if not math.isfinite(eps):
+        return {"status": f"infinite: output {exact['y']:g} has probability 0 under input "
+                          f"{exact['x_low']:g} and not under {exact['x_high']:g}",
+                "details": details}
+    return AuditResult(value=eps, method="exact_enumeration", source=SOURCE_EXACT,
+                       details=details).to_dict()
+
+
 _PRIVATE_FIELDS = ("client", "norm_g1", "norm_g2", "cosine_g1_g2")
+# Fields of a record that its two AuditResults carry in the summary (``trials`` stays beside).
+_RESULT_FIELDS = ("epsilon0", "epsilon0_capped", "epsilon0_lower_bound", "epsilon0_upper_bound",
+                  "epsilon0_expected", "ceiling", "epsilon0_lower_bound_familywise",
+                  "familywise_alpha", "delta", "tp", "fn", "fp", "tn", "alpha", "seed")
 
 
 def _public(rec: dict[str, Any]) -> dict[str, Any]:
-    """An audit record without the audited client's id or values computed from its data."""
-    out = {k: v for k, v in rec.items() if k not in _PRIVATE_FIELDS}
+    """An audit record for the summary: its epsilon0 test and family-wise bound as
+    :class:`AuditResult` dicts, without the audited client's id or values computed from its
+    data."""
+    out = {k: v for k, v in rec.items() if k not in _PRIVATE_FIELDS + _RESULT_FIELDS}
+    out["epsilon0"] = epsilon0_result(rec).to_dict()
+    out["epsilon0_lower_bound_familywise"] = familywise_result(rec).to_dict()
     if "norm_g1" in rec:
         out["g1_at_clip"] = bool(rec["norm_g1"] >= rec["clip_norm"] * (1 - 1e-6))
     return out

@@ -31,9 +31,12 @@ Modes (how the attacker turns released values into a prediction; both are logged
   coincides with ``"debiased"``.
 
 Logged (step = the round), per mode: ``ldp_inference/error_<mode>`` (mean over coordinates),
-``ldp_inference/error_median_<mode>``, ``ldp_inference/confidence_<mode>`` (mean CS); one
-custom-scalars chart of the errors, one of the confidences. A summary JSON at fit end.
-``state_dict`` holds the attack's history, so a resumed run ends with the same numbers.
+``ldp_inference/error_median_<mode>``, ``ldp_inference/error_max_<mode>``,
+``ldp_inference/confidence_<mode>`` (mean CS). Every tag is ``names.tag("ldp_inference", name)``
+(:mod:`audit_callbacks.names`), and ``name`` is also the key of the round's record (``history``)
+and of the summary JSON written at fit end; the Custom Scalars layout (one chart of the errors,
+one of the confidences) comes from :func:`audit_callbacks.names.chart_layout`. ``state_dict``
+holds the attack's history, so a resumed run ends with the same numbers.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from audit_callbacks import names
 from audit_callbacks.attacks import LDPFLInferenceAttack
 from audit_callbacks.callbacks import tensorboard as tb
 from audit_callbacks.callbacks.summary import write_summary
@@ -56,6 +60,11 @@ from audit_callbacks.validation import check_count, check_positive, check_real, 
 __all__ = ["INFERENCE_MODES", "LDPInferenceAudit"]
 
 INFERENCE_MODES: tuple[str, ...] = ("debiased", "raw")
+FAMILY = "ldp_inference"
+#: The quantities logged per mode: ``names.tag(FAMILY, f"{key}_{mode}")``.
+_KEYS = ("error", "error_median", "error_max", "confidence")
+SOURCE = ("Varun et al. 2024 §3.1 (inference attack on LDP-FL), eq. 2 and eq. 10; "
+          "docs/methods/ldp.md, C5")
 
 
 class LDPInferenceAudit(FederatedAuditHooks, Callback):
@@ -112,7 +121,6 @@ class LDPInferenceAudit(FederatedAuditHooks, Callback):
         self.summary_path: str | None = None
         self._target_sum: np.ndarray | None = None
         self._target_count = 0
-        self._pending: tuple[int, np.ndarray, int] | None = None
         self._pending_state: dict[str, Any] | None = None
         self._layout_written = False
 
@@ -156,15 +164,8 @@ class LDPInferenceAudit(FederatedAuditHooks, Callback):
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self._layout_written:
-            tb.add_custom_scalars_layout(trainer, {
-                "LDP-FL inference attack": {
-                    "prediction error / domain": ["Multiline", [
-                        t for m in self.modes
-                        for t in (f"ldp_inference/error_{m}", f"ldp_inference/error_median_{m}")
-                    ]],
-                    "confidence score": ["Multiline", [f"ldp_inference/confidence_{m}" for m in self.modes]],
-                },
-            })
+            tb.add_custom_scalars_layout(trainer, names.chart_layout(
+                [FAMILY], only=[names.tag(FAMILY, f"{k}_{m}") for m in self.modes for k in _KEYS]))
             self._layout_written = True
 
     # ------------------------------------------------------------------ protocol hooks
@@ -198,7 +199,7 @@ class LDPInferenceAudit(FederatedAuditHooks, Callback):
         if trainer.is_global_zero:
             self.summary_path = write_summary(tb.log_dir(trainer), self.summary_filename, {
                 "callback": "LDPInferenceAudit",
-                "paper": "Varun et al. 2024 §3.1 (inference attack on LDP-FL), eq. 2 and eq. 10; docs/methods/ldp.md, C5",
+                "source": SOURCE,
                 "inputs": {
                     "randomizer": repr(pl_module.randomizer),
                     "center": self._c, "radius": self._r, "modes": list(self.modes),
@@ -207,6 +208,8 @@ class LDPInferenceAudit(FederatedAuditHooks, Callback):
                     "rounds": int(pl_module.round),
                 },
                 "target": "mean over all released rows of randomizer.project(clipped update)",
+                "tags": {q.name: q.tag for q in names.family(FAMILY)
+                         if any(q.name.endswith(f"_{m}") for m in self.modes)},
                 "final": self.history[-1] if self.history else None,
                 "history": self.history,
             })
@@ -232,8 +235,8 @@ class LDPInferenceAudit(FederatedAuditHooks, Callback):
             rec[f"confidence_{mode}"] = (
                 None if pred.confidence is None else float(np.mean(pred.confidence))
             )
-            for key in ("error", "error_median", "confidence"):
-                metrics[f"ldp_inference/{key}_{mode}"] = rec[f"{key}_{mode}"]
+            for key in _KEYS:
+                metrics[names.tag(FAMILY, f"{key}_{mode}")] = rec[f"{key}_{mode}"]
         rec["rows"] = self._target_count
         self.history.append(rec)
         if trainer is not None:

@@ -92,7 +92,9 @@ def cosine_null_cdf(t: ArrayLike, dim: int) -> float | np.ndarray:
     return _out(_sf_raw(-_check_t(t), d))
 
 
-def _logsf_raw(t: np.ndarray, d: int) -> np.ndarray:
+def logsf_unchecked(t: np.ndarray, d: int) -> np.ndarray:
+    """:func:`cosine_null_logsf` without its input checks, for the estimators' inner loops
+    (``t`` any shape of floats in [-1, 1], ``d >= 2``; same shape out)."""
     shape = np.shape(t)
     t = np.atleast_1d(np.asarray(t, dtype=float))
     sf = _sf_raw(t, d)
@@ -136,7 +138,7 @@ def cosine_null_logsf(t: ArrayLike, dim: int) -> float | np.ndarray:
     error is O((u/d)^3), u = (1 - t^2)/t^2 (< 1e-7 wherever it is used).
     """
     d = check_dim(dim)
-    return _out(_logsf_raw(_check_t(t), d))
+    return _out(logsf_unchecked(_check_t(t), d))
 
 
 def cosine_null_logcdf(t: ArrayLike, dim: int) -> float | np.ndarray:
@@ -147,7 +149,7 @@ def cosine_null_logcdf(t: ArrayLike, dim: int) -> float | np.ndarray:
             integer >= 2.
     """
     d = check_dim(dim)
-    return _out(_logsf_raw(-_check_t(t), d))
+    return _out(logsf_unchecked(-_check_t(t), d))
 
 
 def cosine_null_sample(

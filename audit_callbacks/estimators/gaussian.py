@@ -50,7 +50,7 @@ def _log1mexp(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def _log_sub(log_a: np.ndarray, log_b: np.ndarray) -> np.ndarray:
+def log_sub(log_a: np.ndarray, log_b: np.ndarray) -> np.ndarray:
     """log(a - b) from log a, log b; -inf where a <= b (the difference is clipped at 0)."""
     log_a = np.asarray(log_a, dtype=float)
     log_b = np.asarray(log_b, dtype=float)
@@ -106,7 +106,7 @@ def _log_gaussian_delta(eps: np.ndarray, mu: float) -> np.ndarray:
     eps = np.asarray(eps, dtype=float)
     log_a = log_ndtr(mu / 2.0 - eps / mu)
     log_b = eps + log_ndtr(-mu / 2.0 - eps / mu)
-    return _log_sub(log_a, log_b)
+    return log_sub(log_a, log_b)
 
 
 def _log1mexp_scalar(x: float) -> float:
@@ -397,7 +397,7 @@ def _log_std_normal_interval(zl: np.ndarray, zh: np.ndarray) -> np.ndarray:
     flip = zl > 0
     lo = np.where(flip, -zh, zl)
     hi = np.where(flip, -zl, zh)
-    return _log_sub(log_ndtr(hi), log_ndtr(lo))
+    return log_sub(log_ndtr(hi), log_ndtr(lo))
 
 
 def _log_prob_union(
@@ -419,12 +419,12 @@ def _log_delta_standardized(eps: np.ndarray, m: np.ndarray, r: np.ndarray) -> np
     s = _superlevel_intervals(a, b, c, eps)
     log_p = _log_prob_union(*s, m, r)
     log_q = _log_prob_union(*s, zeros, 1.0)
-    log_h1 = _log_sub(log_p, eps + log_q)
+    log_h1 = log_sub(log_p, eps + log_q)
     # H_eps(Q||P) = Q(S') - e^eps P(S'), S' = {-L > eps}
     s2 = _superlevel_intervals(-a, -b, -c, eps)
     log_p2 = _log_prob_union(*s2, m, r)
     log_q2 = _log_prob_union(*s2, zeros, 1.0)
-    log_h2 = _log_sub(log_q2, eps + log_p2)
+    log_h2 = log_sub(log_q2, eps + log_p2)
     return np.maximum(log_h1, log_h2)
 
 
@@ -437,7 +437,7 @@ def _log1mexp_np(x: float) -> float:
 
 
 def _log_sub_np(log_a: float, log_b: float) -> float:
-    """:func:`_log_sub` of two floats, bit for bit."""
+    """:func:`log_sub` of two floats, bit for bit."""
     diff = log_b - log_a
     if math.isfinite(log_a) and diff < 0:
         return log_a + _log1mexp_np(diff)

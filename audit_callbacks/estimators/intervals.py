@@ -55,15 +55,17 @@ def _out(x: np.ndarray) -> float | np.ndarray:
     return float(x) if x.ndim == 0 else x
 
 
-def _cp_upper(k: np.ndarray, n: int, q: float) -> np.ndarray:
-    """Beta(k+1, n-k).ppf(q), 1 at k = n."""
+def beta_upper_quantile(k: np.ndarray, n: int, q: float) -> np.ndarray:
+    """Beta(k+1, n-k).ppf(q), 1 at k = n: the Clopper-Pearson upper end at level q, without
+    input checks (``k`` an array of counts in 0..n)."""
     full = k >= n
     b = np.where(full, 1.0, n - k)
     return np.where(full, 1.0, beta_dist.ppf(q, k + 1.0, b))
 
 
-def _cp_lower(k: np.ndarray, n: int, q: float) -> np.ndarray:
-    """Beta(k, n-k+1).ppf(q), 0 at k = 0."""
+def beta_lower_quantile(k: np.ndarray, n: int, q: float) -> np.ndarray:
+    """Beta(k, n-k+1).ppf(q), 0 at k = 0: the Clopper-Pearson lower end at level q, without
+    input checks."""
     empty = k <= 0
     a = np.where(empty, 1.0, k)
     return np.where(empty, 0.0, beta_dist.ppf(q, a, n - k + 1.0))
@@ -90,7 +92,7 @@ def clopper_pearson_interval(k: int, n: int, alpha: float) -> tuple[float, float
     a = check_alpha(alpha)
     if kf.ndim != 0:
         raise ValueError("k must be a scalar count")
-    return float(_cp_lower(kf, nn, a / 2)), float(_cp_upper(kf, nn, 1.0 - a / 2))
+    return float(beta_lower_quantile(kf, nn, a / 2)), float(beta_upper_quantile(kf, nn, 1.0 - a / 2))
 
 
 def clopper_pearson_upper(k: ArrayLike, n: int, alpha: float) -> float | np.ndarray:
@@ -111,7 +113,7 @@ def clopper_pearson_upper(k: ArrayLike, n: int, alpha: float) -> float | np.ndar
     """
     kf, nn = _check_kn(k, n)
     a = check_alpha(alpha)
-    return _out(_cp_upper(kf, nn, 1.0 - a))
+    return _out(beta_upper_quantile(kf, nn, 1.0 - a))
 
 
 def clopper_pearson_lower(k: ArrayLike, n: int, alpha: float) -> float | np.ndarray:
@@ -122,7 +124,7 @@ def clopper_pearson_lower(k: ArrayLike, n: int, alpha: float) -> float | np.ndar
     """
     kf, nn = _check_kn(k, n)
     a = check_alpha(alpha)
-    return _out(_cp_lower(kf, nn, a))
+    return _out(beta_lower_quantile(kf, nn, a))
 
 
 def jeffreys_interval(k: int, n: int, alpha: float) -> tuple[float, float]:

@@ -51,8 +51,8 @@ from scipy.special import betaincinv
 
 from ..validation import check_alpha, check_choice, check_delta, check_seed
 from .canary_epsilon import _threat_inputs
-from .cosine_null import _logsf_raw
-from .gaussian import _log_sub
+from .cosine_null import logsf_unchecked
+from .gaussian import log_sub
 from .result import AuditResult
 
 #: The source of eps_lo, in every result.
@@ -121,14 +121,14 @@ class _Side:
         if self.unobs is None:
             assert self.dim is not None
             fp = None
-            log_fpr_hi = _logsf_raw(taus, self.dim)  # exact: no confidence bound needed
-            log_1m_fpr_hi = _logsf_raw(-taus, self.dim)
+            log_fpr_hi = logsf_unchecked(taus, self.dim)  # exact: no confidence bound needed
+            log_1m_fpr_hi = logsf_unchecked(-taus, self.dim)
         else:
             fp = self.m - np.searchsorted(self.unobs, taus, side="right")
             log_fpr_hi, log_1m_fpr_hi = _log_jeffreys_upper(fp, self.m, self.alpha)
         log_delta = math.log(delta)
-        e1 = _log_sub(log_1m_fpr_hi, log_delta) - log_fnr_hi  # FPR + e^eps FNR >= 1 - delta
-        e2 = _log_sub(log_1m_fnr_hi, log_delta) - log_fpr_hi  # FNR + e^eps FPR >= 1 - delta
+        e1 = log_sub(log_1m_fpr_hi, log_delta) - log_fnr_hi  # FPR + e^eps FNR >= 1 - delta
+        e2 = log_sub(log_1m_fnr_hi, log_delta) - log_fpr_hi  # FNR + e^eps FPR >= 1 - delta
         eps = np.maximum(np.maximum(e1, e2), 0.0)
         out = {
             "tau": taus,
@@ -166,8 +166,8 @@ class _Side:
         # FPR_hi >= its value at a + 1 (and the complements below theirs)
         log_delta = math.log(delta)
         ub = np.maximum(
-            _log_sub(at["log_1m_fpr_hi"][1:], log_delta) - at["log_fnr_hi"][:-1],
-            _log_sub(at["log_1m_fnr_hi"][:-1], log_delta) - at["log_fpr_hi"][1:],
+            log_sub(at["log_1m_fpr_hi"][1:], log_delta) - at["log_fnr_hi"][:-1],
+            log_sub(at["log_1m_fnr_hi"][:-1], log_delta) - at["log_fpr_hi"][1:],
         )
         # eps_lo = max(e1, e2, 0) beats the grid's best (or ties it before i_top; top = 0 puts
         # i_top at 0) only inside an interval whose bound reaches top; the slack covers

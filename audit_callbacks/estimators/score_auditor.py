@@ -35,9 +35,9 @@ from scipy.special import ndtri
 
 from ..validation import check_alpha, check_dim, check_real, check_seed
 from .canary_epsilon import estimate_epsilon_from_cosines
-from .cosine_null import _logsf_raw
-from .gaussian import _log_sub, gaussian_epsilon_array
-from .intervals import _cp_upper
+from .cosine_null import logsf_unchecked
+from .gaussian import gaussian_epsilon_array, log_sub
+from .intervals import beta_upper_quantile
 from .one_run import SRC_MAHLOUJIFAR, SRC_STEINKE, fdp_mu, guess_counts, one_run_epsilon
 from .result import AuditResult
 
@@ -121,14 +121,14 @@ def _cp_eps(
     """eps(tau) = max(log((1-delta-FPR_u)/FNR_u), log((1-delta-FNR_u)/FPR_u)), floored at 0.
 
     FNR_u = Beta(fn+1, k-fn).ppf(q_fnr) (1 at fn = k); returns (eps, FNR_u)."""
-    fnr_u = _cp_upper(fn.astype(float), k, q_fnr)
+    fnr_u = beta_upper_quantile(fn.astype(float), k, q_fnr)
     with np.errstate(divide="ignore"):
         log_fnr_u = np.log(fnr_u)
         log_1m_fnr_u = np.log1p(-fnr_u)
     if delta > 0.0:
         ld = math.log(delta)
-        num1 = _log_sub(log_1m_fpr_u, np.full_like(log_fnr_u, ld))
-        num2 = _log_sub(log_1m_fnr_u, np.full_like(log_fnr_u, ld))
+        num1 = log_sub(log_1m_fpr_u, np.full_like(log_fnr_u, ld))
+        num2 = log_sub(log_1m_fnr_u, np.full_like(log_fnr_u, ld))
     else:
         num1, num2 = log_1m_fpr_u, log_1m_fnr_u
     with np.errstate(invalid="ignore"):
@@ -145,8 +145,8 @@ def _fpr_logs(
     fp = out_sorted.size - np.searchsorted(out_sorted, taus, side="left")
     if dim is not None:
         t = np.clip(taus, -1.0, float(np.nextafter(1.0, 0.0)))
-        return fp, _logsf_raw(t, dim), _logsf_raw(-t, dim)
-    fpr_u = _cp_upper(fp.astype(float), out_sorted.size, q_fpr)
+        return fp, logsf_unchecked(t, dim), logsf_unchecked(-t, dim)
+    fpr_u = beta_upper_quantile(fp.astype(float), out_sorted.size, q_fpr)
     with np.errstate(divide="ignore"):
         return fp, np.log(fpr_u), np.log1p(-fpr_u)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["clip_updates_", "clipped_sum"]
+__all__ = ["clip_updates_"]
 
 
 def clip_updates_(updates: torch.Tensor, clip_norm: float) -> torch.Tensor:
@@ -27,12 +27,3 @@ def clip_updates_(updates: torch.Tensor, clip_norm: float) -> torch.Tensor:
     factors = torch.clamp(float(clip_norm) / norms.clamp_min(1e-12), max=1.0)
     updates.mul_(factors.unsqueeze(1))
     return norms
-
-
-def clipped_sum(rows: torch.Tensor, clip_norm: float) -> torch.Tensor:
-    """The sum ``[d]`` of the rows of ``rows`` ``[m, d]``, each clipped as
-    :func:`clip_updates_` clips it (``rows`` is left as it is): the same bits as
-    ``clip_updates_(rows.clone(), C)`` followed by ``.sum(0)``."""
-    clipped = rows.clone()
-    clip_updates_(clipped, clip_norm)
-    return clipped.sum(0)

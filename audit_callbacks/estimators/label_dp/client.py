@@ -38,7 +38,12 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
-from audit_callbacks.validation import as_float_array, check_delta, check_positive
+from audit_callbacks.validation import (
+    as_float_array,
+    check_delta,
+    check_optional_count,
+    check_positive,
+)
 
 from ..gaussian import gaussian_epsilon
 from ..result import AuditResult
@@ -129,7 +134,8 @@ def client_update_label_dp_lower_bound(
 
     Raises:
         ValueError: naming the argument: shapes, labels out of range, probabilities not in
-        [0, 1] or not summing to 1, a scale, noise or delta out of range, s > lr,
+        [0, 1] or not summing to 1, a scale, noise or delta out of range, s > lr, ``max_pairs``
+        neither None nor an integer >= 1,
         ``flipped_clip_factors`` outside (0, 1], an update far larger than the clip norm.
     """
     z = check_positive(noise_multiplier, "noise_multiplier")
@@ -137,6 +143,7 @@ def client_update_label_dp_lower_bound(
     lr = check_positive(local_lr, "local_lr")
     s = check_positive(update_scale, "update_scale")
     delta = check_delta(delta)
+    max_pairs = check_optional_count(max_pairs, "max_pairs", minimum=1)
     single_round = float(gaussian_epsilon(z, delta, sensitivity=2.0))  # raises where mu = 2 / z overflows
     if s > lr * (1 + 1e-3):
         raise ValueError(f"update_scale = {s:.6g} exceeds local_lr = {lr:.6g}: the update is not -lr c mean "

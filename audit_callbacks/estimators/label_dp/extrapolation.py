@@ -16,7 +16,7 @@ import math
 import numpy as np
 from scipy.special import digamma
 
-from audit_callbacks.validation import check_count, check_real
+from audit_callbacks.validation import check_count, check_flag, check_real
 
 __all__ = ["extrapolate_lower_bound", "extrapolation_factor"]
 
@@ -41,13 +41,13 @@ def extrapolation_factor(num_batches: int, batch_size: int, *, exact: bool = Fal
         The factor, >= 1 (dimensionless).
 
     Raises:
-        ValueError: M < 1 or N < 2 or either not an integer.
+        ValueError: M < 1 or N < 2 or either not an integer; ``exact`` not a bool.
 
     Source: Yuan et al. 2022 App. A.3.1 (Extrapolation Theorem) and A.4.2.
     """
     m = check_count(num_batches, "num_batches", minimum=1)
     n = check_count(batch_size, "batch_size", minimum=2)
-    if exact:
+    if check_flag(exact, "exact"):
         return _harmonic(m * n) / _harmonic(n)
     return 1.0 + math.log(m) / math.log(n)
 

@@ -17,7 +17,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy.linalg import solve_triangular
 
-from audit_callbacks.validation import to_numpy
+from audit_callbacks.validation import check_flag, to_numpy
 
 __all__ = [
     "GRAD_NORM_RTOL",
@@ -232,12 +232,13 @@ def last_layer_gram_inverse_diag(features: ArrayLike, *, bias: bool = True) -> n
 
     Raises:
         ValueError: non-finite or non-2-D input; N > p (+1 with bias) or a rank-deficient Gram
-            matrix (use a smaller batch or a wider layer).
+            matrix (use a smaller batch or a wider layer); ``bias`` not a bool.
 
     Source: Yuan et al. 2022 Alg. 2 (R^T (C^T C)^{-1} R).
     """
+    bias = check_flag(bias, "bias")
     x, eps = as_features(features)
-    return gram_inverse_diag(design_matrix(x, bool(bias)), eps)
+    return gram_inverse_diag(design_matrix(x, bias), eps)
 
 
 # --------------------------------------------------------------------------------------------

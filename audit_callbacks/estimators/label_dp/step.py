@@ -76,7 +76,13 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
-from audit_callbacks.validation import check_delta, check_positive, to_numpy
+from audit_callbacks.validation import (
+    check_delta,
+    check_flag,
+    check_optional_count,
+    check_positive,
+    to_numpy,
+)
 
 from ..gaussian import gaussian_epsilon, gaussian_epsilon_array
 from ..result import AuditResult
@@ -407,7 +413,8 @@ def label_dp_lower_bound(
     Raises:
         ValueError: shapes or values invalid (see above); N > p (+1 with bias) or a
             rank-deficient Gram matrix of the features (use a smaller batch or a wider layer);
-            grad_norms smaller than the layer part of the gradient.
+            grad_norms smaller than the layer part of the gradient; ``bias`` or ``p0_for_all``
+            not a bool; ``max_pairs`` neither None nor an integer >= 1.
 
     Source: Yuan et al. 2022 Alg. 2 and App. A.3 (P_0, P_1, LB); docs/methods/label_dp_multiclass.md.
     """
@@ -422,7 +429,10 @@ def label_dp_lower_bound(
     n_e = check_positive(expected_batch_size, "expected_batch_size")
     d = check_delta(delta)
     kappa = check_positive(grad_scale, "grad_scale")
-    xt = design_matrix(x, bool(bias))
+    bias = check_flag(bias, "bias")
+    max_pairs = check_optional_count(max_pairs, "max_pairs", minimum=1)
+    p0_for_all = check_flag(p0_for_all, "p0_for_all")
+    xt = design_matrix(x, bias)
     xnorm = np.linalg.norm(xt, axis=1)
     lazy = None
     if kclass:
@@ -451,7 +461,7 @@ def label_dp_lower_bound(
     s = sigma * c_max / n_e
     sd = s * np.sqrt(v)
     pairs = pair_bounds(probs=p2, y=y, clip=clip, flip_clip=None if gf is None else clip_factors(gf, c_max),
-                        scale=scale, sd=sd, n_e=n_e, delta=d, max_pairs=max_pairs, p0_for_all=bool(p0_for_all),
+                        scale=scale, sd=sd, n_e=n_e, delta=d, max_pairs=max_pairs, p0_for_all=p0_for_all,
                         exact_clip=None if lazy is None else lazy.exact_clip)
     rows = np.arange(n)
     worst = pairs.worst_labels
