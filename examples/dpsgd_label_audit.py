@@ -76,10 +76,10 @@ CSV_FIELDS = (
     "epochs",
     "steps",
     "attacked_steps",
-    "epsilon_lo_last_max",
-    "epsilon_lo_second_last_max",
-    "epsilon_lo_extrapolated",
-    "epsilon_lo_optimal_test_max",
+    "epsilon_lower_bound_max",
+    "epsilon_lower_bound_second_last_max",
+    "epsilon_lower_bound_extrapolated",
+    "epsilon_pair_optimal_test_max",
     "epsilon_pair_layer_max",
     "epsilon_pair_all_params_max",
     "epsilon_single_step",
@@ -215,10 +215,10 @@ def summarize_bounds(lb: LabelDPLowerBound) -> dict[str, Any]:
     has_sl = any("epsilon_lower_bound_second_last" in r for r in recs)
     return {
         "attacked_steps": len(recs),
-        "epsilon_lo_last_max": lb.running_max if recs else None,
-        "epsilon_lo_second_last_max": lb.running_max_second_last if has_sl else None,
-        "epsilon_lo_extrapolated": recs[-1]["epsilon_lower_bound_extrapolated"] if recs else None,
-        "epsilon_lo_optimal_test_max": _max(recs, "epsilon_pair_optimal_test"),
+        "epsilon_lower_bound_max": lb.running_max if recs else None,
+        "epsilon_lower_bound_second_last_max": lb.running_max_second_last if has_sl else None,
+        "epsilon_lower_bound_extrapolated": recs[-1]["epsilon_lower_bound_extrapolated"] if recs else None,
+        "epsilon_pair_optimal_test_max": _max(recs, "epsilon_pair_optimal_test"),
         "epsilon_pair_layer_max": _max(recs, "epsilon_pair_layer"),
         "epsilon_pair_all_params_max": _max(recs, "epsilon_pair_all_params"),
         "epsilon_single_step": lb.epsilon_single_step,
@@ -284,10 +284,10 @@ def sweeps(args: argparse.Namespace) -> list[dict[str, Any]]:
         if key not in cache:
             cache[key] = fit_point(*key, args)
             r = cache[key]
-            sl = r["epsilon_lo_second_last_max"]
+            sl = r["epsilon_lower_bound_second_last_max"]
             print(
                 f"  sigma {sigma:<5g} C {clip:<5g} {r['steps']:3d} steps {r['fit_s']:5.1f} s: lower bound "
-                f"last {r['epsilon_lo_last_max']:.3f}, second-last {_fmt(sl)}, single step "
+                f"last {r['epsilon_lower_bound_max']:.3f}, second-last {_fmt(sl)}, single step "
                 f"{r['epsilon_single_step']:.2f}, accountant {r['epsilon_accountant']:.2f}, "
                 f"val acc {_fmt(r['val_accuracy'])}",
                 flush=True,
@@ -315,17 +315,17 @@ def _positive(values: list[float | None]) -> np.ndarray:
 
 _LINES = (  # key, label, style
     (
-        "epsilon_lo_last_max",
+        "epsilon_lower_bound_max",
         "lower bound, last layer (max over steps; Alg. 2)",
         dict(marker="o", color="C0"),
     ),
     (
-        "epsilon_lo_second_last_max",
+        "epsilon_lower_bound_second_last_max",
         "lower bound, second-last layer (Alg. 4)",
         dict(marker="s", color="C1"),
     ),
     (
-        "epsilon_lo_extrapolated",
+        "epsilon_lower_bound_extrapolated",
         "last layer, extrapolated to the run (App. A.3.1)",
         dict(marker="o", color="C0", linestyle=":"),
     ),
@@ -437,9 +437,9 @@ def audited_run(args: argparse.Namespace) -> dict[str, Any]:
         **summarize_bounds(lb),
         "epsilon_accountant": float(module.privacy_engine.get_epsilon(args.delta)),
         "canary_final_model": value("epsilon_final_model"),
-        "canary_final_model_lo": value("epsilon_lower_bound_final_model"),
+        "canary_epsilon_lower_bound_final_model": value("epsilon_lower_bound_final_model"),
         "canary_all_iterates": value("epsilon_all_iterates"),
-        "canary_all_iterates_lo": value("epsilon_lower_bound_all_iterates"),
+        "canary_epsilon_lower_bound_all_iterates": value("epsilon_lower_bound_all_iterates"),
         "canary_analytic": None if report is None else report.epsilon_analytic,
         "num_canaries": None if report is None else report.num_canaries_participated,
         "failures": check_records(
@@ -448,8 +448,8 @@ def audited_run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 MC_FIELDS = (
-    "noise_multiplier", "max_grad_norm", "steps", "attacked_steps", "epsilon_lo_last_max",
-    "epsilon_lo_extrapolated", "epsilon_pair_all_params_max", "epsilon_single_step", "epsilon_accountant",
+    "noise_multiplier", "max_grad_norm", "steps", "attacked_steps", "epsilon_lower_bound_max",
+    "epsilon_lower_bound_extrapolated", "epsilon_pair_all_params_max", "epsilon_single_step", "epsilon_accountant",
     "reconstruction_accuracy", "expected_attack_accuracy", "val_accuracy", "delta", "fit_s",
 )
 
@@ -491,8 +491,8 @@ def plot_multiclass(rows: list[dict[str, Any]], path: str, args: argparse.Namesp
     ax = fig.add_subplot(1, 1, 1)
     x = [r["noise_multiplier"] for r in rows]
     for key, label, style in (
-        ("epsilon_lo_last_max", "lower bound, argmin attack (max over steps)", dict(marker="o", color="C0")),
-        ("epsilon_lo_extrapolated", "lower bound, extrapolated to the run", dict(marker="o", color="C0",
+        ("epsilon_lower_bound_max", "lower bound, argmin attack (max over steps)", dict(marker="o", color="C0")),
+        ("epsilon_lower_bound_extrapolated", "lower bound, extrapolated to the run", dict(marker="o", color="C0",
                                                                                  linestyle=":")),
         ("epsilon_single_step", "single-step upper bound (Gaussian, 2/sigma)", dict(color="k")),
         ("epsilon_accountant", "DP-SGD upper bound (Opacus RDP, whole run)", dict(marker="D", color="C3")),
@@ -528,8 +528,8 @@ def multiclass(args: argparse.Namespace) -> tuple[list[dict[str, Any]], str, str
     print(f"  {'sigma':>5} {'steps':>5} {'lower':>7} {'extrap.':>7} {'1-step UB':>9} {'account.':>9} "
           f"{'attack acc':>10} {'mean P0':>7}")
     for r in rows:
-        print(f"  {r['noise_multiplier']:>5g} {r['steps']:>5d} {_fmt(r['epsilon_lo_last_max']):>7} "
-              f"{_fmt(r['epsilon_lo_extrapolated']):>7} {r['epsilon_single_step']:>9.2f} "
+        print(f"  {r['noise_multiplier']:>5g} {r['steps']:>5d} {_fmt(r['epsilon_lower_bound_max']):>7} "
+              f"{_fmt(r['epsilon_lower_bound_extrapolated']):>7} {r['epsilon_single_step']:>9.2f} "
               f"{r['epsilon_accountant']:>9.2f} {_fmt(r['reconstruction_accuracy']):>10} "
               f"{_fmt(r['expected_attack_accuracy']):>7}")
     return rows, csv_path, png_path
@@ -545,8 +545,8 @@ def print_table(rows: list[dict[str, Any]], run: dict[str, Any], args: argparse.
     for r in rows:
         print(
             f"  {'fig1' if r['sweep'] == 'noise_multiplier' else 'fig2':<6} {r['noise_multiplier']:>5g} "
-            f"{r['max_grad_norm']:>5g} {_fmt(r['epsilon_lo_last_max']):>7} "
-            f"{_fmt(r['epsilon_lo_second_last_max']):>8} {_fmt(r['epsilon_lo_extrapolated']):>7} "
+            f"{r['max_grad_norm']:>5g} {_fmt(r['epsilon_lower_bound_max']):>7} "
+            f"{_fmt(r['epsilon_lower_bound_second_last_max']):>8} {_fmt(r['epsilon_lower_bound_extrapolated']):>7} "
             f"{_fmt(r['epsilon_pair_all_params_max'], '.2f'):>8} {r['epsilon_single_step']:>9.2f} "
             f"{r['epsilon_accountant']:>9.2f} {_fmt(r['reconstruction_accuracy']):>10} "
             f"{_fmt(r['val_accuracy']):>7}"
@@ -561,12 +561,12 @@ def print_table(rows: list[dict[str, Any]], run: dict[str, Any], args: argparse.
             "label reconstruction accuracy (noisy last-layer attack, running)",
             run["reconstruction_accuracy"],
         ),
-        ("label-DP lower bound, last layer (max over steps)", run["epsilon_lo_last_max"]),
+        ("label-DP lower bound, last layer (max over steps)", run["epsilon_lower_bound_max"]),
         (
             "label-DP lower bound, second-last layer (max over steps)",
-            run["epsilon_lo_second_last_max"],
+            run["epsilon_lower_bound_second_last_max"],
         ),
-        ("label-DP lower bound, extrapolated to the run (App. A.3.1)", run["epsilon_lo_extrapolated"]),
+        ("label-DP lower bound, extrapolated to the run (App. A.3.1)", run["epsilon_lower_bound_extrapolated"]),
         (
             "exact pair epsilon of one step, all parameters (Gaussian-pair, max)",
             run["epsilon_pair_all_params_max"],
@@ -574,9 +574,9 @@ def print_table(rows: list[dict[str, Any]], run: dict[str, Any], args: argparse.
         ("single-step upper bound, replace one label (2/sigma)", run["epsilon_single_step"]),
         ("accountant epsilon, whole run (Opacus RDP)", run["epsilon_accountant"]),
         ("canary epsilon, final model (CanaryAudit)", run["canary_final_model"]),
-        ("  95% lower bound (held-out threshold)", run["canary_final_model_lo"]),
+        ("  95% lower bound (held-out threshold)", run["canary_epsilon_lower_bound_final_model"]),
         ("canary epsilon, all iterates (CanaryAudit)", run["canary_all_iterates"]),
-        ("  95% lower bound (held-out threshold)", run["canary_all_iterates_lo"]),
+        ("  95% lower bound (held-out threshold)", run["canary_epsilon_lower_bound_all_iterates"]),
         ("analytic epsilon seen by CanaryAudit (accountant)", run["canary_analytic"]),
     )
     for name, v in table:
@@ -611,7 +611,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     failures = [f for r in [*rows, *mc_rows] for f in r["failures"]] + run["failures"]
     ok = not failures
-    worst = max((r["epsilon_lo_last_max"] or 0.0) / r["epsilon_single_step"] for r in [*rows, run])
+    worst = max((r["epsilon_lower_bound_max"] or 0.0) / r["epsilon_single_step"] for r in [*rows, run])
     print(
         f"\n[{'PASS' if ok else 'FAIL'}] every per-batch lower bound (last layer, second-last layer, Gaussian-pair; "
         f"binary and 10-class) "
@@ -621,7 +621,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for f in failures[:10]:
         print(f"    {f}")
     above = [
-        r for r in [*rows, run] if (r["epsilon_lo_extrapolated"] or 0) > r["epsilon_single_step"]
+        r for r in [*rows, run] if (r["epsilon_lower_bound_extrapolated"] or 0) > r["epsilon_single_step"]
     ]
     print(
         f"[info] extrapolated bound (an estimate, not checked) above the single-step bound at "

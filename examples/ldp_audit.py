@@ -13,7 +13,8 @@ adversaries (Table 2), against the run's own randomizer and global model.
 Written to ``--out`` (default ``runs/ldp_audit``):
 
 * ``ldp_audit.csv``: one row per eps0, audit and adversary (estimate, 95% lower bound, upper
-  bound, the closed-form value the test converges to for that pair, |g1|, L, counts);
+  bound, the closed-form value the test converges to for that pair, |g1|, L, counts), the
+  columns named as ``LDPAudit``'s records and tags (``epsilon0``, ``epsilon0_lower_bound``...);
 * ``ldp_audit.png``: the estimates per adversary and eps0 (like Matsumoto et al. Figure 4 / 001 Table 1)
   and the crafted gradients' norms against the clip norm L;
 * one TensorBoard run and ``ldp_audit_summary.json`` per eps0 (``tensorboard --logdir runs``).
@@ -55,8 +56,8 @@ from datamodules import FederatedDataModule  # noqa: E402
 from models import build_model  # noqa: E402
 
 CSV_FIELDS = (
-    "epsilon0", "round", "adversary", "epsilon", "epsilon_lower_bound", "epsilon_upper_bound",
-    "expected_epsilon", "claimed_epsilon", "ceiling", "norm_g1", "clip_norm", "tp", "fn", "fp",
+    "epsilon0_claimed", "round", "adversary", "epsilon0", "epsilon0_lower_bound",
+    "epsilon0_upper_bound", "epsilon0_expected", "ceiling", "norm_g1", "clip_norm", "tp", "fn", "fp",
     "tn", "trials", "flagged",
 )
 
@@ -116,7 +117,7 @@ def train_one(eps0: float, args: argparse.Namespace) -> dict:
     elapsed = time.perf_counter() - start
     acc = trainer.callback_metrics.get("val/accuracy")
     return {
-        "epsilon0": eps0,
+        "epsilon0_claimed": eps0,
         "records": audit.history,
         "flags": audit.flags,
         "warnings": [str(w.message) for w in caught if issubclass(w.category, BrokenRandomizerWarning)],
@@ -141,10 +142,10 @@ def run_checks(results: list[dict], alpha: float) -> dict:
     rel = 1e-9
     out: dict[str, list[str]] = {"reach": [], "gradient_flip": [], "closed_form": [], "flags": []}
     for res in results:
-        eps0 = res["epsilon0"]
+        eps0 = res["epsilon0_claimed"]
         for rec in res["records"]:
             lo, hi = _interval(rec, a)
-            expected = rec["expected_epsilon"]
+            expected = rec["epsilon0_expected"]
             tag = f"eps0={eps0:g} round {rec['round']} {rec['adversary']}"
             inside = expected is not None and lo <= expected * (1 + rel) and expected <= hi * (1 + rel)
             if not inside:
@@ -172,7 +173,6 @@ def write_csv(results: list[dict], path: str) -> None:
         for res in results:
             for rec in res["records"]:
                 row = {k: rec.get(k) for k in CSV_FIELDS}
-                row["epsilon0"] = res["epsilon0"]
                 writer.writerow(row)
 
 
@@ -184,16 +184,16 @@ def plot(results: list[dict], path: str) -> None:
 
     fig = Figure(figsize=(11, 4.2))
     ax, ax2 = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
-    eps = [res["epsilon0"] for res in results]
+    eps = [res["epsilon0_claimed"] for res in results]
     x = np.arange(len(eps))
     width = 0.8 / len(ADVERSARY_NAMES)
     for j, name in enumerate(ADVERSARY_NAMES):
         means, los, his = [], [], []
         for res in results:
             recs = [r for r in res["records"] if r["adversary"] == name]
-            vals = [r["epsilon"] for r in recs]
+            vals = [r["epsilon0"] for r in recs]
             means.append(np.mean(vals) if vals else np.nan)
-            los.append(min(r["epsilon_lower_bound"] for r in recs) if recs else np.nan)
+            los.append(min(r["epsilon0_lower_bound"] for r in recs) if recs else np.nan)
             his.append(max(vals) if vals else np.nan)
         means = np.asarray(means)
         err = np.vstack([means - np.asarray(los), np.asarray(his) - means])
@@ -207,7 +207,7 @@ def plot(results: list[dict], path: str) -> None:
     ax.set_title("LDP audit on digits (bars: min 95% lower bound .. max estimate)", fontsize=9)
     ax.legend(fontsize=7, loc="upper left")
     for j, name in enumerate(("benign", "label_flip", "gradient_flip", "collusion")):
-        pts = [(res["epsilon0"], r["norm_g1"]) for res in results for r in res["records"] if r["adversary"] == name]
+        pts = [(res["epsilon0_claimed"], r["norm_g1"]) for res in results for r in res["records"] if r["adversary"] == name]
         if pts:
             px, py = zip(*pts, strict=True)
             ax2.scatter(np.asarray(px) * (1 + 0.04 * (j - 1.5)), py, s=14, label=name.replace("_", " "))
@@ -248,13 +248,13 @@ def main(argv: list[str] | None = None) -> dict:
         for name in ADVERSARY_NAMES:
             recs = [r for r in res["records"] if r["adversary"] == name]
             if recs:
-                m = np.mean([r["epsilon"] for r in recs])
-                lo = min(r["epsilon_lower_bound"] for r in recs)
+                m = np.mean([r["epsilon0"] for r in recs])
+                lo = min(r["epsilon0_lower_bound"] for r in recs)
                 cells.append(f"{m:>7.2f} [{lo:>4.2f}]")
             else:
                 cells.append(f"{'-':>15}")
         acc = res["accuracy"]
-        print(f"  {res['epsilon0']:>4g}  {acc if acc is None else f'{acc:.2f}'}  " + "".join(f"{c:>15}" for c in cells))
+        print(f"  {res['epsilon0_claimed']:>4g}  {acc if acc is None else f'{acc:.2f}'}  " + "".join(f"{c:>15}" for c in cells))
     print("  client gradient norms seen (|g1| of the crafted pairs) vs L:")
     for res in results:
         parts = []
@@ -264,9 +264,9 @@ def main(argv: list[str] | None = None) -> dict:
                 above = sum(v >= args.clip_norm for v in norms)
                 parts.append(f"{name} {min(norms):.2f}..{max(norms):.2f} ({above}/{len(norms)} >= L)")
         un = res["update_norms"]
-        share = un["share_at_clip"]
+        share = un["client_updates_at_clip"]
         parts.append(f"client updates clipped to L: {share if share is None else f'{share:.0%}'}")
-        print(f"    eps0={res['epsilon0']:g}: " + "; ".join(parts))
+        print(f"    eps0={res['epsilon0_claimed']:g}: " + "; ".join(parts))
 
     print(f"  checks ({checks['audits_checked']} audits, Bonferroni: each interval at "
           f"{1 - checks['bonferroni_alpha']:.5f}):")

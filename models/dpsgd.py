@@ -12,6 +12,15 @@ from opacus import PrivacyEngine
 from torch import nn
 from torchmetrics.classification import BinaryAccuracy, MulticlassAccuracy
 
+from audit_callbacks.validation import (
+    check_choice,
+    check_delta,
+    check_flag,
+    check_positive,
+    check_real,
+    check_seed,
+)
+
 __all__ = ["DPSGDClassifier"]
 
 
@@ -31,6 +40,12 @@ class DPSGDClassifier(L.LightningModule):
         noise_seed: seed of Opacus' noise generator (None: torch's global generator).
 
     Logs ``train/loss``, ``val/loss``, ``val/accuracy`` (torchmetrics) and ``privacy/epsilon``.
+
+    Raises:
+        ValueError: naming the argument: ``lr`` or ``max_grad_norm`` not a finite real > 0,
+            ``noise_multiplier`` not one >= 0, ``delta`` outside (0, 1), ``accountant`` not one
+            of Opacus' ("rdp", "gdp", "prv"), ``dp`` not a bool, ``noise_seed`` neither None
+            nor an integer >= 0.
     """
 
     def __init__(
@@ -40,13 +55,13 @@ class DPSGDClassifier(L.LightningModule):
     ) -> None:
         super().__init__()
         self.model = model
-        self.lr = float(lr)
-        self.noise_multiplier = float(noise_multiplier)
-        self.max_grad_norm = float(max_grad_norm)
-        self.delta = float(delta)
-        self.accountant_name = accountant
-        self.dp_enabled = bool(dp)
-        self.noise_seed = noise_seed
+        self.lr = check_positive(lr, "lr")
+        self.noise_multiplier = check_real(noise_multiplier, "noise_multiplier", low=0.0)
+        self.max_grad_norm = check_positive(max_grad_norm, "max_grad_norm")
+        self.delta = check_delta(delta)
+        self.accountant_name = check_choice(accountant, "accountant", ("rdp", "gdp", "prv"))
+        self.dp_enabled = check_flag(dp, "dp")
+        self.noise_seed = None if noise_seed is None else check_seed(noise_seed, "noise_seed")
         out = [m for m in model.modules() if isinstance(m, nn.Linear)][-1].out_features
         self.binary = out == 1
         self.val_acc = BinaryAccuracy() if self.binary else MulticlassAccuracy(num_classes=out, average="micro")

@@ -24,9 +24,9 @@ pytestmark = pytest.mark.filterwarnings(
 )
 
 BOUNDS = (
-    "epsilon_lo_last_max",
-    "epsilon_lo_second_last_max",
-    "epsilon_lo_optimal_test_max",
+    "epsilon_lower_bound_max",
+    "epsilon_lower_bound_second_last_max",
+    "epsilon_pair_optimal_test_max",
     "epsilon_pair_layer_max",
     "epsilon_pair_all_params_max",
 )
@@ -76,10 +76,10 @@ def test_csv_rows_are_finite_and_lower_bounds_stay_below_the_single_step_bound(q
         for key in BOUNDS:
             assert 0.0 <= vals[key] <= single * (1 + 1e-9), (key, r)
         # maxima over steps keep the per-step B9 order
-        assert vals["epsilon_lo_last_max"] <= vals["epsilon_lo_optimal_test_max"] * (1 + 1e-9)
-        assert vals["epsilon_lo_optimal_test_max"] <= vals["epsilon_pair_layer_max"] * (1 + 1e-9)
+        assert vals["epsilon_lower_bound_max"] <= vals["epsilon_pair_optimal_test_max"] * (1 + 1e-9)
+        assert vals["epsilon_pair_optimal_test_max"] <= vals["epsilon_pair_layer_max"] * (1 + 1e-9)
         assert vals["epsilon_pair_layer_max"] <= vals["epsilon_pair_all_params_max"] * (1 + 1e-9)
-        assert vals["epsilon_lo_last_max"] > 0  # the attack carries information at these sigmas
+        assert vals["epsilon_lower_bound_max"] > 0  # the attack carries information at these sigmas
         assert 0.0 <= vals["reconstruction_accuracy"] <= 1.0 and 0.0 <= vals["val_accuracy"] <= 1.0
     by = {(r["sweep"], float(r["noise_multiplier"]), float(r["max_grad_norm"])): r for r in rows}
     # the shared point (sigma 0.5, C 1) is one fit written in both sweeps
@@ -89,7 +89,7 @@ def test_csv_rows_are_finite_and_lower_bounds_stay_below_the_single_step_bound(q
     }
     # Figure 1's shape: more noise, smaller bounds and smaller upper bounds
     lo, hi = by[("noise_multiplier", 0.5, 1.0)], by[("noise_multiplier", 4.0, 1.0)]
-    for key in ("epsilon_lo_last_max", "epsilon_single_step", "epsilon_accountant"):
+    for key in ("epsilon_lower_bound_max", "epsilon_single_step", "epsilon_accountant"):
         assert float(hi[key]) < float(lo[key]), key
     # the accountant does not depend on the clip norm (same sigma, same steps)
     assert float(by[("clip_norm", 0.5, 10.0)]["epsilon_accountant"]) == pytest.approx(
@@ -154,8 +154,8 @@ def test_multiclass_run_writes_csv_and_png_and_stays_below_the_single_step_bound
     for r in rows:
         assert r["failures"] == [] and r["steps"] == r["attacked_steps"] == 3
         assert r["flipped_norms"].startswith("exact")
-        assert 0.0 < r["epsilon_lo_last_max"] <= r["epsilon_single_step"]
+        assert 0.0 < r["epsilon_lower_bound_max"] <= r["epsilon_single_step"]
         assert 0.0 <= r["expected_attack_accuracy"] <= 1.0
-    assert rows[0]["epsilon_lo_last_max"] > rows[1]["epsilon_lo_last_max"]
+    assert rows[0]["epsilon_lower_bound_max"] > rows[1]["epsilon_lower_bound_max"]
     with open(res["multiclass_png"], "rb") as fh:
         assert fh.read(8) == b"\x89PNG\r\n\x1a\n"

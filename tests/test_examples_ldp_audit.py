@@ -25,12 +25,12 @@ def test_quick_run_writes_csv_png_and_passes_its_checks(tmp_path, capsys):
     # 2 eps0 x 2 audits (rounds 2 and 4) x 5 adversaries
     assert len(rows) == 2 * 2 * 5
     assert {r["adversary"] for r in rows} == set(example.ADVERSARY_NAMES)
-    assert {float(r["epsilon0"]) for r in rows} == {0.5, 4.0}
+    assert {float(r["epsilon0_claimed"]) for r in rows} == {0.5, 4.0}
     for r in rows:
-        assert float(r["epsilon_lower_bound"]) <= float(r["epsilon"])
+        assert float(r["epsilon0_lower_bound"]) <= float(r["epsilon0"])
         assert r["flagged"] == "False"
         if r["adversary"] == "dummy":
-            assert float(r["expected_epsilon"]) == pytest.approx(float(r["epsilon0"]))
+            assert float(r["epsilon0_expected"]) == pytest.approx(float(r["epsilon0_claimed"]))
             assert float(r["norm_g1"]) == pytest.approx(float(r["clip_norm"]), rel=1e-5)
     with open(out["png"], "rb") as fh:
         assert fh.read(8) == b"\x89PNG\r\n\x1a\n"

@@ -20,6 +20,7 @@ from audit_callbacks.callbacks.ldp_audit import (
     flag_lower_bound,
 )
 from audit_callbacks.callbacks.ldp_inference import LDPInferenceAudit
+from audit_callbacks.estimators.result import AuditResult
 from audit_callbacks.estimators.shuffle import epsilon_from_counts
 from audit_callbacks.federated import DPFedAvg, FederatedAuditHooks
 from audit_callbacks.mechanisms import LDPSGD, BrokenStaircase, Staircase, TwoPoint
@@ -88,9 +89,9 @@ def test_end_to_end_tags_layout_summary_and_values(tmp_path):
     expected = {"ldp/epsilon0_claimed", "ldp/epsilon0_ceiling", "ldp/clip_norm",
                 "ldp/client_updates_at_clip", "val/accuracy"}
     for name in ADVERSARY_NAMES:
-        expected |= {f"ldp/epsilon0_{name}", f"ldp/epsilon0_lo_{name}"}
+        expected |= {f"ldp/epsilon0_{name}", f"ldp/epsilon0_lower_bound_{name}"}
     for name in ("benign", "label_flip", "gradient_flip", "collusion"):
-        expected.add(f"ldp/gradient_norm_{name}")
+        expected.add(f"ldp/norm_g1_{name}")
     assert expected <= set(acc.Tags()["scalars"])
     for tag in expected:
         assert all(math.isfinite(e.value) for e in acc.Scalars(tag)), tag
@@ -98,19 +99,19 @@ def test_end_to_end_tags_layout_summary_and_values(tmp_path):
     assert [e.step for e in acc.Scalars("ldp/epsilon0_dummy")] == [3, 6, 8]
     assert [r["round"] for r in audit.history if r["adversary"] == "dummy"] == [3, 6, 8]
     # the logged values are the recorded ones, next to the claim and the ceiling
-    logged = {e.step: e.value for e in acc.Scalars("ldp/epsilon0_lo_gradient_flip")}
+    logged = {e.step: e.value for e in acc.Scalars("ldp/epsilon0_lower_bound_gradient_flip")}
     for rec in audit.history:
         if rec["adversary"] == "gradient_flip":
-            assert logged[rec["round"]] == pytest.approx(rec["epsilon_lower_bound"], rel=1e-6)
+            assert logged[rec["round"]] == pytest.approx(rec["epsilon0_lower_bound"], rel=1e-6)
     assert {e.value for e in acc.Scalars("ldp/epsilon0_claimed")} == {2.0}
     ceiling = measurable_ceiling(4000, 0.05)
     assert acc.Scalars("ldp/epsilon0_ceiling")[0].value == pytest.approx(ceiling, rel=1e-6)
     for rec in audit.history:
         assert rec["method"] == "fast"
-        assert 0 <= rec["epsilon_lower_bound"] <= rec["epsilon"] <= ceiling + 1e-12
+        assert 0 <= rec["epsilon0_lower_bound"] <= rec["epsilon0"] <= ceiling + 1e-12
         if rec["adversary"] in ("dummy", "collusion"):
-            assert rec["norm_g1"] >= 1.0 - 1e-6 and rec["expected_epsilon"] == pytest.approx(2.0)
-            assert rec["epsilon_lower_bound"] <= 2.0 <= rec["epsilon_upper_bound"]
+            assert rec["norm_g1"] >= 1.0 - 1e-6 and rec["epsilon0_expected"] == pytest.approx(2.0)
+            assert rec["epsilon0_lower_bound"] <= 2.0 <= rec["epsilon0_upper_bound"]
     # one chart: estimates + lower bounds + claimed eps0 + ceiling; accuracy; norms
     from tensorboard.plugins.custom_scalar import layout_pb2
     from tensorboard.plugins.custom_scalar import metadata as cs_meta
@@ -118,26 +119,129 @@ def test_end_to_end_tags_layout_summary_and_values(tmp_path):
     layout.ParseFromString(acc.Tensors(cs_meta.CONFIG_SUMMARY_TAG)[0].tensor_proto.string_val[0])
     charts = {c.title: list(c.multiline.tag) for cat in layout.category for c in cat.chart}
     main = charts["epsilon0 (estimates, lower bounds, claimed)"]
-    assert {"ldp/epsilon0_dummy", "ldp/epsilon0_lo_dummy", "ldp/epsilon0_claimed"} <= set(main)
-    assert charts["accuracy"] == ["val/accuracy"]
-    assert "ldp/clip_norm" in charts["gradient norms vs clip norm"]
+    assert {"^ldp/epsilon0_dummy$", "^ldp/epsilon0_lower_bound_dummy$", "^ldp/epsilon0_claimed$",
+            "^ldp/epsilon0_ceiling$"} <= set(main)
+    assert charts["accuracy"] == ["^val/accuracy$"]
+    assert "^ldp/clip_norm$" in charts["gradient norms vs clip norm"]
 
     with open(os.path.join(run_dir, "ldp_audit_summary.json"), encoding="utf-8") as fh:
         summary = json.load(fh)
     assert summary["flagged"] is False and summary["flags"] == []
-    assert summary["inputs"]["claimed_epsilon"] == 2.0 and summary["inputs"]["dim"] == 650
+    assert summary["inputs"]["epsilon0_claimed"] == 2.0 and summary["inputs"]["dim"] == 650
     assert summary["exact_audit"] is None  # LDP-SGD is not a discrete per-coordinate mechanism
     assert set(summary["adversaries"]) == set(ADVERSARY_NAMES)
     assert summary["adversaries"]["dummy"]["audits"] == 3
     assert len(summary["history"]) == 15
+    # each audit's epsilon0 with its bounds is one AuditResult with the record's numbers
+    for rec, pub in zip(audit.history, summary["history"], strict=True):
+        res = AuditResult(**pub["epsilon0"])
+        assert (res.value, res.lower, res.upper) == (
+            rec["epsilon0"], rec["epsilon0_lower_bound"], rec["epsilon0_upper_bound"])
+        assert res.counts == {k: rec[k] for k in ("tp", "fn", "fp", "tn", "trials")}
+        assert res.alpha == 0.05 and res.delta == 0.0 and res.method == "ldp_test_fast"
+        assert (res.status == "ok") is (not rec["epsilon0_capped"])
+        flag = AuditResult(**pub["epsilon0_lower_bound_familywise"])
+        assert (flag.value, flag.alpha) == (rec["epsilon0_lower_bound_familywise"], rec["familywise_alpha"])
     norms = summary["client_update_norms"]
-    assert norms["count"] == 8 * 5 and 0 <= norms["share_at_clip"] <= 1 and norms["mean"] <= 1 + 1e-5
+    assert norms["count"] == 8 * 5 and 0 <= norms["client_updates_at_clip"] <= 1 and norms["mean"] <= 1 + 1e-5
     # no real client's id or per-example value leaves the process (issue 16 item 8)
     assert "max" not in norms
     for rec in [*summary["history"], *(a["last"] for a in summary["adversaries"].values())]:
         assert not {"client", "norm_g1", "norm_g2", "cosine_g1_g2"} & set(rec), rec
         assert isinstance(rec["g1_at_clip"], bool)
     assert all("client" in rec for rec in audit.history)  # kept in memory for the user
+
+
+def test_every_logged_tag_summary_key_and_chart_is_in_the_name_table(tmp_path):
+    """Walks :mod:`audit_callbacks.names` against what both LDP callbacks write: every scalar of
+    families ``ldp`` / ``ldp_inference`` is registered (and every registered one is logged by
+    this run, which exercises them all), the records and summaries use the same names with the
+    logged numbers, and the Custom Scalars layout draws only registered tags."""
+    import re
+
+    from tensorboard.plugins.custom_scalar import layout_pb2
+    from tensorboard.plugins.custom_scalar import metadata as cs_meta
+
+    from audit_callbacks import names
+    from audit_callbacks.attacks import ADVERSARIES
+    from audit_callbacks.callbacks.ldp_inference import INFERENCE_MODES
+
+    families = ("ldp", "ldp_inference")
+    assert ADVERSARY_NAMES == tuple(ADVERSARIES)
+    dm, module = make(Staircase(2.0, center=0.0, radius=0.5, precision=2, groups=4))
+    audit, inf = LDPAudit(trials=200, every_n_rounds=2, seed=4), LDPInferenceAudit(seed=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fit(dm, module, [audit, inf], 4, tmp_path)  # audits after rounds 2 and 4; one epoch
+    run_dir = os.path.join(str(tmp_path), "run", "version_0")
+    acc = EventAccumulator(run_dir, size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+
+    # tags: logged == registered for both families
+    registered = {q.tag for q in names.QUANTITIES if q.family in families}
+    logged = {t for t in acc.Tags()["scalars"] if t.split("/")[0] in families}
+    assert logged <= registered, logged - registered
+    assert registered <= logged, registered - logged
+    with pytest.raises(KeyError):
+        names.tag("ldp", "epsilon0_lo_dummy")
+    scalars = {t: {e.step: e.value for e in acc.Scalars(t)} for t in logged}
+
+    # LDPAudit's records: a per-adversary name is the record's key + "_<adversary>"
+    for rec in audit.history:
+        adv, rnd = rec["adversary"], rec["round"]
+        for stem in ("epsilon0", "epsilon0_lower_bound", "norm_g1"):
+            name = f"{stem}_{adv}"
+            if stem == "norm_g1" and adv == "dummy":
+                assert name not in names.names("ldp")
+                continue
+            assert scalars[names.tag("ldp", name)][rnd] == pytest.approx(rec[stem], rel=1e-6)
+        for name in ("epsilon0_claimed", "clip_norm"):
+            assert scalars[names.tag("ldp", name)][rnd] == pytest.approx(rec[name], rel=1e-6)
+    # LDPAudit's summary: the same names, the logged numbers
+    summary = json.load(open(audit.summary_path, encoding="utf-8"))
+    assert summary["source"] and "paper" not in summary
+    assert summary["tags"] == {q.name: q.tag for q in names.family("ldp")}
+    inputs = summary["inputs"]
+    for name in ("epsilon0_claimed", "epsilon0_ceiling", "clip_norm"):
+        assert all(v == pytest.approx(inputs[name], rel=1e-6) for v in scalars[names.tag("ldp", name)].values())
+    share = summary["client_update_norms"]["client_updates_at_clip"]
+    assert scalars[names.tag("ldp", "client_updates_at_clip")][4] == pytest.approx(share, rel=1e-6)
+    for pub in summary["history"]:
+        res, adv, rnd = AuditResult(**pub["epsilon0"]), pub["adversary"], pub["round"]
+        assert scalars[names.tag("ldp", f"epsilon0_{adv}")][rnd] == pytest.approx(res.value, rel=1e-6)
+        assert scalars[names.tag("ldp", f"epsilon0_lower_bound_{adv}")][rnd] == pytest.approx(res.lower, rel=1e-6)
+        assert res.source == summary["source"]
+    exact = summary["exact_audit"]
+    for name in ("epsilon_exact_per_coordinate", "epsilon_claimed_per_coordinate"):
+        value = exact[name]["value"] if isinstance(exact[name], dict) else exact[name]
+        assert scalars[names.tag("ldp", name)][0] == pytest.approx(value, rel=1e-9)
+        assert audit.exact[name] == value
+    assert AuditResult(**exact["epsilon_exact_per_coordinate"]).value == pytest.approx(2.0, rel=1e-9)
+
+    # LDPInferenceAudit: records and summary keyed by the registered names
+    inf_summary = json.load(open(inf.summary_path, encoding="utf-8"))
+    assert inf_summary["source"] and "paper" not in inf_summary
+    assert inf_summary["tags"] == {q.name: q.tag for q in names.family("ldp_inference")}
+    assert {f"error_{m}" for m in INFERENCE_MODES} <= set(names.names("ldp_inference"))
+    for h in [*inf.history, *inf_summary["history"], inf_summary["final"]]:
+        keys = set(h) - {"round", "rows"}
+        assert keys == set(names.names("ldp_inference")), keys
+        for name in keys:
+            if h[name] is not None:
+                assert scalars[names.tag("ldp_inference", name)][h["round"]] == pytest.approx(h[name], rel=1e-6)
+
+    # the layout (read back from the event file) draws registered tags only, each anchored
+    layout = layout_pb2.Layout()
+    for event in acc.Tensors(cs_meta.CONFIG_SUMMARY_TAG):
+        layout.MergeFromString(event.tensor_proto.string_val[0])
+    drawn = {t for cat in layout.category for c in cat.chart for t in c.multiline.tag}
+    anchored = {f"^{re.escape(q.tag)}$": q for q in names.QUANTITIES}
+    assert drawn <= set(anchored), drawn - set(anchored)
+    assert {anchored[t].family for t in drawn} == {*families, "val"}
+    assert {t for t in drawn if anchored[t].family in families} == {
+        t for t, q in anchored.items() if q.family in families and q.chart is not None}
+    for t in drawn:  # and each draws a logged scalar
+        assert any(re.search(t, x) for x in acc.Tags()["scalars"]), t
 
 
 def test_correct_randomizer_is_never_flagged_across_many_audits():
@@ -177,7 +281,7 @@ def test_broken_ldp_sgd_is_flagged_once_per_adversary(tmp_path):
     assert len(audit.flags) == 4
     for rec in audit.history:
         assert rec["method"] == "batched"  # the overriding randomize was tested, not the claim
-        assert rec["flag_lower_bound"] > 0.5 and rec["epsilon"] > 3.0
+        assert rec["epsilon0_lower_bound_familywise"] > 0.5 and rec["epsilon0"] > 3.0
     with open(audit.summary_path, encoding="utf-8") as fh:
         assert json.load(fh)["flagged"] is True
 
@@ -194,15 +298,27 @@ def test_exact_audit_flags_the_broken_staircase_only(tmp_path):
             fit(dm, module, [audit], 2, tmp_path / name, logger=False)
         results[name] = (audit, broken_warnings(caught))
     good, good_warn = results["correct"]
-    assert good.exact["epsilon_per_coordinate"] == pytest.approx(2.0, rel=1e-9)
+    assert good.exact["epsilon_exact_per_coordinate"] == pytest.approx(2.0, rel=1e-9)
     assert not good.exact["flagged"] and not good_warn and good.flags == []
     bad, bad_warn = results["broken"]
     # per_group defect: eps + log(n_m / n_1) > eps (mechanisms/staircase.py)
     sizes = bad.exact and BrokenStaircase(2.0, defect="per_group", **kwargs).group_sizes
-    assert bad.exact["epsilon_per_coordinate"] == pytest.approx(2.0 + math.log(sizes[-1] / sizes[0]), rel=1e-9)
+    assert bad.exact["epsilon_exact_per_coordinate"] == pytest.approx(2.0 + math.log(sizes[-1] / sizes[0]), rel=1e-9)
     assert bad.exact["flagged"] and len(bad_warn) == 1 and "exact audit" in str(bad_warn[0].message)
     # the whole-row cosine test cannot see it: the claim for d = 650 coordinates is 1300
-    assert bad.history[0]["claimed_epsilon"] == pytest.approx(1300.0) and not bad.history[0]["flagged"]
+    assert bad.history[0]["epsilon0_claimed"] == pytest.approx(1300.0) and not bad.history[0]["flagged"]
+
+
+def test_exact_result_is_an_audit_result_or_says_why_not():
+    from audit_callbacks.callbacks.ldp_audit import exact_result
+
+    witness = {"x_high": 0.5, "x_low": -0.5, "y": 0.25}
+    finite = exact_result({"epsilon_exact_per_coordinate": 2.5, **witness})
+    assert AuditResult(**finite) == AuditResult(value=2.5, method="exact_enumeration",
+                                                source=finite["source"], details=witness)
+    infinite = exact_result({"epsilon_exact_per_coordinate": math.inf, **witness})
+    assert infinite == {"status": "infinite: output 0.25 has probability 0 under input -0.5 and "
+                                  "not under 0.5", "details": witness}
 
 
 def test_resume_gives_identical_final_numbers(tmp_path):

@@ -661,9 +661,11 @@ def _public(rec: dict[str, Any]) -> dict[str, Any]:
     """An audit record for the summary: its epsilon0 test and family-wise bound as
     :class:`AuditResult` dicts, without the audited client's id or values computed from its
     data."""
-    out = {k: v for k, v in rec.items() if k not in _PRIVATE_FIELDS + _RESULT_FIELDS}
+    out = {k: rec[k] for k in ("round", "audit", "adversary")}
     out["epsilon0"] = epsilon0_result(rec).to_dict()
     out["epsilon0_lower_bound_familywise"] = familywise_result(rec).to_dict()
+    out.update((k, v) for k, v in rec.items()
+               if k not in out and k not in _PRIVATE_FIELDS + _RESULT_FIELDS)
     if "norm_g1" in rec:
         out["g1_at_clip"] = bool(rec["norm_g1"] >= rec["clip_norm"] * (1 - 1e-6))
     return out

@@ -9,7 +9,10 @@ audit of discrete per-coordinate randomizers. ``ldp_inference``:
 A quantity measured once per crafting adversary (or attack mode) is registered once per
 adversary (mode): its name is the key of the callback's record followed by ``_<adversary>``
 (``_<mode>``): the record ``{"adversary": "dummy", "epsilon0_lower_bound": ...}`` is logged as
-``ldp/epsilon0_lower_bound_dummy``. The inference records are keyed by the full name
+``ldp/epsilon0_lower_bound_dummy``. In ``LDPAudit``'s summary JSON a record's epsilon0 and
+its bounds are one :class:`~audit_callbacks.estimators.result.AuditResult` under ``epsilon0``
+(``lower`` is ``epsilon0_lower_bound``), and the exact audit one under
+``epsilon_exact_per_coordinate``. The inference records and summary are keyed by the full name
 (``error_debiased``). The adversaries and modes here are those of
 :data:`~audit_callbacks.callbacks.ldp_audit.ADVERSARY_NAMES` and
 :data:`~audit_callbacks.callbacks.ldp_inference.INFERENCE_MODES` (a test checks they agree; an
