@@ -296,6 +296,22 @@ class GradientCanaryInjector:
     example in the *global* logical batch, which is the rate ``make_private`` charges the
     accountant with (``1 / len(data_loader)`` of the distributed Poisson loader).
 
+    Observer (e.g. :meth:`audit_callbacks.steps_unknown.StepsUnknownScores.update`): called once
+    per logical step as ``observer(noisy_sum, rate)``, where ``noisy_sum`` ``[d]`` is the
+    concatenation of ``p.grad`` over ``optimizer.params`` (in order) right after Opacus' own
+    ``add_noise``: the summed clipped gradients, canaries included, plus ``N(0, sigma^2 C^2)``
+    noise, before ``scale_grad`` divides it (whatever the wrapped optimizer: SGD, momentum,
+    Adam); ``rate`` is the step's ``q = min(1, sample_rate * accumulated_iterations)``. Under
+    data-parallel training each rank holds only its own share of the sum at that moment (rank 0:
+    its examples, the canaries and the noise; the others: their examples), so the observer is
+    called instead right after Opacus' ``reduce_gradients`` (wrapped on the instance while an
+    observer is set), with the all-reduced gradient multiplied back by what Opacus divided it by
+    (``expected_batch_size * accumulated_iterations * world_size`` for ``loss_reduction="mean"``,
+    1 for ``"sum"``): every rank then sees the same global noisy sum, bit for bit, and its
+    statistic is the same on every rank, with no communication beyond Opacus' own all-reduce
+    (the sum is exact up to the float32 rounding of that division and multiplication). With no
+    observer nothing is wrapped or computed beyond the canaries: training is bit-identical.
+
     Args:
         optimizer: the run's ``DPOptimizer``; its ``add_noise`` is wrapped on the instance.
         canaries: the canary set, dimension = total number of the optimizer's parameters.
@@ -303,6 +319,8 @@ class GradientCanaryInjector:
         sample_rate: Poisson sampling rate of one example per physical batch (global batch).
         seed: the seed of the join draws.
         world_size: the number of training processes (``trainer.world_size``).
+        observer: ``observer(noisy_sum [d], rate)`` called once per logical step (see above),
+            or None (default); :meth:`set_observer` changes it later.
 
     Raises:
         ValueError: the canary dimension does not match the parameters, a rate not in (0, 1].
@@ -312,7 +330,10 @@ class GradientCanaryInjector:
     def __init__(
         self, optimizer: DPOptimizer, canaries: CanarySet, num_observed: int, sample_rate: float,
         *, seed: int = 0, world_size: int = 1,
+        observer: Callable[[torch.Tensor, float], None] | None = None,
     ) -> None:
+        if observer is not None and not callable(observer):
+            raise ValueError(f"observer must be callable or None, got {type(observer).__name__}")
         dim = sum(p.numel() for p in optimizer.params)
         if dim != canaries.dim:
             raise ValueError(f"canaries have dimension {canaries.dim}, the optimizer's parameters {dim}")
@@ -329,6 +350,40 @@ class GradientCanaryInjector:
         self.participations = np.zeros(self.num_observed, dtype=np.int64)
         self._original = optimizer.add_noise
         optimizer.add_noise = self._add_noise  # instance attribute: the class is untouched
+        self._distributed = isinstance(optimizer, _supported_distributed())
+        self.observer: Callable[[torch.Tensor, float], None] | None = None
+        self._reduce_original: Callable[[], None] | None = None
+        self._awaiting: tuple[float, float] | None = None  # (rate, factor) until the all-reduce
+        self.set_observer(observer)
+
+    def set_observer(self, observer: Callable[[torch.Tensor, float], None] | None) -> None:
+        """Install (or with None remove) the observer of the noisy sums (see the class)."""
+        if observer is not None and not callable(observer):
+            raise ValueError(f"observer must be callable or None, got {type(observer).__name__}")
+        self.observer = observer
+        opt = self.optimizer
+        if self._distributed and observer is not None and self._reduce_original is None:
+            self._reduce_original = opt.reduce_gradients
+            opt.reduce_gradients = self._reduce_gradients  # instance attribute, as add_noise
+        elif observer is None and self._reduce_original is not None:
+            if opt.__dict__.get("reduce_gradients") == self._reduce_gradients:
+                del opt.reduce_gradients
+            self._reduce_original, self._awaiting = None, None
+
+    def _noisy_sum(self) -> torch.Tensor:
+        """``p.grad`` over ``optimizer.params``, flattened and concatenated (a new tensor)."""
+        return torch.cat([p.grad.detach().reshape(-1) for p in self.optimizer.params])
+
+    def _reduce_gradients(self) -> None:
+        assert self._reduce_original is not None
+        self._reduce_original()
+        awaiting, self._awaiting = self._awaiting, None
+        if awaiting is not None and self.observer is not None:
+            rate, factor = awaiting
+            total = self._noisy_sum()
+            if factor != 1.0:
+                total.mul_(factor)
+            self.observer(total, rate)
 
     def joined(self, step: int, rate: float) -> np.ndarray:
         """Indices of the canaries that join logical step ``step`` at rate ``rate``."""
@@ -351,9 +406,18 @@ class GradientCanaryInjector:
                     offset += n
             np.add.at(self.participations, idx, 1)
         self.steps += 1
+        if self.observer is not None and self._reduce_original is not None:
+            # data-parallel: observed after Opacus' all-reduce, multiplied back to the sum
+            factor = 1.0
+            if opt.loss_reduction == "mean":
+                factor = float(opt.expected_batch_size * opt.accumulated_iterations * self.world_size)
+            self._awaiting = (rate, factor)
         self._original()
+        if self.observer is not None and self._reduce_original is None:
+            self.observer(self._noisy_sum(), rate)  # one process: p.grad is the whole noisy sum
 
     def detach(self) -> None:
         """Restore the optimizer's own ``add_noise``."""
         if self.optimizer.__dict__.get("add_noise") == self._add_noise:
             del self.optimizer.add_noise
+        self.set_observer(None)

@@ -23,11 +23,32 @@ The one-run bounds of all data sets are computed in one vectorised pass through 
 routines the methods call (checked against the method on the first data set of each epsilon).
 
 Output: a table on stdout and ``benchmarks/results/lower_bounds.json``.
+
+``--valid`` runs instead the coverage study of the valid bounds of issue 24
+(:mod:`audit_callbacks.estimators.valid_bounds`; ~10 min on one core), written to
+``benchmarks/results/valid_bounds.json``:
+
+    PYTHONPATH=. .venv/bin/python benchmarks/lower_bounds.py --valid             # full
+    PYTHONPATH=. .venv/bin/python benchmarks/lower_bounds.py --valid --quick     # smoke test
+
+Gaussian mechanism in ~ N(mu, 1), out ~ N(0, 1), mu in {1, 2, 4}, k = k' in {500, 1000},
+true epsilon eps_GDP(mu, delta), delta = 1e-5, alpha = 0.05, ``--sets`` data sets (default 1000
+here). Per setting: (a) the tightest valid bound (``tightest_valid_lower_bound``) at alpha on
+all scores; (b) the maximum over J = 10 checkpoints (the first k i / 10 scores of each group,
+i = 1..10) of ``watched_lower_bound`` at alpha / (i (i + 1)), and at alpha / 10 (known
+horizon); (c) the naive maximum of plain (1 - alpha) tightest bounds and of plain (1 - alpha)
+parametric GDP bounds over the same checkpoints, and the GDP maximum with the spent levels;
+(d) the GDP bound's fit gate (default level 0.01) on the Gaussian scores and on a mixture
+(in ~ N(4, 1) for 30% of the canaries, N(0.5, 1) for the rest). Also the one-run bound with the
+emulated fair-coin pool on randomized response (pure eps-DP, eps in {1, 2, 4}, delta = 0),
+where that bound is nearly tight, and with ``inclusion="coins"`` beside it. Each exceed count
+is compared with the upper 99.9% binomial quantile at 5%.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 
@@ -38,6 +59,7 @@ from scipy.optimize import brentq
 
 from audit_callbacks.estimators import CanaryScoreAuditor, gaussian_epsilon, gaussian_epsilon_array
 from audit_callbacks.estimators.one_run import fdp_mu, guess_counts, one_run_epsilon
+from audit_callbacks.estimators.valid_bounds import METHODS, spent_alpha, valid_bound_values
 
 # jax_privacy auditing on identical arrays (50 data sets), and the parametric GDP bound's
 # reference simulation (300 data sets); None where no number was given.
@@ -64,8 +86,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--scores", choices=("cosine", "gaussian"), default="cosine")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="20 data sets, eps 1 and 8")
-    p.add_argument("--output", default="lower_bounds.json")
-    return p.parse_args(argv)
+    p.add_argument("--output", default=None, help="JSON name in benchmarks/results/")
+    p.add_argument("--valid", action="store_true",
+                   help="coverage of the valid bounds (issue 24) instead of the comparison")
+    p.add_argument("--mus", type=float, nargs="+", default=[1.0, 2.0, 4.0],
+                   help="--valid: Gaussian shifts")
+    p.add_argument("--ks", type=int, nargs="+", default=[500, 1000], help="--valid: k = k'")
+    p.add_argument("--checkpoints", type=int, default=10, help="--valid: J")
+    a = p.parse_args(argv)
+    if a.output is None:
+        a.output = ("valid_bounds" if a.valid else "lower_bounds") + (
+            "_quick.json" if a.quick else ".json")
+    return a
 
 
 def sigma_for(eps: float, delta: float) -> float:
@@ -168,8 +200,127 @@ def run_eps(eps: float, a: argparse.Namespace) -> dict:
     return res
 
 
+# --------------------------------------------------------------------------------------------
+# --valid: coverage of the valid bounds (issue 24)
+# --------------------------------------------------------------------------------------------
+
+
+def _rate(x: np.ndarray, truth: float, allowed: int) -> dict:
+    c = int(np.sum(x > truth))
+    return {"exceed_count": c, "exceed_rate": c / x.size, "coverage_ok": c <= allowed,
+            "mean": float(x.mean()), "ratio_to_truth": float(x.mean() / truth)}
+
+
+def run_valid_setting(mu: float, k: int, a: argparse.Namespace) -> dict:
+    delta, alpha, n, jj = 1e-5, a.alpha, a.sets, a.checkpoints
+    truth = float(gaussian_epsilon_array(np.array([mu]), delta)[0])
+    rng = np.random.default_rng([a.seed, 24, int(mu * 100), k])
+    x, y = rng.normal(mu, 1.0, (n, k)), rng.normal(0.0, 1.0, (n, k))
+    allowed = int(stats.binom.ppf(0.999, n, 0.05))
+    t0 = time.perf_counter()
+    sets = list(zip(x, y, strict=True))
+    full = valid_bound_values(sets, alpha=alpha, delta=delta)
+    coins = valid_bound_values(sets, alpha=alpha, delta=delta, inclusion="coins").max(axis=1)
+    cps = [k * (i + 1) // jj for i in range(jj)]
+    watched, horizon, naive = (np.zeros((n, jj)) for _ in range(3))
+    gdp_naive, gdp_spent = np.zeros((n, jj)), np.zeros((n, jj))
+    for i, c in enumerate(cps, start=1):
+        part = list(zip(x[:, :c], y[:, :c], strict=True))
+        watched[:, i - 1] = valid_bound_values(part, alpha=spent_alpha(alpha, i),
+                                               delta=delta).max(axis=1)
+        horizon[:, i - 1] = valid_bound_values(part, alpha=alpha / jj, delta=delta).max(axis=1)
+        naive[:, i - 1] = valid_bound_values(part, alpha=alpha, delta=delta).max(axis=1)
+        for s_, (xi, yi) in enumerate(part):
+            aud = CanaryScoreAuditor(xi, yi)
+            gdp_naive[s_, i - 1] = aud.epsilon_gdp_lower_bound(alpha, delta, gof_level=0.0).value
+            gdp_spent[s_, i - 1] = aud.epsilon_gdp_lower_bound(
+                spent_alpha(alpha, i), delta, gof_level=0.0).value
+    gate_gauss = np.mean([CanaryScoreAuditor(xi, yi).epsilon_gdp_lower_bound(alpha, delta)
+                          .status == "ok" for xi, yi in sets])
+    leak = rng.random((n, k)) < 0.3
+    xm = rng.normal(np.where(leak, 4.0, 0.5), 1.0)
+    gate_mix = np.mean([CanaryScoreAuditor(xi, yi).epsilon_gdp_lower_bound(alpha, delta)
+                        .status.startswith("rejected") for xi, yi in zip(xm, y, strict=True)])
+    best = full.max(axis=1)
+    return {
+        "mu": mu, "k": k, "true_epsilon": truth, "sets": n, "checkpoints": cps,
+        "allowed_exceed_count_999": allowed,
+        "a_tightest_valid": {**_rate(best, truth, allowed),
+                             "per_method_mean": dict(zip(METHODS, full.mean(axis=0).tolist(),
+                                                         strict=True)),
+                             "wins": dict(zip(METHODS, np.bincount(full.argmax(axis=1),
+                                                                   minlength=3).tolist(),
+                                              strict=True)),
+                             "inclusion_coins": _rate(coins, truth, allowed)},
+        "b_watched_series_max": _rate(watched.max(axis=1), truth, allowed),
+        "b_horizon_series_max": _rate(horizon.max(axis=1), truth, allowed),
+        "b_watched_last_point_mean": float(watched[:, -1].mean()),
+        "c_naive_max_tightest": _rate(naive.max(axis=1), truth, allowed),
+        "c_gdp_last_point": _rate(gdp_naive[:, -1], truth, allowed),
+        "c_gdp_naive_max": _rate(gdp_naive.max(axis=1), truth, allowed),
+        "c_gdp_spent_max": _rate(gdp_spent.max(axis=1), truth, allowed),
+        "d_gate_pass_rate_gaussian": float(gate_gauss),
+        "d_gate_reject_rate_mixture": float(gate_mix),
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def run_rr(eps: float, k: int, a: argparse.Namespace) -> dict:
+    p = math.exp(eps) / (1.0 + math.exp(eps))
+    rng = np.random.default_rng([a.seed, 25, int(eps * 100), k])
+    x = (rng.random((a.sets, k)) < p).astype(float)
+    y = (rng.random((a.sets, k)) >= p).astype(float)
+    allowed = int(stats.binom.ppf(0.999, a.sets, 0.05))
+    out = {"epsilon": eps, "k": k, "sets": a.sets, "allowed_exceed_count_999": allowed}
+    for inc in ("fixed", "coins"):
+        v = valid_bound_values(list(zip(x, y, strict=True)), alpha=a.alpha, delta=0.0,
+                               methods=("one_run",), inclusion=inc)[:, 0]
+        out[inc] = _rate(v, eps, allowed)
+    return out
+
+
+def main_valid(a: argparse.Namespace) -> int:
+    if a.quick:
+        a.sets, a.mus, a.ks = 60, [2.0], [500]
+    t0 = time.perf_counter()
+    rows = [run_valid_setting(mu, k, a) for k in a.ks for mu in a.mus]
+    rr = [run_rr(e, k, a) for k in a.ks for e in (1.0, 2.0, 4.0)]
+    total = time.perf_counter() - t0
+    print(f"valid bounds: sets={a.sets} alpha={a.alpha} delta=1e-5 J={a.checkpoints} "
+          f"({total:.0f} s); exceed % (mean bound)")
+    cols = ("a_tightest_valid", "b_watched_series_max", "b_horizon_series_max",
+            "c_naive_max_tightest", "c_gdp_last_point", "c_gdp_naive_max", "c_gdp_spent_max")
+    print(f"{'k':>5} {'mu':>4} {'eps':>6} " + " ".join(f"{c[:18]:>20}" for c in cols)
+          + "  gate ok / mix rej")
+    for r in rows:
+        cells = [f"{100 * r[c]['exceed_rate']:5.1f}% ({r[c]['mean']:6.3f})" for c in cols]
+        print(f"{r['k']:>5} {r['mu']:>4.0f} {r['true_epsilon']:6.2f} "
+              + " ".join(f"{c:>20}" for c in cells)
+              + f"  {r['d_gate_pass_rate_gaussian']:.3f} / {r['d_gate_reject_rate_mixture']:.3f}")
+    for r in rr:
+        print(f"randomized response k={r['k']} eps={r['epsilon']}: one-run fixed pool "
+              f"{100 * r['fixed']['exceed_rate']:.1f}% ({r['fixed']['mean']:.3f}), coins "
+              f"{100 * r['coins']['exceed_rate']:.1f}% ({r['coins']['mean']:.3f})")
+    payload = {
+        "description": "Coverage of the valid lower bounds (issue 24): tightest valid bound, "
+                       "the maximum of a watched series, the naive maximum, the GDP gate "
+                       "(see the script docstring).",
+        "config": {k: v for k, v in vars(a).items() if k != "output"},
+        "total_seconds": total,
+        "gaussian": rows,
+        "randomized_response": rr,
+        "machine": machine_info(),
+    }
+    print("wrote", write_json(a.output, payload))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
+    if a.valid:
+        if "--sets" not in (argv if argv is not None else sys.argv[1:]):
+            a.sets = 1000
+        return main_valid(a)
     if a.quick:
         a.sets, a.eps = 20, [1.0, 8.0]
     t0 = time.perf_counter()

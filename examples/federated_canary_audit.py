@@ -99,13 +99,20 @@ def main(argv: list[str] | None = None) -> dict:
         summary = json.load(fh)
     est = summary["estimates"] or {}
 
-    def row(name: str, key: str) -> str:
+    def row(name: str, key: str, reference: str | None = None) -> str:
         e = est.get(key)
         if not e or e.get("status") != "ok":
-            return f"  {name:<38} {'-':>10}"
+            why = (e or {}).get("status", "-")
+            return f"  {name:<40} {'-':>9}  ({why})"
         lo, hi = e.get("lower"), e.get("upper")
-        ci = f"  [{lo:.3g}, {hi:.3g}]" if lo is not None and hi is not None else ""
-        return f"  {name:<38} {e['value']:>10.3f}{ci}"
+        ci = f" [{lo:.3g}, {hi:.3g}]" if lo is not None and hi is not None else ""
+        ref = summary.get(reference) if reference else None
+        ratio = f"   {e['value'] / ref:.2f} of the reference" if ref and ref != float("inf") else ""
+        return f"  {name:<40} {e['value']:>9.3f}{ci}{ratio}"
+
+    def value(key: str) -> str:
+        v = summary.get(key)
+        return "-" if v is None else f"{v:>9.3f}"
 
     print()
     print(f"DP-FedAvg on digits: {args.rounds} rounds, {args.clients} clients, "
@@ -115,14 +122,16 @@ def main(argv: list[str] | None = None) -> dict:
           f"{summary.get('num_canaries_participated', 0)} canaries took part "
           f"(at most {summary.get('max_participations', 0)} times each)")
     print(f"  epsilon at delta = {args.delta:g} (intervals: 95% bootstrap)")
-    for tm, label in (("final_model", "final model"), ("all_iterates", "all iterates")):
-        print(row(f"{label} (equal-variance fit)", f"epsilon_{tm}"))
-        print(row("  (unequal-variance fit, Andrew et al.)", f"epsilon_{tm}_unequal_fit"))
-        print(row(f"{label}, 95% lower bound", f"epsilon_lower_bound_{tm}"))
-        print(row("  (parametric, Gaussian scores)", f"epsilon_gdp_lower_bound_{tm}"))
-    analytic = summary.get("epsilon_analytic")
-    print(f"  {'analytic (adversary knows the rounds)':<38} "
-          f"{analytic if analytic is None else f'{analytic:>10.3f}'}")
+    print("  all iterates (the adversary sees every round and knows a canary's rounds)")
+    print(row("  estimate  <- the number to read", "epsilon_all_iterates", "epsilon_analytic"))
+    print(f"  {'  reference: analytic epsilon':<40} {value('epsilon_analytic')}")
+    print(row("  valid 95% lower bound", "epsilon_lower_bound_all_iterates"))
+    print(row("  (known-rounds statistic alone)", "epsilon_all_iterates_matched"))
+    print(row("  (Andrew et al.'s max cosine)", "epsilon_all_iterates_max_cosine"))
+    print("  final model (the adversary sees only the last model)")
+    print(row("  estimate", "epsilon_final_model", "epsilon_last_iterate_heuristic"))
+    print(f"  {'  reference: last-iterate heuristic':<40} {value('epsilon_last_iterate_heuristic')}")
+    print(row("  valid 95% lower bound", "epsilon_lower_bound_final_model"))
     print(f"\nTensorBoard logs: {logger.log_dir}  (tensorboard --logdir {args.log_dir})")
     print(f"Summary: {audit.summary_path}")
     return summary

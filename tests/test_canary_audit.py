@@ -62,10 +62,16 @@ def test_end_to_end_tensorboard_tags_and_summary(tmp_path):
     layout = layout_pb2.Layout()
     layout.ParseFromString(layout_events[0].tensor_proto.string_val[0])
     charts = {c.title: list(c.multiline.tag) for cat in layout.category for c in cat.chart}
-    assert charts["epsilon (final model)"] == [
+    # each threat model: its estimate, valid bound and reference on one chart
+    assert charts["final model: estimate, bound, reference"] == [
         "^audit/epsilon_final_model$", "^audit/epsilon_lower_bound_final_model$",
-        "^audit/epsilon_gdp_lower_bound_final_model$"]
-    assert charts["epsilon (analytic)"] == ["^audit/epsilon_analytic$"]  # DP-FedAvg: no RDP/PRV
+        "^audit/epsilon_last_iterate_heuristic$"]
+    assert charts["all iterates: estimate, bound, reference"] == [
+        "^audit/epsilon_all_iterates$", "^audit/epsilon_all_iterates_matched$",
+        "^audit/epsilon_lower_bound_all_iterates$", "^audit/epsilon_analytic$"]
+    assert charts["estimate / reference"] == [
+        "^audit/epsilon_ratio_final_model$", "^audit/epsilon_ratio_all_iterates$"]
+    assert "epsilon (analytic, DP-SGD accountants)" not in charts  # DP-FedAvg: no RDP/PRV
     assert charts["accuracy"] == [r"^val.*acc.*"]
     # logged once per validation epoch (3) and at fit end
     final_events = acc.Scalars("audit/epsilon_final_model")
@@ -82,11 +88,16 @@ def test_end_to_end_tensorboard_tags_and_summary(tmp_path):
     with open(os.path.join(run_dir, "audit_summary.json"), encoding="utf-8") as fh:
         summary = json.load(fh)
     assert summary["inputs"]["num_canaries"] == 30 and summary["inputs"]["dim"] == module.num_parameters
-    for tm in ("final_model", "all_iterates"):
-        for key in (f"epsilon_{tm}", f"epsilon_{tm}_unequal_fit", f"epsilon_lower_bound_{tm}",
-                    f"epsilon_gdp_lower_bound_{tm}"):
-            assert summary["estimates"][key]["status"] == "ok", key
-            assert math.isfinite(summary["estimates"][key]["value"]), key
+    for key in ("epsilon_final_model", "epsilon_final_model_unequal_fit",
+                "epsilon_lower_bound_final_model", "epsilon_all_iterates",
+                "epsilon_all_iterates_matched", "epsilon_all_iterates_max_cosine",
+                "epsilon_lower_bound_all_iterates"):
+        assert summary["estimates"][key]["status"] == "ok", key
+        assert math.isfinite(summary["estimates"][key]["value"]), key
+    for key in ("epsilon_gdp_lower_bound_final_model", "epsilon_gdp_lower_bound_all_iterates"):
+        status = summary["estimates"][key]["status"]  # logged only where its fit test passes
+        assert status == "ok" or status.startswith("skipped: rejected: goodness-of-fit"), status
+    assert summary["epsilon_last_iterate_heuristic"] > 0 and summary["epsilon_ratio_all_iterates"] > 0
     assert summary["tags"]["epsilon_final_model"] == "audit/epsilon_final_model"
     _walk_the_name_table(tags["scalars"], summary)
     assert summary["versions"]["torch"] == metadata.version("torch")

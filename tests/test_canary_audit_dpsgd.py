@@ -163,8 +163,11 @@ def test_estimate_separates_loud_from_quiet_noise(tmp_path):
     lo_loud = loud.last_report.estimates["epsilon_lower_bound_all_iterates"].value
     lo_quiet = quiet.last_report.estimates["epsilon_lower_bound_all_iterates"].value
     assert lo_loud < 0.5 < 1.0 < lo_quiet  # Clopper-Pearson, Bonferroni (k = k' = 150)
-    gdp = quiet.last_report.estimates["epsilon_gdp_lower_bound_all_iterates"].value
-    assert 1.5 < gdp <= quiet.last_report.epsilon_analytic
+    gdp = quiet.last_report.estimates.get("epsilon_gdp_lower_bound_all_iterates")
+    if gdp is None:  # the steps-unknown scores are heavy-tailed: the Gaussian fit is rejected
+        assert quiet.last_report.skipped["epsilon_gdp_lower_bound_all_iterates"].startswith("rejected")
+    else:
+        assert 1.5 < gdp.value <= quiet.last_report.epsilon_analytic
     assert lo_quiet <= quiet.last_report.epsilon_analytic
     assert loud.last_report.estimates["epsilon_lower_bound_final_model"].value <= loud.last_report.epsilon_analytic
 
@@ -259,4 +262,7 @@ def test_no_headline_number_exceeds_the_accountant_by_more_than_its_interval(tmp
         est = report.estimates[f"epsilon_{tm}"]
         assert est.lower <= eps, (tm, est.value, est.lower, eps)
         for bound in (f"epsilon_lower_bound_{tm}", f"epsilon_gdp_lower_bound_{tm}"):
+            if report.value(bound) is None:  # a GDP bound whose fit test rejects is not given
+                assert report.skipped[bound].startswith("rejected"), report.skipped[bound]
+                continue
             assert report.value(bound) <= eps, (bound, report.value(bound), eps)

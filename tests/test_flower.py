@@ -188,9 +188,13 @@ def test_large_noise_estimate_falls_toward_zero(tmp_path):
     for name in ("final_model", "all_iterates"):
         assert large.last_report.value(f"epsilon_{name}") < 0.5
         assert large.last_report.value(f"epsilon_lower_bound_{name}") < 0.1
-        unequal = f"epsilon_{name}_unequal_fit"
-        assert large.last_report.value(unequal) < 0.3 * small.last_report.value(unequal)
         assert small.last_report.value(f"epsilon_lower_bound_{name}") > 1.0
+    unequal = "epsilon_final_model_unequal_fit"
+    assert large.last_report.value(unequal) < 0.3 * small.last_report.value(unequal)
+    # the known-rounds statistic: near 0 at z = 30, near the analytic epsilon at z = 0.3
+    assert large.last_report.value("epsilon_all_iterates_matched") < 0.5
+    ratio = small.last_report.value("epsilon_all_iterates_matched") / small.last_report.epsilon_analytic
+    assert 0.5 < ratio < 1.5, ratio
 
 
 def test_bad_arguments():
@@ -423,7 +427,7 @@ def test_an_error_in_the_audit_does_not_stop_training(tmp_path, caplog, monkeypa
 
     caplog.set_level(logging.WARNING, logger="flwr")
 
-    def broken(self, *, bootstrap=0, step=0):
+    def broken(self, *, bootstrap=0, step=0, index=None):
         raise RuntimeError("estimator broke")
 
     monkeypatch.setattr(CanaryAuditor, "report", broken)

@@ -90,7 +90,7 @@ def test_flower_and_dpfedavg_estimates_agree(tmp_path):
     flower, lightning = _flower(dm, tmp_path), _lightning(dm, tmp_path)
     assert flower.num_canaries_participated > 100 and lightning.num_canaries_participated > 100
     for name in ("epsilon_final_model", "epsilon_all_iterates", "epsilon_final_model_unequal_fit",
-                 "epsilon_all_iterates_unequal_fit"):
+                 "epsilon_all_iterates_max_cosine"):
         a, b = flower.estimates[name], lightning.estimates[name]
         assert a.lower is not None and b.lower is not None, name
         assert _overlap(a, b), (name, a.value, (a.lower, a.upper), b.value, (b.lower, b.upper))

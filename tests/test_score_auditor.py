@@ -22,6 +22,7 @@ from audit_callbacks.estimators.one_run import (
     log_binom_coef,
     one_run_epsilon,
     one_run_pvalue,
+    pure_dp_epsilon,
 )
 
 DELTA = 1e-5
@@ -67,7 +68,23 @@ def test_gdp_bound_normal_approx_agrees_with_noncentral_t() -> None:
 def test_gof_pvalue_flags_non_gaussian_scores() -> None:
     rng = np.random.default_rng(3)
     x, y = rng.exponential(1.0, 1000) + 0.5, rng.exponential(1.0, 1000)
-    assert CanaryScoreAuditor(x, y).epsilon_gdp_lower_bound(0.05, DELTA).details["gof_pvalue"] < 1e-6
+    r = CanaryScoreAuditor(x, y).epsilon_gdp_lower_bound(0.05, DELTA)
+    p = r.details["gof_pvalue"]
+    assert p < 1e-6
+    assert r.status == f"rejected: goodness-of-fit p = {p:.2g} < 0.01"
+    assert r.value > 0 and r.details["gof_level"] == 0.01  # the value is kept
+
+
+def test_gdp_gate_level() -> None:
+    x, y = _gauss(1.0, 1000, 12)
+    a = CanaryScoreAuditor(x, y)
+    r = a.epsilon_gdp_lower_bound(0.05, DELTA)
+    p = r.details["gof_pvalue"]
+    assert r.status == "ok" and p >= 0.01
+    assert a.epsilon_gdp_lower_bound(0.05, DELTA, gof_level=0.0).status == "ok"
+    tight = a.epsilon_gdp_lower_bound(0.05, DELTA, gof_level=min(1.0, p * 1.01) if p < 0.99 else 0.999)
+    assert tight.status.startswith("rejected: goodness-of-fit p = ")
+    assert tight.value == r.value
 
 
 def test_clopper_pearson_fixed_threshold_hand_computed() -> None:
@@ -128,6 +145,42 @@ def test_one_run_all_correct_closed_form_delta0() -> None:
     e = one_run_epsilon(n, n, np.array([100.0]), np.array([0.05]), 0.0)
     q = 0.05 ** (1 / 20)
     assert e[0] == pytest.approx(math.log(q / (1 - q)), abs=1e-9)
+
+
+def test_one_run_epsilon_is_the_root_of_the_pvalue() -> None:
+    rng = np.random.default_rng(13)
+    n = rng.integers(1, 600, 400)
+    v = np.clip((n * rng.uniform(0.4, 1.02, 400)).astype(int), 0, n)
+    m = np.full(400, 1500.0)
+    for delta, level in ((0.0, 0.05), (1e-5, 1e-3), (1e-3, 0.05)):
+        lv = np.full(400, level)
+        e = one_run_epsilon(n, v, m, lv, delta)
+        lc, j = log_binom_coef(n, int(n.max()) + 1)
+        pos = e > 0
+        assert pos.sum() > 50
+        # rejected (up to the summation order: the solver sums the pmf in narrower blocks)
+        assert np.all(one_run_pvalue(e, n, v, m, delta, lc, j)[pos] <= lv[pos] * (1 + 1e-9))
+        above = one_run_pvalue(e + 1e-8, n, v, m, delta, lc, j)
+        assert np.all(above[pos] > lv[pos])  # and no larger eps is
+        assert np.all(one_run_pvalue(np.zeros(400), n, v, m, delta, lc, j)[~pos] > lv[~pos])
+        e0 = pure_dp_epsilon(n, v, lv)
+        assert np.all(e <= e0 + 1e-9)
+        if delta == 0.0:  # closed form of the pure-DP tail
+            assert np.allclose(e, e0, atol=1e-9)
+
+
+def test_fdp_mu_groups_keep_each_group_maximum() -> None:
+    x, y = _gauss(2.0, 300, 14)
+    lanes = [guess_counts(x[:150], y[:150], 0)[:2], guess_counts(x, y, 1)[:2]]
+    n = np.concatenate([a[0] for a in lanes])
+    v = np.concatenate([a[1] for a in lanes])
+    g = np.repeat([0, 1], [lanes[0][0].size, lanes[1][0].size])
+    m = np.where(g == 0, 300.0, 600.0)
+    full, pruned = fdp_mu(n, v, m, 0.01), fdp_mu(n, v, m, 0.01, groups=g)
+    for k in (0, 1):
+        assert pruned[g == k].max() == full[g == k].max()
+        assert np.argmax(pruned[g == k]) == np.argmax(full[g == k])
+    assert np.all(pruned <= full)
 
 
 def test_guess_counts_use_top_and_bottom_scores() -> None:
@@ -219,6 +272,9 @@ def test_bad_constructor_input(msg: str, kwargs: dict) -> None:
         ("epsilon_one_run_fdp", dict(delta=0.0), "delta"),
         ("epsilon_gdp_lower_bound", dict(delta=0.0), "delta"),
         ("epsilon_gdp_lower_bound", dict(alpha=-1), "alpha"),
+        ("epsilon_gdp_lower_bound", dict(gof_level=1.0), "gof_level"),
+        ("epsilon_gdp_lower_bound", dict(gof_level=-0.01), "gof_level"),
+        ("epsilon_gdp_lower_bound", dict(gof_level=float("nan")), "gof_level"),
         ("epsilon_estimate", dict(delta=0.0), "delta"),
         ("epsilon_estimate", dict(delta=1e-5, fit="both"), "fit"),
         ("epsilon_estimate", dict(delta=1e-5, confidence=1.0), "confidence"),

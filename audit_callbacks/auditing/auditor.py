@@ -110,6 +110,7 @@ class CanaryAuditor:
         self.last_report: CanaryReport | None = None
         self.skip_reason: str | None = None
         self._last_logged = -1
+        self.logged_points = 0  # points of the logged series so far (the valid bounds' index)
         backend.attach(self)
 
     # ------------------------------------------------------------------ what it holds
@@ -156,20 +157,23 @@ class CanaryAuditor:
         self.warn(f"skip:{what}", f"{self.name}: {what} is skipped by the audit")
 
     # ------------------------------------------------------------------ estimates
-    def report(self, *, bootstrap: int = 0, step: int = 0) -> CanaryReport:
+    def report(self, *, bootstrap: int = 0, step: int = 0, index: int | None = None) -> CanaryReport:
         """Every estimate from the canaries so far.
 
         Args:
             bootstrap: resamples of the estimates' percentile intervals (seeded by the
                 canaries' seed).
             step: the training's step, recorded in the report.
+            index: the logged point this report will be (1-based): its valid lower bounds are
+                at the level spent for that point, so that the maximum of a logged series is a
+                valid bound; None (the summary's): at plain alpha.
 
         Raises:
             NoEstimateYet: fewer than 2 canaries took part, or the model has NaN or inf
                 parameters (the reason is kept for the summary and warned once).
         """
         try:
-            report = self._report(bootstrap, step)
+            report = self._report(bootstrap, step, index)
         except NoEstimateYet as err:
             self.skip_reason = err.reason
             self.warn(err.reason, f"{self.name}: {err.reason}; no estimate")
@@ -180,7 +184,7 @@ class CanaryAuditor:
         self.last_report = report
         return report
 
-    def _report(self, bootstrap: int, step: int) -> CanaryReport:
+    def _report(self, bootstrap: int, step: int, index: int | None) -> CanaryReport:
         if self.stats.theta0 is None:
             raise NoEstimateYet("no model was released yet")
         with torch.inference_mode(False), torch.no_grad():  # Lightning validates in inference mode
@@ -200,25 +204,44 @@ class CanaryAuditor:
             "all_unobserved": raw["all_unobserved"],
         }
         exact_null = self.canaries.kind == "gaussian"
-        delta = self.delta
+        delta, alpha, seed = self.delta, self.config.alpha, self.config.seed
+        matched, matched_skip = self._matched(delta, bootstrap)
+        max_cos = (stats["all_observed"], stats["all_unobserved"]) if stats["all_observed"].size else None
         estimates, skipped = canary_report(
-            {"final_model": stats["final_observed"], "all_iterates": stats["all_observed"]},
-            {"final_model": stats["final_unobserved"], "all_iterates": stats["all_unobserved"]},
-            delta, dim=self.stats.dim if exact_null else None,
-            alpha=self.config.alpha, bootstrap=bootstrap, seed=self.config.seed,
+            (stats["final_observed"], stats["final_unobserved"]), delta, max_cosine=max_cos,
+            matched=matched, dim=self.stats.dim if exact_null else None, alpha=alpha,
+            bootstrap=bootstrap, seed=seed, index=index,
         )
+        if matched_skip:
+            skipped["epsilon_all_iterates_matched"] = matched_skip
         return CanaryReport(
             estimates=estimates, skipped=skipped, **self.backend.analytic(delta),
+            epsilon_last_iterate_heuristic=self.backend.last_iterate(delta),
             max_participations=int(self.participations.max(initial=0)),
             num_canaries_participated=int(took.sum()), statistics=stats,
-            progress=int(self.backend.progress()), step=int(step),
+            progress=int(self.backend.progress()), step=int(step), index=index,
         )
 
-    def try_report(self, *, bootstrap: int = 0, step: int = 0) -> CanaryReport | None:
+    def _matched(self, delta: float, bootstrap: int) -> tuple[Any, str | None]:
+        """The backend's matched all-iterates statistic: ``((scores), estimate)``, or None
+        with the reason."""
+        matched = self.backend.matched
+        if matched is None:
+            return None, self.backend.matched_reason
+        try:
+            est = matched.estimate(delta, alpha=self.config.alpha, bootstrap=bootstrap,
+                                   seed=self.config.seed)
+            scores = matched.scores()
+        except ValueError as err:
+            return None, str(err)
+        return (scores, est), None
+
+    def try_report(self, *, bootstrap: int = 0, step: int = 0, index: int | None = None
+                   ) -> CanaryReport | None:
         """:meth:`report`, or None when there is no estimate yet (the reason warned once) or
         the estimators failed (warned, never raised into the training)."""
         try:
-            return self.report(bootstrap=bootstrap, step=step)
+            return self.report(bootstrap=bootstrap, step=step, index=index)
         except NoEstimateYet:
             return None
         except (ValueError, RuntimeError, FloatingPointError) as err:
@@ -232,7 +255,7 @@ class CanaryAuditor:
         logged already."""
         if self.logged(int(self.backend.progress())):
             return self.last_report
-        report = self.try_report(step=step)
+        report = self.try_report(step=step, index=self.logged_points + 1)
         self.log(report, sink, step=step, histograms=histograms)
         return report
 
@@ -243,8 +266,12 @@ class CanaryAuditor:
         density figures, and the summary written atomically to ``directory/filename`` (with
         ``extra`` keys). Returns the summary's path (None without a directory, or when it
         could not be written: warned)."""
-        report = self.try_report(bootstrap=self.config.bootstrap, step=step)
-        self.log(report, sink, step=step, histograms=histograms, figures=figures)
+        if not self.logged(int(self.backend.progress())):  # the series' last point
+            self.log(self.try_report(step=step, index=self.logged_points + 1), sink, step=step,
+                     histograms=histograms)
+        report = self.try_report(bootstrap=self.config.bootstrap, step=step)  # plain alpha
+        if figures and report is not None:
+            self.log(report, sink, step=step, histograms=False, figures=True)
         if directory is None:
             return None
         try:
@@ -262,6 +289,7 @@ class CanaryAuditor:
             return
         if report.progress != self._last_logged:
             self._last_logged = report.progress
+            self.logged_points += 1
             sink.scalars(report.scalars(), step)
             if histograms:
                 sink.histograms({f"audit/cosine_{key}": value
@@ -314,7 +342,8 @@ class CanaryAuditor:
     def state_dict(self) -> dict[str, Any]:
         """The statistics, participations, the backend's state and the audit's identity."""
         return {"stats": self.stats.state_dict(), "participations": self.participations.tolist(),
-                "backend": self.backend.state_dict(), "config": self.identity()}
+                "backend": self.backend.state_dict(), "config": self.identity(),
+                "logged_points": self.logged_points}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`.
@@ -330,6 +359,7 @@ class CanaryAuditor:
                              f"has {self.participations.size}")
         self.stats.load_state_dict(state["stats"])
         self.participations[:] = saved
+        self.logged_points = int(state.get("logged_points", 0))
         self.backend.load_state_dict(state.get("backend") or {})
 
 

@@ -40,6 +40,10 @@ class CanaryBackend:
     sign = 1.0
     default_delta = 1e-6
     analytic_names: tuple[str, ...] = ("epsilon_analytic",)
+    #: the all-iterates statistic matched to the analytic epsilon's adversary (scores(),
+    #: estimate(delta, alpha=, bootstrap=, seed=), state_dict()), or None with the reason
+    matched: Any = None
+    matched_reason = "this training has no statistic matched to the analytic epsilon"
 
     def __init__(self, dim: int, population: int | None) -> None:
         self.dim = int(dim)
@@ -77,6 +81,11 @@ class CanaryBackend:
         """``{"epsilon_analytic": epsilon, ...}``: the analytic epsilon of a canary at
         ``delta`` (``inf`` without DP noise, None when unknown)."""
         raise NotImplementedError
+
+    def last_iterate(self, delta: float) -> float | None:
+        """The final-model reference at ``delta``: the last-iterate heuristic (Steinke et al.,
+        ICLR 2025), None when unknown."""
+        return None
 
     def summary_inputs(self) -> dict[str, Any]:
         """The training's settings for the summary JSON."""

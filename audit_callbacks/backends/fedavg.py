@@ -18,6 +18,7 @@ import torch
 
 from audit_callbacks.backends.base import CanaryBackend, total_rounds
 from audit_callbacks.federated.clipping import clip_updates_
+from audit_callbacks.known_rounds import KnownRoundScores
 
 __all__ = ["FedAvgBackend", "crowding_warning"]
 
@@ -40,6 +41,20 @@ def crowding_warning(k: int, n_real: int, per_round: int | None) -> str | None:
     return (f"CanaryAudit: {k} canary clients {what} the {n_real} real clients, so about "
             f"{share:.0%} of every cohort are canaries in places real clients would take, which "
             f"slows learning{hint}, or pass a smaller num_canaries")
+
+
+def _known_rounds(module: Any, auditor: Any) -> tuple[KnownRoundScores | None, str]:
+    """The known-rounds statistic of a ``DPFedAvg`` module, or None and why not."""
+    if getattr(module, "randomizer", None) is not None:
+        return None, "local DP: the release is the randomized clients' rows, not a noisy sum"
+    z = float(module.noise_multiplier)
+    if z <= 0:
+        return None, "no DP noise (noise_multiplier = 0): the known-rounds statistic is undefined"
+    stats = KnownRoundScores(auditor.canaries, auditor.num_canaries, clip_norm=float(module.clip_norm),
+                             divisor=int(module.clients_per_round), noise_multiplier=z,
+                             server_lr=float(module.server_lr),
+                             server_momentum=float(module.server_momentum))
+    return stats, ""
 
 
 def _world_size(trainer: Any) -> int:
@@ -98,6 +113,7 @@ class FedAvgBackend(CanaryBackend):
 
     def attach(self, auditor: Any) -> None:
         super().attach(auditor)
+        self.matched, self.matched_reason = _known_rounds(self.module, auditor)
         if self.repeats is None:
             message = crowding_warning(auditor.num_canaries, int(self.module.num_real_clients),
                                        getattr(self.module, "clients_per_round", None))
@@ -172,8 +188,10 @@ class FedAvgBackend(CanaryBackend):
     def on_federated_round_end(self, fl_round: Any) -> None:
         """The round's release: the canaries of its cohort took part in its model delta."""
         assert self.auditor is not None
-        self.auditor.release(fl_round.model_delta, fl_round.cohort.virtual_ids.get(self.name),
-                             what=f"round {fl_round.index}")
+        participants = fl_round.cohort.virtual_ids.get(self.name)
+        self.auditor.release(fl_round.model_delta, participants, what=f"round {fl_round.index}")
+        if self.matched is not None:
+            self.matched.update(fl_round.model_delta, participants)
 
     def flat_parameters(self) -> torch.Tensor:
         return self.module.flat_parameters()
@@ -187,6 +205,22 @@ class FedAvgBackend(CanaryBackend):
         assert self.auditor is not None
         max_part = int(self.auditor.participations.max(initial=0))
         return {"epsilon_analytic": self.module.analytic_epsilon(max_part)}
+
+    def last_iterate(self, delta: float) -> float | None:
+        """The last-iterate heuristic of the observed canaries (known-rounds shifts with the
+        server's momentum weights), None without the known-rounds statistic."""
+        if self.matched is None or self.matched.rounds == 0:
+            return None
+        from audit_callbacks.estimators.last_iterate import fedavg_last_iterate_epsilon
+
+        return fedavg_last_iterate_epsilon(self.matched.last_iterate_shifts(), delta)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {} if self.matched is None else {"known_rounds": self.matched.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.matched is not None and state.get("known_rounds") is not None:
+            self.matched.load_state_dict(state["known_rounds"])
 
     def summary_inputs(self) -> dict[str, Any]:
         m = self.module

@@ -26,6 +26,8 @@ from audit_callbacks.dpsgd import (
     find_dp_optimizer,
     flat_parameters,
 )
+from audit_callbacks.estimators.last_iterate import dpsgd_last_iterate_epsilon
+from audit_callbacks.steps_unknown import StepsUnknownScores
 
 __all__ = ["OpacusBackend"]
 
@@ -70,6 +72,14 @@ class OpacusBackend(CanaryBackend):
 
     def attach(self, auditor: Any) -> None:
         super().attach(auditor)
+        opt = _dp_optimizer(self._trainer)
+        sigma = float(opt.noise_multiplier)
+        if sigma > 0:
+            self.matched = StepsUnknownScores(
+                auditor.canaries, auditor.num_canaries, auditor.num_unobserved,
+                max_grad_norm=float(opt.max_grad_norm), noise_multiplier=sigma)
+        else:
+            self.matched_reason = "no DP noise (noise_multiplier = 0): the steps-unknown statistic is undefined"
         self.bind(self._trainer)
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
@@ -120,6 +130,8 @@ class OpacusBackend(CanaryBackend):
         # step's release)
         self.injector.participations = self.auditor.participations
         self.injector.steps = steps
+        if self.matched is not None:
+            self.injector.set_observer(self.matched.update)
         self.accountant = accountant
         self._carry_history()
         self._theta_prev = self.flat_parameters()
@@ -171,6 +183,16 @@ class OpacusBackend(CanaryBackend):
         return {"epsilon_analytic": out["rdp"] if own is None else own,
                 "epsilon_analytic_rdp": out["rdp"], "epsilon_analytic_prv": out["prv"]}
 
+    def last_iterate(self, delta: float) -> float | None:
+        """The last-iterate heuristic of DP-SGD (Steinke et al., ICLR 2025): Bin(T, q) +
+        N(0, sigma^2 T) against N(0, sigma^2 T) at the run's steps, rate and noise."""
+        opt = self.injector.optimizer
+        steps, sigma = int(self.injector.steps), float(opt.noise_multiplier)
+        if steps < 1 or sigma <= 0:
+            return None
+        rate = min(1.0, self.injector.sample_rate * int(getattr(opt, "accumulated_iterations", 1) or 1))
+        return dpsgd_last_iterate_epsilon(steps, rate, sigma, delta)
+
     def summary_inputs(self) -> dict[str, Any]:
         opt = self.injector.optimizer
         return {
@@ -187,13 +209,16 @@ class OpacusBackend(CanaryBackend):
 
     def state_dict(self) -> dict[str, Any]:
         history = [] if self.accountant is None else [list(h) for h in self.accountant.history]
-        return {"steps": int(self.injector.steps), "accountant_history": history}
+        return {"steps": int(self.injector.steps), "accountant_history": history,
+                "steps_unknown": None if self.matched is None else self.matched.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`, the accountant's history included (Opacus'
         ``PrivacyEngine`` is not in Lightning's checkpoint: without this a resumed run's
         accountant would count only the steps after the resume)."""
         self.injector.steps = self._steps_seen = int(state.get("steps", 0))
+        if self.matched is not None and state.get("steps_unknown") is not None:
+            self.matched.load_state_dict(state["steps_unknown"])
         self._history = [tuple(h) for h in state.get("accountant_history", [])]
         self._carry_history()
         self._theta_prev = self.flat_parameters()

@@ -51,6 +51,14 @@ from .label_dp import (
     label_dp_lower_bound,
     last_layer_gram_inverse_diag,
 )
+from .last_iterate import (
+    dpsgd_last_iterate_epsilon,
+    fedavg_last_iterate_epsilon,
+    fedavg_last_iterate_shifts,
+    fedavg_momentum_weights,
+    mixture_gaussian_delta,
+    mixture_gaussian_epsilon,
+)
 from .lower_bound import (
     epsilon_lower_bound_from_cosines,
     estimate_epsilon_lower_bound_from_cosines,
@@ -63,8 +71,20 @@ from .shuffle import (
     shuffle_dummy_exact_epsilon,
     shuffle_test,
 )
+from .valid_bounds import (
+    spent_alpha,
+    tightest_valid_lower_bound,
+    valid_bound_values,
+    watched_lower_bound,
+)
 
 __all__ = [
+    "dpsgd_last_iterate_epsilon",
+    "fedavg_last_iterate_epsilon",
+    "fedavg_last_iterate_shifts",
+    "fedavg_momentum_weights",
+    "mixture_gaussian_delta",
+    "mixture_gaussian_epsilon",
     "AuditResult",
     "CanaryScoreAuditor",
     "clopper_pearson_interval",
@@ -104,5 +124,9 @@ __all__ = [
     "shuffle_amplification_bound",
     "shuffle_dummy_exact_epsilon",
     "shuffle_test",
+    "spent_alpha",
+    "tightest_valid_lower_bound",
     "two_gaussians_delta",
+    "valid_bound_values",
+    "watched_lower_bound",
 ]

@@ -1,20 +1,36 @@
-"""Every canary estimate of one audit, from the cosine statistics (numpy and scipy only).
+"""Every canary estimate of one audit, per threat model (numpy and scipy only).
 
-Each threat model's observed (in) and unobserved (out) cosines go through one
-:class:`~audit_callbacks.estimators.score_auditor.CanaryScoreAuditor`. The names below are the
-keys of the report's ``estimates``, of ``audit_summary.json``'s ``estimates`` and, after
-``audit/``, the TensorBoard tags (one name per quantity, :mod:`audit_callbacks.names`).
-``<tm>`` is ``final_model`` or ``all_iterates``:
+Andrew et al., "One-shot Empirical Privacy Estimation for Federated Learning" (ICLR 2024). The
+names below are the keys of the report's ``estimates``, of ``audit_summary.json``'s
+``estimates`` and, after ``audit/``, the TensorBoard tags (:mod:`audit_callbacks.names`).
 
-* ``epsilon_<tm>`` - the equal-variance two-Gaussian estimate (Andrew et al., ICLR 2024, §3.2,
-  with the equal variances their Thm 3.3 justifies): the headline number;
-* ``epsilon_<tm>_unequal_fit`` - Andrew et al.'s unequal-variance fit (biased upward at small
-  epsilon: +58% at epsilon 1 in ``benchmarks/lower_bounds.py``);
-* ``epsilon_lower_bound_<tm>`` - Clopper-Pearson on FPR and FNR with a Bonferroni correction
-  over a fixed set of thresholds: a valid (1 - alpha) lower bound, no assumption on the scores;
+Final model (the adversary sees theta_T; reference: the last-iterate heuristic):
+
+* ``epsilon_final_model`` - the equal-variance two-Gaussian fit of ``cos(c_j, theta_T -
+  theta_0)`` (Andrew et al. §3.2, with the equal variances of their Thm 3.3); the headline;
+* ``epsilon_final_model_unequal_fit`` - Andrew et al.'s unequal-variance fit (biased upward at
+  small epsilon: +58% at epsilon 1 in ``benchmarks/lower_bounds.py``);
+
+All iterates (the adversary sees every release; reference: the analytic epsilon):
+
+* ``epsilon_all_iterates_matched`` - the statistic matched to the reference's adversary
+  (DP-FedAvg and Flower: the aligned sum over the known rounds,
+  :mod:`audit_callbacks.known_rounds`; DP-SGD: the Neyman-Pearson statistic of the
+  Poisson-subsampled Gaussian with the steps unknown, :mod:`audit_callbacks.steps_unknown`);
+* ``epsilon_all_iterates`` - the headline: the larger of the matched and the final-model
+  estimates (that adversary can compute the final model too);
+* ``epsilon_all_iterates_max_cosine`` - Andrew et al.'s ``max_t cos(c_j, Delta_t)``
+  (Alg. 3), kept as a comparison;
+
+and for both:
+
+* ``epsilon_lower_bound_<tm>`` - the tightest valid (1 - alpha) lower bound
+  (:mod:`audit_callbacks.estimators.valid_bounds`: Clopper-Pearson with Bonferroni thresholds
+  and the one-run bounds, the level split among them; for all iterates also among the
+  matched, the max-cosine and the final-model scores; at a logged point the level spent for
+  that point, so the maximum of the logged series is still a valid bound);
 * ``epsilon_gdp_lower_bound_<tm>`` - the parametric (1 - alpha) lower bound assuming Gaussian
-  scores of equal variance (Gaussian differential privacy, Dong, Roth, Su 2022), with a
-  goodness-of-fit p-value.
+  scores of equal variance (Dong, Roth, Su 2022), only where its goodness-of-fit test passes.
 
 The formulas are in ``docs/methods/canaries.md`` and ``docs/methods/score_auditor.md``.
 """
@@ -22,6 +38,7 @@ The formulas are in ``docs/methods/canaries.md`` and ``docs/methods/score_audito
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -29,6 +46,7 @@ from scipy import stats
 
 from .result import AuditResult
 from .score_auditor import CanaryScoreAuditor
+from .valid_bounds import tightest_valid_lower_bound, watched_lower_bound
 
 __all__ = ["SOURCE", "THREAT_MODELS", "canary_report", "cosine_null_pdf", "estimate_names"]
 
@@ -39,14 +57,15 @@ SOURCE = ("Andrew, Kairouz, Oh, Oprea, McMahan, Suriyakumar: One-shot Empirical 
 
 
 def estimate_names(threat_model: str) -> dict[str, str]:
-    """The estimate names of one threat model: ``{kind: name}`` with kinds ``estimate``,
-    ``unequal_fit``, ``lower_bound``, ``gdp_lower_bound``."""
-    return {
-        "estimate": f"epsilon_{threat_model}",
-        "unequal_fit": f"epsilon_{threat_model}_unequal_fit",
-        "lower_bound": f"epsilon_lower_bound_{threat_model}",
-        "gdp_lower_bound": f"epsilon_gdp_lower_bound_{threat_model}",
-    }
+    """The estimate names of one threat model: ``{kind: name}``."""
+    if threat_model == "final_model":
+        return {"estimate": "epsilon_final_model", "unequal_fit": "epsilon_final_model_unequal_fit",
+                "lower_bound": "epsilon_lower_bound_final_model",
+                "gdp_lower_bound": "epsilon_gdp_lower_bound_final_model"}
+    return {"estimate": "epsilon_all_iterates", "matched": "epsilon_all_iterates_matched",
+            "max_cosine": "epsilon_all_iterates_max_cosine",
+            "lower_bound": "epsilon_lower_bound_all_iterates",
+            "gdp_lower_bound": "epsilon_gdp_lower_bound_all_iterates"}
 
 
 def cosine_null_pdf(t: ArrayLike, dim: int) -> np.ndarray:
@@ -56,29 +75,56 @@ def cosine_null_pdf(t: ArrayLike, dim: int) -> np.ndarray:
     return 0.5 * stats.beta.pdf((np.asarray(t, dtype=float) + 1.0) / 2.0, a, a)
 
 
+Scores = tuple[np.ndarray, np.ndarray]
+
+
+def _valid_bound(scores: list[Scores], delta: float, alpha: float, index: int | None,
+                 seed: int) -> AuditResult:
+    """The largest valid lower bound over the score sets (each at ``alpha / len(scores)``),
+    at the level spent for logged point ``index`` (None: the plain level)."""
+    share = alpha / len(scores)
+    best: AuditResult | None = None
+    values = []
+    for i, (ins, outs) in enumerate(scores):
+        if index is None:
+            res = tightest_valid_lower_bound(ins, outs, alpha=share, delta=delta, seed=seed + i)
+        else:
+            res = watched_lower_bound(ins, outs, alpha=share, delta=delta, index=index, seed=seed + i)
+        values.append(res.value)
+        if best is None or res.value > best.value:
+            best = res
+    assert best is not None
+    if len(scores) == 1:
+        return best
+    return replace(best, alpha=alpha, details={**best.details, "statistic_values": values,
+                                               "alpha_per_statistic": share})
+
+
 def canary_report(
-    observed: dict[str, np.ndarray],
-    unobserved: dict[str, np.ndarray],
-    delta: float,
-    *,
-    dim: int | None = None,
-    alpha: float = 0.05,
-    bootstrap: int = 0,
-    seed: int = 0,
+    final: Scores, delta: float, *, max_cosine: Scores | None = None,
+    matched: tuple[Scores, AuditResult] | None = None, dim: int | None = None,
+    alpha: float = 0.05, bootstrap: int = 0, seed: int = 0, index: int | None = None,
+    gof_level: float = 0.01,
 ) -> tuple[dict[str, AuditResult], dict[str, str]]:
     """Every estimate of both threat models.
 
     Args:
-        observed: ``{threat_model: [k] cosines}`` of the observed canaries that took part
-            (final model: ``cos(c_j, release)``; all iterates: the max over rounds).
-        unobserved: ``{threat_model: [k'] cosines}`` of canaries never inserted (the null).
+        final: ``(observed [k], unobserved [k'])`` final-model cosines (observed: the canaries
+            that took part).
         delta: the target delta in (0, 1).
-        dim: the number of model parameters, given when the final-model null is the exact law
-            of the cosine of a uniform random direction (Gaussian canaries); None: the null is
-            the unobserved canaries alone (Hadamard canaries).
-        alpha: the lower bounds hold with confidence 1 - alpha.
+        max_cosine: Andrew et al.'s all-iterates max cosines, or None before any round.
+        matched: the matched all-iterates statistic's ``(scores, estimate)``, or None where the
+            training has none (no noise, local DP, an unknown server optimizer).
+        dim: the number of model parameters when the final-model null is the exact law of the
+            cosine of a uniform random direction (Gaussian canaries); None: the null is the
+            unobserved canaries alone (Hadamard canaries).
+        alpha: the bounds hold with confidence 1 - alpha; the bootstrap intervals are 1 - alpha.
         bootstrap: resamples for the estimates' percentile intervals (0: none).
-        seed: seed of the bootstrap.
+        seed: seed of the bootstrap and of the one-run bounds' subsample.
+        index: the logged point this report is (1-based): the valid bounds are at the level
+            spent for it (:func:`~audit_callbacks.estimators.valid_bounds.spent_alpha`); None:
+            at plain alpha (the summary's).
+        gof_level: the goodness-of-fit level below which the GDP bound is rejected.
 
     Returns:
         ``(estimates, skipped)``: name -> result, and name -> the reason it is missing. No
@@ -86,29 +132,69 @@ def canary_report(
     """
     estimates: dict[str, AuditResult] = {}
     skipped: dict[str, str] = {}
-    for tm in THREAT_MODELS:
-        names = estimate_names(tm)
-        obs, unobs = observed.get(tm), unobserved.get(tm)
-        if obs is None or unobs is None or np.size(obs) < 2 or np.size(unobs) < 2:
-            why = "fewer than 2 observed or unobserved canaries (or no round yet)"
-            skipped.update({name: why for name in names.values()})
-            continue
+
+    def attempt(name: str, call: Callable[[], AuditResult]) -> AuditResult | None:
         try:
-            auditor = CanaryScoreAuditor(obs, unobs, dim=dim if tm == "final_model" else None)
-        except ValueError as err:  # e.g. all scores equal
-            skipped.update({name: str(err) for name in names.values()})
-            continue
-        calls: dict[str, Callable[[], AuditResult]] = {
-            "estimate": lambda a=auditor: a.epsilon_estimate(
-                delta, fit="equal", bootstrap=bootstrap, confidence=1 - alpha, seed=seed),
-            "unequal_fit": lambda a=auditor: a.epsilon_estimate(
-                delta, fit="unequal", bootstrap=bootstrap, confidence=1 - alpha, seed=seed),
-            "lower_bound": lambda a=auditor: a.epsilon_lower_bound(alpha, delta, threshold="bonferroni"),
-            "gdp_lower_bound": lambda a=auditor: a.epsilon_gdp_lower_bound(alpha, delta),
-        }
-        for kind, call in calls.items():
-            try:
-                estimates[names[kind]] = call()
-            except ValueError as err:  # degenerate scores: say why, never a NaN
-                skipped[names[kind]] = str(err)
+            res = call()
+        except ValueError as err:  # degenerate scores: say why, never a NaN
+            skipped[name] = str(err)
+            return None
+        if res.status != "ok" and name.startswith("epsilon_gdp"):
+            skipped[name] = res.status
+            return None
+        estimates[name] = res
+        return res
+
+    few = "fewer than 2 observed or unobserved canaries (or no round yet)"
+    fin = estimate_names("final_model")
+    allit = estimate_names("all_iterates")
+    final_ok = np.size(final[0]) >= 2 and np.size(final[1]) >= 2
+    if not final_ok:
+        skipped.update({n: few for n in (*fin.values(), *allit.values())})
+        return estimates, skipped
+    fa = CanaryScoreAuditor(final[0], final[1], dim=dim)
+    est = dict(delta=delta, bootstrap=bootstrap, confidence=1 - alpha, seed=seed)
+    final_est = attempt(fin["estimate"], lambda: fa.epsilon_estimate(fit="equal", **est))
+    attempt(fin["unequal_fit"], lambda: fa.epsilon_estimate(fit="unequal", **est))
+    attempt(fin["lower_bound"], lambda: _valid_bound([final], delta, alpha, index, seed))
+    attempt(fin["gdp_lower_bound"], lambda: fa.epsilon_gdp_lower_bound(alpha, delta, gof_level=gof_level))
+
+    cos_ok = max_cosine is not None and np.size(max_cosine[0]) >= 2 and np.size(max_cosine[1]) >= 2
+    if cos_ok:
+        assert max_cosine is not None
+        ca = CanaryScoreAuditor(max_cosine[0], max_cosine[1])
+        attempt(allit["max_cosine"], lambda: ca.epsilon_estimate(fit="equal", **est))
+    else:
+        skipped[allit["max_cosine"]] = few
+    pool: list[Scores] = [final]
+    matched_est = None
+    if matched is None:
+        skipped[allit["matched"]] = "no statistic matched to the analytic epsilon's adversary here"
+        gdp_scores = max_cosine if cos_ok else None
+    else:
+        (m_in, m_out), m_est = matched
+        estimates[allit["matched"]] = matched_est = m_est
+        pool.insert(0, (m_in, m_out))
+        gdp_scores = (m_in, m_out)
+    if cos_ok:  # the all-iterates adversary may use any statistic: the level is split
+        assert max_cosine is not None
+        pool.insert(0, max_cosine)
+    options = [r for r in (matched_est, estimates.get(allit["max_cosine"]) if matched is None else None,
+                           final_est) if r is not None]
+    if options:
+        best = max(options, key=lambda r: r.value)
+        winner = "final_model" if best is final_est else (
+            "matched" if best is matched_est else "max_cosine")
+        estimates[allit["estimate"]] = replace(best, details={
+            **best.details, "statistic": winner,
+            "candidates": {"matched": None if matched_est is None else matched_est.value,
+                           "final_model": None if final_est is None else final_est.value}})
+    else:
+        skipped[allit["estimate"]] = skipped.get(fin["estimate"], few)
+    attempt(allit["lower_bound"], lambda: _valid_bound(pool, delta, alpha, index, seed))
+    if gdp_scores is not None and np.size(gdp_scores[0]) >= 2 and np.size(gdp_scores[1]) >= 2:
+        ga = CanaryScoreAuditor(gdp_scores[0], gdp_scores[1])
+        attempt(allit["gdp_lower_bound"], lambda: ga.epsilon_gdp_lower_bound(alpha, delta, gof_level=gof_level))
+    else:
+        skipped[allit["gdp_lower_bound"]] = few
     return estimates, skipped

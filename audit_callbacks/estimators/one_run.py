@@ -29,7 +29,7 @@ import math
 from typing import Any
 
 import numpy as np
-from scipy.special import gammaln, ndtr, ndtri
+from scipy.special import betaincinv, gammaln, ndtr, ndtri
 
 __all__ = [
     "EPS_MAX",
@@ -43,6 +43,7 @@ __all__ = [
     "log_binom_coef",
     "one_run_epsilon",
     "one_run_pvalue",
+    "pure_dp_epsilon",
 ]
 
 SRC_STEINKE = (
@@ -178,17 +179,23 @@ def _lanes(n: Any, v: Any, m: Any, level: Any) -> tuple[np.ndarray, ...]:
 
 
 def one_run_epsilon(
-    n: np.ndarray, v: np.ndarray, m: np.ndarray, level: np.ndarray, delta: float, iters: int = 42
+    n: np.ndarray, v: np.ndarray, m: np.ndarray, level: np.ndarray, delta: float,
+    xtol: float = 1e-10,
 ) -> np.ndarray:
     """Largest eps whose (eps, delta)-DP claim the count v/n rejects at ``level``, per lane.
 
-    Bisection on [0, :data:`EPS_MAX`] of :func:`one_run_pvalue` <= level (the p-value
-    increases with eps); 0 where even eps = 0 is not rejected (or v = 0).
+    The root of :func:`one_run_pvalue` = level in eps (the p-value increases with eps),
+    bracketed by [0, eps0], eps0 the delta = 0 bound (the level's quantile of the binomial
+    tail, :func:`scipy.special.betaincinv`; the delta term only raises the p-value), and
+    found by regula falsi on log p with the Illinois modification and a bisection step every
+    fourth step, until the bracket is narrower than ``xtol``. The lower end, whose p-value is
+    <= level, is returned; 0 where even eps = 0 is not rejected (or v = 0); at most
+    :data:`EPS_MAX`.
 
     Args:
         n, v, m: [L] guesses, correct guesses and pool sizes. level: [L] (or scalar) test
             level of each lane, e.g. alpha / C for C candidate rules (Bonferroni).
-        delta: in [0, 1). iters: bisection steps (42: EPS_MAX / 2^42 ~ 1e-11).
+        delta: in [0, 1). xtol: width of the final bracket (nats).
 
     Returns:
         [L] lower bounds on epsilon (nats, >= 0).
@@ -196,15 +203,85 @@ def one_run_epsilon(
     Source: Steinke, Nasr, Jagielski (2023), NeurIPS, Thm 3.1 and Thm 5.2 / Alg. 2.
     """
     n, v, m, level = _lanes(n, v, m, level)
+    out = np.zeros(n.size)
+    if n.size == 0:
+        return out
+    # Lanes are independent: evaluate them in blocks of similar width (the next power of two
+    # of n + 1) and at most _BLOCK_CELLS matrix cells, so that a lane with few guesses does not
+    # pay for the widest lane and memory stays bounded.
+    width = 2 ** np.ceil(np.log2(n + 1.0)).astype(np.int64)
+    for w in np.unique(width):
+        lanes = np.flatnonzero(width == w)
+        rows = max(1, _BLOCK_CELLS // int(w))
+        for start in range(0, lanes.size, rows):
+            sel = lanes[start : start + rows]
+            out[sel] = _one_run_block(n[sel], v[sel], m[sel], level[sel], delta, xtol)
+    return out
+
+
+#: Largest number of pmf cells (lanes x width) one block holds (16 MiB of float64).
+_BLOCK_CELLS = 1 << 21
+
+
+def pure_dp_epsilon(n: np.ndarray, v: np.ndarray, level: np.ndarray) -> np.ndarray:
+    """The delta = 0 bound in closed form: logit(q0) with P[Binomial(n, q0) >= v] = level,
+    i.e. q0 = I^-1_level(v, n - v + 1) (regularized incomplete beta); 0 where v = 0 or
+    q0 <= 1/2; capped at :data:`EPS_MAX`. An upper bound of :func:`one_run_epsilon` at any
+    delta >= 0 (up to the rounding of betaincinv)."""
+    n, v, _, level = _lanes(n, v, np.zeros(np.shape(n)), level)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q0 = betaincinv(np.maximum(v, 1).astype(float), (n - v + 1).astype(float), level)
+        e = np.log(q0) - np.log1p(-q0)
+    e = np.nan_to_num(e, nan=EPS_MAX, posinf=EPS_MAX, neginf=0.0)
+    return np.where(v > 0, np.clip(e, 0.0, EPS_MAX), 0.0)
+
+
+def _one_run_block(
+    n: np.ndarray, v: np.ndarray, m: np.ndarray, level: np.ndarray, delta: float, xtol: float
+) -> np.ndarray:
+    """:func:`one_run_epsilon` on one block of lanes."""
     lc, j = log_binom_coef(n, int(n.max()) + 1)
     out = np.zeros(n.size)
     idx = np.flatnonzero((v > 0) & (one_run_pvalue(out, n, v, m, delta, lc, j) <= level))
+    if idx.size == 0:
+        return out
     n, v, m, level, lc = n[idx], v[idx], m[idx], level[idx], lc[idx]
-    lo, hi = np.zeros(idx.size), np.full(idx.size, EPS_MAX)
-    for _ in range(iters if idx.size else 0):
-        mid = 0.5 * (lo + hi)
-        rej = one_run_pvalue(mid, n, v, m, delta, lc, j) <= level
-        lo, hi = np.where(rej, mid, lo), np.where(rej, hi, mid)
+    log_level = np.log(level)
+
+    def f(eps: np.ndarray, rows: np.ndarray) -> np.ndarray:  # <= 0 iff rejected
+        p = one_run_pvalue(eps, n[rows], v[rows], m[rows], delta, lc[rows], j)
+        return np.log(np.maximum(p, 1e-300)) - log_level[rows]
+
+    every = np.arange(idx.size)
+    lo = np.zeros(idx.size)
+    flo = f(lo, every)
+    e0 = pure_dp_epsilon(n, v, level)
+    hi = np.minimum(e0 + 1e-6 * (1.0 + e0), EPS_MAX)
+    fhi = f(hi, every)
+    bad = fhi <= 0.0  # rounding of betaincinv: widen to EPS_MAX
+    if bad.any():
+        hi[bad] = EPS_MAX
+        fhi[bad] = f(hi[bad], np.flatnonzero(bad))
+    top = fhi <= 0.0  # rejected even at EPS_MAX
+    lo[top] = EPS_MAX
+    side = np.zeros(idx.size, np.int8)  # last end moved: -1 lo, +1 hi
+    for step in range(200):
+        live = np.flatnonzero(~top & (hi - lo > xtol))
+        if live.size == 0:
+            break
+        a, b, fa, fb = lo[live], hi[live], flo[live], fhi[live]
+        x = a - fa * (b - a) / (fb - fa)
+        bisect = (step % 4 == 3) | ~np.isfinite(x) | (x <= a) | (x >= b)
+        x = np.where(bisect, 0.5 * (a + b), x)
+        fx = f(x, live)
+        rej = fx <= 0.0
+        s = side[live]
+        # Illinois: halve the far end's value when the same end moves twice in a row
+        fhi[live] = np.where(rej & (s == -1), fb * 0.5, np.where(rej, fb, fx))
+        flo[live] = np.where(~rej & (s == 1), fa * 0.5, np.where(rej, fx, fa))
+        lo[live] = np.where(rej, x, a)
+        hi[live] = np.where(rej, b, x)
+        side[live] = np.where(rej, -1, 1)
     out[idx] = lo
     return out
 
@@ -253,15 +330,21 @@ def fdp_rejects(
 
 
 def fdp_mu(
-    n: np.ndarray, v: np.ndarray, m: np.ndarray, level: np.ndarray, iters: int = 36
+    n: np.ndarray, v: np.ndarray, m: np.ndarray, level: np.ndarray, iters: int = 36,
+    groups: np.ndarray | None = None,
 ) -> np.ndarray:
     """Largest mu whose mu-GDP claim is rejected (0 when even mu = 0 is not), per lane.
 
-    Bisection on [0, :data:`MU_MAX`] of :func:`fdp_rejects`.
+    Bisection on [0, :data:`MU_MAX`] of :func:`fdp_rejects`. With ``groups`` (one label per
+    lane, e.g. the data set a candidate rule belongs to) only each group's maximum is wanted:
+    after :data:`_PRUNE_AFTER` steps, lanes whose bracket's upper end lies below the largest
+    lower end of their group stop (their value stays that lower end, a lower bound of their
+    own, below the group maximum); the maximum and argmax of every group are unchanged.
 
     Args:
         n, v, m: [L] guesses, correct guesses and pool sizes. level: [L] (or scalar) test
             levels. iters: bisection steps (36: MU_MAX / 2^36 ~ 6e-10).
+        groups: optional [L] integer labels.
 
     Returns:
         [L] lower bounds on mu (>= 0); convert to epsilon at delta with
@@ -273,9 +356,18 @@ def fdp_mu(
     n, v, m, level = _lanes(n, v, m, level)
     ok0 = fdp_rejects(np.zeros(n.size), n, v, m, level)
     lo, hi, idx = np.zeros(n.size), np.full(n.size, MU_MAX), np.flatnonzero(ok0)
-    for _ in range(iters if idx.size else 0):
+    for step in range(iters if idx.size else 0):
+        if groups is not None and step == _PRUNE_AFTER:
+            _, inv = np.unique(np.asarray(groups), return_inverse=True)
+            best = np.zeros(inv.max() + 1)
+            np.maximum.at(best, inv, lo)
+            idx = idx[hi[idx] >= best[inv[idx]]]
         mid = 0.5 * (lo[idx] + hi[idx])
         rej = fdp_rejects(mid, n[idx], v[idx], m[idx], level[idx])
         lo[idx] = np.where(rej, mid, lo[idx])
         hi[idx] = np.where(rej, hi[idx], mid)
     return np.where(ok0, lo, 0.0)
+
+
+#: Bisection steps of :func:`fdp_mu` before lanes that cannot be their group's maximum stop.
+_PRUNE_AFTER = 10

@@ -13,7 +13,8 @@
 * :meth:`~CanaryScoreAuditor.epsilon_one_run_fdp` -- Mahloujifar, Melis & Chaudhuri (2024),
   "Auditing f-Differential Privacy in One Run", with the Gaussian (mu-GDP) trade-off family.
 * :meth:`~CanaryScoreAuditor.epsilon_gdp_lower_bound` -- a parametric bound assuming
-  equal-variance Gaussian scores (exact noncentral-t confidence bound on the shift mu).
+  equal-variance Gaussian scores (exact noncentral-t confidence bound on the shift mu), its
+  ``status`` "rejected: goodness-of-fit p = ..." when the fit test rejects at ``gof_level``.
 * :meth:`~CanaryScoreAuditor.tpr_at_fpr` and :meth:`~CanaryScoreAuditor.auroc`.
 
 Every epsilon is in nats. Every method returns a frozen :class:`AuditResult`. The formulas
@@ -41,7 +42,7 @@ from .intervals import beta_upper_quantile
 from .one_run import SRC_MAHLOUJIFAR, SRC_STEINKE, fdp_mu, guess_counts, one_run_epsilon
 from .result import AuditResult
 
-__all__ = ["CanaryScoreAuditor"]
+__all__ = ["GOF_LEVEL", "CanaryScoreAuditor"]
 
 SRC_ANDREW = (
     "Andrew, Kairouz, Oh, Oprea, McMahan, Suriyakumar (2024), One-shot Empirical Privacy "
@@ -64,6 +65,9 @@ SRC_ROC = (
 SRC_AUC = "Hanley & McNeil (1982), The meaning and use of the area under a ROC curve, eq. (1)"
 
 Threshold = Literal["bonferroni", "split"]
+
+#: Default level of the GDP bound's goodness-of-fit gate (``epsilon_gdp_lower_bound``).
+GOF_LEVEL = 0.01
 
 
 # --------------------------------------------------------------------------------------------
@@ -511,36 +515,45 @@ class CanaryScoreAuditor:
 
     # ---------------------------------------------------------------- parametric GDP
 
-    def epsilon_gdp_lower_bound(self, alpha: float = 0.05, delta: float = 1e-5) -> AuditResult:
+    def epsilon_gdp_lower_bound(
+        self, alpha: float = 0.05, delta: float = 1e-5, *, gof_level: float = GOF_LEVEL
+    ) -> AuditResult:
         """(1 - alpha) lower bound assuming x ~ N(m1, s^2), y ~ N(m0, s^2) (equal variance).
 
         mu_hat = (mean(x) - mean(y)) / s_pooled. T = mu_hat / sqrt(1/k + 1/k') is noncentral
         t with k + k' - 2 degrees of freedom and noncentrality lambda = mu / sqrt(1/k + 1/k');
         lambda_lo solves P[T <= t_obs; lambda_lo] = 1 - alpha (exact one-sided bound), and
         mu_lo = lambda_lo sqrt(1/k + 1/k'). eps_lo = eps_GDP(mu_lo, delta) if mu_lo > 0, else
-        0 (never |mu|). Valid only as far as the Gaussian equal-variance model holds: check
-        ``gof_pvalue`` (Shapiro-Wilk, or D'Agostino-Pearson above 5000 scores, on the pooled
-        residuals x - mean(x), y - mean(y)) and ``details["equal_variance_pvalue"]``
-        (Brown-Forsythe); small values mean the bound may not hold (None: undefined, e.g. no
-        spread within a group).
+        0 (never |mu|). Valid only as far as the Gaussian equal-variance model holds, so the
+        bound is gated by its goodness-of-fit test: ``gof_pvalue`` (Shapiro-Wilk, or
+        D'Agostino-Pearson above 5000 scores, on the pooled residuals x - mean(x),
+        y - mean(y)). When gof_pvalue < ``gof_level`` (or is undefined) the value is still
+        computed but ``status`` is ``"rejected: goodness-of-fit p = {p:.2g} < {gof_level}"``
+        and callers must not log or print it as a bound; otherwise ``status`` is "ok".
+        ``details["equal_variance_pvalue"]`` (Brown-Forsythe) is reported, not gated on.
 
         Args:
             alpha: 1 - confidence, in (0, 1).
             delta: in (0, 1).
+            gof_level: level of the fit test, in [0, 1) (default :data:`GOF_LEVEL` = 0.01:
+                Gaussian scores are rejected in 1% of data sets; 0 never rejects).
 
         Returns:
-            AuditResult: value = eps_lo (nats, >= 0), gof_pvalue, details: mu_hat,
-            mu_lower (None when 1 - alpha rounds to 1), t_statistic, df, gof_test,
-            equal_variance_pvalue.
+            AuditResult: value = eps_lo (nats, >= 0), status "ok" or "rejected: ...",
+            details: gof_pvalue, gof_level, gof_test, mu_hat, mu_lower (None when 1 - alpha
+            rounds to 1), t_statistic, df, equal_variance_pvalue.
 
         Raises:
-            ValueError: alpha or delta not in (0, 1).
+            ValueError: alpha or delta not in (0, 1); gof_level not in [0, 1).
 
         Source: Dong, Roth, Su (2022), JRSS-B, Def. 2.6, Cor. 2.13; noncentral-t bound on
         the standardized mean difference (e.g. Hedges & Olkin 1985, §5).
         """
         a = check_alpha(alpha)
         d = _check_delta(delta, allow_zero=False)
+        level = check_real(gof_level, "gof_level")
+        if not 0.0 <= level < 1.0:
+            raise ValueError(f"gof_level must be in [0, 1), got {gof_level!r}")
         x, y = self.in_scores, self.out_scores
         k, kk = x.size, y.size
         df = k + kk - 2
@@ -557,12 +570,18 @@ class CanaryScoreAuditor:
         else:
             gof, gof_name = _pvalue(stats.normaltest, resid), "dagostino_pearson"
         ev = _pvalue(stats.levene, x, y, center="median")
+        if gof is None:
+            status = f"rejected: goodness-of-fit p undefined ({gof_name})"
+        elif gof < level:
+            status = f"rejected: goodness-of-fit p = {gof:.2g} < {level:g}"
+        else:
+            status = "ok"
         return AuditResult(
             value=eps, method="gdp_noncentral_t", source=SRC_GDP, alpha=a, delta=d,
-            counts=self._counts(),
-            details={"gof_pvalue": gof, "mu_hat": mu_hat, "mu_lower": mu_lo if math.isfinite(mu_lo) else None,
-                     "t_statistic": t_obs, "df": df, "gof_test": gof_name,
-                     "equal_variance_pvalue": ev},
+            counts=self._counts(), status=status,
+            details={"gof_pvalue": gof, "gof_level": level, "gof_test": gof_name,
+                     "mu_hat": mu_hat, "mu_lower": mu_lo if math.isfinite(mu_lo) else None,
+                     "t_statistic": t_obs, "df": df, "equal_variance_pvalue": ev},
         )
 
     # ---------------------------------------------------------------- rates

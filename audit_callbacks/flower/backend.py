@@ -39,6 +39,7 @@ from flwr.serverapp.exception import InconsistentMessageReplies
 from audit_callbacks.backends.base import CanaryBackend
 from audit_callbacks.estimators import gaussian_epsilon
 from audit_callbacks.flower.records import LOGGER, Layout
+from audit_callbacks.known_rounds import KnownRoundScores
 from audit_callbacks.validation import check_real
 
 __all__ = ["BAD_REPLY_CODE", "FlowerBackend", "find_attribute"]
@@ -185,6 +186,22 @@ class FlowerBackend(CanaryBackend):
             LOGGER.log(INFO, "CanaryStrategy: %d canary clients join %d real ones; cohort %d, "
                        "rate q = %.4f per round", k, n_real, m, m / (n_real + k))
         self.inputs = inputs
+        self.matched, self.matched_reason = self._known_rounds(auditor)
+
+    def _known_rounds(self, auditor: Any) -> tuple[KnownRoundScores | None, str]:
+        """The known-rounds statistic over the released models (FedAvg's average plus the DP
+        wrapper's noise: server learning rate 1, no momentum), or None and why not."""
+        m = find_attribute(self.strategy, "num_sampled_clients")
+        if self.noise_multiplier <= 0:
+            return None, "no DP noise (noise_multiplier = 0): the known-rounds statistic is undefined"
+        if m is None:
+            return None, "no DP wrapper's num_sampled_clients: the noisy sum's divisor is unknown"
+        for name in ("server_momentum", "beta_1", "eta"):
+            if find_attribute(self.strategy, name):
+                return None, (f"the wrapped strategy has a server optimizer ({name}): its noisy "
+                              "aggregate cannot be recovered from the released models")
+        return KnownRoundScores(auditor.canaries, auditor.num_canaries, clip_norm=self.clip_norm,
+                                divisor=int(m), noise_multiplier=self.noise_multiplier), ""
 
     # ------------------------------------------------------------------ a round
     def _tick(self, server_round: int, since: float, inner: float = 0.0) -> None:
@@ -286,8 +303,10 @@ class FlowerBackend(CanaryBackend):
             self.auditor.skip_release(f"the aggregated model of round {server_round} ({why})")
             return arrays, metrics, False
         theta = self.layout.flatten(arrays)
-        self.auditor.release(theta - self.theta_prev, np.asarray(inserted, dtype=np.int64),
-                             what=f"round {server_round}")
+        participants = np.asarray(inserted, dtype=np.int64)
+        self.auditor.release(theta - self.theta_prev, participants, what=f"round {server_round}")
+        if self.matched is not None:
+            self.matched.update(theta - self.theta_prev, participants)
         self.theta, self.released = theta, arrays
         self.round_events.setdefault(server_round, f"folded ({len(inserted)} canaries, "
                                      f"{failures} failures)")
@@ -388,6 +407,14 @@ class FlowerBackend(CanaryBackend):
             return {"epsilon_analytic": 0.0}
         return {"epsilon_analytic": gaussian_epsilon(self.noise_multiplier, delta, compositions=max_part)}
 
+    def last_iterate(self, delta: float) -> float | None:
+        """The last-iterate heuristic of the observed canaries (known-rounds shifts)."""
+        if self.matched is None or self.matched.rounds == 0:
+            return None
+        from audit_callbacks.estimators.last_iterate import fedavg_last_iterate_epsilon
+
+        return fedavg_last_iterate_epsilon(self.matched.last_iterate_shifts(), delta)
+
     def summary_inputs(self) -> dict[str, Any]:
         return {"rounds": self.rounds, "noise_multiplier": self.noise_multiplier, **self.inputs,
                 "round_events": {str(k): v for k, v in self.round_events.items()}}
@@ -395,7 +422,8 @@ class FlowerBackend(CanaryBackend):
     def state_dict(self) -> dict[str, Any]:
         return {"rounds": self.rounds, "theta": None if self.theta is None else self.theta.clone(),
                 "layout": [list(e) for e in self.layout.entries],
-                "round_events": dict(self.round_events)}
+                "round_events": dict(self.round_events),
+                "known_rounds": None if self.matched is None else self.matched.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`; a resumed run's rounds add to the restored ones.
@@ -412,3 +440,5 @@ class FlowerBackend(CanaryBackend):
         self.rounds = self.offset = int(state["rounds"])
         self.theta = None if theta is None else torch.as_tensor(theta, dtype=torch.float32).clone()
         self.round_events = {int(k): v for k, v in state.get("round_events", {}).items()}
+        if self.matched is not None and state.get("known_rounds") is not None:
+            self.matched.load_state_dict(state["known_rounds"])

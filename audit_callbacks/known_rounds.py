@@ -1,0 +1,233 @@
+"""The all-iterates statistic of DP-FedAvg when the adversary knows the rounds (torch).
+
+The analytic epsilon of DP-FedAvg's canary audit (Andrew et al., ICLR 2024, footnote on the
+unamplified Gaussian mechanism; Dong, Roth, Su 2022, Cor. 3.3) assumes an adversary who sees
+every round's release and knows the rounds R_j a canary j took part in. That adversary's
+statistic is the aligned sum (the Neyman-Pearson test of the composed Gaussian mechanism):
+
+* each round's noisy aggregate is recovered from consecutive model deltas, undoing the server's
+  learning rate eta and momentum beta: ``avg_t = (Delta_t - beta Delta_{t-1}) / eta``
+  (PyTorch's SGD with momentum: ``Delta_t = beta Delta_{t-1} + eta avg_t``);
+* in units of one clipped client update, ``y_jt = <c_j, avg_t> m / C`` is 1 + N(0, z^2) in a
+  round canary j took part in and N(0, z^2) otherwise (the noise on the average is N(0, (z C /
+  m)^2 I); other clients' updates add ``<c_j, u_i> / C``, about ``1 / sqrt(d)`` each);
+* canary j's score is ``t_j = sum_{t in R_j} y_jt / (z sqrt(r_j))``: N(sqrt(r_j) / z, 1) for an
+  observed canary, N(0, 1) for an unobserved one (whose R_j is every round: the noise of
+  distinct rounds is independent, so any fixed set of rounds gives N(0, 1)).
+
+The estimate composes the per-round shift over the most-sampled canary's rounds, as the
+analytic epsilon does: ``mu_1`` is estimated from every (canary, round) participation,
+``(mean y over participations - mean y over unobserved rounds) / sd(y over unobserved rounds)``,
+and ``epsilon = epsilon_GDP(sqrt(r_max) mu_1, delta)`` (Dong, Roth, Su 2022, Cor. 2.13), with a
+bootstrap over canaries. Only running sums are kept: O(k + k') numbers, and the previous model
+delta ``[d]``.
+
+The final-model heuristic reference (Steinke et al., "The Last Iterate Advantage", ICLR 2025):
+``theta_T - theta_0 = eta sum_t w_t avg_t`` with ``w_t = (1 - beta^(T - t + 1)) / (1 - beta)``
+(``w_t = 1`` without momentum), so canary j's last iterate is ``mu_j``-GDP with
+``mu_j = sum_{t in R_j} w_t / (z sqrt(sum_t w_t^2))``. The sums are kept as running sums:
+``A_j <- beta A_j + [j in round t]``, ``B <- beta B + 1`` and ``B2 <- beta^2 B2 + 1`` give
+``sum_{t in R_j} w_t = (r_j - beta A_j) / (1 - beta)`` and ``sum_t w_t^2 = (T - 2 beta B +
+beta^2 B2) / (1 - beta)^2``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from audit_callbacks.canaries import CanarySet
+from audit_callbacks.estimators import AuditResult, gaussian_epsilon_array
+
+__all__ = ["SOURCE", "KnownRoundScores"]
+
+SOURCE = ("Andrew, Kairouz, Oh, Oprea, McMahan, Suriyakumar (2024), One-shot Empirical Privacy "
+          "Estimation for Federated Learning, ICLR, §4.1 (all iterates) with the aligned sum of "
+          "the adversary who knows the rounds; Dong, Roth, Su (2022), Gaussian Differential "
+          "Privacy, Cor. 2.13 and 3.3 (composition of the per-round shift)")
+
+
+class KnownRoundScores:
+    """Aligned sums of every canary over the rounds it took part in.
+
+    Args:
+        canaries: the audit's canary set: indices ``0..k-1`` observed, ``k..k+k'-1`` never
+            inserted.
+        num_observed: k.
+        clip_norm: C, the clip norm of one client's update.
+        divisor: m, what the noisy sum of a round is divided by (the fixed cohort size).
+        noise_multiplier: z (> 0: without noise the statistic is not defined).
+        server_lr, server_momentum: eta > 0 and beta in [0, 1) of the server's SGD.
+
+    Raises:
+        ValueError: z <= 0, C <= 0, m < 1, eta <= 0 or beta outside [0, 1).
+    """
+
+    name = "known_rounds"
+
+    def __init__(self, canaries: CanarySet, num_observed: int, *, clip_norm: float, divisor: int,
+                 noise_multiplier: float, server_lr: float = 1.0, server_momentum: float = 0.0) -> None:
+        if not noise_multiplier > 0:
+            raise ValueError(f"noise_multiplier must be > 0 for the known-rounds statistic, got {noise_multiplier!r}")
+        if not clip_norm > 0 or divisor < 1 or not server_lr > 0 or not 0 <= server_momentum < 1:
+            raise ValueError(f"clip_norm={clip_norm!r}, divisor={divisor!r}, server_lr={server_lr!r}, "
+                             f"server_momentum={server_momentum!r}: out of range")
+        self.canaries = canaries
+        self.k = int(num_observed)
+        self.clip_norm = float(clip_norm)
+        self.divisor = int(divisor)
+        self.z = float(noise_multiplier)
+        self.eta = float(server_lr)
+        self.beta = float(server_momentum)
+        n = len(canaries)
+        self.sums = np.zeros(n, dtype=np.float64)  # sum of y_jt over canary j's rounds
+        self.counts = np.zeros(n, dtype=np.int64)  # r_j
+        self.un_squares = 0.0  # sum of y^2 over the unobserved canaries' rounds
+        self.momentum_sums = np.zeros(self.k, dtype=np.float64)  # A_j = sum_{t in R_j} beta^(T-t)
+        self.decay = 0.0  # B = sum_t beta^(T-t)
+        self.decay_squares = 0.0  # sum_t beta^(2 (T-t))
+        self.rounds = 0
+        self.skipped = 0
+        self._previous: torch.Tensor | None = None
+
+    # ------------------------------------------------------------------ updates
+    def aggregate(self, model_delta: torch.Tensor) -> torch.Tensor:
+        """The round's noisy average recovered from the model deltas (float64 ``[d]``)."""
+        delta = model_delta.detach().to(torch.float64)
+        prev = self._previous
+        avg = delta if prev is None or self.beta == 0 else delta - self.beta * prev.to(delta.device)
+        return avg / self.eta
+
+    def update(self, model_delta: torch.Tensor, participants: np.ndarray | None) -> bool:
+        """Fold one round: ``model_delta`` ``[d]`` (``theta_t - theta_{t-1}``) and the observed
+        canaries that took part (local indices, repeats allowed). A delta with NaN or inf is
+        skipped (the next round's recovery then has no previous delta: it is skipped too).
+        Returns whether the round was folded."""
+        if not bool(torch.isfinite(model_delta).all()):
+            self.skipped += 1
+            self._previous = None
+            return False
+        if self._previous is None and self.rounds > 0 and self.beta > 0:
+            self._previous = model_delta.detach().to(torch.float64).clone()
+            self.skipped += 1  # after a skipped round the momentum cannot be undone once
+            return False
+        avg = self.aggregate(model_delta)
+        self._previous = model_delta.detach().to(torch.float64).clone()
+        y = self.canaries.dots(avg.to(torch.float32)).cpu().numpy() * (self.divisor / self.clip_norm)
+        idx = np.asarray([] if participants is None else participants, dtype=np.int64)
+        np.add.at(self.sums, idx, y[idx])
+        np.add.at(self.counts, idx, 1)
+        self.sums[self.k:] += y[self.k:]
+        self.counts[self.k:] += 1
+        self.un_squares += float(np.dot(y[self.k:], y[self.k:]))
+        b = self.beta
+        self.momentum_sums *= b
+        np.add.at(self.momentum_sums, idx, 1.0)
+        self.decay = b * self.decay + 1.0
+        self.decay_squares = b * b * self.decay_squares + 1.0
+        self.rounds += 1
+        return True
+
+    # ------------------------------------------------------------------ scores
+    def scores(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(observed, unobserved)``: ``t_j`` of the observed canaries that took part
+        ``[<= k]`` and of the unobserved ones ``[k']`` (empty before any round)."""
+        took = self.counts[: self.k] > 0
+        obs = self.sums[: self.k][took] / (self.z * np.sqrt(self.counts[: self.k][took]))
+        un_counts = self.counts[self.k:]
+        unobs = self.sums[self.k:] / (self.z * np.sqrt(np.maximum(un_counts, 1))) if self.rounds else self.sums[:0]
+        return obs, unobs
+
+    def per_round_shift(self, obs_idx: np.ndarray | None = None, un_idx: np.ndarray | None = None) -> float:
+        """``mu_1``: the per-participation shift of ``y`` in noise standard deviations, from the
+        observed canaries ``obs_idx`` (default: all) and the unobserved ``un_idx``."""
+        k = self.k
+        o = np.arange(k) if obs_idx is None else obs_idx
+        u = np.arange(len(self.sums) - k) if un_idx is None else un_idx
+        r_in = self.counts[o].sum()
+        r_out = self.counts[k + u].sum()
+        if r_in < 1 or r_out < 2:
+            raise ValueError("too few participations for the known-rounds estimate")
+        mean_in = self.sums[o].sum() / r_in
+        mean_out = self.sums[k + u].sum() / r_out
+        if un_idx is None:
+            var_out = self.un_squares / r_out - mean_out ** 2
+        else:  # a resample: the pooled variance of the unobserved rounds is kept
+            var_out = self.un_squares / self.counts[k:].sum() - (self.sums[k:].sum() / self.counts[k:].sum()) ** 2
+        sd = math.sqrt(max(var_out, 1e-300))
+        return (mean_in - mean_out) / sd
+
+    def estimate(self, delta: float, *, alpha: float = 0.05, bootstrap: int = 0, seed: int = 0) -> AuditResult:
+        """The all-iterates estimate: ``epsilon_GDP(sqrt(r_max) mu_1, delta)`` (module
+        docstring), with a percentile bootstrap over canaries (``bootstrap`` resamples, level
+        1 - alpha).
+
+        Raises:
+            ValueError: no participation yet, or no unobserved canary.
+        """
+        k = self.k
+        if len(self.sums) - k < 2:
+            raise ValueError("the known-rounds estimate needs unobserved canaries (num_unobserved >= 2)")
+        r_max = int(self.counts[:k].max(initial=0))
+        mu1 = self.per_round_shift()
+        root = math.sqrt(r_max)
+        value = float(gaussian_epsilon_array(np.array([max(root * mu1, 0.0)]), delta)[0])
+        lower = upper = None
+        if bootstrap > 0:
+            rng = np.random.default_rng([int(seed), 0xB007])
+            took = np.flatnonzero(self.counts[:k] > 0)
+            n_un = len(self.sums) - k
+            mus = np.array([self.per_round_shift(rng.choice(took, size=took.size),
+                                                 rng.integers(0, n_un, size=n_un))
+                            for _ in range(int(bootstrap))])
+            eps = gaussian_epsilon_array(np.maximum(root * mus, 0.0), delta)
+            lower, upper = (float(v) for v in np.quantile(eps, [alpha / 2, 1 - alpha / 2]))
+        return AuditResult(
+            value=float(value), lower=lower, upper=upper,
+            alpha=alpha if bootstrap > 0 else None, delta=delta, method="known_rounds_aligned_sum",
+            source=SOURCE,
+            counts={"participations": int(self.counts[:k].sum()), "max_participations": r_max,
+                    "rounds": self.rounds, "rounds_skipped": self.skipped},
+            details={"per_round_mu": float(mu1), "mu": float(math.sqrt(r_max) * mu1),
+                     "mu_analytic_per_round": 1.0 / self.z, "threat_model": "all_iterates"},
+        )
+
+    def last_iterate_shifts(self) -> np.ndarray:
+        """``mu_j`` of the observed canaries that took part (module docstring): the last
+        iterate's Gaussian shift of each canary, in units of the noise."""
+        took = self.counts[: self.k] > 0
+        b = self.beta
+        r = self.counts[: self.k][took].astype(np.float64)
+        a = self.momentum_sums[took]
+        # sum_{t in R_j} w_t with w_t = (1 - b^(T-t+1)) / (1 - b): (r_j - b A_j) / (1 - b)
+        weight_sums = r if b == 0 else (r - b * a) / (1.0 - b)
+        # sum_t w_t^2 = sum_t (1 - 2 b^(T-t+1) + b^(2(T-t+1))) / (1 - b)^2
+        total = self.rounds if b == 0 else (
+            self.rounds - 2 * b * self.decay + b * b * self.decay_squares) / (1.0 - b) ** 2
+        return weight_sums / (self.z * math.sqrt(max(total, 1e-300)))
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        return {"sums": torch.from_numpy(self.sums.copy()), "counts": torch.from_numpy(self.counts.copy()),
+                "un_squares": self.un_squares,
+                "momentum_sums": torch.from_numpy(self.momentum_sums.copy()), "decay": self.decay,
+                "decay_squares": self.decay_squares, "rounds": self.rounds, "skipped": self.skipped,
+                "previous": None if self._previous is None else self._previous.cpu().clone()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`; ValueError naming a field of the wrong shape."""
+        for key in ("sums", "counts", "momentum_sums"):
+            value = state[key]
+            arr = value.numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+            if arr.shape != getattr(self, key).shape:
+                raise ValueError(f"known-rounds state: {key} has shape {arr.shape}, expected "
+                                 f"{getattr(self, key).shape}")
+            getattr(self, key)[:] = arr
+        self.un_squares = float(state["un_squares"])
+        self.decay, self.decay_squares = float(state["decay"]), float(state["decay_squares"])
+        self.rounds, self.skipped = int(state["rounds"]), int(state["skipped"])
+        prev = state.get("previous")
+        self._previous = None if prev is None else torch.as_tensor(prev, dtype=torch.float64).clone()
