@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"{r['bound_ratio_all_iterates']:>6.2f}")
     payload = {"benchmark": "tightness", "quick": args.quick, "seconds": time.perf_counter() - start,
                "machine": machine_info(), "summary": table, "runs": rows}
-    path = write_json("tightness_quick" if args.quick else "tightness", payload)
+    path = write_json("tightness_quick.json" if args.quick else "tightness.json", payload)
     print(f"wrote {path}")
     return payload
 

@@ -162,7 +162,9 @@ def test_estimate_separates_loud_from_quiet_noise(tmp_path):
     # all steps seen: the canary steps stand out at sigma 0.3 (analytic ~66), not at sigma 30
     lo_loud = loud.last_report.estimates["epsilon_lower_bound_all_iterates"].value
     lo_quiet = quiet.last_report.estimates["epsilon_lower_bound_all_iterates"].value
-    assert lo_loud < 0.5 < 1.0 < lo_quiet  # Clopper-Pearson, Bonferroni (k = k' = 150)
+    # the f-DP one-run bound on the steps-unknown scores (k = k' = 150); in this d = 785 model the
+    # real gradients' projections on the canaries add noise comparable to sigma = 0.3
+    assert lo_loud < 0.1 < 0.5 < lo_quiet
     gdp = quiet.last_report.estimates.get("epsilon_gdp_lower_bound_all_iterates")
     if gdp is None:  # the steps-unknown scores are heavy-tailed: the Gaussian fit is rejected
         assert quiet.last_report.skipped["epsilon_gdp_lower_bound_all_iterates"].startswith("rejected")

@@ -109,3 +109,40 @@ def test_state_round_trip_and_a_non_finite_round():
                            noise_multiplier=1.0)
     with pytest.raises(ValueError, match="sums"):
         bad.load_state_dict(stats.state_dict())
+
+
+def test_the_recovered_aggregate_is_dpfedavgs_noisy_average(tmp_path):
+    """Through a real DPFedAvg run with server momentum 0.9 and learning rate 0.7: the average
+    recovered from consecutive model deltas equals the noisy average the server applied; and
+    CanaryAudit's known-rounds statistic is fed every round."""
+    import lightning.pytorch as pl
+
+    from audit_callbacks.callbacks import CanaryAudit
+    from audit_callbacks.federated import DPFedAvg, FederatedAuditHooks
+    from datamodules import FederatedDataModule
+    from models import MLP
+    from tests._federated import fit
+
+    class Capture(FederatedAuditHooks, pl.Callback):
+        def __init__(self):
+            self.pairs = []
+
+        def on_federated_round_end(self, trainer, pl_module, fl_round):
+            self.pairs.append((fl_round.model_delta.clone(), fl_round.average.clone()))
+
+    dm = FederatedDataModule("digits", num_clients=40, rounds_per_epoch=4, seed=0)
+    dm.setup("fit")
+    torch.manual_seed(0)
+    module = DPFedAvg(MLP(64, 10, hidden=(32,)), clients_per_round=10, noise_multiplier=0.5,
+                      clip_norm=1.0, local_lr=0.1, local_batch_size=8, server_lr=0.7,
+                      server_momentum=0.9, seed=0, delta=1e-5)
+    capture, audit = Capture(), CanaryAudit(20, 200, seed=0, bootstrap=0)
+    fit(dm, module, [capture, audit], 6, tmp_path, logger=False)
+    stats = KnownRoundScores(CanarySet(0, module.num_parameters, 4, kind="hadamard"), 2,
+                             clip_norm=1.0, divisor=10, noise_multiplier=0.5, server_lr=0.7,
+                             server_momentum=0.9)
+    for delta, average in capture.pairs:
+        torch.testing.assert_close(stats.aggregate(delta), average.to(torch.float64), rtol=1e-4, atol=1e-6)
+        stats.update(delta, None)
+    assert audit.backend.matched.rounds == 6
+    assert audit.last_report.value("epsilon_all_iterates_matched") is not None

@@ -309,6 +309,11 @@ def valid_bound_values(
     d = _check_delta(delta, meths)
     s = check_seed(seed)
     inc = check_choice(inclusion, "inclusion", _INCLUSION)
+    try:
+        data_sets = list(data_sets)
+    except TypeError:
+        raise ValueError(f"data_sets must be a sequence of (in_scores, out_scores) pairs, got "
+                         f"{type(data_sets).__name__}") from None
     if len(data_sets) == 0:
         raise ValueError("data_sets must hold at least one (in_scores, out_scores) pair")
     auditors = [CanaryScoreAuditor(x, y) for x, y in data_sets]
