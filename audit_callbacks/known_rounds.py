@@ -131,6 +131,13 @@ class KnownRoundScores:
         self.rounds += 1
         return True
 
+    def restart(self) -> None:
+        """The server optimizer restarts with an empty momentum buffer (a new ``fit`` builds a
+        new one in ``configure_optimizers``): its first delta is ``eta avg_t`` with nothing to
+        undo, so the previous delta is zero (a checkpoint's state, restored after this, puts
+        the saved one back together with the optimizer's buffer)."""
+        self._previous = torch.zeros(self.canaries.dim, dtype=torch.float64)
+
     # ------------------------------------------------------------------ scores
     def scores(self) -> tuple[np.ndarray, np.ndarray]:
         """``(observed, unobserved)``: ``t_j`` of the observed canaries that took part

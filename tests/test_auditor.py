@@ -124,6 +124,8 @@ def test_state_round_trip_and_identity_check():
     other.load_state_dict(state)
     np.testing.assert_array_equal(other.participations, auditor.participations)
     torch.testing.assert_close(other.stats.max_cos, auditor.stats.max_cos)
+    # the resumed series never reuses an index a point after the checkpoint may have spent
+    assert other.logged_points == auditor.logged_points + 1
     wrong, _, _ = _auditor(k=100, seed=3)
     with pytest.raises(ValueError, match="seed=0.*this one 3"):
         wrong.load_state_dict(state)

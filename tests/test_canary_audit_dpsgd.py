@@ -268,3 +268,28 @@ def test_no_headline_number_exceeds_the_accountant_by_more_than_its_interval(tmp
                 assert report.skipped[bound].startswith("rejected"), report.skipped[bound]
                 continue
             assert report.value(bound) <= eps, (bound, report.value(bound), eps)
+
+
+def test_last_iterate_reference_uses_the_accumulated_rate(tmp_path):
+    # accumulate_grad_batches=2: most logical steps are taken at rate 2q; the optimizer holds
+    # no accumulated batches when the report is computed, so the reference must come from the
+    # steps' own rates (the accountant's history), not from accumulated_iterations at that time.
+    from audit_callbacks.estimators.last_iterate import (
+        dpsgd_last_iterate_epsilon,
+        dpsgd_last_iterate_epsilon_history,
+    )
+
+    pl.seed_everything(0, verbose=False)
+    dm = CentralDataModule("breast_cancer", batch_size=32, poisson=False)
+    module = DPSGDClassifier(MLP(30, 1, hidden=(16,)), lr=0.3, noise_multiplier=1.0)
+    audit = CanaryAudit(50, 50, bootstrap=0)
+    trainer = pl.Trainer(max_epochs=2, logger=False, callbacks=[audit], enable_progress_bar=False,
+                         enable_checkpointing=False, enable_model_summary=False, accumulate_grad_batches=2,
+                         default_root_dir=str(tmp_path))
+    trainer.fit(module, datamodule=dm)
+    history = module.privacy_engine.accountant.history
+    delta = audit.auditor.delta
+    got = audit.last_report.epsilon_last_iterate_heuristic
+    assert got == pytest.approx(dpsgd_last_iterate_epsilon_history(history, delta), rel=1e-9)
+    steps, q = audit.backend.injector.steps, audit.backend.injector.sample_rate
+    assert got > 1.5 * dpsgd_last_iterate_epsilon(steps, q, 1.0, delta)

@@ -146,3 +146,42 @@ def test_the_recovered_aggregate_is_dpfedavgs_noisy_average(tmp_path):
         stats.update(delta, None)
     assert audit.backend.matched.rounds == 6
     assert audit.last_report.value("epsilon_all_iterates_matched") is not None
+
+
+def test_a_repeated_fit_restarts_the_momentum_recovery(tmp_path):
+    """A second ``fit`` of the same module and callback builds a new server optimizer (empty
+    momentum buffer): the known-rounds sums must stay those of the true noisy averages."""
+    import lightning.pytorch as pl
+
+    from audit_callbacks.callbacks import CanaryAudit
+    from audit_callbacks.federated import DPFedAvg, FederatedAuditHooks
+    from datamodules import FederatedDataModule
+    from models import MLP
+    from tests._federated import fit
+
+    class Capture(FederatedAuditHooks, pl.Callback):
+        def __init__(self):
+            self.rounds = []
+
+        def on_federated_round_end(self, trainer, pl_module, fl_round):
+            self.rounds.append((fl_round.average.clone(), dict(fl_round.cohort.virtual_ids)))
+
+    dm = FederatedDataModule("digits", num_clients=40, rounds_per_epoch=4, seed=0)
+    dm.setup("fit")
+    torch.manual_seed(0)
+    module = DPFedAvg(MLP(64, 10, hidden=(32,)), clients_per_round=10, noise_multiplier=0.5,
+                      clip_norm=1.0, local_lr=0.1, local_batch_size=8, server_lr=0.7,
+                      server_momentum=0.9, seed=0, delta=1e-5)
+    capture, audit = Capture(), CanaryAudit(20, 200, seed=0, bootstrap=0)
+    fit(dm, module, [capture, audit], 4, tmp_path / "a", logger=False)
+    fit(dm, module, [capture, audit], 4, tmp_path / "b", logger=False)
+    stats = audit.backend.matched
+    assert stats.rounds == len(capture.rounds) == 8
+    direct = np.zeros_like(stats.sums)
+    for average, virtual in capture.rounds:
+        joined = virtual.get(audit.backend.name)
+        y = stats.canaries.dots(average.to(torch.float32)).cpu().numpy() * (10 / 1.0)
+        idx = np.asarray([] if joined is None else joined, dtype=np.int64)
+        np.add.at(direct, idx, y[idx])
+        direct[stats.k:] += y[stats.k:]
+    np.testing.assert_allclose(stats.sums, direct, rtol=1e-3, atol=1e-3)

@@ -236,3 +236,24 @@ def test_extreme_inputs_give_finite_epsilons(shifts, weights, delta):
     for t, q, sigma in ((1, 1.0, 1e-3), (100_000, 0.001, 1.0), (10, 1e-9, 1.0), (50, 0.5, 100.0)):
         e = dpsgd_last_iterate_epsilon(t, q, sigma, 1e-5)
         assert math.isfinite(e) and e >= 0.0
+
+
+def test_history_of_rates_is_the_sum_of_binomials():
+    """A run whose steps differ in rate (gradient accumulation's short last step of an epoch):
+    one entry is dpsgd_last_iterate_epsilon; an entry split in two gives the same epsilon; mixed
+    rates lie between the all-low and all-high runs and match a direct mixture."""
+    from audit_callbacks.estimators.last_iterate import dpsgd_last_iterate_epsilon_history
+
+    one = dpsgd_last_iterate_epsilon(40, 0.1, 1.0, 1e-5)
+    assert dpsgd_last_iterate_epsilon_history([(1.0, 0.1, 40)], 1e-5) == one
+    assert dpsgd_last_iterate_epsilon_history([(1.0, 0.1, 15), (1.0, 0.1, 25)], 1e-5) == pytest.approx(one, rel=1e-6)
+    history = [(1.0, 0.2, 14), (1.0, 0.1, 2)]
+    mixed = dpsgd_last_iterate_epsilon_history(history, 1e-5)
+    assert dpsgd_last_iterate_epsilon(16, 0.1, 1.0, 1e-5) < mixed < dpsgd_last_iterate_epsilon(16, 0.2, 1.0, 1e-5)
+    pmf = np.convolve(stats.binom.pmf(np.arange(15), 14, 0.2), stats.binom.pmf(np.arange(3), 2, 0.1))
+    direct = mixture_gaussian_epsilon(np.arange(17) / 4.0, pmf / pmf.sum(), 1e-5)
+    assert mixed == pytest.approx(direct, rel=1e-6)
+    with pytest.raises(ValueError):
+        dpsgd_last_iterate_epsilon_history([], 1e-5)
+    with pytest.raises(ValueError):
+        dpsgd_last_iterate_epsilon_history([(1.0, 0.0, 3)], 1e-5)

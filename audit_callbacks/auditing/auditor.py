@@ -359,7 +359,10 @@ class CanaryAuditor:
                              f"has {self.participations.size}")
         self.stats.load_state_dict(state["stats"])
         self.participations[:] = saved
-        self.logged_points = int(state.get("logged_points", 0))
+        # a checkpoint taken between two logged points does not know whether one more point was
+        # logged after it (e.g. mid-epoch checkpoints, SIGUSR1 requeue): the resumed series goes
+        # on from the next index, so no index is spent twice (skipping one only spends less)
+        self.logged_points = int(state.get("logged_points", 0)) + 1
         self.backend.load_state_dict(state.get("backend") or {})
 
 

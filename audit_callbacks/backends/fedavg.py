@@ -122,9 +122,12 @@ class FedAvgBackend(CanaryBackend):
         self.register()
 
     def on_setup(self, trainer: Any, pl_module: Any) -> None:
-        """A second fit of the same module: the same canaries go on."""
+        """A second fit of the same module: the same canaries go on (the server optimizer is
+        built anew, so the known-rounds recovery starts without momentum)."""
         self._trainer = trainer
         self.register()
+        if self.matched is not None:
+            self.matched.restart()
 
     @property
     def num_canaries(self) -> int:

@@ -26,7 +26,10 @@ from audit_callbacks.dpsgd import (
     find_dp_optimizer,
     flat_parameters,
 )
-from audit_callbacks.estimators.last_iterate import dpsgd_last_iterate_epsilon
+from audit_callbacks.estimators.last_iterate import (
+    dpsgd_last_iterate_epsilon,
+    dpsgd_last_iterate_epsilon_history,
+)
 from audit_callbacks.steps_unknown import StepsUnknownScores
 
 __all__ = ["OpacusBackend"]
@@ -185,13 +188,18 @@ class OpacusBackend(CanaryBackend):
 
     def last_iterate(self, delta: float) -> float | None:
         """The last-iterate heuristic of DP-SGD (Steinke et al., ICLR 2025): Bin(T, q) +
-        N(0, sigma^2 T) against N(0, sigma^2 T) at the run's steps, rate and noise."""
+        N(0, sigma^2 T) against N(0, sigma^2 T) at the run's steps, rate and noise, over the
+        rates the steps were taken at (the steps-unknown statistic's history: with gradient
+        accumulation q = sample_rate * accumulated_iterations of each step, which the optimizer
+        no longer holds between steps)."""
         opt = self.injector.optimizer
         steps, sigma = int(self.injector.steps), float(opt.noise_multiplier)
         if steps < 1 or sigma <= 0:
             return None
-        rate = min(1.0, self.injector.sample_rate * int(getattr(opt, "accumulated_iterations", 1) or 1))
-        return dpsgd_last_iterate_epsilon(steps, rate, sigma, delta)
+        history = [] if self.matched is None else list(self.matched.history)
+        if not history:
+            return dpsgd_last_iterate_epsilon(steps, self.injector.sample_rate, sigma, delta)
+        return dpsgd_last_iterate_epsilon_history(history, delta)
 
     def summary_inputs(self) -> dict[str, Any]:
         opt = self.injector.optimizer

@@ -59,6 +59,7 @@ from .gaussian import log_sub
 __all__ = [
     "SOURCE_LAST_ITERATE",
     "dpsgd_last_iterate_epsilon",
+    "dpsgd_last_iterate_epsilon_history",
     "fedavg_last_iterate_epsilon",
     "fedavg_last_iterate_shifts",
     "fedavg_momentum_weights",
@@ -344,6 +345,53 @@ def dpsgd_last_iterate_epsilon(steps: int, sample_rate: float, noise_multiplier:
     shifts = m[keep] / (sigma * math.sqrt(t))
     if shifts.max() > _MAX_SHIFT:
         raise ValueError(f"noise_multiplier={sigma!r} is too small for steps={t}: the shift "
+                         f"{shifts.max():g} is not representable")
+    return _epsilon(_trimmed(shifts, log_w[keep], d), d)
+
+
+def dpsgd_last_iterate_epsilon_history(history: object, delta: float) -> float:
+    """:func:`dpsgd_last_iterate_epsilon` over a run whose steps differ in rate or noise.
+
+    ``history`` is Opacus' accountant format ``[(sigma_i, q_i, n_i), ...]`` (n_i steps at rate
+    q_i and noise multiplier sigma_i), e.g. gradient accumulation, whose last logical step of an
+    epoch often accumulates fewer batches (a lower q). The canary's count is then a sum of
+    independent binomials ``M = sum_i Bin(n_i, q_i)`` and the noise ``N(0, sum_i n_i
+    sigma_i^2)``: the mixture ``sum_m P[M = m] N(m / sqrt(sum_i n_i sigma_i^2), 1)`` against
+    ``N(0, 1)``. With one entry it is :func:`dpsgd_last_iterate_epsilon`.
+
+    Raises:
+        ValueError: an empty history, an entry that is not (sigma > 0, q in (0, 1], n >= 1),
+            delta not in (0, 1), or shifts too large (named).
+    """
+    d = check_delta(delta)
+    try:
+        rows = [tuple(h) for h in history]  # type: ignore[attr-defined]
+    except TypeError:
+        raise ValueError(f"history must be a list of (noise_multiplier, sample_rate, steps), got "
+                         f"{type(history).__name__}") from None
+    if not rows or any(len(r) != 3 for r in rows):
+        raise ValueError(f"history must be a non-empty list of (noise_multiplier, sample_rate, steps), "
+                         f"got {history!r}")
+    groups = [(check_positive(s, "noise_multiplier"),
+               check_probability(q, "sample_rate", high_inclusive=True),
+               check_count(n, "steps", minimum=1)) for s, q, n in rows]
+    variance = sum(n * s * s for s, _, n in groups)
+    by_rate: dict[float, int] = {}  # binomials of one rate add up: one term per distinct rate
+    for _, q, n in groups:
+        by_rate[q] = by_rate.get(q, 0) + n
+    if len(by_rate) == 1:
+        (q, t), = by_rate.items()
+        return dpsgd_last_iterate_epsilon(t, q, math.sqrt(variance / t), d)
+    pmf = np.ones(1)
+    for q, n in by_rate.items():  # sums of non-negative terms: no cancellation in the tails
+        pmf = np.convolve(pmf, binom.pmf(np.arange(n + 1), n, q))
+    m = np.arange(pmf.size, dtype=float)
+    with np.errstate(divide="ignore"):
+        log_w = np.log(pmf / pmf.sum())
+    keep = np.isfinite(log_w)
+    shifts = m[keep] / math.sqrt(variance)
+    if shifts.max() > _MAX_SHIFT:
+        raise ValueError(f"the noise of history {rows!r} is too small: the shift "
                          f"{shifts.max():g} is not representable")
     return _epsilon(_trimmed(shifts, log_w[keep], d), d)
 
