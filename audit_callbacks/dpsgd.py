@@ -93,14 +93,13 @@ def chain_step_hook(optimizer: DPOptimizer, fn: Callable[[DPOptimizer], None]) -
     runs after clipping, noise and scaling, before the parameters move, so ``p.grad`` is the
     privatized gradient. Returns the installed hook (pass it to :func:`unchain_step_hook`).
     """
-    previous = optimizer.step_hook
-
     def hook(optim: DPOptimizer) -> None:
-        if previous is not None:
+        previous = hook.previous  # type: ignore[attr-defined]  # read at call time: unchaining
+        if previous is not None:  # a hook below this one replaces this attribute
             previous(optim)
         fn(optim)
 
-    hook.previous = previous  # type: ignore[attr-defined]
+    hook.previous = optimizer.step_hook  # type: ignore[attr-defined]
     hook.audit_fn = fn  # type: ignore[attr-defined]
     optimizer.step_hook = hook
     return hook

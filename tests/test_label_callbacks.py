@@ -299,3 +299,26 @@ def test_every_logged_tag_record_and_summary_key_is_in_the_name_table(tmp_path):
     drawn = {t for cat in layout.category for c in cat.chart for t in c.multiline.tag if t.startswith("^label")}
     assert drawn and drawn == {f"^{re.escape(q.tag)}$" for q in names.QUANTITIES
                                if q.family in ("label_dp", "label_attack") and q.chart is not None}
+
+
+@pytest.mark.parametrize("bound_first", [True, False])
+def test_a_callback_disabled_at_a_step_never_stops_the_fit_in_either_order(tmp_path, bound_first):
+    """Issue 27 item 5: a logit layer followed by ReLU (as in Lightning's own example) is not a
+    model the label-DP bound supports; it disables itself at a step and unchains its hook. The
+    other callback's hook, chained after or before it, goes on, and the fit ends."""
+    import torch
+
+    pl.seed_everything(0, verbose=False)
+    dm = CentralDataModule("breast_cancer", batch_size=32, poisson=True, seed=0)
+    model = torch.nn.Sequential(MLP(30, 1, hidden=(64, 64)), torch.nn.ReLU())
+    module = DPSGDClassifier(model, lr=0.3, noise_multiplier=1.0, max_grad_norm=1.0, noise_seed=0)
+    bound, attack = LabelDPLowerBound(summary_filename=None), LabelReconstructionAttack(summary_filename=None)
+    callbacks = [bound, attack] if bound_first else [attack, bound]
+    trainer = pl.Trainer(max_epochs=1, logger=False, callbacks=callbacks, enable_progress_bar=False,
+                         enable_checkpointing=False, enable_model_summary=False, num_sanity_val_steps=0,
+                         log_every_n_steps=1, default_root_dir=str(tmp_path))
+    with pytest.warns(UserWarning):
+        trainer.fit(module, datamodule=dm)
+    assert trainer.state.finished
+    assert bound.disabled_reason is not None
+    assert attack.considered > 0
