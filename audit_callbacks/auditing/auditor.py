@@ -308,7 +308,7 @@ class CanaryAuditor:
         keep = [q.tag for q in names.family("audit")
                 if not q.name.startswith("epsilon_analytic") or q.name in analytic]
         return names.chart_layout(["audit"], only=keep, extra={
-            names.SECTIONS["audit"]: {"accuracy": [r"^val.*acc.*"]}})
+            names.SECTIONS["audit"]: {"accuracy": [r"^val.*acc.*$"]}})
 
     def logged(self, progress: int) -> bool:
         """Whether a report at ``progress`` was already logged."""

@@ -191,7 +191,7 @@ class LabelDPLowerBound(StepAuditCallback):
         drawn = [q.tag for q in names.family(self.family) if self.second_last or "second_last" not in q.name]
         tb.add_custom_scalars_layout(trainer, names.chart_layout(
             [self.family], only=drawn,
-            extra={names.SECTIONS[self.family]: {"model accuracy": [r"val.*acc.*"]}}))
+            extra={names.SECTIONS[self.family]: {"model accuracy": [r"^val.*acc.*$"]}}))
 
     def _norm_layers(self, pl_module: pl.LightningModule) -> dict[str, nn.Linear]:
         self._ghost = ghost_layers(pl_module, self.optimizer.params)

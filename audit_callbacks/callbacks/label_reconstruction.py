@@ -192,7 +192,7 @@ class LabelReconstructionAttack(StepAuditCallback):
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_fit_start(trainer, pl_module)
         tb.add_custom_scalars_layout(trainer, names.chart_layout(
-            [self.family], extra={names.SECTIONS[self.family]: {"model accuracy": [r"val.*acc.*"]}}))
+            [self.family], extra={names.SECTIONS[self.family]: {"model accuracy": [r"^val.*acc.*$"]}}))
 
     @property
     def accuracy(self) -> float | None:

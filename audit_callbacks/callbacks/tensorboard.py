@@ -8,10 +8,12 @@ the canary auditor's sink (:class:`~audit_callbacks.auditing.ReportSink`) over a
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 
 from audit_callbacks._lightning import is_tensorboard_logger
 from audit_callbacks.auditing.sinks import WriterSink, clean_scalars
@@ -48,11 +50,22 @@ def log_scalars(trainer: pl.Trainer, metrics: Mapping[str, float], step: int) ->
         logger.log_metrics(clean, step=step)
 
 
+# Trainer -> the Custom Scalars layout of every callback attached to it, merged: TensorBoard
+# shows only the last layout written to a run, so each callback's layout is merged into this
+# one and the whole is written again.
+_LAYOUTS: weakref.WeakKeyDictionary[Any, dict[str, dict[str, Any]]] = weakref.WeakKeyDictionary()
+
+
 def add_custom_scalars_layout(trainer: pl.Trainer, layout: dict[str, dict[str, Sequence]]) -> None:
-    """Write a custom-scalars layout ``{category: {chart: ["Multiline", [tags]]}}``."""
+    """Merge a custom-scalars layout ``{section: {chart: ["Multiline", [tags]]}}`` into the
+    run's (one dashboard for every attached callback) and write the merged layout."""
     writer = tensorboard_writer(trainer)
-    if writer is not None:
-        writer.add_custom_scalars(layout)
+    if writer is None:
+        return
+    merged = _LAYOUTS.setdefault(trainer, {})
+    for section, charts in layout.items():
+        merged.setdefault(section, {}).update(charts)
+    writer.add_custom_scalars(merged)
 
 
 class LightningSink(WriterSink):
@@ -65,4 +78,12 @@ class LightningSink(WriterSink):
         self.trainer = trainer
 
     def scalars(self, values: dict[str, float | None], step: int) -> None:
+        """Through every logger, and into ``trainer.callback_metrics`` (so ``ModelCheckpoint``,
+        ``EarlyStopping`` and the progress bar can use them)."""
         log_scalars(self.trainer, values, step)
+        metrics = getattr(self.trainer, "callback_metrics", None)
+        if isinstance(metrics, dict):
+            metrics.update({k: torch.tensor(v) for k, v in clean_scalars(values).items()})
+
+    def layout(self, layout: dict[str, dict[str, list[Any]]]) -> None:
+        add_custom_scalars_layout(self.trainer, layout)

@@ -1,0 +1,224 @@
+"""``OpacusCanaryAudit``: the canary audit of a plain-PyTorch Opacus training loop.
+
+The same audit as the Lightning ``CanaryAudit`` on Opacus DP-SGD (Andrew et al., "One-shot
+Empirical Privacy Estimation for Federated Learning", ICLR 2024, Alg. 2 and 3, with a canary in
+the place of a training example; ``docs/methods/canaries.md``), for scripts such as Opacus'
+``examples/mnist.py`` that call ``optimizer.step()`` themselves::
+
+    model, optimizer, train_loader = privacy_engine.make_private(...)
+    audit = OpacusCanaryAudit(optimizer, data_loader=train_loader, log_dir="runs/audit")
+    for epoch in range(epochs):
+        train(model, train_loader, optimizer)      # unchanged: every step is observed
+    audit.write()                                  # summary JSON + TensorBoard in log_dir
+    print(audit.report())                          # a CanaryReport (None before an estimate)
+
+A thin front end: :class:`~audit_callbacks.backends.opacus.OpacusBackend` adds the canaries to
+the ``DPOptimizer``'s noisy sum and releases the model delta of every logical step, and the one
+:class:`~audit_callbacks.auditing.CanaryAuditor` owns statistics, report and summary. The
+analytic epsilon is the run's own Opacus accountant's (found on the optimizer's step hook).
+"""
+
+from __future__ import annotations
+
+import os
+import types
+import warnings
+from typing import Any
+
+import torch
+
+from audit_callbacks.auditing import CanaryAuditConfig, CanaryReport
+from audit_callbacks.auditing.frontend import AuditFrontEnd
+from audit_callbacks.auditing.sinks import WriterSink
+from audit_callbacks.backends.opacus import OpacusBackend
+from audit_callbacks.dpsgd import find_dp_optimizer
+from audit_callbacks.validation import check_count, check_flag, check_optional_count
+
+__all__ = ["OpacusCanaryAudit"]
+
+
+class _TrainingView:
+    """What :class:`OpacusBackend` reads from a Lightning trainer, for a plain loop: the
+    optimizers, the training loader (its length and dataset size) and the world size."""
+
+    def __init__(self, optimizer: Any, data_loader: Any, world_size: int) -> None:
+        self.optimizers = [optimizer]
+        self.train_dataloader = data_loader
+        self.world_size = world_size
+
+
+def _world_size() -> int:
+    dist = torch.distributed
+    return int(dist.get_world_size()) if dist.is_available() and dist.is_initialized() else 1
+
+
+class OpacusCanaryAudit(AuditFrontEnd):
+    """Insert canaries into an Opacus ``DPOptimizer`` and estimate epsilon from their cosines.
+
+    Construct it after ``PrivacyEngine.make_private`` and before the first step. It installs
+    the canaries into the optimizer's ``add_noise`` and wraps the optimizer's ``step`` on the
+    instance (the class is untouched; LR schedulers made later still work), so each logical
+    step (one noise draw; gradient accumulation and ``BatchMemoryManager`` steps included) is
+    observed without further calls.
+
+    Args:
+        optimizer: the ``DPOptimizer`` returned by ``make_private`` (or an object whose
+            ``optimizer`` attribute is one).
+        data_loader: the training loader (optional): its dataset's size caps the default k,
+            and ``1 / len(data_loader)`` is the canaries' rate when no accountant is found.
+        num_canaries: k observed canaries, >= 2 (None: min(1000, training examples)).
+        log_dir: where :meth:`write` puts the summary JSON and TensorBoard events by default
+            (None: give one to :meth:`write`).
+        every_n_steps: also estimate and log to TensorBoard in ``log_dir`` every n logical
+            steps (None: only at :meth:`write`). An estimate costs O(k d) time.
+        summary_filename, log_histograms, log_figures: the summary's name; TensorBoard
+            extras (cosine histograms, density figures).
+        **config: :class:`~audit_callbacks.auditing.CanaryAuditConfig`'s keyword arguments
+            (``num_unobserved``, ``canaries``, ``seed``, ``delta`` (default 1e-5),
+            ``alpha``, ``bootstrap``, ``sample_rate``, ``max_buffered_rounds``).
+
+    Raises:
+        ValueError: a bad argument, naming it (``optimizer`` that is not an Opacus
+            ``DPOptimizer``, ``data_loader`` without a length, ``log_dir`` that is not a path,
+            an unknown or out-of-range config keyword, ``repeats`` which is DP-FedAvg only).
+        RuntimeError: several processes with a non-distributed ``DPOptimizer`` on each.
+    """
+
+    name = "OpacusCanaryAudit"
+
+    def __init__(self, optimizer: Any, *, data_loader: Any = None, num_canaries: int | None = None,
+                 log_dir: str | os.PathLike[str] | None = None, every_n_steps: int | None = None,
+                 summary_filename: str = "audit_summary.json", log_histograms: bool = True,
+                 log_figures: bool = True, **config: Any) -> None:
+        super().__init__()
+        opt = find_dp_optimizer([optimizer])
+        if opt is None:
+            raise ValueError(
+                f"{self.name}: optimizer must be the Opacus DPOptimizer returned by "
+                f"PrivacyEngine().make_private(...), got {type(optimizer).__name__}")
+        if data_loader is not None:
+            try:
+                len(data_loader)
+            except TypeError:
+                raise ValueError(f"{self.name}: data_loader must be a sized DataLoader (or None), "
+                                 f"got {type(data_loader).__name__}") from None
+        if log_dir is not None and not isinstance(log_dir, (str, os.PathLike)):
+            raise ValueError(f"{self.name}: log_dir must be a path or None, got {log_dir!r}")
+        if not isinstance(summary_filename, str) or not summary_filename:
+            raise ValueError(f"{self.name}: summary_filename must be a file name, got {summary_filename!r}")
+        unknown = sorted(set(config) - set(CanaryAuditConfig.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"{self.name}: unknown argument {unknown[0]}")
+        if config.get("repeats") is not None:
+            raise ValueError(f"{self.name}: repeats is for DP-FedAvg; DP-SGD canaries are sampled")
+        self.config = CanaryAuditConfig(num_canaries, **config)
+        self.every_n_steps = check_optional_count(every_n_steps, "every_n_steps", minimum=1)
+        self.log_histograms = check_flag(log_histograms, "log_histograms")
+        self.log_figures = check_flag(log_figures, "log_figures")
+        self.log_dir = None if log_dir is None else os.fspath(log_dir)
+        self.summary_filename = summary_filename
+        self.optimizer = opt
+        self._sinks: dict[str, WriterSink] = {}
+        self._open(OpacusBackend(_TrainingView(opt, data_loader, _world_size()), self._warn,
+                                 sample_rate=self.config.sample_rate, seed=self.config.seed))
+        assert self.auditor is not None
+        self.auditor.start()  # theta_0: the model now
+        self._install_step()
+
+    # ------------------------------------------------------------------ the optimizer
+    def _emit(self, message: str) -> None:
+        warnings.warn(message, UserWarning, stacklevel=3)
+
+    def _install_step(self) -> None:
+        """Wrap ``optimizer.step`` on the instance as a bound method (so that ``LRScheduler``,
+        which rebinds ``step.__func__``, can wrap it again)."""
+        opt, audit = self.optimizer, self
+        self._own_step = opt.__dict__.get("step")  # an instance attribute already there, if any
+        inner = opt.step
+
+        def step(opt_self: Any, *args: Any, **kwargs: Any) -> Any:
+            out = inner(*args, **kwargs)
+            if audit.auditor is not None and audit._wrapped is not None:
+                audit._after_step()
+            return out
+
+        self._wrapped = types.MethodType(step, opt)
+        opt.step = self._wrapped
+
+    def _after_step(self) -> None:
+        backend = self.auditor.backend
+        before = backend.progress()
+        backend.on_train_batch_end()  # releases the delta when a logical step was taken
+        steps = backend.progress()
+        if (self.every_n_steps and self.log_dir is not None and steps != before
+                and steps % self.every_n_steps == 0):
+            self.auditor.update(self._sink(self.log_dir), step=steps, histograms=self.log_histograms)
+
+    def _sink(self, directory: str) -> WriterSink:
+        if directory not in self._sinks:
+            self._sinks[directory] = sink = WriterSink(log_dir=directory)
+            sink.layout(self.auditor.layout())
+        return self._sinks[directory]
+
+    # ------------------------------------------------------------------ results
+    @property
+    def steps(self) -> int:
+        """Logical steps observed so far (each one noise draw of the ``DPOptimizer``)."""
+        return 0 if self.auditor is None else int(self.auditor.backend.progress())
+
+    def report(self, *, bootstrap: int = 0) -> CanaryReport | None:
+        """Every estimate from the canaries so far (``report.estimates[name].epsilon``, the
+        analytic ``report.epsilon_analytic`` of the run's accountant at ``delta``), with
+        ``bootstrap`` percentile resamples; None until there is an estimate (fewer than 2
+        canaries took part: the reason is warned once). Logs and writes nothing."""
+        check_count(bootstrap, "bootstrap")
+        return self.compute(bootstrap=bootstrap)
+
+    def write(self, log_dir: str | os.PathLike[str] | None = None) -> str | None:
+        """The final estimate (with the config's ``bootstrap`` intervals) logged to TensorBoard
+        in ``log_dir`` (scalars, cosine histograms, density figures, the Custom Scalars
+        layout) and the summary JSON written atomically to ``log_dir/summary_filename``.
+        May be called again (e.g. each epoch): the summary is replaced, the series goes on.
+
+        Args:
+            log_dir: the folder (None: the constructor's ``log_dir``).
+
+        Returns:
+            The summary's path (None when it could not be written: warned).
+
+        Raises:
+            ValueError: no ``log_dir`` here nor at construction.
+        """
+        directory = self.log_dir if log_dir is None else os.fspath(log_dir)
+        if directory is None:
+            raise ValueError(f"{self.name}.write: log_dir is None here and at construction")
+        sink = self._sink(directory)
+        self.summary_path = self.auditor.finish(
+            sink, step=self.steps, directory=directory, filename=self.summary_filename,
+            histograms=self.log_histograms, figures=self.log_figures)
+        sink.close()
+        return self.summary_path
+
+    # ------------------------------------------------------------------ state
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` now (statistics, participations, steps, and the Opacus
+        accountant's history, put in front of a new accountant's so its epsilon covers the
+        whole training). Raises ``ValueError`` naming a setting that differs."""
+        super().load_state_dict(state_dict)
+        self._open(None)
+
+    def detach(self) -> None:
+        """Remove the canaries from the optimizer and stop observing its steps (idempotent).
+        The statistics so far stay: :meth:`report` and :meth:`write` still work."""
+        if self._wrapped is None:
+            return
+        opt = self.optimizer
+        if opt.__dict__.get("step") is self._wrapped:  # else someone wrapped it since: stay inert
+            if self._own_step is None:
+                del opt.step
+            else:
+                opt.step = self._own_step
+        self._wrapped = None
+        self.auditor.backend.detach()
+        for sink in self._sinks.values():
+            sink.close()
