@@ -11,6 +11,8 @@ Submodules:
     canaries    seeded canaries regenerated chunk by chunk (memory O(d))
     dpsgd       Opacus glue: DPOptimizer, accountant, chained step hook, gradient canaries
     federated   DP-FedAvg as a LightningModule and the audit protocol it calls
+    opacus_audit  OpacusCanaryAudit: the canary audit of a plain-PyTorch Opacus loop (no
+                Lightning): wraps the DPOptimizer's step; report(), write(log_dir)
 """
 
 __version__ = "0.1.0"

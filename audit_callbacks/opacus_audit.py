@@ -137,17 +137,18 @@ class OpacusCanaryAudit(AuditFrontEnd):
         inner = opt.step
 
         def step(opt_self: Any, *args: Any, **kwargs: Any) -> Any:
+            before = audit.steps
             out = inner(*args, **kwargs)
-            if audit.auditor is not None and audit._wrapped is not None:
-                audit._after_step()
+            if audit._wrapped is not None:
+                audit._after_step(before)
             return out
 
         self._wrapped = types.MethodType(step, opt)
         opt.step = self._wrapped
 
-    def _after_step(self) -> None:
+    def _after_step(self, before: int) -> None:
+        """After ``optimizer.step()``; ``before``: the logical steps before it."""
         backend = self.auditor.backend
-        before = backend.progress()
         backend.on_train_batch_end()  # releases the delta when a logical step was taken
         steps = backend.progress()
         if (self.every_n_steps and self.log_dir is not None and steps != before

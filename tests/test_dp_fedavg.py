@@ -499,3 +499,22 @@ def test_a_non_finite_row_names_its_client():
     module = DPFedAvg(nn.Linear(4, 3), clients_per_round=1, sampling="shuffle")
     with pytest.raises(ValueError, match=r"non-finite update from .*virtual client \d of 'v'"):
         trainer(8, [owner]).fit(module, datamodule=Ticks(make_clients(1)))
+
+
+def test_without_num_classes_it_warns_once_and_says_how_to_fix_it():
+    """Issue 27 item 5: no silent gap when accuracy cannot be computed."""
+    class NoClasses(Ticks):
+        def __init__(self, clients):
+            super().__init__(clients)
+            del self.num_classes
+
+    module = DPFedAvg(nn.Linear(4, 3), clients_per_round=3, noise_multiplier=0.0, clip_norm=1.0)
+    with pytest.warns(UserWarning, match=r"num_classes=") as record:
+        trainer(2).fit(module, datamodule=NoClasses(make_clients()))
+    assert sum("number of classes is unknown" in str(w.message) for w in record) == 1
+    with_classes = DPFedAvg(nn.Linear(4, 3), clients_per_round=3, noise_multiplier=0.0, clip_norm=1.0)
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer(1).fit(with_classes, datamodule=Ticks(make_clients()))
+    assert not any("number of classes is unknown" in str(w.message) for w in caught)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -36,6 +37,8 @@ from audit_callbacks.outputs import write_summary
 __all__ = ["CanaryAuditor", "NoEstimateYet", "ReportSink", "Warn"]
 
 DEFAULT_CANARIES = 1000
+#: Below this many participating canaries every estimate gets the status "too few canaries".
+MIN_CANARIES = 20
 DEFAULT_HADAMARD_UNOBSERVED = 100_000
 _BUFFER_BYTES = 16 << 20  # Gaussian canaries: model deltas buffered between passes
 
@@ -214,6 +217,12 @@ class CanaryAuditor:
         )
         if matched_skip:
             skipped["epsilon_all_iterates_matched"] = matched_skip
+        took_part = int(took.sum())
+        if took_part < MIN_CANARIES:  # an estimate from a handful of canaries means little
+            status = f"too few canaries (k = {took_part})"
+            self.warn("few", f"{self.name}: only {took_part} canaries took part: too few for an "
+                      f"estimate to mean anything (at least {MIN_CANARIES}); pass a larger num_canaries")
+            estimates = {n: replace(e, status=status) for n, e in estimates.items()}
         return CanaryReport(
             estimates=estimates, skipped=skipped, **self.backend.analytic(delta),
             epsilon_last_iterate_heuristic=self.backend.last_iterate(delta),

@@ -140,16 +140,18 @@ def summary_json(
 def summary_estimates(
     report: CanaryReport | None, stale_from: int | None = None, reason: str | None = None,
 ) -> dict[str, Any]:
-    """The summary JSON's ``estimates``: every name with its ``status`` (``ok``,
-    ``skipped: <reason>``, or ``stale: from step N`` when ``report`` is an earlier one)."""
+    """The summary JSON's ``estimates``: every name with its ``status`` (``ok``, the result's
+    own status such as ``too few canaries (k = 10)``, ``skipped: <reason>``, or ``stale: from
+    step N`` when ``report`` is an earlier one)."""
     all_names = [n for tm in THREAT_MODELS for n in estimate_names(tm).values()]
     if report is None:
         return {n: {"status": f"skipped: {reason or 'no estimate'}"} for n in all_names}
-    status = "ok" if stale_from is None else f"stale: from step {stale_from}"
     out: dict[str, Any] = {}
     for n in all_names:
         if n in report.estimates:
-            out[n] = {**report.estimates[n].to_dict(), "status": status}
+            est = report.estimates[n]
+            status = f"stale: from step {stale_from}" if stale_from is not None else est.status
+            out[n] = {**est.to_dict(), "status": status}
         else:
             out[n] = {"status": f"skipped: {report.skipped.get(n, reason or 'not computed')}"}
     return out

@@ -40,7 +40,9 @@ class OpacusBackend(CanaryBackend):
 
     Args:
         trainer: the Trainer: its optimizers, and its training set's size (which caps the
-            default k) and loader's length (the fallback rate).
+            default k) and loader's length (the fallback rate). Any object with
+            ``optimizers``, ``train_dataloader`` (or None) and ``world_size`` will do
+            (:class:`~audit_callbacks.opacus_audit.OpacusCanaryAudit` passes one).
         warn: ``warn(key, message)``, once per key.
         sample_rate: the canaries' rate per logical step (None: the rate the accountant is
             charged, else ``1 / num_batches``).

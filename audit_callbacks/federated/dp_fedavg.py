@@ -353,6 +353,11 @@ class DPFedAvgMixin:
         if self._num_classes is not None:
             self.val_accuracy = MulticlassAccuracy(num_classes=int(self._num_classes), average="micro")
             self.test_accuracy = MulticlassAccuracy(num_classes=int(self._num_classes), average="micro")
+        elif not getattr(self, "_warned_no_classes", False):
+            self._warned_no_classes = True
+            rank_zero_warn("DPFedAvg: the number of classes is unknown, so validation and test "
+                           "accuracy are not logged (only the loss); pass DPFedAvg(num_classes=...) "
+                           "or give the datamodule a num_classes attribute", category=UserWarning)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(
