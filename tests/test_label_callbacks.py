@@ -117,6 +117,9 @@ def test_bad_input_is_reported(tmp_path):
         _fit(tmp_path, [attack], hidden=(8, 8), batch=64, epochs=1)
     assert attack.history == []
     assert attack.skips["batch_wider_than_layer"] == attack.considered > 0
+    with open(attack.summary_path, encoding="utf-8") as fh:  # "not attacked", never an accuracy
+        summary = json.load(fh)
+    assert summary["status"].startswith("not attacked") and summary["accuracy"] is None
     bound = LabelDPLowerBound(summary_filename=None)
     _fit(tmp_path, [bound], dataset="digits", classes=10, epochs=1)
     assert bound.disabled_reason is None and len(bound.records) == bound.steps > 0

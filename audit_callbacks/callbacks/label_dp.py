@@ -339,8 +339,12 @@ class LabelDPLowerBound(StepAuditCallback):
             "max_grad_norm": float(opt.max_grad_norm) if opt is not None else None,
             "expected_batch_size": opt.expected_batch_size if opt is not None else None,
             **self.coverage(),
-            "epsilon_lower_bound_max": self.running_max,
-            "epsilon_lower_bound_second_last_max": self.running_max_second_last if self.second_last else None,
+            # no step attacked: "not attacked", never a bound of 0.0 that reads as a measurement
+            "status": "ok" if self.attacked_steps else "not attacked: no step could be attacked "
+                      "(see skips)",
+            "epsilon_lower_bound_max": self.running_max if self.attacked_steps else None,
+            "epsilon_lower_bound_second_last_max": (self.running_max_second_last
+                                                    if self.second_last and self.attacked_steps else None),
             "epsilon_lower_bound_extrapolated": last.get("epsilon_lower_bound_extrapolated"),
             "epsilon_single_step": self.epsilon_single_step,
             "epsilon_accountant": accountant_epsilon(self._accountant, self._delta_used),

@@ -212,7 +212,9 @@ class LabelReconstructionAttack(StepAuditCallback):
                             "per-example inputs for the batch",
             "layer": repr(self.layer),
             **self.coverage(),
-            "accuracy": self.accuracy,
+            "status": "ok" if self.attacked_steps else "not attacked: no step could be attacked "
+                      "(see skips)",
+            "accuracy": self.accuracy if self.attacked_steps else None,
             "history": [{"step": s, "accuracy_batch": a, "batch_size": n} for s, a, n in self.history],
             "count_history": [{"step": s, "count_accuracy": a, "batch_size": n} for s, a, n in self.count_history],
         })
