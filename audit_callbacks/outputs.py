@@ -7,6 +7,7 @@ import json
 import math
 import os
 import platform
+import re
 import tempfile
 from collections.abc import Mapping
 from dataclasses import is_dataclass
@@ -15,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["to_jsonable", "versions", "write_summary"]
+__all__ = ["fresh_version_dir", "to_jsonable", "versions", "write_summary"]
 
 _PACKAGES = ("audit-callbacks", "torch", "lightning", "opacus", "torchmetrics", "numpy", "scipy")
 
@@ -74,3 +75,18 @@ def write_summary(directory: str, filename: str, summary: Mapping[str, Any]) -> 
             os.unlink(tmp)
         raise
     return path
+
+
+def fresh_version_dir(root: str) -> str:
+    """A new ``root/version_N`` (N one more than the largest there), created exclusively, so
+    that two runs started at the same moment never share (and overwrite) a folder."""
+    os.makedirs(root, exist_ok=True)
+    taken = [int(m.group(1)) for name in os.listdir(root) if (m := re.fullmatch(r"version_(\d+)", name))]
+    version = max(taken, default=-1) + 1
+    while True:  # another run may take the same number at the same moment
+        path = os.path.join(root, f"version_{version}")
+        try:
+            os.makedirs(path)
+            return path
+        except FileExistsError:
+            version += 1

@@ -97,7 +97,7 @@ def test_summary_and_tensorboard(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     strategy, result, _ = _run(tmp_path, rounds=6, every_n_rounds=2)
-    summary = json.loads((tmp_path / "audit_summary.json").read_text())
+    summary = json.loads((tmp_path / "version_0" / "audit_summary.json").read_text())
     assert summary["callback"] == "CanaryStrategy" and summary["tags"] == {q.name: q.tag for q in names.family("audit")}
     assert summary["versions"]["flwr"] == metadata.version("flwr")
     assert summary["inputs"]["num_canaries"] == 60 and summary["inputs"]["rounds"] == 6
@@ -105,14 +105,14 @@ def test_summary_and_tensorboard(tmp_path):
     assert set(summary["estimates"]) >= {"epsilon_final_model", "epsilon_all_iterates"}
     _finite_estimates(summary)
     assert summary["max_participations"] == int(strategy.auditor.participations.max())
-    acc = EventAccumulator(str(tmp_path)).Reload()
+    acc = EventAccumulator(str(tmp_path / "version_0")).Reload()
     tags = acc.Tags()["scalars"]
     for tag in ("audit/epsilon_final_model", "audit/epsilon_all_iterates",
                 "audit/epsilon_analytic", "audit/num_canaries_participated"):
         assert tag in tags
     assert [e.step for e in acc.Scalars("audit/epsilon_final_model")] == [2, 4, 6]
     assert "audit/cosine_final_observed" in acc.Tags()["histograms"]
-    assert not list(tmp_path.glob(".audit_summary.json.*"))  # the temp file was renamed
+    assert not list((tmp_path / "version_0").glob(".audit_summary.json.*"))  # the temp file was renamed
     assert strategy.last_report.progress == 6
 
 
@@ -220,7 +220,7 @@ def test_failures_and_bad_replies_are_skipped_not_nan(tmp_path, caplog):
     assert "not model weights" in caplog.text and "counted as a failure" in caplog.text
     folded = [r for r, e in events.items() if e.startswith("folded")]
     assert strategy.auditor.stats.rounds_seen == len(folded)
-    summary = json.loads((tmp_path / "audit_summary.json").read_text())
+    summary = json.loads((tmp_path / "version_0" / "audit_summary.json").read_text())
     _finite_estimates(summary)
     # without a DP wrapper FedAvg aggregates the valid replies and the canaries
     plain, result, _ = _run(tmp_path / "plain", n=6, k=30, fraction=0.5, rounds=4, dp=None,
@@ -236,7 +236,7 @@ def test_cohort_without_a_real_client(tmp_path, caplog):
     strategy, _, _ = _run(tmp_path, n=1, k=200, fraction=0.01, rounds=5, dp=None)
     assert "no valid real reply" in caplog.text
     assert int(strategy.auditor.participations.sum()) <= 5
-    summary = json.loads((tmp_path / "audit_summary.json").read_text())
+    summary = json.loads((tmp_path / "version_0" / "audit_summary.json").read_text())
     assert all(e["status"] != "ok" or math.isfinite(e["value"]) for e in summary["estimates"].values())
 
 
@@ -324,7 +324,7 @@ def test_evaluate_fn_accuracy_is_logged(tmp_path):
     strategy = CanaryStrategy(inner, num_canaries=12, log_dir=str(tmp_path), bootstrap=0)
     strategy.start(LocalGrid(4, _client()), _model(), num_rounds=3,
                    evaluate_fn=lambda rnd, arrays: MetricRecord({"accuracy": 0.1 * rnd}))
-    acc = EventAccumulator(str(tmp_path)).Reload()
+    acc = EventAccumulator(str(tmp_path / "version_0")).Reload()
     assert [round(e.value, 6) for e in acc.Scalars("val/accuracy")] == [0.0, 0.1, 0.2, 0.3]
 
 
@@ -434,7 +434,7 @@ def test_an_error_in_the_audit_does_not_stop_training(tmp_path, caplog, monkeypa
     strategy, result, _ = _run(tmp_path, rounds=3)
     assert strategy.backend.rounds == 3 and strategy.auditor.stats.rounds_seen == 3
     assert "no estimate after 3 rounds (steps) (RuntimeError: estimator broke)" in caplog.text
-    summary = json.loads((tmp_path / "audit_summary.json").read_text())
+    summary = json.loads((tmp_path / "version_0" / "audit_summary.json").read_text())
     assert all(e["status"].startswith("skipped") for e in summary["estimates"].values())
 
 
@@ -456,3 +456,22 @@ def test_other_fedavg_style_strategies(tmp_path, name):
     assert strategy.auditor.stats.rounds_seen == 3 and strategy.auditor.participations.sum() > 0
     flat = strategy.backend.layout.flatten(result.arrays)
     assert torch.equal(flat, strategy.backend.theta)
+
+
+def test_two_runs_into_one_log_dir_keep_both_summaries(tmp_path):
+    """Issue 27 item 6 (and 26 item 5): runs are versioned like Lightning's, never mixed."""
+    import os
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    first, _, _ = _run(tmp_path, rounds=2, bootstrap=0)
+    second, _, _ = _run(tmp_path, rounds=2, bootstrap=0, seed=1)
+    assert first.summary_path != second.summary_path
+    assert first.summary_path.endswith(os.path.join("version_0", "audit_summary.json"))
+    assert second.summary_path.endswith(os.path.join("version_1", "audit_summary.json"))
+    for strategy in (first, second):
+        summary = json.loads(open(strategy.summary_path, encoding="utf-8").read())
+        assert summary["inputs"]["seed"] == strategy.config.seed
+    # the density figures of the canary cosines reach TensorBoard, as with CanaryAudit
+    acc = EventAccumulator(str(tmp_path / "version_0")).Reload()
+    assert "audit/cosine_density_final_model" in acc.Tags()["images"]

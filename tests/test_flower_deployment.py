@@ -189,7 +189,7 @@ def test_superlink_and_two_supernodes(tmp_path):
             _wait_port(port, node)
         run = subprocess.run([str(BIN / "flwr"), "run", str(app), "test", "--stream"], env=env,
                              cwd=tmp_path, capture_output=True, text=True, timeout=240)
-        summary_path = out / "audit_summary.json"
+        summary_path = out / "version_0" / "audit_summary.json"
         detail = (f"flwr run rc={run.returncode}\n{run.stdout[-3000:]}\n{run.stderr[-2000:]}\n"
                   f"superlink:\n{_tail(logs / 'superlink.log')}")
         assert run.returncode == 0 and summary_path.exists(), detail
@@ -213,5 +213,5 @@ def test_superlink_and_two_supernodes(tmp_path):
     assert all(e.startswith("folded") for e in summary["inputs"]["round_events"].values())
     assert summary["versions"]["flwr"] == "1.41.0"
     assert summary["estimates"]["epsilon_final_model"]["status"] == f"too few canaries (k = {CANARIES})"
-    assert list(out.glob("events.out.tfevents.*"))
+    assert list((out / "version_0").glob("events.out.tfevents.*"))
     shutil.rmtree(home, ignore_errors=True)

@@ -26,7 +26,7 @@ def test_example_quick(tmp_path):
         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "Flower DP-FedAvg on digits: 3 rounds, 100 clients + 50 canary clients" in out.stdout
-    summary = json.loads((tmp_path / "audit_summary.json").read_text())
+    summary = json.loads((tmp_path / "version_0" / "audit_summary.json").read_text())
     assert summary["inputs"]["num_real_clients"] == 100 and summary["inputs"]["rounds"] == 3
     assert summary["inputs"]["clients_per_round"] == 15
-    assert list(tmp_path.glob("events.out.tfevents.*"))
+    assert list((tmp_path / "version_0").glob("events.out.tfevents.*"))

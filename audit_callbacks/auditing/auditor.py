@@ -19,6 +19,7 @@ framework's events to the backend and ask the auditor for :meth:`report`, :meth:
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Protocol
@@ -114,6 +115,8 @@ class CanaryAuditor:
         self.skip_reason: str | None = None
         self._last_logged = -1
         self.logged_points = 0  # points of the logged series so far (the valid bounds' index)
+        #: (step, epsilon_all_iterates, epsilon_analytic, epsilon_final_model) per logged report
+        self.history: list[tuple[int, float | None, float | None, float | None]] = []
         backend.attach(self)
 
     # ------------------------------------------------------------------ what it holds
@@ -279,15 +282,29 @@ class CanaryAuditor:
             self.log(self.try_report(step=step, index=self.logged_points + 1), sink, step=step,
                      histograms=histograms)
         report = self.try_report(bootstrap=self.config.bootstrap, step=step)  # plain alpha
+        drawn: dict[str, Any] = {}
         if figures and report is not None:
-            self.log(report, sink, step=step, histograms=False, figures=True)
+            from audit_callbacks.auditing.figures import canary_figures
+
+            self.log(report, sink, step=step, histograms=False)
+            drawn = canary_figures(report.statistics, self.stats.dim,
+                                   exact_null=self.canaries.kind == "gaussian")
+            sink.figures(drawn, step)
         if directory is None:
             return None
+        summary = {**self.summary(report), **(extra or {})}
         try:
-            return write_summary(directory, filename, {**self.summary(report), **(extra or {})})
+            path = write_summary(directory, filename, summary)
         except OSError as err:
             self.warn(f"write:{err}", f"{self.name}: the summary could not be written ({err})")
             return None
+        try:  # the report a person reads, next to the summary; its failure never loses the summary
+            from audit_callbacks.auditing.html_report import write_report
+
+            write_report(summary, os.path.dirname(path), figures=drawn, history=self.history)
+        except (OSError, ValueError) as err:
+            self.warn("report", f"{self.name}: the audit report could not be written ({err})")
+        return path
 
     # ------------------------------------------------------------------ output
     def log(self, report: CanaryReport | None, sink: ReportSink, *, step: int,
@@ -300,6 +317,8 @@ class CanaryAuditor:
             self._last_logged = report.progress
             self.logged_points += 1
             sink.scalars(report.scalars(), step)
+            self.history.append((step, report.value("epsilon_all_iterates"), report.epsilon_analytic,
+                                 report.value("epsilon_final_model")))
             if histograms:
                 sink.histograms({f"audit/cosine_{key}": value
                                  for key, value in report.statistics.items()}, step)

@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from audit_callbacks.outputs import fresh_version_dir
+
 __all__ = ["WriterSink", "clean_scalars"]
 
 
@@ -23,16 +25,27 @@ class WriterSink:
     first use in ``log_dir`` (nothing when both are None). Histograms use the writer's default
     buckets; figures are closed after writing."""
 
-    def __init__(self, writer: Any | None = None, *, log_dir: str | None = None) -> None:
+    def __init__(self, writer: Any | None = None, *, log_dir: str | None = None,
+                 versioned: bool = False) -> None:
         self._writer = writer
         self.log_dir = log_dir
+        self.versioned = versioned
+        self._run_dir: str | None = None
+
+    @property
+    def run_dir(self) -> str | None:
+        """The run's own folder: ``log_dir``, or with ``versioned`` a fresh ``log_dir/version_N``
+        chosen at first use (as Lightning's loggers do), so runs never mix or overwrite."""
+        if self._run_dir is None and self.log_dir is not None:
+            self._run_dir = fresh_version_dir(self.log_dir) if self.versioned else self.log_dir
+        return self._run_dir
 
     @property
     def writer(self) -> Any | None:
-        if self._writer is None and self.log_dir is not None:
+        if self._writer is None and self.run_dir is not None:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._writer = SummaryWriter(self.log_dir)
+            self._writer = SummaryWriter(self.run_dir)
         return self._writer
 
     def close(self) -> None:

@@ -6,11 +6,10 @@ The JSON itself is written atomically by :func:`audit_callbacks.outputs.write_su
 from __future__ import annotations
 
 import os
-import re
 import weakref
 from typing import Any
 
-from audit_callbacks.outputs import to_jsonable, versions, write_summary
+from audit_callbacks.outputs import fresh_version_dir, to_jsonable, versions, write_summary
 
 __all__ = ["run_dir", "summary_dir", "to_jsonable", "versions", "write_summary"]
 
@@ -28,19 +27,7 @@ def run_dir(trainer: Any) -> str:
             return str(path)
     cached = _RUN_DIRS.get(trainer)
     if cached is None:
-        root = os.path.join(str(trainer.default_root_dir), "audit")
-        os.makedirs(root, exist_ok=True)
-        taken = [int(m.group(1)) for name in os.listdir(root)
-                 if (m := re.fullmatch(r"version_(\d+)", name))]
-        version = max(taken, default=-1) + 1
-        while True:  # another run may take the same number at the same moment
-            cached = os.path.join(root, f"version_{version}")
-            try:
-                os.makedirs(cached)
-                break
-            except FileExistsError:
-                version += 1
-        _RUN_DIRS[trainer] = cached
+        cached = _RUN_DIRS[trainer] = fresh_version_dir(os.path.join(str(trainer.default_root_dir), "audit"))
     return cached
 
 

@@ -38,7 +38,7 @@ class CanaryStrategy(AuditFrontEnd, Strategy):
         noise_multiplier, clip_norm: z >= 0 and C > 0 (default: the DP wrapper's).
         num_rounds: the end's estimate and summary follow this round (or call :meth:`finish`).
         every_n_rounds: estimate and log every n rounds (and at the end).
-        log_dir: TensorBoard events and the summary go here (None: neither).
+        log_dir: events and summary go to a fresh ``log_dir/version_N`` (None: neither).
         summary_filename, log_histograms: the summary JSON's name; the cosine histograms.
     Raises:
         ValueError: a bad argument (naming it), or no clip norm / noise multiplier found.
@@ -61,7 +61,7 @@ class CanaryStrategy(AuditFrontEnd, Strategy):
         self.every_n_rounds = check_count(every_n_rounds, "every_n_rounds", minimum=1)
         self.log_dir, self.summary_filename = log_dir, summary_filename
         self.log_histograms = check_flag(log_histograms, "log_histograms")
-        self.sink = WriterSink(log_dir=log_dir)  # TensorBoard events, made on first use
+        self.sink = WriterSink(log_dir=log_dir, versioned=True)  # log_dir/version_N, at first use
         self._offset, self._finished_at = 0, -1  # rounds of a restored state; the end's round
 
     def _emit(self, message: str) -> None:
@@ -138,7 +138,7 @@ class CanaryStrategy(AuditFrontEnd, Strategy):
             return self.summary_path
         self._finished_at = rounds = self.auditor.backend.rounds
         self.summary_path = self.auditor.finish(
-            self.sink, step=rounds, directory=self.log_dir, filename=self.summary_filename,
+            self.sink, step=rounds, directory=self.sink.run_dir, filename=self.summary_filename,
             histograms=self.log_histograms, extra={"versions": flower_versions()})
         self.sink.close()
         return self.summary_path

@@ -1,0 +1,333 @@
+"""The audit report a person reads: ``audit_report.html`` and ``audit_report.md`` next to a
+canary audit's ``audit_summary.json``.
+
+Built from the summary dict alone (:meth:`~audit_callbacks.auditing.CanaryAuditor.summary`), with
+optional matplotlib figures (the density figures of
+:func:`~audit_callbacks.auditing.figures.canary_figures`), an optional history of the estimates
+over training, and optional further results (label attacks, local-DP audits). The HTML is
+self-contained: inline CSS, figures as base64 PNG, no external resource.
+
+Verdicts (:func:`verdict`), per threat model; the claim is the analytic epsilon:
+
+* ``violation``: the valid (1 - alpha) lower bound ``epsilon_lower_bound_<tm>`` exceeds the
+  analytic epsilon; the accounting (or the DP implementation) is wrong.
+* ``suspicious`` (all iterates only): the estimate's interval lies above the analytic epsilon
+  (its lower end exceeds it); an estimate, not a bound, so a sign to look closer.
+* ``consistent``: neither.
+* ``unchecked``: no finite claimed epsilon (no DP noise, or unknown), or no estimate.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from audit_callbacks import names
+from audit_callbacks.auditing.report import REFERENCES
+
+__all__ = ["HTML_FILENAME", "MARKDOWN_FILENAME", "fmt", "history_figure", "interval", "render_html",
+           "render_markdown", "verdict", "write_report"]
+
+HTML_FILENAME = "audit_report.html"
+MARKDOWN_FILENAME = "audit_report.md"
+
+_TITLES = {"final_model": "final model", "all_iterates": "all iterates"}
+_REFERENCE_TITLES = {"epsilon_last_iterate_heuristic": "last-iterate heuristic (not a bound)",
+                     "epsilon_analytic": "analytic epsilon (the claim)"}
+_DESCRIPTIONS = {q.name: q.description for q in names.family("audit")}
+
+
+def fmt(value: Any) -> str:
+    """A number as the report shows it (4 significant digits; ``-`` for None)."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, int):
+        return str(value)
+    if not math.isfinite(value):
+        return str(value)
+    return f"{value:.4g}"
+
+
+def interval(lower: Any, upper: Any) -> str:
+    """``[lower, upper]`` as shown, or ``-`` when the estimate has no interval."""
+    return "-" if lower is None and upper is None else f"[{fmt(lower)}, {fmt(upper)}]"
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _estimate(summary: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    return (summary.get("estimates") or {}).get(name) or {}
+
+
+def _confidence(summary: Mapping[str, Any]) -> str:
+    alpha = _number((summary.get("inputs") or {}).get("alpha"))
+    return f"{100 * (1 - alpha):g}%" if alpha is not None else "95%"
+
+
+def verdict(summary: Mapping[str, Any], threat_model: str) -> tuple[str, str]:
+    """``(word, sentence)``: the verdict of ``threat_model`` (``final_model`` or
+    ``all_iterates``) on ``summary``; word is ``violation``, ``suspicious``, ``consistent`` or
+    ``unchecked`` (see the module docstring)."""
+    claim = _number(summary.get("epsilon_analytic"))
+    if claim is None or not math.isfinite(claim):
+        status = summary.get("epsilon_analytic_status", "unknown")
+        return "unchecked", f"unchecked: no finite claimed epsilon (analytic epsilon: {status})"
+    estimate_name, reference_name = REFERENCES[threat_model]
+    bound = _number(_estimate(summary, f"epsilon_lower_bound_{threat_model}").get("value"))
+    estimate = _estimate(summary, estimate_name)
+    if bound is not None and bound > claim:
+        return "violation", (f"violation: the valid {_confidence(summary)} lower bound {fmt(bound)} "
+                             f"exceeds the claimed epsilon {fmt(claim)}")
+    lower = _number(estimate.get("lower"))
+    if threat_model == "all_iterates" and lower is not None and lower > claim:
+        level = _number((estimate.get("details") or {}).get("confidence")) or 0.95
+        return "suspicious", (f"suspicious: the estimate's {100 * level:g}% interval lies above the claimed "
+                              f"epsilon (interval [{fmt(lower)}, {fmt(estimate.get('upper'))}], "
+                              f"claimed {fmt(claim)})")
+    if bound is None and _number(estimate.get("value")) is None:
+        return "unchecked", f"unchecked: no estimate ({estimate.get('status', 'not computed')})"
+    reference = _number(summary.get(reference_name))
+    ratio = _number(summary.get(f"epsilon_ratio_{threat_model}"))
+    sentence = (f"consistent: the valid lower bound {fmt(bound)} and the estimate "
+                f"{fmt(estimate.get('value'))} do not contradict the claimed epsilon {fmt(claim)}")
+    if reference_name != "epsilon_analytic":
+        sentence += f"; last-iterate heuristic {fmt(reference)}, estimate / heuristic {fmt(ratio)}"
+    return "consistent", sentence
+
+
+# ---------------------------------------------------------------------------- content
+def _headline_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One row a threat model: its estimate with interval, valid bound, reference, ratio."""
+    rows = []
+    for tm, (estimate_name, reference_name) in REFERENCES.items():
+        est = _estimate(summary, estimate_name)
+        rows.append({
+            "threat_model": tm, "estimate": est.get("value"), "lower": est.get("lower"),
+            "upper": est.get("upper"), "status": est.get("status", "-"),
+            "bound": _estimate(summary, f"epsilon_lower_bound_{tm}").get("value"),
+            "reference_name": reference_name, "reference": summary.get(reference_name),
+            "ratio": summary.get(f"epsilon_ratio_{tm}"), "verdict": verdict(summary, tm),
+        })
+    return rows
+
+
+def _sources(summary: Mapping[str, Any]) -> list[str]:
+    out = [summary["source"]] if summary.get("source") else []
+    for est in (summary.get("estimates") or {}).values():
+        src = est.get("source")
+        if src and src not in out:
+            out.append(src)
+    return out
+
+
+def _plain(value: Any) -> str:
+    if isinstance(value, (dict, list)):
+        return json.dumps(value)
+    return fmt(value)
+
+
+def _png(fig: Any) -> str:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)  # a figure closed by a sink has lost its canvas; Agg draws it again
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def history_figure(history: Sequence[Sequence[Any]]) -> Any:
+    """The "epsilon over training" figure from rows ``(step, epsilon_all_iterates,
+    epsilon_analytic[, epsilon_final_model])`` (None where unknown); log scale when positive."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6, 3.5))
+    fig.subplots_adjust(left=0.11, right=0.97, bottom=0.14, top=0.9)
+    ax = fig.add_subplot(1, 1, 1)
+    labels = ("epsilon_all_iterates (estimate)", "epsilon_analytic (claim)",
+              "epsilon_final_model (estimate)")
+    positive = True
+    for col, label in enumerate(labels, start=1):
+        pts = [(row[0], row[col]) for row in history if len(row) > col and _number(row[col]) is not None
+               and math.isfinite(row[col])]
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3, label=label,
+                    linestyle="--" if "claim" in label else "-")
+            positive = positive and all(p[1] > 0 for p in pts)
+    if positive and ax.lines:
+        ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("epsilon")
+    fig.text(0.5, 0.985, "epsilon over training", ha="center", va="top")
+    if ax.lines:
+        ax.legend(loc="best", fontsize="small", frameon=False)
+    return fig
+
+
+_CSS = """
+body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;max-width:1100px;
+color:#222;line-height:1.4;padding:0 1em}
+h1{font-size:1.6em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:1.6em}
+table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ddd;padding:.25em .6em;
+text-align:left;vertical-align:top}th{background:#f4f4f4}td.num{text-align:right;font-family:monospace;white-space:nowrap}
+.verdict{padding:.6em 1em;margin:.4em 0;border-radius:4px;font-size:1.05em}
+.violation{background:#fbe3e3;border-left:6px solid #c62828}
+.suspicious{background:#fff4d6;border-left:6px solid #ef8f00}
+.consistent{background:#e5f4e7;border-left:6px solid #2e7d32}
+.unchecked{background:#eee;border-left:6px solid #777}
+img{max-width:100%;border:1px solid #eee}.small{color:#666;font-size:.9em}
+"""
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value))
+
+
+def _num_td(value: Any) -> str:
+    data = f' data-value="{_e(repr(float(value)))}"' if _number(value) is not None else ""
+    return f'<td class="num"{data}>{_e(fmt(value))}</td>'
+
+
+def _table(rows: Mapping[str, Any]) -> str:
+    body = "".join(f"<tr><th>{_e(k)}</th><td>{_e(_plain(v))}</td></tr>" for k, v in rows.items())
+    return f"<table>{body}</table>"
+
+
+def render_html(summary: Mapping[str, Any], images: Mapping[str, str],
+                extra: Mapping[str, Mapping[str, Any]] | None = None) -> str:
+    """The report's HTML; ``images``: ``{title: base64 PNG}``."""
+    callback = summary.get("callback", "canary audit")
+    training = (summary.get("inputs") or {}).get("training", "")
+    out = ["<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+           f"<title>Privacy audit report: {_e(callback)}</title><style>{_CSS}</style></head><body>",
+           f"<h1>Privacy audit report: {_e(callback)} {_e(training)}</h1>", "<h2>Verdict</h2>"]
+    rows = _headline_rows(summary)
+    for row in rows:
+        word, sentence = row["verdict"]
+        out.append(f'<div class="verdict {word}"><b>{_e(_TITLES[row["threat_model"]])}</b>: '
+                   f"{_e(sentence)}</div>")
+    out.append("<h2>Headline numbers</h2><table><tr><th>threat model</th><th>estimate</th>"
+               "<th>interval</th><th>valid lower bound</th><th>reference</th><th>value</th>"
+               "<th>estimate / reference</th><th>status</th></tr>")
+    for row in rows:
+        out.append(
+            f"<tr><th>{_e(_TITLES[row['threat_model']])}</th>{_num_td(row['estimate'])}"
+            f"<td class='num'>{_e(interval(row['lower'], row['upper']))}</td>"
+            f"{_num_td(row['bound'])}<td>{_e(_REFERENCE_TITLES[row['reference_name']])}</td>"
+            f"{_num_td(row['reference'])}{_num_td(row['ratio'])}<td>{_e(row['status'])}</td></tr>")
+    out.append("</table>")
+    analytic = {k: summary.get(k) for k in ("epsilon_analytic", "epsilon_analytic_rdp",
+                                            "epsilon_analytic_prv", "epsilon_analytic_status",
+                                            "num_canaries_participated", "max_participations")
+                if k in summary}
+    out.append(_table(analytic))
+    out.append("<h2>Every estimate</h2><table><tr><th>name</th><th>value</th><th>interval</th>"
+               "<th>status</th><th>what it is</th></tr>")
+    for n, est in (summary.get("estimates") or {}).items():
+        out.append(f"<tr><th>{_e(n)}</th>{_num_td(est.get('value'))}<td class='num'>"
+                   f"{_e(interval(est.get('lower'), est.get('upper')))}</td>"
+                   f"<td>{_e(est.get('status', '-'))}</td><td class='small'>"
+                   f"{_e(_DESCRIPTIONS.get(n, ''))}</td></tr>")
+    out.append("</table>")
+    if images:
+        out.append("<h2>Figures</h2>")
+        for title, data in images.items():
+            out.append(f"<h3>{_e(title)}</h3><img alt='{_e(title)}' src='data:image/png;base64,{data}'>")
+    for section, values in (extra or {}).items():
+        out.append(f"<h2>{_e(section)}</h2>{_table(values)}")
+    out.append("<h2>Threat models</h2>")
+    out.append(_table({_TITLES.get(k, k): v for k, v in (summary.get("threat_models") or {}).items()}))
+    out.append("<h2>Settings</h2>" + _table(summary.get("inputs") or {}))
+    if summary.get("versions"):
+        out.append("<h2>Versions</h2>" + _table(summary["versions"]))
+    out.append("<h2>Sources</h2><ul>" + "".join(f"<li>{_e(s)}</li>" for s in _sources(summary))
+               + "</ul></body></html>")
+    return "\n".join(out)
+
+
+def render_markdown(summary: Mapping[str, Any], figure_titles: Sequence[str] = (),
+                    extra: Mapping[str, Mapping[str, Any]] | None = None) -> str:
+    """The report's Markdown (the figures are in the HTML only)."""
+    def cell(v: Any) -> str:
+        return _plain(v).replace("|", "\\|")
+
+    callback = summary.get("callback", "canary audit")
+    lines = [f"# Privacy audit report: {callback} {(summary.get('inputs') or {}).get('training', '')}",
+             "", "## Verdict", ""]
+    rows = _headline_rows(summary)
+    lines += [f"- **{_TITLES[r['threat_model']]}**: {r['verdict'][1]}" for r in rows]
+    lines += ["", "## Headline numbers", "",
+              "| threat model | estimate | interval | valid lower bound | reference | value "
+              "| estimate / reference | status |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {_TITLES[r['threat_model']]} | {fmt(r['estimate'])} | "
+                     f"{interval(r['lower'], r['upper'])} | {fmt(r['bound'])} | "
+                     f"{_REFERENCE_TITLES[r['reference_name']]} | {fmt(r['reference'])} | "
+                     f"{fmt(r['ratio'])} | {cell(r['status'])} |")
+    lines += ["", "## Every estimate", "", "| name | value | interval | status |", "|---|---|---|---|"]
+    for n, est in (summary.get("estimates") or {}).items():
+        lines.append(f"| {n} | {fmt(est.get('value'))} | {interval(est.get('lower'), est.get('upper'))} "
+                     f"| {cell(est.get('status', '-'))} |")
+    if figure_titles:
+        lines += ["", f"Figures ({', '.join(figure_titles)}): see {HTML_FILENAME}."]
+    for section, values in (extra or {}).items():
+        lines += ["", f"## {section}", "", "| | |", "|---|---|"]
+        lines += [f"| {k} | {cell(v)} |" for k, v in values.items()]
+    lines += ["", "## Settings", "", "| setting | value |", "|---|---|"]
+    lines += [f"| {k} | {cell(v)} |" for k, v in (summary.get("inputs") or {}).items()]
+    lines += ["", "## Sources", ""] + [f"- {s}" for s in _sources(summary)]
+    return "\n".join(lines) + "\n"
+
+
+def _write_atomic(path: str, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.splitext(path)[1],
+                               dir=os.path.dirname(path))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_report(summary: Mapping[str, Any], directory: str, *,
+                 figures: Mapping[str, Any] | None = None,
+                 extra: Mapping[str, Mapping[str, Any]] | None = None,
+                 history: Sequence[Sequence[Any]] | None = None) -> tuple[str, str]:
+    """Write ``audit_report.html`` (self-contained) and ``audit_report.md`` into ``directory``,
+    each atomically; returns their paths ``(html, markdown)``.
+
+    Args:
+        summary: the summary JSON's content (:meth:`CanaryAuditor.summary`).
+        directory: the summary's folder (created if missing).
+        figures: ``{title or tag: matplotlib Figure}`` embedded as PNG (HTML only).
+        extra: further sections ``{title: {key: value}}`` (label attacks, local-DP audits).
+        history: rows ``(step, epsilon_all_iterates, epsilon_analytic[, epsilon_final_model])``;
+            drawn as "epsilon over training" when it has at least one row.
+
+    Raises:
+        OSError: a file could not be written. ValueError: a figure could not be drawn.
+    """
+    os.makedirs(directory, exist_ok=True)
+    figs = dict(figures or {})
+    if history:
+        figs = {"epsilon over training": history_figure(history), **figs}
+    images = {title: _png(fig) for title, fig in figs.items()}
+    html_path = os.path.join(directory, HTML_FILENAME)
+    md_path = os.path.join(directory, MARKDOWN_FILENAME)
+    _write_atomic(html_path, render_html(summary, images, extra))
+    _write_atomic(md_path, render_markdown(summary, list(images), extra))
+    return html_path, md_path
