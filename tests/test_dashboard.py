@@ -38,8 +38,14 @@ def test_one_dashboard_holds_every_callbacks_charts(tmp_path):
     callbacks = [CanaryAudit(100, seed=0, bootstrap=0), LabelReconstructionAttack(),
                  LabelDPLowerBound()]
     _fit(tmp_path, callbacks)
-    acc = EventAccumulator(str(tmp_path / "run" / "version_0"), size_guidance={"tensors": 0})
+    acc = EventAccumulator(str(tmp_path / "run" / "version_0"), size_guidance={"tensors": 0, "images": 0})
     acc.Reload()
+    # the audit report: next to the summary, with the label audits' sections, and in TensorBoard
+    html, markdown = callbacks[0].auditor.report_paths
+    text = open(markdown, encoding="utf-8").read()
+    assert "label reconstruction attack" in text and "label-DP lower bound" in text
+    assert "audit/report/text_summary" in acc.Tags()["tensors"]  # the text plugin stores tensors
+    assert {"audit/roc_final_model", "audit/cosine_density_final_model"} <= set(acc.Tags()["images"])
     layout = layout_pb2.Layout()
     layout.ParseFromString(acc.Tensors(cs_meta.CONFIG_SUMMARY_TAG)[-1].tensor_proto.string_val[0])
     sections = {cat.title: {c.title: list(c.multiline.tag) for c in cat.chart} for cat in layout.category}

@@ -115,6 +115,7 @@ class CanaryAuditor:
         self.skip_reason: str | None = None
         self._last_logged = -1
         self.logged_points = 0  # points of the logged series so far (the valid bounds' index)
+        self.report_paths: tuple[str, str] | None = None  # (html, markdown) once written
         #: (step, epsilon_all_iterates, epsilon_analytic, epsilon_final_model) per logged report
         self.history: list[tuple[int, float | None, float | None, float | None]] = []
         backend.attach(self)
@@ -273,11 +274,13 @@ class CanaryAuditor:
 
     def finish(self, sink: ReportSink, *, step: int, directory: str | None, filename: str,
                histograms: bool = True, figures: bool = True,
-               extra: dict[str, Any] | None = None) -> str | None:
+               extra: dict[str, Any] | None = None,
+               sections: dict[str, dict[str, Any]] | None = None) -> str | None:
         """The final estimate (with the config's ``bootstrap`` intervals), logged with the
         density figures, and the summary written atomically to ``directory/filename`` (with
-        ``extra`` keys). Returns the summary's path (None without a directory, or when it
-        could not be written: warned)."""
+        ``extra`` keys), and the report a person reads beside it (``audit_report.html`` and
+        ``.md``, with ``sections``: other audits' results, ``{title: {key: value}}``). Returns
+        the summary's path (None without a directory, or when it could not be written: warned)."""
         if not self.logged(int(self.backend.progress())):  # the series' last point
             self.log(self.try_report(step=step, index=self.logged_points + 1), sink, step=step,
                      histograms=histograms)
@@ -301,7 +304,8 @@ class CanaryAuditor:
         try:  # the report a person reads, next to the summary; its failure never loses the summary
             from audit_callbacks.auditing.html_report import write_report
 
-            write_report(summary, os.path.dirname(path), figures=drawn, history=self.history)
+            self.report_paths = write_report(summary, os.path.dirname(path), figures=drawn,
+                                             history=self.history, extra=sections)
         except (OSError, ValueError) as err:
             self.warn("report", f"{self.name}: the audit report could not be written ({err})")
         return path

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["canary_figures", "density_figure"]
+__all__ = ["canary_figures", "density_figure", "roc_figure"]
 
 
 def density_figure(
@@ -67,9 +67,37 @@ def canary_figures(statistics: Mapping[str, np.ndarray], dim: int, *, exact_null
         {"observed canaries": statistics["final_observed"],
          "unobserved canaries": statistics["final_unobserved"]},
         title="final model: canary cosines", null_pdf=null)}
+    out["audit/roc_final_model"] = roc_figure(statistics["final_observed"], statistics["final_unobserved"])
     if np.size(statistics["all_observed"]):
         out["audit/cosine_density_all_iterates"] = density_figure(
             {"observed (max over rounds)": statistics["all_observed"],
              "unobserved (max over rounds)": statistics["all_unobserved"]},
             title="all iterates: max cosine over rounds")
     return out
+
+
+def roc_figure(in_scores: np.ndarray, out_scores: np.ndarray, *, title: str = "") -> Any:
+    """The ROC of the threshold attack "observed iff score > t" on log-log axes (Carlini et al.,
+    IEEE S&P 2022, §4: the low-FPR region is what matters for privacy), with the diagonal of a
+    blind guess."""
+    from matplotlib.figure import Figure
+
+    ins = np.sort(np.asarray(in_scores, float)[np.isfinite(in_scores)])
+    outs = np.sort(np.asarray(out_scores, float)[np.isfinite(out_scores)])
+    fig = Figure(figsize=(4.5, 4))
+    fig.subplots_adjust(left=0.16, right=0.96, bottom=0.14, top=0.9)
+    ax = fig.add_subplot(1, 1, 1)
+    if ins.size and outs.size:
+        thresholds = np.concatenate([[np.inf], np.unique(np.concatenate([ins, outs]))[::-1]])
+        tpr = 1.0 - np.searchsorted(ins, thresholds, side="right") / ins.size
+        fpr = 1.0 - np.searchsorted(outs, thresholds, side="right") / outs.size
+        floor = 0.5 / max(ins.size, outs.size)
+        ax.step(np.maximum(fpr, floor), np.maximum(tpr, floor), where="post", label="attack")
+        ax.plot([floor, 1], [floor, 1], "k--", linewidth=0.8, label="guess")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+    ax.set_xlabel("false positive rate")
+    ax.set_ylabel("true positive rate")
+    fig.text(0.5, 0.985, title or "final model: ROC of the canary attack", ha="center", va="top")
+    ax.legend(loc="lower right", fontsize="small", frameon=False)
+    return fig

@@ -20,7 +20,7 @@ from audit_callbacks.auditing import CanaryAuditConfig
 from audit_callbacks.auditing.auditor import check_identity
 from audit_callbacks.auditing.frontend import AuditFrontEnd
 from audit_callbacks.backends.lightning import lightning_backend
-from audit_callbacks.callbacks.summary import summary_dir
+from audit_callbacks.callbacks.summary import publish_report, report_sections, summary_dir
 from audit_callbacks.callbacks.tensorboard import LightningSink
 from audit_callbacks.federated.protocol import FederatedAuditHooks, FederatedRound
 from audit_callbacks.validation import check_count, check_flag
@@ -135,7 +135,8 @@ class CanaryAudit(AuditFrontEnd, FederatedAuditHooks, Callback):
             self.summary_path = self.auditor.finish(
                 LightningSink(trainer), step=int(trainer.global_step), directory=directory,
                 filename=self.summary_filename, histograms=self.log_histograms,
-                figures=self.log_figures)
+                figures=self.log_figures, sections=report_sections(trainer))
+            publish_report(trainer, self.auditor.report_paths)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit" and self.auditor is not None:

@@ -351,6 +351,16 @@ class LabelDPLowerBound(StepAuditCallback):
             "records": self.records,
         })
 
+    def report_section(self) -> tuple[str, dict[str, Any]]:
+        """This audit's results for the audit report (``CanaryAudit`` writes it at fit end)."""
+        last = self.records[-1] if self.records else {}
+        return ("label-DP lower bound (Yuan, Xue, Wang, Shen 2022)", {
+            "status": "ok" if self.attacked_steps else "not attacked: no step could be attacked",
+            "epsilon_lower_bound_max": self.running_max if self.attacked_steps else None,
+            "epsilon_lower_bound_extrapolated": last.get("epsilon_lower_bound_extrapolated"),
+            "epsilon_single_step": self.epsilon_single_step, "attacked_steps": self.attacked_steps,
+            "considered_steps": self.considered, "disabled_reason": self.disabled_reason})
+
     def state_dict(self) -> dict[str, Any]:
         return {**self._coverage_state(), "records": [dict(r) for r in self.records],
                 "running_max": self.running_max, "running_max_second_last": self.running_max_second_last,

@@ -219,6 +219,14 @@ class LabelReconstructionAttack(StepAuditCallback):
             "count_history": [{"step": s, "count_accuracy": a, "batch_size": n} for s, a, n in self.count_history],
         })
 
+    def report_section(self) -> tuple[str, dict[str, Any]]:
+        """This audit's results for the audit report (``CanaryAudit`` writes it at fit end)."""
+        return ("label reconstruction attack (Yuan, Xue, Wang, Shen 2022)", {
+            "status": "ok" if self.attacked_steps else "not attacked: no step could be attacked",
+            "accuracy": self.accuracy if self.attacked_steps else None,
+            "attacked_steps": self.attacked_steps, "considered_steps": self.considered,
+            "disabled_reason": self.disabled_reason})
+
     def state_dict(self) -> dict[str, Any]:
         return {**self._coverage_state(), "history": [list(h) for h in self.history],
                 "count_history": [list(h) for h in self.count_history]}

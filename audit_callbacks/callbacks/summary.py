@@ -11,7 +11,8 @@ from typing import Any
 
 from audit_callbacks.outputs import fresh_version_dir, to_jsonable, versions, write_summary
 
-__all__ = ["run_dir", "summary_dir", "to_jsonable", "versions", "write_summary"]
+__all__ = ["publish_report", "report_sections", "run_dir", "summary_dir", "to_jsonable", "versions",
+           "write_summary"]
 
 # Trainer -> the fresh folder of a run without a logger: every callback of one run writes there.
 _RUN_DIRS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
@@ -46,3 +47,39 @@ def summary_dir(trainer: Any, filename: str) -> str:
     except OSError as err:
         raise ValueError(f"summary_filename {filename!r}: cannot create its folder in {directory}: {err}") from err
     return directory
+
+
+def report_sections(trainer: Any) -> dict[str, dict[str, Any]]:
+    """The other audits' results for the audit report: every callback of the trainer with a
+    ``report_section()`` (the label and local-DP callbacks) gives ``{title: {key: value}}``."""
+    sections: dict[str, dict[str, Any]] = {}
+    for cb in getattr(trainer, "callbacks", None) or []:
+        section = getattr(cb, "report_section", None)
+        if callable(section):
+            got = section()
+            if got:
+                sections[got[0]] = got[1]
+    return sections
+
+
+def publish_report(trainer: Any, paths: tuple[str, str] | None) -> None:
+    """Attach the audit report to the run's loggers where they take it: the Markdown as
+    TensorBoard text (``audit/report``), both files as MLflow artifacts or W&B files. A logger
+    that fails to take it is skipped (the files are on disk next to the summary)."""
+    if not paths or not getattr(trainer, "is_global_zero", True):
+        return
+    html, markdown = paths
+    for logger in getattr(trainer, "loggers", None) or []:
+        kind = type(logger).__name__.lower()
+        try:
+            if "tensorboard" in kind:
+                with open(markdown, encoding="utf-8") as fh:
+                    logger.experiment.add_text("audit/report", fh.read(), int(trainer.global_step))
+            elif "mlflow" in kind:
+                for path in paths:
+                    logger.experiment.log_artifact(logger.run_id, path)
+            elif "wandb" in kind:
+                for path in paths:
+                    logger.experiment.save(path, base_path=os.path.dirname(html), policy="now")
+        except Exception:  # noqa: BLE001 - a logger's failure never loses the files or the fit
+            continue
