@@ -62,7 +62,8 @@ class DPSGDClassifier(L.LightningModule):
         self.accountant_name = check_choice(accountant, "accountant", ("rdp", "gdp", "prv"))
         self.dp_enabled = check_flag(dp, "dp")
         self.noise_seed = None if noise_seed is None else check_seed(noise_seed, "noise_seed")
-        out = [m for m in model.modules() if isinstance(m, nn.Linear)][-1].out_features
+        linear = [m for m in model.modules() if isinstance(m, nn.Linear)]
+        out = linear[-1].out_features if linear else 1  # no linear layer: one sigmoid logit
         self.binary = out == 1
         self.val_acc = BinaryAccuracy() if self.binary else MulticlassAccuracy(num_classes=out, average="micro")
         self.privacy_engine: PrivacyEngine | None = None

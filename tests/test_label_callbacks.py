@@ -305,7 +305,7 @@ def test_every_logged_tag_record_and_summary_key_is_in_the_name_table(tmp_path):
 
 
 @pytest.mark.parametrize("bound_first", [True, False])
-@pytest.mark.parametrize("reason", ["unsupported_loss", "no_noise", "no_dp_optimizer"])
+@pytest.mark.parametrize("reason", ["unsupported_loss", "no_noise", "no_dp_optimizer", "unsupported_model"])
 def test_a_disabled_callback_never_stops_the_fit_in_either_order(tmp_path, bound_first, reason):
     """Issue 27 item 5: whatever disables a label callback (a logit layer followed by ReLU, as in
     Lightning's own example, at a step; no noise or no DPOptimizer at fit start), and in either
@@ -317,6 +317,9 @@ def test_a_disabled_callback_never_stops_the_fit_in_either_order(tmp_path, bound
     model = MLP(30, 1, hidden=(64, 64))
     if reason == "unsupported_loss":
         model = torch.nn.Sequential(model, torch.nn.ReLU())
+    if reason == "unsupported_model":  # no nn.Linear layer at all: a convolution over the features
+        model = torch.nn.Sequential(torch.nn.Unflatten(1, (1, 30)), torch.nn.Conv1d(1, 1, 30),
+                                    torch.nn.Flatten())
     module = DPSGDClassifier(model, lr=0.3, noise_multiplier=0.0 if reason == "no_noise" else 1.0,
                              max_grad_norm=1.0, noise_seed=0, dp=reason != "no_dp_optimizer")
     bound, attack = LabelDPLowerBound(summary_filename=None), LabelReconstructionAttack(summary_filename=None)
@@ -328,7 +331,7 @@ def test_a_disabled_callback_never_stops_the_fit_in_either_order(tmp_path, bound
         trainer.fit(module, datamodule=dm)
     assert trainer.state.finished
     assert bound.disabled_reason == reason
-    if reason == "no_dp_optimizer":
+    if reason in ("no_dp_optimizer", "unsupported_model"):  # both callbacks step aside
         assert attack.disabled_reason == reason
     else:  # the other callback went on attacking
         assert attack.disabled_reason is None and attack.attacked_steps > 0

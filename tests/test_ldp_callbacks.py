@@ -173,6 +173,9 @@ def test_every_logged_tag_summary_key_and_chart_is_in_the_name_table(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fit(dm, module, [audit, inf], 4, tmp_path)  # audits after rounds 2 and 4; one epoch
+    title, section = audit.report_section()  # what the audit report shows of this audit
+    assert "epsilon0" in title and section["flagged"] == bool(audit.flags)
+    assert {k for k in section if k.startswith("epsilon0_mean_")} == {f"epsilon0_mean_{a}" for a in audit.adversaries}
     run_dir = os.path.join(str(tmp_path), "run", "version_0")
     acc = EventAccumulator(run_dir, size_guidance={"scalars": 0, "tensors": 0})
     acc.Reload()

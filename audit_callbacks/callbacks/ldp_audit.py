@@ -513,6 +513,17 @@ class LDPAudit(FederatedAuditHooks, Callback):
             )
 
     # ------------------------------------------------------------------ summary
+    def report_section(self) -> tuple[str, dict[str, Any]]:
+        """This audit's results for the audit report (``CanaryAudit`` writes it at fit end):
+        per adversary, the mean empirical epsilon0 and its largest lower bound; the flag."""
+        out: dict[str, Any] = {"flagged": bool(self.flags)}
+        for name in self.adversaries:
+            recs = [r for r in self.history if r["adversary"] == name]
+            if recs:
+                out[f"epsilon0_mean_{name}"] = float(np.mean([r["epsilon0"] for r in recs]))
+                out[f"epsilon0_lower_bound_max_{name}"] = float(max(r["epsilon0_lower_bound"] for r in recs))
+        return "local DP: empirical epsilon0 (Matsumoto et al.)", out
+
     def audit_summary(self, pl_module: DPFedAvg | None = None) -> dict[str, Any]:
         """The JSON-able summary written at fit end (also callable any time).
 
