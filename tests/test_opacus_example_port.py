@@ -41,7 +41,7 @@ def test_the_example_with_a_canary_audit_in_tensorboard(tmp_path):
     # the example has no validation loop: an estimate at each training epoch's end
     assert len(acc.Scalars("audit/epsilon_final_model")) == 2
     assert {"audit/epsilon_lower_bound_all_iterates", "audit/epsilon_analytic", "epsilon"} <= set(tags["scalars"])
-    assert len(tags["histograms"]) == 4 and len(tags["images"]) == 2
+    assert len(tags["histograms"]) == 4 and len(tags["images"]) == 3  # 2 densities and the ROC
     assert acc.Tensors("custom_scalars__config__")
     # the analytic epsilon is the example's own accountant's (the value it logs as "epsilon")
     eps = model.privacy_engine.get_epsilon(model.delta)

@@ -77,7 +77,7 @@ def test_opacus_script_of_either_namespace_gets_every_tensorboard_extra(tmp_path
     assert {"audit/epsilon_final_model", "audit/epsilon_lower_bound_final_model"} <= set(tags["scalars"])
     # no validation loop: an estimate at every training epoch's end, not only at fit end
     assert len(acc.Scalars("audit/epsilon_final_model")) == 3
-    assert len(tags["histograms"]) == 4 and len(tags["images"]) == 2
+    assert len(tags["histograms"]) == 4 and len(tags["images"]) == 3  # 2 densities and the ROC
     assert acc.Tensors("custom_scalars__config__")  # the Custom Scalars layout
     assert audit.last_report.epsilon_analytic == pytest.approx(trainer.lightning_module.privacy_engine.get_epsilon(1e-5))
 
