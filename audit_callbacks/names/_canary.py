@@ -23,9 +23,9 @@ def _quantities() -> list[Quantity]:
                  "Andrew et al.'s unequal-variance fit of the same cosines (biased upward at "
                  "small epsilon; a comparison)"),
         Quantity("audit", "epsilon_lower_bound_final_model", final,
-                 "the tightest valid (1 - alpha) lower bound on the final-model epsilon; the "
-                 "maximum of the logged series is itself a valid bound (alpha spent over the "
-                 "logged points)"),
+                 "a valid (1 - alpha) lower bound on the final-model epsilon (Clopper-Pearson or "
+                 "the f-DP one-run bound, each at alpha / 2); the maximum of the logged series is "
+                 "itself a valid bound (alpha spent over the logged points)"),
         Quantity("audit", "epsilon_gdp_lower_bound_final_model", None,
                  "parametric (1 - alpha) lower bound assuming Gaussian scores of equal variance; "
                  "logged only where its goodness-of-fit test passes"),
@@ -41,9 +41,9 @@ def _quantities() -> list[Quantity]:
         Quantity("audit", "epsilon_all_iterates_max_cosine", None,
                  "Andrew et al.'s max over rounds of the cosine (Alg. 3), a comparison"),
         Quantity("audit", "epsilon_lower_bound_all_iterates", allit,
-                 "the tightest valid (1 - alpha) lower bound on the all-iterates epsilon (the "
-                 "level split between the matched and the final-model scores, and spent over "
-                 "the logged points)"),
+                 "a valid (1 - alpha) lower bound on the all-iterates epsilon from the matched "
+                 "statistic's scores (Clopper-Pearson or the f-DP one-run bound, each at "
+                 "alpha / 2), spent over the logged points like the final model's"),
         Quantity("audit", "epsilon_gdp_lower_bound_all_iterates", None,
                  "parametric (1 - alpha) lower bound on the matched scores; logged only where "
                  "its goodness-of-fit test passes"),
