@@ -111,24 +111,22 @@ def test_state_round_trip_and_a_non_finite_round():
         bad.load_state_dict(stats.state_dict())
 
 
-def test_the_recovered_aggregate_is_dpfedavgs_noisy_average(tmp_path):
-    """Through a real DPFedAvg run with server momentum 0.9 and learning rate 0.7: the average
-    recovered from consecutive model deltas equals the noisy average the server applied; and
-    CanaryAudit's known-rounds statistic is fed every round."""
+def _momentum_run():
+    """Digits over 40 clients, 10 a round, server SGD with momentum 0.9 and learning rate 0.7,
+    a callback that keeps every round object, and a CanaryAudit: ``(dm, module, capture, audit)``."""
     import lightning.pytorch as pl
 
     from audit_callbacks.callbacks import CanaryAudit
     from audit_callbacks.federated import DPFedAvg, FederatedAuditHooks
     from datamodules import FederatedDataModule
     from models import MLP
-    from tests._federated import fit
 
     class Capture(FederatedAuditHooks, pl.Callback):
         def __init__(self):
-            self.pairs = []
+            self.rounds = []
 
         def on_federated_round_end(self, trainer, pl_module, fl_round):
-            self.pairs.append((fl_round.model_delta.clone(), fl_round.average.clone()))
+            self.rounds.append(fl_round)
 
     dm = FederatedDataModule("digits", num_clients=40, rounds_per_epoch=4, seed=0)
     dm.setup("fit")
@@ -136,12 +134,22 @@ def test_the_recovered_aggregate_is_dpfedavgs_noisy_average(tmp_path):
     module = DPFedAvg(MLP(64, 10, hidden=(32,)), clients_per_round=10, noise_multiplier=0.5,
                       clip_norm=1.0, local_lr=0.1, local_batch_size=8, server_lr=0.7,
                       server_momentum=0.9, seed=0, delta=1e-5)
-    capture, audit = Capture(), CanaryAudit(20, 200, seed=0, bootstrap=0)
+    return dm, module, Capture(), CanaryAudit(20, 200, seed=0, bootstrap=0)
+
+
+def test_the_recovered_aggregate_is_dpfedavgs_noisy_average(tmp_path):
+    """Through a real DPFedAvg run with server momentum 0.9 and learning rate 0.7: the average
+    recovered from consecutive model deltas equals the noisy average the server applied; and
+    CanaryAudit's known-rounds statistic is fed every round."""
+    from tests._federated import fit
+
+    dm, module, capture, audit = _momentum_run()
     fit(dm, module, [capture, audit], 6, tmp_path, logger=False)
     stats = KnownRoundScores(CanarySet(0, module.num_parameters, 4, kind="hadamard"), 2,
                              clip_norm=1.0, divisor=10, noise_multiplier=0.5, server_lr=0.7,
                              server_momentum=0.9)
-    for delta, average in capture.pairs:
+    for fl_round in capture.rounds:
+        delta, average = fl_round.model_delta, fl_round.average
         torch.testing.assert_close(stats.aggregate(delta), average.to(torch.float64), rtol=1e-4, atol=1e-6)
         stats.update(delta, None)
     assert audit.backend.matched.rounds == 6
@@ -151,36 +159,17 @@ def test_the_recovered_aggregate_is_dpfedavgs_noisy_average(tmp_path):
 def test_a_repeated_fit_restarts_the_momentum_recovery(tmp_path):
     """A second ``fit`` of the same module and callback builds a new server optimizer (empty
     momentum buffer): the known-rounds sums must stay those of the true noisy averages."""
-    import lightning.pytorch as pl
-
-    from audit_callbacks.callbacks import CanaryAudit
-    from audit_callbacks.federated import DPFedAvg, FederatedAuditHooks
-    from datamodules import FederatedDataModule
-    from models import MLP
     from tests._federated import fit
 
-    class Capture(FederatedAuditHooks, pl.Callback):
-        def __init__(self):
-            self.rounds = []
-
-        def on_federated_round_end(self, trainer, pl_module, fl_round):
-            self.rounds.append((fl_round.average.clone(), dict(fl_round.cohort.virtual_ids)))
-
-    dm = FederatedDataModule("digits", num_clients=40, rounds_per_epoch=4, seed=0)
-    dm.setup("fit")
-    torch.manual_seed(0)
-    module = DPFedAvg(MLP(64, 10, hidden=(32,)), clients_per_round=10, noise_multiplier=0.5,
-                      clip_norm=1.0, local_lr=0.1, local_batch_size=8, server_lr=0.7,
-                      server_momentum=0.9, seed=0, delta=1e-5)
-    capture, audit = Capture(), CanaryAudit(20, 200, seed=0, bootstrap=0)
+    dm, module, capture, audit = _momentum_run()
     fit(dm, module, [capture, audit], 4, tmp_path / "a", logger=False)
     fit(dm, module, [capture, audit], 4, tmp_path / "b", logger=False)
     stats = audit.backend.matched
     assert stats.rounds == len(capture.rounds) == 8
     direct = np.zeros_like(stats.sums)
-    for average, virtual in capture.rounds:
-        joined = virtual.get(audit.backend.name)
-        y = stats.canaries.dots(average.to(torch.float32)).cpu().numpy() * (10 / 1.0)
+    for fl_round in capture.rounds:
+        joined = fl_round.cohort.virtual_ids.get(audit.backend.name)
+        y = stats.canaries.dots(fl_round.average.to(torch.float32)).cpu().numpy() * (10 / 1.0)
         idx = np.asarray([] if joined is None else joined, dtype=np.int64)
         np.add.at(direct, idx, y[idx])
         direct[stats.k:] += y[stats.k:]
