@@ -18,7 +18,7 @@ import torch
 
 from audit_callbacks.backends.base import CanaryBackend, total_rounds
 from audit_callbacks.federated.clipping import clip_updates_
-from audit_callbacks.known_rounds import KnownRoundScores
+from audit_callbacks.known_rounds import GAUSSIAN_REASON, KnownRoundScores
 
 __all__ = ["FedAvgBackend", "crowding_warning"]
 
@@ -45,6 +45,8 @@ def crowding_warning(k: int, n_real: int, per_round: int | None) -> str | None:
 
 def _known_rounds(module: Any, auditor: Any) -> tuple[KnownRoundScores | None, str]:
     """The known-rounds statistic of a ``DPFedAvg`` module, or None and why not."""
+    if auditor.canaries.kind != "hadamard":
+        return None, GAUSSIAN_REASON
     if getattr(module, "randomizer", None) is not None:
         return None, "local DP: the release is the randomized clients' rows, not a noisy sum"
     z = float(module.noise_multiplier)

@@ -39,7 +39,7 @@ from flwr.serverapp.exception import InconsistentMessageReplies
 from audit_callbacks.backends.base import CanaryBackend
 from audit_callbacks.estimators import gaussian_epsilon
 from audit_callbacks.flower.records import LOGGER, Layout
-from audit_callbacks.known_rounds import KnownRoundScores
+from audit_callbacks.known_rounds import GAUSSIAN_REASON, KnownRoundScores
 from audit_callbacks.validation import check_real
 
 __all__ = ["BAD_REPLY_CODE", "FlowerBackend", "find_attribute"]
@@ -192,6 +192,8 @@ class FlowerBackend(CanaryBackend):
         """The known-rounds statistic over the released models (FedAvg's average plus the DP
         wrapper's noise: server learning rate 1, no momentum), or None and why not."""
         m = find_attribute(self.strategy, "num_sampled_clients")
+        if auditor.canaries.kind != "hadamard":
+            return None, GAUSSIAN_REASON
         if self.noise_multiplier <= 0:
             return None, "no DP noise (noise_multiplier = 0): the known-rounds statistic is undefined"
         if m is None:
