@@ -15,6 +15,7 @@ from audit_callbacks.validation import (
     check_count,
     check_optional_count,
     check_probability,
+    check_real,
     check_seed,
 )
 
@@ -45,6 +46,11 @@ class CanaryAuditConfig:
             (None: the rate the Opacus accountant is charged).
         max_buffered_rounds: Gaussian canaries: model deltas buffered between passes, >= 1
             (None: as many as fit in 16 MiB). The estimates do not depend on it.
+        canary_norm_multiplier: a canary's norm before clipping, in units of the clipping
+            norm (Opacus' ``max_grad_norm``, DP-FedAvg's and Flower's ``clip_norm``), in
+            [1, 1e6] (default 10). Canaries enter before the training's own clipping, so a
+            correct clipping brings each to exactly the clipping norm and a clipping at the
+            wrong norm shows in the estimates (``docs/methods.md``, "Verdicts").
 
     Raises:
         ValueError: any setting out of its range or of the wrong type (``2.5`` or ``True`` for
@@ -61,6 +67,7 @@ class CanaryAuditConfig:
     repeats: int | None = None
     sample_rate: float | None = None
     max_buffered_rounds: int | None = None
+    canary_norm_multiplier: float = 10.0
 
     def __post_init__(self) -> None:
         fix = {
@@ -76,6 +83,8 @@ class CanaryAuditConfig:
                 self.sample_rate, "sample_rate", high_inclusive=True),
             "max_buffered_rounds": check_optional_count(
                 self.max_buffered_rounds, "max_buffered_rounds", minimum=1),
+            "canary_norm_multiplier": check_real(
+                self.canary_norm_multiplier, "canary_norm_multiplier", low=1.0, high=1e6),
         }
         for name, value in fix.items():
             object.__setattr__(self, name, value)
