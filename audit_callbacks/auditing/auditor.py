@@ -28,8 +28,9 @@ import numpy as np
 import torch
 
 from audit_callbacks import names
+from audit_callbacks.auditing.checksum import CHECKSUM_KEY, field_digests, verify
 from audit_callbacks.auditing.config import CanaryAuditConfig
-from audit_callbacks.auditing.report import CanaryReport, summary_json
+from audit_callbacks.auditing.report import REFERENCES, CanaryReport, summary_json
 from audit_callbacks.canaries import CanarySet
 from audit_callbacks.canary_stats import CanaryStatistics
 from audit_callbacks.estimators.canary_report import canary_report
@@ -67,6 +68,8 @@ class ReportSink(Protocol):
     def figures(self, figures: dict[str, Any], step: int) -> None: ...
 
     def layout(self, layout: dict[str, dict[str, list[Any]]]) -> None: ...
+
+    # optional: ``text(values: dict[str, str], step)``, TensorBoard text (the verdicts)
 
 
 class CanaryAuditor:
@@ -232,7 +235,7 @@ class CanaryAuditor:
             epsilon_last_iterate_heuristic=self.backend.last_iterate(delta),
             max_participations=int(self.participations.max(initial=0)),
             num_canaries_participated=int(took.sum()), statistics=stats,
-            progress=int(self.backend.progress()), step=int(step), index=index,
+            progress=int(self.backend.progress()), step=int(step), index=index, alpha=alpha,
         )
 
     def _matched(self, delta: float, bootstrap: int) -> tuple[Any, str | None]:
@@ -275,62 +278,101 @@ class CanaryAuditor:
     def finish(self, sink: ReportSink, *, step: int, directory: str | None, filename: str,
                histograms: bool = True, figures: bool = True,
                extra: dict[str, Any] | None = None,
-               sections: dict[str, dict[str, Any]] | None = None) -> str | None:
-        """The final estimate (with the config's ``bootstrap`` intervals), logged with the
-        density figures, and the summary written atomically to ``directory/filename`` (with
-        ``extra`` keys), and the report a person reads beside it (``audit_report.html`` and
-        ``.md``, with ``sections``: other audits' results, ``{title: {key: value}}``). Returns
-        the summary's path (None without a directory, or when it could not be written: warned)."""
-        if not self.logged(int(self.backend.progress())):  # the series' last point
-            self.log(self.try_report(step=step, index=self.logged_points + 1), sink, step=step,
-                     histograms=histograms)
-        report = self.try_report(bootstrap=self.config.bootstrap, step=step)  # plain alpha
+               sections: dict[str, dict[str, Any]] | None = None,
+               status: str = "complete") -> str | None:
+        """The final estimate (with the config's ``bootstrap`` intervals), the summary written
+        atomically to ``directory/filename`` (with ``extra`` keys), then the TensorBoard
+        extras (the series' last point, density figures) and the report a person reads beside
+        it (``audit_report.html`` and ``.md``, with ``sections``: other audits' results,
+        ``{title: {key: value}}``).
+
+        The summary is written first: a logger or disk that fails later (a full disk, a
+        broken TensorBoard writer) is warned about and never loses it. ``status`` is the
+        summary's ``status`` (``complete``; ``interrupted at step N`` when the training was
+        stopped by a signal: then no bootstrap, figures or report, to finish quickly).
+
+        Returns:
+            The summary's path (None without a directory, or when it could not be written:
+            warned). Another run's file is never replaced (then a fresh name, warned).
+        """
+        complete = status == "complete"
+        last = None if self.logged(int(self.backend.progress())) else self.try_report(
+            step=step, index=self.logged_points + 1)  # the series' last point
+        report = self.try_report(bootstrap=self.config.bootstrap if complete else 0, step=step)
+        path = None
+        summary = {**self.summary(report, status=status), **(extra or {})}
+        self._warn_verdict({tm: (summary[f"verdict_{tm}"], summary[f"verdict_{tm}_sentence"])
+                            for tm in REFERENCES})
+        if directory is not None:
+            try:
+                path = write_summary(directory, filename, summary)
+            except OSError as err:
+                self.warn(f"write:{err}", f"{self.name}: the summary could not be written ({err})")
+        self.log(last, sink, step=step, histograms=histograms and complete)
         drawn: dict[str, Any] = {}
-        if figures and report is not None:
+        if complete and figures and report is not None:
             from audit_callbacks.auditing.figures import canary_figures
 
             self.log(report, sink, step=step, histograms=False)
             drawn = canary_figures(report.statistics, self.stats.dim,
                                    exact_null=self.canaries.kind == "gaussian")
-            sink.figures(drawn, step)
-        if directory is None:
-            return None
-        summary = {**self.summary(report), **(extra or {})}
-        try:
-            path = write_summary(directory, filename, summary)
-        except OSError as err:
-            self.warn(f"write:{err}", f"{self.name}: the summary could not be written ({err})")
-            return None
-        try:  # the report a person reads, next to the summary; its failure never loses the summary
-            from audit_callbacks.auditing.html_report import write_report
+            self._sink(sink.figures, drawn, step)
+        if path is not None and complete:
+            try:  # the report a person reads, next to the summary; its failure never loses the summary
+                from audit_callbacks.auditing.html_report import write_report
 
-            self.report_paths = write_report(summary, os.path.dirname(path), figures=drawn,
-                                             history=self.history, extra=sections)
-        except (OSError, ValueError) as err:
-            self.warn("report", f"{self.name}: the audit report could not be written ({err})")
+                self.report_paths = write_report(summary, os.path.dirname(path), figures=drawn,
+                                                 history=self.history, extra=sections)
+            except (OSError, ValueError) as err:
+                self.warn("report", f"{self.name}: the audit report could not be written ({err})")
         return path
+
+    def _warn_verdict(self, verdicts: dict[str, tuple[str, str]]) -> None:
+        """One warning a run (key ``verdict``) the first time a threat model's verdict
+        (``{threat_model: (word, sentence)}``) is ``suspicious`` or ``violation``; the
+        training goes on."""
+        flagged = [f"{tm}: {sentence}" for tm, (word, sentence) in verdicts.items()
+                   if word in ("suspicious", "violation")]
+        if flagged:
+            self.warn("verdict", f"{self.name}: the audit contradicts the claimed privacy "
+                      f"({'; '.join(flagged)}). Training goes on; see docs/methods/verdicts.md")
+
+    def _sink(self, write: Callable[..., None], *args: Any) -> None:
+        """Call a sink's ``write(*args)``; an ``OSError`` (a full disk, a closed writer) is
+        warned once and never stops the training or the audit."""
+        try:
+            write(*args)
+        except OSError as err:
+            self.warn("sink", f"{self.name}: a TensorBoard / logger write failed ({err}); the "
+                      "summary JSON still holds every number")
 
     # ------------------------------------------------------------------ output
     def log(self, report: CanaryReport | None, sink: ReportSink, *, step: int,
             histograms: bool = True, figures: bool = False) -> None:
-        """Write ``report`` to ``sink`` at ``step``: its scalars and (``histograms``) the
-        cosine histograms once per report, and (``figures``) the density figures."""
+        """Write ``report`` to ``sink`` at ``step``: its scalars (verdict codes included), the
+        verdicts as text and (``histograms``) the cosine histograms once per report, and
+        (``figures``) the density figures. A failing sink is warned about, never raised."""
         if report is None:
             return
         if report.progress != self._last_logged:
             self._last_logged = report.progress
             self.logged_points += 1
-            sink.scalars(report.scalars(), step)
             self.history.append((step, report.value("epsilon_all_iterates"), report.epsilon_analytic,
                                  report.value("epsilon_final_model")))
+            self._warn_verdict(report.verdicts())
+            self._sink(sink.scalars, report.scalars(), step)
+            text = getattr(sink, "text", None)
+            if text is not None:
+                self._sink(text, {f"audit/verdict_{tm}_sentence": sentence
+                                  for tm, (_, sentence) in report.verdicts().items()}, step)
             if histograms:
-                sink.histograms({f"audit/cosine_{key}": value
-                                 for key, value in report.statistics.items()}, step)
+                self._sink(sink.histograms, {f"audit/cosine_{key}": value
+                                             for key, value in report.statistics.items()}, step)
         if figures:
             from audit_callbacks.auditing.figures import canary_figures
 
-            sink.figures(canary_figures(report.statistics, self.stats.dim,
-                                        exact_null=self.canaries.kind == "gaussian"), step)
+            self._sink(sink.figures, canary_figures(report.statistics, self.stats.dim,
+                                                    exact_null=self.canaries.kind == "gaussian"), step)
 
     def layout(self) -> dict[str, dict[str, list[Any]]]:
         """The Custom Scalars layout of the audit's charts (:func:`audit_callbacks.names.
@@ -356,9 +398,10 @@ class CanaryAuditor:
             "training": self.backend.training, "delta": self.config.delta,
         }
 
-    def summary(self, report: CanaryReport | None = None) -> dict[str, Any]:
+    def summary(self, report: CanaryReport | None = None, *, status: str = "complete") -> dict[str, Any]:
         """The summary JSON's content: ``report``'s, else the last report marked stale (or
-        every estimate skipped with the reason)."""
+        every estimate skipped with the reason); ``status``: the run's (``complete``, or
+        ``interrupted at step N``)."""
         stale = report is None and self.last_report is not None
         inputs = {
             **self.identity(), "dim": self.stats.dim, "delta": self.delta,
@@ -368,22 +411,31 @@ class CanaryAuditor:
             **self.backend.summary_inputs(),
         }
         return summary_json(report or self.last_report, stale=stale, skip_reason=self.skip_reason,
-                            inputs=inputs, gradients=self.backend.sign < 0, callback=self.name)
+                            inputs=inputs, gradients=self.backend.sign < 0, callback=self.name,
+                            status=status)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        """The statistics, participations, the backend's state and the audit's identity."""
-        return {"stats": self.stats.state_dict(), "participations": self.participations.tolist(),
-                "backend": self.backend.state_dict(), "config": self.identity(),
-                "logged_points": self.logged_points}
+        """The statistics, participations, the backend's state and the audit's identity, with
+        a SHA-256 ``checksum`` of each field (:mod:`audit_callbacks.auditing.checksum`)."""
+        state = {"stats": self.stats.state_dict(), "participations": self.participations.tolist(),
+                 "backend": self.backend.state_dict(), "config": self.identity(),
+                 "logged_points": self.logged_points}
+        state[CHECKSUM_KEY] = {"sha256": field_digests(state)}
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`.
+        """Restore :meth:`state_dict`. A state without a checksum (saved before checksums
+        existed) is accepted with one warning.
 
         Raises:
-            ValueError: the checkpoint's audit differs from this one (naming the setting), or
-                its arrays do not match.
+            ValueError: the state does not match its checksum (naming every field that
+                differs: a damaged checkpoint), the checkpoint's audit differs from this one
+                (naming the setting), or its arrays do not match.
         """
+        if not verify(state, name=self.name):
+            self.warn("nochecksum", f"{self.name}: the checkpoint's audit state has no checksum "
+                      "(saved by an older version): it is resumed unchecked")
         check_identity(state.get("config") or {}, self.identity(), name=self.name, strict=True)
         saved = np.asarray(state["participations"], dtype=np.int64)
         if saved.shape != self.participations.shape:

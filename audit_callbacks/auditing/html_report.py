@@ -7,7 +7,8 @@ optional matplotlib figures (the density figures of
 over training, and optional further results (label attacks, local-DP audits). The HTML is
 self-contained: inline CSS, figures as base64 PNG, no external resource.
 
-Verdicts (:func:`verdict`), per threat model; the claim is the analytic epsilon:
+Verdicts (:func:`verdict`, defined in :mod:`audit_callbacks.auditing.report` and computed once
+into the summary as ``verdict_<tm>``), per threat model; the claim is the analytic epsilon:
 
 * ``violation``: the valid (1 - alpha) lower bound ``epsilon_lower_bound_<tm>`` exceeds the
   analytic epsilon; the accounting (or the DP implementation) is wrong.
@@ -25,12 +26,12 @@ import io
 import json
 import math
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from audit_callbacks import names
-from audit_callbacks.auditing.report import REFERENCES
+from audit_callbacks.auditing.report import REFERENCES, fmt, verdict
+from audit_callbacks.outputs import write_text
 
 __all__ = ["HTML_FILENAME", "MARKDOWN_FILENAME", "fmt", "history_figure", "interval", "render_html",
            "render_markdown", "verdict", "write_report"]
@@ -42,19 +43,6 @@ _TITLES = {"final_model": "final model", "all_iterates": "all iterates"}
 _REFERENCE_TITLES = {"epsilon_last_iterate_heuristic": "last-iterate heuristic (not a bound)",
                      "epsilon_analytic": "analytic epsilon (the claim)"}
 _DESCRIPTIONS = {q.name: q.description for q in names.family("audit")}
-
-
-def fmt(value: Any) -> str:
-    """A number as the report shows it (4 significant digits; ``-`` for None)."""
-    if value is None:
-        return "-"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return str(value)
-    if isinstance(value, int):
-        return str(value)
-    if not math.isfinite(value):
-        return str(value)
-    return f"{value:.4g}"
 
 
 def interval(lower: Any, upper: Any) -> str:
@@ -70,43 +58,13 @@ def _estimate(summary: Mapping[str, Any], name: str) -> Mapping[str, Any]:
     return (summary.get("estimates") or {}).get(name) or {}
 
 
-def _confidence(summary: Mapping[str, Any]) -> str:
-    alpha = _number((summary.get("inputs") or {}).get("alpha"))
-    return f"{100 * (1 - alpha):g}%" if alpha is not None else "95%"
-
-
-def verdict(summary: Mapping[str, Any], threat_model: str) -> tuple[str, str]:
-    """``(word, sentence)``: the verdict of ``threat_model`` (``final_model`` or
-    ``all_iterates``) on ``summary``; word is ``violation``, ``suspicious``, ``consistent`` or
-    ``unchecked`` (see the module docstring)."""
-    claim = _number(summary.get("epsilon_analytic"))
-    if claim is None or not math.isfinite(claim):
-        status = summary.get("epsilon_analytic_status", "unknown")
-        return "unchecked", f"unchecked: no finite claimed epsilon (analytic epsilon: {status})"
-    estimate_name, reference_name = REFERENCES[threat_model]
-    bound = _number(_estimate(summary, f"epsilon_lower_bound_{threat_model}").get("value"))
-    estimate = _estimate(summary, estimate_name)
-    if bound is not None and bound > claim:
-        return "violation", (f"violation: the valid {_confidence(summary)} lower bound {fmt(bound)} "
-                             f"exceeds the claimed epsilon {fmt(claim)}")
-    lower = _number(estimate.get("lower"))
-    if threat_model == "all_iterates" and lower is not None and lower > claim:
-        level = _number((estimate.get("details") or {}).get("confidence")) or 0.95
-        return "suspicious", (f"suspicious: the estimate's {100 * level:g}% interval lies above the claimed "
-                              f"epsilon (interval [{fmt(lower)}, {fmt(estimate.get('upper'))}], "
-                              f"claimed {fmt(claim)})")
-    if bound is None and _number(estimate.get("value")) is None:
-        return "unchecked", f"unchecked: no estimate ({estimate.get('status', 'not computed')})"
-    reference = _number(summary.get(reference_name))
-    ratio = _number(summary.get(f"epsilon_ratio_{threat_model}"))
-    sentence = (f"consistent: the valid lower bound {fmt(bound)} and the estimate "
-                f"{fmt(estimate.get('value'))} do not contradict the claimed epsilon {fmt(claim)}")
-    if reference_name != "epsilon_analytic":
-        sentence += f"; last-iterate heuristic {fmt(reference)}, estimate / heuristic {fmt(ratio)}"
-    return "consistent", sentence
-
-
 # ---------------------------------------------------------------------------- content
+def _verdict(summary: Mapping[str, Any], tm: str) -> tuple[str, str]:
+    """The summary's own verdict (computed once, when it was built), else :func:`verdict`."""
+    word, sentence = summary.get(f"verdict_{tm}"), summary.get(f"verdict_{tm}_sentence")
+    return (word, sentence) if isinstance(word, str) and isinstance(sentence, str) else verdict(summary, tm)
+
+
 def _headline_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One row a threat model: its estimate with interval, valid bound, reference, ratio."""
     rows = []
@@ -117,7 +75,7 @@ def _headline_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
             "upper": est.get("upper"), "status": est.get("status", "-"),
             "bound": _estimate(summary, f"epsilon_lower_bound_{tm}").get("value"),
             "reference_name": reference_name, "reference": summary.get(reference_name),
-            "ratio": summary.get(f"epsilon_ratio_{tm}"), "verdict": verdict(summary, tm),
+            "ratio": summary.get(f"epsilon_ratio_{tm}"), "verdict": _verdict(summary, tm),
         })
     return rows
 
@@ -289,26 +247,13 @@ def render_markdown(summary: Mapping[str, Any], figure_titles: Sequence[str] = (
     return "\n".join(lines) + "\n"
 
 
-def _write_atomic(path: str, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.splitext(path)[1],
-                               dir=os.path.dirname(path))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def write_report(summary: Mapping[str, Any], directory: str, *,
                  figures: Mapping[str, Any] | None = None,
                  extra: Mapping[str, Mapping[str, Any]] | None = None,
                  history: Sequence[Sequence[Any]] | None = None) -> tuple[str, str]:
     """Write ``audit_report.html`` (self-contained) and ``audit_report.md`` into ``directory``,
-    each atomically; returns their paths ``(html, markdown)``.
+    each atomically and never over another run's file
+    (:func:`audit_callbacks.outputs.write_text`); returns their paths ``(html, markdown)``.
 
     Args:
         summary: the summary JSON's content (:meth:`CanaryAuditor.summary`).
@@ -328,6 +273,5 @@ def write_report(summary: Mapping[str, Any], directory: str, *,
     images = {title: _png(fig) for title, fig in figs.items()}
     html_path = os.path.join(directory, HTML_FILENAME)
     md_path = os.path.join(directory, MARKDOWN_FILENAME)
-    _write_atomic(html_path, render_html(summary, images, extra))
-    _write_atomic(md_path, render_markdown(summary, list(images), extra))
-    return html_path, md_path
+    return (write_text(html_path, render_html(summary, images, extra)),
+            write_text(md_path, render_markdown(summary, list(images), extra)))

@@ -8,6 +8,7 @@ TensorBoard tags (:mod:`audit_callbacks.names`, family ``audit``) and the summar
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +18,7 @@ from audit_callbacks import names
 from audit_callbacks.estimators.canary_report import SOURCE, THREAT_MODELS, estimate_names
 from audit_callbacks.estimators.result import AuditResult
 
-__all__ = ["CanaryReport", "summary_estimates", "summary_json"]
+__all__ = ["VERDICT_CODES", "CanaryReport", "fmt", "summary_estimates", "summary_json", "verdict"]
 
 #: The report's fields that are logged beside the estimates (names of family ``audit``).
 _FIELDS = ("epsilon_analytic", "epsilon_analytic_rdp", "epsilon_analytic_prv",
@@ -26,6 +27,74 @@ _FIELDS = ("epsilon_analytic", "epsilon_analytic_rdp", "epsilon_analytic_prv",
 #: Each threat model's headline estimate and the reference it is compared with.
 REFERENCES = {"final_model": ("epsilon_final_model", "epsilon_last_iterate_heuristic"),
               "all_iterates": ("epsilon_all_iterates", "epsilon_analytic")}
+
+#: A verdict's scalar code in TensorBoard (``audit/verdict_<tm>``); ``unchecked`` is not logged.
+VERDICT_CODES = {"consistent": 0, "suspicious": 1, "violation": 2}
+
+
+def fmt(value: Any) -> str:
+    """A number as reports show it (4 significant digits; ``-`` for None)."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, int) or not math.isfinite(value):
+        return str(value)
+    return f"{value:.4g}"
+
+
+def _number(value: Any) -> float | None:
+    """A finite number, else None (a non-finite one is None in the summary JSON too)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None
+
+
+def verdict(summary: Mapping[str, Any], threat_model: str) -> tuple[str, str]:
+    """``(word, sentence)``: the verdict of ``threat_model`` (``final_model`` or
+    ``all_iterates``) on a summary (:func:`summary_json`'s content, or a report's view of it).
+
+    The claim is the analytic epsilon (``epsilon_analytic``), for both threat models (the
+    final-model adversary is weaker, so a claim for all iterates also covers the final model):
+
+    * ``violation``: the valid (1 - alpha) lower bound ``epsilon_lower_bound_<tm>`` exceeds the
+      claim. Its false-alarm rate on a correct run is at most alpha (the bound is valid), over
+      the whole logged series (alpha is spent over the logged points).
+    * ``suspicious`` (all iterates only): the estimate's (1 - alpha) interval lies above the
+      claim (its lower end exceeds it). An estimate, not a bound: its false-alarm rate is that
+      of the interval's lower end (about alpha / 2 where the fit holds), not guaranteed.
+    * ``consistent``: neither.
+    * ``unchecked``: no finite claim (no DP noise, or unknown), or no estimate.
+
+    ``docs/methods/verdicts.md`` says what each kind of implementation bug does to these.
+    """
+    claim = _number(summary.get("epsilon_analytic"))
+    if claim is None:
+        status = summary.get("epsilon_analytic_status", "unknown")
+        return "unchecked", f"unchecked: no finite claimed epsilon (analytic epsilon: {status})"
+    estimate_name, reference_name = REFERENCES[threat_model]
+    estimates = summary.get("estimates") or {}
+    bound = _number((estimates.get(f"epsilon_lower_bound_{threat_model}") or {}).get("value"))
+    estimate = estimates.get(estimate_name) or {}
+    alpha = _number((summary.get("inputs") or {}).get("alpha"))
+    if bound is not None and bound > claim:
+        level = f"{100 * (1 - alpha):g}%" if alpha is not None else "95%"
+        return "violation", (f"violation: the valid {level} lower bound {fmt(bound)} "
+                             f"exceeds the claimed epsilon {fmt(claim)}")
+    lower = _number(estimate.get("lower"))
+    if threat_model == "all_iterates" and lower is not None and lower > claim:
+        level = _number((estimate.get("details") or {}).get("confidence")) or 0.95
+        return "suspicious", (f"suspicious: the estimate's {100 * level:g}% interval lies above the claimed "
+                              f"epsilon (interval [{fmt(lower)}, {fmt(estimate.get('upper'))}], "
+                              f"claimed {fmt(claim)})")
+    if bound is None and _number(estimate.get("value")) is None:
+        return "unchecked", f"unchecked: no estimate ({estimate.get('status', 'not computed')})"
+    reference = _number(summary.get(reference_name))
+    ratio = _number(summary.get(f"epsilon_ratio_{threat_model}"))
+    sentence = (f"consistent: the valid lower bound {fmt(bound)} and the estimate "
+                f"{fmt(estimate.get('value'))} do not contradict the claimed epsilon {fmt(claim)}")
+    if reference_name != "epsilon_analytic":
+        sentence += f"; last-iterate heuristic {fmt(reference)}, estimate / heuristic {fmt(ratio)}"
+    return "consistent", sentence
 
 
 @dataclass(frozen=True)
@@ -52,6 +121,7 @@ class CanaryReport:
             round).
         index: the logged point it is (its valid bounds at the level spent for that point),
             or None (plain alpha: the summary's).
+        alpha: the audit's 1 - confidence (the run-level level of the verdicts' bounds).
     """
 
     estimates: dict[str, AuditResult]
@@ -66,6 +136,7 @@ class CanaryReport:
     progress: int = 0
     step: int = 0
     index: int | None = None
+    alpha: float = 0.05
 
     def value(self, name: str) -> float | None:
         """The value of estimate ``name``, or None when it was skipped."""
@@ -77,8 +148,11 @@ class CanaryReport:
         unknown); the tags are :mod:`audit_callbacks.names`'."""
         out: dict[str, float | None] = {}
         ratios = self.ratios()
+        codes = {f"verdict_{tm}": VERDICT_CODES.get(word) for tm, (word, _) in self.verdicts().items()}
         for q in names.family("audit"):
-            if q.name in _FIELDS:
+            if q.name in codes:
+                value = codes[q.name]
+            elif q.name in _FIELDS:
                 value = getattr(self, q.name)
             elif q.name in ratios:
                 value = ratios[q.name]
@@ -86,6 +160,17 @@ class CanaryReport:
                 value = self.value(q.name)
             out[q.tag] = None if value is None else float(value)
         return out
+
+    def verdicts(self) -> dict[str, tuple[str, str]]:
+        """``{threat_model: (word, sentence)}``: :func:`verdict` of each threat model on this
+        report (at an intermediate point, its valid bounds are those spent for that point, so
+        a ``violation`` anywhere in the logged series holds at the run's 1 - alpha)."""
+        view = {"epsilon_analytic": self.epsilon_analytic, "estimates": summary_estimates(self),
+                "epsilon_analytic_status": "infinite: no DP noise (noise_multiplier = 0)"
+                if self.epsilon_analytic == math.inf else "unknown",
+                "epsilon_last_iterate_heuristic": self.epsilon_last_iterate_heuristic,
+                "inputs": {"alpha": self.alpha}, **self.ratios()}
+        return {tm: verdict(view, tm) for tm in REFERENCES}
 
     def ratios(self) -> dict[str, float | None]:
         """``epsilon_ratio_<tm>``: each threat model's headline estimate over its reference
@@ -100,11 +185,13 @@ class CanaryReport:
 
 def summary_json(
     report: CanaryReport | None, *, stale: bool, skip_reason: str | None, inputs: dict[str, Any],
-    gradients: bool, callback: str,
+    gradients: bool, callback: str, status: str = "complete",
 ) -> dict[str, Any]:
     """The canary audit's ``audit_summary.json`` content: the inputs, every estimate with its
     ``status`` (:func:`summary_estimates`), the analytic epsilon with its status, the tag of
-    every name. ``report`` is the end's, or with ``stale`` the last earlier one."""
+    every name, each threat model's verdict (``verdict_<tm>``: the word, ``verdict_<tm>_sentence``)
+    and the run's ``status`` (``complete``, or ``interrupted at step N``). ``report`` is the
+    end's, or with ``stale`` the last earlier one."""
     sign = "theta_0 - theta_T" if gradients else "theta_T - theta_0"
     summary: dict[str, Any] = {
         "callback": callback,
@@ -134,6 +221,10 @@ def summary_json(
             max_participations=report.max_participations,
             num_canaries_participated=report.num_canaries_participated,
         )
+    for tm in REFERENCES:  # the claim each threat model is checked against (verdict)
+        word, sentence = verdict(summary, tm)
+        summary[f"verdict_{tm}"], summary[f"verdict_{tm}_sentence"] = word, sentence
+    summary["status"] = status
     return summary
 
 

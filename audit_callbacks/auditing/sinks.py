@@ -78,6 +78,14 @@ class WriterSink:
             self.writer.add_figure(tag, fig, global_step=step, close=True)
         self.writer.flush()
 
+    def text(self, values: dict[str, str], step: int) -> None:
+        """``{tag: text}`` as TensorBoard text (the verdicts' sentences)."""
+        if self.writer is None:
+            return
+        for tag, value in values.items():
+            self.writer.add_text(tag, value, step)
+        self.writer.flush()
+
     def layout(self, layout: dict[str, dict[str, list[Any]]]) -> None:
         if self.writer is not None:
             self.writer.add_custom_scalars(layout)

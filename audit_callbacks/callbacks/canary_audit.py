@@ -20,6 +20,7 @@ from audit_callbacks.auditing import CanaryAuditConfig
 from audit_callbacks.auditing.auditor import check_identity
 from audit_callbacks.auditing.frontend import AuditFrontEnd
 from audit_callbacks.backends.lightning import lightning_backend
+from audit_callbacks.callbacks.interrupt import on_interrupt
 from audit_callbacks.callbacks.summary import publish_report, report_sections, summary_dir
 from audit_callbacks.callbacks.tensorboard import LightningSink
 from audit_callbacks.federated.protocol import FederatedAuditHooks, FederatedRound
@@ -36,19 +37,19 @@ class CanaryAudit(AuditFrontEnd, FederatedAuditHooks, Callback):
 
     Args:
         num_canaries, num_unobserved: k observed canaries and k' never inserted. These and the
-            keyword arguments ``canaries``, ``seed``, ``delta``, ``alpha``, ``bootstrap``,
-            ``repeats``, ``sample_rate``, ``max_buffered_rounds`` are
-            :class:`~audit_callbacks.auditing.CanaryAuditConfig`'s.
+            keyword arguments (``canaries``, ``seed``, ``delta``, ``alpha``, ``bootstrap``...)
+            are :class:`~audit_callbacks.auditing.CanaryAuditConfig`'s.
         every_n_epochs: estimate and log every n epochs (at the validation's end, or the
             training epoch's end without one), and always at fit end. A repeated ``fit`` and a
             resumed run continue the same audit (Opacus' accountant history included).
         log_histograms, log_figures: TensorBoard extras (need a ``TensorBoardLogger``).
-        summary_filename: the JSON written at fit end in the run's own folder.
+        summary_filename: the JSON written at fit end in the run's own folder (checked writable
+            at fit start), with the verdicts; on SIGTERM / SIGINT: ``interrupted at step N``.
 
     Raises:
         TypeError: neither a DP-FedAvg module nor an Opacus ``DPOptimizer`` (at fit start).
         ValueError: a bad argument (naming it), ``repeats`` with DP-SGD, a checkpoint of
-            another audit (naming the setting that differs).
+            another audit or a damaged one (naming the setting or field that differs).
         RuntimeError: at fit start, under DDP: ``DPFedAvg`` (train it with ``devices=1``), or a
             non-distributed Opacus optimizer on each rank (wrap the model in ``DPDDP``).
     """
@@ -61,8 +62,7 @@ class CanaryAudit(AuditFrontEnd, FederatedAuditHooks, Callback):
         self.every_n_epochs = check_count(every_n_epochs, "every_n_epochs", minimum=1)
         self.log_histograms = check_flag(log_histograms, "log_histograms")
         self.log_figures = check_flag(log_figures, "log_figures")
-        self.summary_filename = summary_filename
-        self._summary_dir: str | None = None
+        self.summary_filename, self._summary_dir = summary_filename, None
 
     @property
     def state_key(self) -> str:
@@ -93,8 +93,8 @@ class CanaryAudit(AuditFrontEnd, FederatedAuditHooks, Callback):
         self.auditor.start()
         LightningSink(trainer).layout(self.auditor.layout())
         if not trainer.loggers:
-            self._warn("nologger", "CanaryAudit: no logger is attached, so estimates are not "
-                       f"logged; they are written to {self._summary_dir} at fit end")
+            self._warn("nologger", "CanaryAudit: no logger is attached, so estimates are not logged; "
+                       f"they are written to {self._summary_dir} at fit end")
         if not overrides(pl_module, "validation_step") or not trainer.limit_val_batches:
             self._warn("noval", "CanaryAudit: no validation loop: estimates are computed at the "
                        f"end of every {self.every_n_epochs} training epoch(s) and at fit end")
@@ -103,8 +103,8 @@ class CanaryAudit(AuditFrontEnd, FederatedAuditHooks, Callback):
                            checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint whose audit differs from this one (it would restart silently)."""
         states = checkpoint.get("callbacks") or {}
-        mine = {"canaries": self.config.canaries, "seed": self.config.seed,
-                "requested_num_canaries": self.config.num_canaries, "delta": self.config.delta}
+        mine = {"canaries": self.config.canaries, "seed": self.config.seed, "delta": self.config.delta,
+                "requested_num_canaries": self.config.num_canaries}
         for key, state in states.items():
             if key != self.state_key and str(key).startswith(type(self).__name__) and (
                     isinstance(state, dict) and state.get("config")):
@@ -129,11 +129,17 @@ class CanaryAudit(AuditFrontEnd, FederatedAuditHooks, Callback):
                                 histograms=self.log_histograms)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.auditor is not None:
+        self._finish(trainer, "complete")
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        on_interrupt(trainer, exception, lambda status: self._finish(trainer, status))  # SIGTERM, SIGINT
+
+    def _finish(self, trainer: pl.Trainer, status: str) -> None:
+        if self.auditor is not None:  # only rank 0 writes the summary
             directory = (self._summary_dir or summary_dir(trainer, self.summary_filename)
                          ) if trainer.is_global_zero else None
             self.summary_path = self.auditor.finish(
-                LightningSink(trainer), step=int(trainer.global_step), directory=directory,
+                LightningSink(trainer), step=int(trainer.global_step), directory=directory, status=status,
                 filename=self.summary_filename, histograms=self.log_histograms,
                 figures=self.log_figures, sections=report_sections(trainer))
             publish_report(trainer, self.auditor.report_paths)

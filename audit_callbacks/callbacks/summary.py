@@ -6,10 +6,18 @@ The JSON itself is written atomically by :func:`audit_callbacks.outputs.write_su
 from __future__ import annotations
 
 import os
+import warnings
 import weakref
 from typing import Any
 
-from audit_callbacks.outputs import fresh_version_dir, to_jsonable, versions, write_summary
+from audit_callbacks.outputs import (
+    check_writable,
+    claim_dir,
+    fresh_version_dir,
+    to_jsonable,
+    versions,
+    write_summary,
+)
 
 __all__ = ["publish_report", "report_sections", "run_dir", "summary_dir", "to_jsonable", "versions",
            "write_summary"]
@@ -21,31 +29,46 @@ _RUN_DIRS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 def run_dir(trainer: Any) -> str:
     """The run's own folder: the first logger's ``log_dir`` (Lightning's versioned folder),
     else a fresh ``default_root_dir/audit/version_N`` (N one more than the largest there),
-    chosen once per Trainer so that every callback of the run shares it."""
-    for logger in getattr(trainer, "loggers", None) or []:
-        path = getattr(logger, "log_dir", None)
-        if path:
-            return str(path)
+    chosen once per Trainer so that every callback of the run shares it.
+
+    The folder is claimed for this process (:func:`~audit_callbacks.outputs.claim_dir`). Where
+    another process claimed it first (two runs that took the same automatic version, two
+    processes resuming one checkpoint), the run's summaries go to a fresh sibling
+    ``version_N`` instead, with a warning: no run overwrites another's. Only rank zero claims
+    (the other ranks of a DDP run are other processes of the same run).
+    """
     cached = _RUN_DIRS.get(trainer)
-    if cached is None:
-        cached = _RUN_DIRS[trainer] = fresh_version_dir(os.path.join(str(trainer.default_root_dir), "audit"))
-    return cached
+    if cached is not None:
+        return cached
+    path = next((str(p) for p in (getattr(lg, "log_dir", None) for lg in getattr(trainer, "loggers", None) or [])
+                 if p), None)
+    if path is None:
+        path = fresh_version_dir(os.path.join(str(trainer.default_root_dir), "audit"))
+    if getattr(trainer, "is_global_zero", True) and not claim_dir(path):  # rank zero writes
+        taken, path = path, fresh_version_dir(os.path.dirname(os.path.abspath(path)))
+        claim_dir(path)
+        warnings.warn(f"{taken} is another run's (two runs took the same version): this run's audit "
+                      f"summaries go to {path}", UserWarning, stacklevel=2)
+    _RUN_DIRS[trainer] = path
+    return path
 
 
 def summary_dir(trainer: Any, filename: str) -> str:
-    """:func:`run_dir`, with the folder of ``filename`` (which may hold subfolders) created.
+    """:func:`run_dir`, with the folder of ``filename`` (which may hold subfolders) created
+    and checked writable.
 
     Raises:
-        ValueError: ``filename`` is absolute or leaves the run folder, or the folder cannot be
-            created (called at fit start, so a bad path fails before any training).
+        ValueError: ``filename`` is absolute or leaves the run folder, is an existing folder,
+            or its folder cannot be created or written (called at fit start, so a bad path
+            fails before any training).
     """
     if os.path.isabs(filename) or os.path.normpath(filename).startswith(".."):
         raise ValueError(f"summary_filename must be a path inside the run folder, got {filename!r}")
-    directory = run_dir(trainer)
     try:
-        os.makedirs(os.path.dirname(os.path.join(directory, filename)) or directory, exist_ok=True)
+        directory = run_dir(trainer)
     except OSError as err:
-        raise ValueError(f"summary_filename {filename!r}: cannot create its folder in {directory}: {err}") from err
+        raise ValueError(f"summary_filename {filename!r}: cannot create the run folder ({err})") from err
+    check_writable(directory, filename)
     return directory
 
 

@@ -15,6 +15,7 @@ SECTIONS: dict[str, str] = {"audit": "privacy audit (canaries)"}
 def _quantities() -> list[Quantity]:
     final, allit, ratio = "final model: estimate, bound, reference", \
         "all iterates: estimate, bound, reference", "estimate / reference"
+    verdict = "verdict (0 consistent, 1 suspicious, 2 violation)"
     return [
         Quantity("audit", "epsilon_final_model", final,
                  "empirical epsilon, final-model adversary: the equal-variance two-Gaussian fit "
@@ -63,6 +64,16 @@ def _quantities() -> list[Quantity]:
                  "claimed and the audit is tight; above 1: a privacy violation)"),
         Quantity("audit", "num_canaries_participated", "canaries",
                  "observed canaries that took part at least once"),
+        Quantity("audit", "verdict_final_model", verdict,
+                 "the final-model verdict against the claimed (analytic) epsilon: 0 consistent, "
+                 "2 violation (the valid lower bound epsilon_lower_bound_final_model exceeds the "
+                 "claim); not logged when unchecked (no finite claim or no estimate). The summary "
+                 "holds the word and verdict_final_model_sentence (docs/methods/verdicts.md)"),
+        Quantity("audit", "verdict_all_iterates", verdict,
+                 "the all-iterates verdict against the claimed (analytic) epsilon: 0 consistent, "
+                 "1 suspicious (the estimate's interval lies above the claim), 2 violation (the "
+                 "valid lower bound epsilon_lower_bound_all_iterates exceeds it); not logged when "
+                 "unchecked. The summary holds the word and verdict_all_iterates_sentence"),
     ]
 
 
