@@ -8,6 +8,8 @@ from opacus.data_loader import DPDataLoader
 from sklearn.model_selection import train_test_split
 from torch.utils.data import DataLoader, TensorDataset
 
+from audit_callbacks.validation import check_count, check_flag, check_probability, check_seed
+
 from .breast_cancer import BREAST_CANCER_NUM_CLASSES, load_breast_cancer_tensors, zscore
 from .digits import DIGITS_NUM_CLASSES, load_digits_tensors
 
@@ -39,16 +41,14 @@ class CentralDataModule(L.LightningDataModule):
         super().__init__()
         if dataset not in _SETS:
             raise ValueError(f"dataset must be one of {sorted(_SETS)}, got {dataset!r}")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.dataset = dataset
         self.num_classes = _SETS[dataset]
-        self.batch_size = int(batch_size)
-        self.poisson = bool(poisson)
-        self.shuffle = bool(shuffle)
-        self.val_fraction = float(val_fraction)
-        self.seed = int(seed)
-        self.eval_batch_size = int(eval_batch_size)
+        self.batch_size = check_count(batch_size, "batch_size", minimum=1)
+        self.poisson = check_flag(poisson, "poisson")
+        self.shuffle = check_flag(shuffle, "shuffle")
+        self.val_fraction = check_probability(val_fraction, "val_fraction")
+        self.seed = check_seed(seed, "seed")
+        self.eval_batch_size = check_count(eval_batch_size, "eval_batch_size", minimum=1)
         self.train_set: TensorDataset | None = None
         self.val_set: TensorDataset | None = None
 

@@ -10,6 +10,14 @@ import torch
 from sklearn.model_selection import train_test_split
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
+from audit_callbacks.validation import (
+    check_count,
+    check_flag,
+    check_positive,
+    check_probability,
+    check_seed,
+)
+
 from .breast_cancer import BREAST_CANCER_NUM_CLASSES, load_breast_cancer_tensors, zscore
 from .digits import DIGITS_NUM_CLASSES, load_digits_tensors
 from .partition import dirichlet_partition, iid_partition
@@ -118,16 +126,15 @@ class FederatedDataModule(L.LightningDataModule):
             raise ValueError(f"unknown dataset {dataset!r}; choose from {DATASETS}")
         if partition not in _PARTITIONS:
             raise ValueError(f"unknown partition {partition!r}; choose from {_PARTITIONS}")
-        if num_clients < 1:
-            raise ValueError(f"num_clients must be >= 1, got {num_clients}")
-        if partition == "dirichlet" and not concentration > 0:
-            raise ValueError(f"concentration must be > 0, got {concentration}")
-        if not 0.0 < test_fraction < 1.0:
-            raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
-        if rounds_per_epoch < 1:
-            raise ValueError(f"rounds_per_epoch must be >= 1, got {rounds_per_epoch}")
-        if eval_batch_size < 1:
-            raise ValueError(f"eval_batch_size must be >= 1, got {eval_batch_size}")
+        num_clients = check_count(num_clients, "num_clients", minimum=1)
+        if partition == "dirichlet":
+            concentration = check_positive(concentration, "concentration")
+        test_fraction = check_probability(test_fraction, "test_fraction")
+        rounds_per_epoch = check_count(rounds_per_epoch, "rounds_per_epoch", minimum=1)
+        eval_batch_size = check_count(eval_batch_size, "eval_batch_size", minimum=1)
+        download = check_flag(download, "download")
+        seed = check_seed(seed, "seed")
+        min_client_size = check_count(min_client_size, "min_client_size", minimum=0)
         if dataset == "emnist" and emnist_split not in EMNIST_NUM_CLASSES:
             raise ValueError(f"unknown EMNIST split {emnist_split!r}")
         self.save_hyperparameters(ignore=["features", "labels"])

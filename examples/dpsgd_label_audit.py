@@ -183,7 +183,8 @@ def _module(
         noise_multiplier=sigma,
         max_grad_norm=clip,
         delta=args.delta,
-        noise_seed=args.seed,
+        # no noise_seed: the DP noise comes from an OS-entropy seed that is never logged (the
+        # --seed above seeds the data split, the batches and the canaries, and is logged)
     )
     return module, dm
 

@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import secrets
+import warnings
 from typing import Any
 
 import lightning as L
+import numpy as np
 import torch
 import torch.nn.functional as F
 from opacus import PrivacyEngine
@@ -37,7 +40,18 @@ class DPSGDClassifier(L.LightningModule):
         accountant: "rdp" or "prv" (Opacus).
         dp: False trains without Opacus (plain SGD), for baselines.
         poisson: tell ``make_private`` the loader already samples Poisson batches.
-        noise_seed: seed of Opacus' noise generator (None: torch's global generator).
+        noise_seed: None (default, secure): Opacus' noise comes from a ``torch.Generator``
+            seeded with 63 bits of OS entropy (:func:`secrets.randbits`) at every
+            ``configure_optimizers``; the seed is never stored, logged or checkpointed, so no
+            logged seed (``seed_everything``, the canaries' seed, the data seed) and no
+            checkpoint regenerates the noise. An integer: REPRODUCIBLE ONLY, NEVER FOR REAL
+            PRIVACY (anyone who knows the seed can subtract the noise): one generator seeded
+            with it serves every fit of this module (a second ``configure_optimizers`` continues
+            its stream), and its state is saved in the checkpoint (``"dpsgd_noise_generator"``)
+            so that a resumed fit continues the stream exactly where it stopped (the draws of
+            an interrupted and resumed fit equal an uninterrupted one's; no step's noise is
+            drawn twice). Opacus' own ``secure_mode`` needs ``torchcsprng``, which has no build
+            for torch >= 2.1; the OS-entropy seed is this module's secure mode.
 
     Logs ``train/loss``, ``val/loss``, ``val/accuracy`` (torchmetrics) and ``privacy/epsilon``.
 
@@ -68,6 +82,7 @@ class DPSGDClassifier(L.LightningModule):
         self.val_acc = BinaryAccuracy() if self.binary else MulticlassAccuracy(num_classes=out, average="micro")
         self.privacy_engine: PrivacyEngine | None = None
         self._dp: dict[str, Any] = {}
+        self._noise_gen: torch.Generator | None = None  # reproducible mode only
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
@@ -104,7 +119,7 @@ class DPSGDClassifier(L.LightningModule):
         if "model" in self._dp:  # configure_optimizers called again (a new fit): one set of hooks
             self._dp["model"].remove_hooks()
         self.privacy_engine = PrivacyEngine(accountant=self.accountant_name)
-        gen = None if self.noise_seed is None else torch.Generator().manual_seed(self.noise_seed)
+        gen = self._noise_generator(next(self.model.parameters()).device)
         dp_model, optimizer, _ = self.privacy_engine.make_private(
             module=self.model, optimizer=optimizer, data_loader=loader,
             noise_multiplier=self.noise_multiplier, max_grad_norm=self.max_grad_norm,
@@ -112,3 +127,54 @@ class DPSGDClassifier(L.LightningModule):
         )
         self._dp["model"] = dp_model  # in a dict: not registered as a submodule
         return optimizer
+
+    NOISE_STATE_KEY = "dpsgd_noise_generator"
+
+    def _noise_generator(self, device: torch.device) -> torch.Generator:
+        """The generator of Opacus' noise on ``device`` (see ``noise_seed``).
+
+        Secure (``noise_seed=None``): a fresh generator seeded with 63 bits of OS entropy, held
+        only by the optimizer. Reproducible: this module's one generator, created from
+        ``noise_seed`` on first use and kept (a later call continues its stream; on another
+        device the stream restarts from a seed derived from ``(noise_seed, draws so far)``).
+        """
+        if self.noise_seed is None:
+            return torch.Generator(device=device).manual_seed(secrets.randbits(63))
+        gen = self._noise_gen
+        if gen is None or gen.device != torch.device(device):
+            old = gen
+            gen = torch.Generator(device=device)
+            gen.manual_seed(self.noise_seed if old is None else _derived_seed(self.noise_seed, old.initial_seed(),
+                                                                              int(self.global_step)))
+            self._noise_gen = gen
+        return gen
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Reproducible mode: save the noise generator's state (the secure one is never saved)."""
+        if self.noise_seed is not None and self._noise_gen is not None:
+            checkpoint[self.NOISE_STATE_KEY] = {"device": self._noise_gen.device.type,
+                                                "state": self._noise_gen.get_state()}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Reproducible mode: continue the saved noise stream (Lightning loads the checkpoint
+        before ``configure_optimizers``). A checkpoint without the state (secure run, older
+        version) gets a stream derived from ``(noise_seed, global_step)`` with a warning, never
+        the stream of step 1 again."""
+        if self.noise_seed is None:
+            return
+        saved = checkpoint.get(self.NOISE_STATE_KEY)
+        if isinstance(saved, dict) and isinstance(saved.get("state"), torch.Tensor):
+            gen = torch.Generator(device=str(saved.get("device", "cpu")))
+            gen.set_state(saved["state"])
+            self._noise_gen = gen
+            return
+        step = int(checkpoint.get("global_step", 0))
+        warnings.warn(f"DPSGDClassifier(noise_seed=...): the checkpoint holds no noise generator state; "
+                      f"the resumed noise stream is derived from (noise_seed, global_step={step})",
+                      UserWarning, stacklevel=2)
+        self._noise_gen = torch.Generator().manual_seed(_derived_seed(self.noise_seed, 0, step))
+
+
+def _derived_seed(*words: int) -> int:
+    """A 63-bit seed from integers (numpy's SeedSequence): distinct inputs, unrelated streams."""
+    return int(np.random.SeedSequence([int(w) for w in words]).generate_state(1, np.uint64)[0] >> np.uint64(1))

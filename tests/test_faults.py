@@ -25,10 +25,13 @@ import subprocess
 import sys
 import time
 
+import lightning.pytorch as pl
 import numpy as np
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from audit_callbacks import outputs
 from audit_callbacks.auditing import CanaryAuditConfig, CanaryAuditor
@@ -59,8 +62,8 @@ def test_a_signal_mid_fit_writes_the_interrupted_summary_and_exits_non_zero(tmp_
     path = tmp_path / "audit" / "version_0" / "audit_summary.json"
     assert path.exists(), out[-3000:]
     summary = json.loads(path.read_text())
-    assert summary["status"].startswith("interrupted at step ")
-    assert int(summary["status"].rsplit(" ", 1)[1]) >= 4
+    assert summary["run_status"].startswith("interrupted at step ")
+    assert int(summary["run_status"].rsplit(" ", 1)[1]) >= 4
     assert summary["inputs"]["rounds"] >= 4 and summary["num_canaries_participated"] >= 2
 
 
@@ -87,7 +90,7 @@ def test_a_logger_failing_at_fit_end_never_loses_the_summary(tmp_path):
     auditor, _ = _auditor()
     path = auditor.finish(FullDiskSink(), step=1, directory=str(tmp_path), filename="audit_summary.json")
     assert path is not None and os.path.exists(path)
-    assert json.loads(open(path, encoding="utf-8").read())["status"] == "complete"
+    assert json.loads(open(path, encoding="utf-8").read())["run_status"] == "complete"
 
 
 def test_a_folder_where_the_summary_goes_fails_at_fit_start(tmp_path):
@@ -218,3 +221,78 @@ def test_a_damaged_lightning_checkpoint_is_refused_at_resume(tmp_path):
     with pytest.raises(ValueError, match=r"stats\.theta0"):
         fit(dm, module, [CanaryAudit(10, 20, seed=5, bootstrap=0)], 8, tmp_path / "b", logger=False,
             ckpt_path=str(tmp_path / "damaged.ckpt"))
+
+
+# ------------------------------------------------------------------ signals: label and LDP callbacks
+class _SigtermAt(pl.Callback):
+    """Raises Lightning's ``SIGTERMException`` after ``step`` optimizer steps (rounds), as its
+    signal connector does at the next batch once SIGTERM has been received."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
+        if trainer.global_step == self.step:
+            raise SIGTERMException
+
+
+def _interrupted(tmp_path, run) -> list[dict]:
+    """Run ``run()`` (a fit that gets SIGTERM at step 3); the process would exit 143; every
+    summary JSON written under ``tmp_path``."""
+    with pytest.raises(SystemExit) as exc:
+        run()
+    assert exc.value.code == 143
+    paths = sorted(tmp_path.rglob("*summary*.json"))
+    assert paths
+    return [json.loads(p.read_text()) for p in paths]
+
+
+def test_sigterm_mid_fit_writes_the_label_callbacks_interrupted_summaries(tmp_path):
+    """DP-SGD with ``LabelReconstructionAttack`` and ``LabelDPLowerBound``: both summaries say
+    ``interrupted at step 3``."""
+    from audit_callbacks.callbacks import LabelDPLowerBound, LabelReconstructionAttack
+    from datamodules.central import CentralDataModule
+    from models import MLP
+    from models.dpsgd import DPSGDClassifier
+
+    def run():
+        dm = CentralDataModule("breast_cancer", batch_size=32, poisson=True, seed=0)
+        module = DPSGDClassifier(MLP(30, 1, hidden=(16,)), lr=0.3, noise_multiplier=1.0, max_grad_norm=1.0)
+        trainer = pl.Trainer(max_epochs=5, logger=TensorBoardLogger(str(tmp_path), name="run"),
+                             callbacks=[LabelReconstructionAttack(), LabelDPLowerBound(), _SigtermAt(3)],
+                             enable_progress_bar=False, enable_checkpointing=False, accelerator="cpu",
+                             enable_model_summary=False, num_sanity_val_steps=0)
+        trainer.fit(module, datamodule=dm)
+
+    summaries = _interrupted(tmp_path, run)
+    assert sorted(s["callback"] for s in summaries) == ["LabelDPLowerBound", "LabelReconstructionAttack"]
+    assert all(s["run_status"] == "interrupted at step 3" for s in summaries)
+
+
+def test_sigterm_mid_fit_writes_the_federated_label_and_ldp_interrupted_summaries(tmp_path):
+    """DP-FedAvg with ``FederatedLabelAttack``, and local-DP clients with ``LDPAudit`` and
+    ``LDPInferenceAudit``: every summary says ``interrupted at step 3``."""
+    from audit_callbacks.callbacks.federated_label_attack import FederatedLabelAttack
+    from audit_callbacks.callbacks.ldp_audit import LDPAudit
+    from audit_callbacks.callbacks.ldp_inference import LDPInferenceAudit
+    from audit_callbacks.federated import DPFedAvg
+    from audit_callbacks.mechanisms import TwoPoint
+    from datamodules import FederatedDataModule
+    from models import MLP
+    from tests._federated import fit
+
+    def module(randomizer=None):
+        dm = FederatedDataModule("digits", num_clients=20, rounds_per_epoch=50, seed=0)
+        dm.setup("fit")
+        return dm, DPFedAvg(MLP(64, 10, hidden=()), clients_per_round=5, noise_multiplier=0.5 if randomizer is None
+                            else 0.0, clip_norm=1.0, local_lr=0.5, local_batch_size=1000, sampling="shuffle",
+                            randomizer=randomizer, client_datasets=dm.client_datasets)
+
+    dm, fl = module()
+    _interrupted(tmp_path / "label", lambda: fit(dm, fl, [FederatedLabelAttack(), _SigtermAt(3)], 50, tmp_path / "label"))
+    dm, ldp = module(TwoPoint(2.0, center=0.0, radius=0.2))
+    _interrupted(tmp_path / "ldp", lambda: fit(dm, ldp, [LDPAudit(), LDPInferenceAudit(), _SigtermAt(3)], 50,
+                                              tmp_path / "ldp"))
+    summaries = [json.loads(p.read_text()) for p in sorted(tmp_path.rglob("*summary*.json"))]
+    assert sorted(s["callback"] for s in summaries) == ["FederatedLabelAttack", "LDPAudit", "LDPInferenceAudit"]
+    assert all(s["run_status"] == "interrupted at step 3" for s in summaries)

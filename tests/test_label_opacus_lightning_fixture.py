@@ -59,4 +59,6 @@ def test_at_the_scripts_own_logging_interval_each_epoch_is_still_measured(tmp_pa
     acc.Reload()
     epoch_ends = [bound.steps // 2, bound.steps]
     assert [e.step for e in acc.Scalars("label_dp/skip_reason")] == epoch_ends
-    assert [e.step for e in acc.Scalars("label_attack/count_accuracy")] == epoch_ends
+    # ~64 examples a step: the first block of 100 attacked examples is complete at the second
+    # epoch's end (no accuracy over fewer examples is logged: issue 26)
+    assert [e.step for e in acc.Scalars("label_attack/count_accuracy")] == epoch_ends[1:]

@@ -343,7 +343,13 @@ def test_resume_gives_identical_final_numbers(tmp_path):
     fit(dm, module, [*resumed, ModelCheckpoint(dirpath=str(tmp_path / "ckpt2"))], 8, tmp_path / "c",
         logger=False, ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
     assert [r["round"] for r in full[0].history if r["adversary"] == "dummy"] == [3, 6, 8]
-    assert resumed[0].history == full[0].history
+    # the checkpoint keeps no client id, norms or cosine (issue 26): the rounds after the resume
+    # are whole, the ones before come back without those fields
+    private = {"client", "norm_g1", "norm_g2", "cosine_g1_g2"}
+    before = [r for r in resumed[0].history if r["round"] <= 4]
+    assert before and all(not private & set(r) for r in before)
+    assert [{k: v for k, v in r.items() if k not in private and k != "g1_at_clip"} for r in resumed[0].history] == [
+        {k: v for k, v in r.items() if k not in private} for r in full[0].history]
     assert resumed[0].update_norms == full[0].update_norms
     assert resumed[1].history == full[1].history
     assert len(full[1].history) == 8

@@ -262,3 +262,50 @@ def test_the_private_path_reexports_the_public_checks():
     assert _validation.check_count(3, NAME, 1) == 3  # minimum also positional there
     with pytest.raises(ValueError, match=NAME):
         _validation.check_count(0, NAME, 1)
+
+
+# ----------------------------------------------------------------- issue 26 item 7: datamodules
+
+
+@pytest.mark.parametrize("kwargs,name", [
+    ({"poisson": None}, "poisson"), ({"poisson": "yes"}, "poisson"), ({"poisson": float("nan")}, "poisson"),
+    ({"shuffle": 1}, "shuffle"), ({"seed": True}, "seed"), ({"seed": float("inf")}, "seed"),
+    ({"seed": -1}, "seed"), ({"batch_size": "10"}, "batch_size"), ({"batch_size": 2.5}, "batch_size"),
+    ({"val_fraction": 1.0}, "val_fraction"), ({"eval_batch_size": 0}, "eval_batch_size"),
+])
+def test_central_datamodule_names_the_bad_argument(kwargs, name):
+    from datamodules.central import CentralDataModule
+
+    with pytest.raises(ValueError, match=name):
+        CentralDataModule("breast_cancer", **kwargs)
+
+
+@pytest.mark.parametrize("kwargs,name", [
+    ({"num_clients": "10"}, "num_clients"), ({"num_clients": 2.5}, "num_clients"),
+    ({"seed": True}, "seed"), ({"seed": float("inf")}, "seed"), ({"seed": -1}, "seed"),
+    ({"download": "yes"}, "download"), ({"download": None}, "download"),
+    ({"rounds_per_epoch": "3"}, "rounds_per_epoch"), ({"test_fraction": float("nan")}, "test_fraction"),
+    ({"partition": "dirichlet", "concentration": float("nan")}, "concentration"),
+])
+def test_federated_datamodule_names_the_bad_argument(kwargs, name):
+    from datamodules import FederatedDataModule
+
+    with pytest.raises(ValueError, match=name):
+        FederatedDataModule("digits", **kwargs)
+
+
+@pytest.mark.parametrize("value", [True, float("inf"), -1, 2.5, "3"])
+def test_dpsgd_noise_seed_is_an_integer_or_none(value):
+    from models import MLP
+    from models.dpsgd import DPSGDClassifier
+
+    with pytest.raises(ValueError, match="noise_seed"):
+        DPSGDClassifier(MLP(4, 1, hidden=(4,)), noise_seed=value)
+
+
+def test_label_attack_min_examples_is_a_count():
+    from audit_callbacks.callbacks import LabelReconstructionAttack
+
+    for value in (0, 2.5, "100", True, None):
+        with pytest.raises(ValueError, match="min_examples"):
+            LabelReconstructionAttack(min_examples=value)

@@ -93,7 +93,7 @@ def test_noise_at_a_quarter_of_the_claimed_scale_is_a_violation_warned_once(tmp_
     assert summary["verdict_all_iterates_sentence"].startswith(
         f"violation: the valid 95% lower bound {bound:.4g} exceeds the claimed epsilon {claim:.4g}")
     assert summary["verdict_final_model"] == "violation"
-    assert summary["status"] == "complete"
+    assert summary["run_status"] == "complete"
     # TensorBoard: the code next to the estimates and the sentence as text, at every point
     assert [s["audit/verdict_all_iterates"] for s in sink.scalar_log] == [2, 2]
     assert sink.text_log[-1]["audit/verdict_all_iterates_sentence"].startswith("violation:")

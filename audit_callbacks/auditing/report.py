@@ -190,7 +190,7 @@ def summary_json(
     """The canary audit's ``audit_summary.json`` content: the inputs, every estimate with its
     ``status`` (:func:`summary_estimates`), the analytic epsilon with its status, the tag of
     every name, each threat model's verdict (``verdict_<tm>``: the word, ``verdict_<tm>_sentence``)
-    and the run's ``status`` (``complete``, or ``interrupted at step N``). ``report`` is the
+    and the run's ``run_status`` (``complete``, or ``interrupted at step N``). ``report`` is the
     end's, or with ``stale`` the last earlier one."""
     sign = "theta_0 - theta_T" if gradients else "theta_T - theta_0"
     summary: dict[str, Any] = {
@@ -224,7 +224,7 @@ def summary_json(
     for tm in REFERENCES:  # the claim each threat model is checked against (verdict)
         word, sentence = verdict(summary, tm)
         summary[f"verdict_{tm}"], summary[f"verdict_{tm}_sentence"] = word, sentence
-    summary["status"] = status
+    summary["run_status"] = status
     return summary
 
 

@@ -50,6 +50,7 @@ from audit_callbacks.attacks.label_gradients import (
 )
 from audit_callbacks.attacks.label_reconstruction import factorize_layer, reconstruct_labels
 from audit_callbacks.callbacks import tensorboard as tb
+from audit_callbacks.callbacks.interrupt import on_interrupt
 from audit_callbacks.callbacks.summary import write_summary
 from audit_callbacks.estimators.label_dp import client_update_label_dp_lower_bound
 from audit_callbacks.federated.protocol import FederatedAuditHooks, FederatedRound
@@ -106,7 +107,11 @@ class FederatedLabelAttack(FederatedAuditHooks, Callback):
         self.summary_filename = summary_filename
         self.running_max = 0.0
         self.flipped_clip: str | None = None
-        self.history: list[dict[str, float]] = []  # one row per attacked client
+        # one row per attacked client, in memory only (a real client's id, dataset size and
+        # noise-free attack accuracy): never summarized or checkpointed (issue 26)
+        self.history: list[dict[str, float]] = []
+        self.attacked_clients = 0  # aggregates over every attacked client (summary, checkpoint)
+        self.accuracy_sum = 0.0
         self.rounds: list[dict[str, float]] = []
         self.skips: Counter[str] = Counter()
         self.summary_path: str | None = None
@@ -205,6 +210,8 @@ class FederatedLabelAttack(FederatedAuditHooks, Callback):
                     row_out["expected_accuracy_noised"] = expected[-1]
                     row_out["epsilon_lower_bound"] = bounds[-1]
             self.history.append(row_out)
+            self.attacked_clients += 1
+            self.accuracy_sum += accs[-1]
         if not accs:
             return
         metrics = {"accuracy": float(np.mean(accs)), "attacked_clients": len(accs)}  # names of FAMILY
@@ -304,18 +311,24 @@ class FederatedLabelAttack(FederatedAuditHooks, Callback):
         return (inputs.reshape(x.shape[0], -1).to("cpu", torch.float64),
                 outputs.reshape(x.shape[0], -1).to("cpu", torch.float64))
 
-    def on_fit_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
+    def on_exception(self, trainer: pl.Trainer, pl_module: Any, exception: BaseException) -> None:
+        """SIGTERM / SIGINT: the summary of what was measured (``run_status``: ``interrupted at
+        step N``), and an exit code that is not 0 (:mod:`audit_callbacks.callbacks.interrupt`)."""
+        on_interrupt(trainer, exception, lambda status: self.on_fit_end(trainer, pl_module, status=status))
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: Any, status: str = "complete") -> None:
         if not self.summary_filename or not trainer.is_global_zero:
             return
-        acc = [h["accuracy"] for h in self.history]
+        acc = self.accuracy_sum / self.attacked_clients if self.attacked_clients else None
         self.summary_path = write_summary(tb.log_dir(trainer), self.summary_filename, {
             "callback": "FederatedLabelAttack",
+            "run_status": status,
             "source": "Yuan, Xue, Wang & Shen (2022), Deep Gradient Attacks with Strong DP-SGD Lower Bounds for "
                       "Label Privacy, §3 eq. (1), Alg. 1 and 3; softmax: docs/methods/label_dp_multiclass.md",
             "threat_model": "server without secure aggregation sees each FedSGD client's clipped update, the "
                             "global model and the client's features",
-            "attacked_clients": len(self.history),
-            "accuracy": float(np.mean(acc)) if acc else None,
+            "attacked_clients": self.attacked_clients,
+            "accuracy": acc,
             "delta": self.delta if self.delta is not None else float(getattr(pl_module, "delta", 1e-5) or 1e-5),
             "noise_multiplier": self.rounds[-1].get("noise_multiplier") if self.rounds else None,
             "noise_multiplier_is_the_release": self.noise_multiplier is None or float(self.noise_multiplier) == float(
@@ -325,16 +338,23 @@ class FederatedLabelAttack(FederatedAuditHooks, Callback):
             "epsilon_single_round": self.rounds[-1].get("epsilon_single_round") if self.rounds
             else None,
             "skipped": dict(self.skips),
+            # per-round aggregates only: no per-client row (a real client's id, dataset size and
+            # attack accuracy are that client's data; issue 26)
             "rounds": self.rounds,
-            "history": self.history,
         })
 
     def state_dict(self) -> dict[str, Any]:
-        return {"history": [dict(h) for h in self.history], "rounds": [dict(r) for r in self.rounds],
+        """The checkpointed state: aggregates only (per-round means, the attacked-client count
+        and accuracy sum, the skips, the running maximum) and the attack's generator; no row of
+        a real client (``history`` starts empty after a resume)."""
+        return {"attacked_clients": self.attacked_clients, "accuracy_sum": self.accuracy_sum,
+                "rounds": [dict(r) for r in self.rounds],
                 "skips": dict(self.skips), "running_max": self.running_max, "generator": self._gen.get_state()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.history = [dict(h) for h in state_dict.get("history", [])]
+        self.history = []
+        self.attacked_clients = int(state_dict.get("attacked_clients", 0))
+        self.accuracy_sum = float(state_dict.get("accuracy_sum", 0.0))
         self.rounds = [dict(r) for r in state_dict.get("rounds", [])]
         self.skips = Counter({str(k): int(v) for k, v in state_dict.get("skips", {}).items()})
         self.running_max = float(state_dict.get("running_max", 0.0))

@@ -24,6 +24,7 @@ from audit_callbacks.attacks.label_gradients import (
 )
 from audit_callbacks.attacks.label_reconstruction import factorize_layer
 from audit_callbacks.callbacks import tensorboard as tb
+from audit_callbacks.callbacks.interrupt import on_interrupt
 from audit_callbacks.callbacks.label_base import CannotAudit, StepAuditCallback, linear_layers
 from audit_callbacks.callbacks.label_step import LabelStepObserver
 from audit_callbacks.callbacks.summary import write_summary
@@ -322,13 +323,19 @@ class LabelDPLowerBound(StepAuditCallback):
             return None
         return float(gaussian_epsilon(float(self.optimizer.noise_multiplier), self._delta_used, sensitivity=2.0))
 
-    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        """SIGTERM / SIGINT: the summary of what was measured (``run_status``: ``interrupted at
+        step N``), and an exit code that is not 0 (:mod:`audit_callbacks.callbacks.interrupt`)."""
+        on_interrupt(trainer, exception, lambda status: self.on_fit_end(trainer, pl_module, status=status))
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, status: str = "complete") -> None:
         if not self.summary_filename or not trainer.is_global_zero:
             return
         last = self.records[-1] if self.records else {}
         opt = self.optimizer
         self.summary_path = write_summary(tb.log_dir(trainer), self.summary_filename, {
             "callback": "LabelDPLowerBound",
+            "run_status": status,
             "source": SOURCE,
             "threat_model": "one release of one DP-SGD step on a known batch; the adversary runs the "
                             "last-layer (and second-last-layer) label attack",

@@ -132,8 +132,12 @@ class LayerTap:
         return x.reshape(x.shape[0], -1).to("cpu", torch.float64)
 
     def take(self) -> dict[str, Any] | None:
-        """``{"inputs", "outputs", "labels", "norm_inputs"}`` of the step, or None (no batch)."""
-        if not self.labels or any(not v for v in self.inputs.values()):
+        """``{"inputs", "outputs", "labels", "norm_inputs"}`` of the step, or None when the step
+        had no example: no batch, or only empty ones (Opacus' Poisson ``DPDataLoader`` yields a
+        batch of size 0 with probability (1 - q)^n; its [0, ...] activations cannot be reshaped
+        to rows, so they are dropped here and the callback skips the step as ``empty_batch``)."""
+        empty = not self.labels or sum(int(t.numel()) for t in self.labels) == 0
+        if empty or any(not v for v in self.inputs.values()):
             self.clear()
             return None
         out: dict[str, Any] = {

@@ -84,6 +84,7 @@ from audit_callbacks.attacks import (
     measurable_ceiling,
 )
 from audit_callbacks.callbacks import tensorboard as tb
+from audit_callbacks.callbacks.interrupt import on_interrupt
 from audit_callbacks.callbacks.summary import write_summary
 from audit_callbacks.estimators import (
     clopper_pearson_upper,
@@ -326,7 +327,12 @@ class LDPAudit(FederatedAuditHooks, Callback):
         if fl_round.index % self.every_n_rounds == 0:
             self.audit(trainer, pl_module, fl_round.index)
 
-    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        """SIGTERM / SIGINT: the summary of what was measured (``run_status``: ``interrupted at
+        step N``), and an exit code that is not 0 (:mod:`audit_callbacks.callbacks.interrupt`)."""
+        on_interrupt(trainer, exception, lambda status: self.on_fit_end(trainer, pl_module, status=status))
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, status: str = "complete") -> None:
         if not isinstance(pl_module, DPFedAvgMixin) or pl_module.randomizer is None:
             return
         current = int(pl_module.round)
@@ -334,7 +340,8 @@ class LDPAudit(FederatedAuditHooks, Callback):
             self.audit(trainer, pl_module, current)
         if trainer.is_global_zero:
             self.summary_path = write_summary(
-                tb.log_dir(trainer), self.summary_filename, self.audit_summary(pl_module)
+                tb.log_dir(trainer), self.summary_filename,
+                {**self.audit_summary(pl_module), "run_status": status},
             )
 
     # ------------------------------------------------------------------ the audit
@@ -546,7 +553,7 @@ class LDPAudit(FederatedAuditHooks, Callback):
                 "last": _public(recs[-1]),
                 "epsilon0_mean": float(np.mean([r["epsilon0"] for r in recs])),
                 "epsilon0_lower_bound_max": float(max(r["epsilon0_lower_bound"] for r in recs)),
-                "audits_with_norm_at_least_clip": int(sum(r["norm_g1"] >= r["clip_norm"] for r in recs)),
+                "audits_with_norm_at_least_clip": int(sum(_at_clip(r) for r in recs)),
             }
         n = self.update_norms["count"]
         return {
@@ -587,8 +594,10 @@ class LDPAudit(FederatedAuditHooks, Callback):
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
+        """The checkpointed state. Records keep no real client's id, norms or cosine
+        (:func:`_checkpointed`; issue 26): a checkpoint is an output like the summary."""
         return {
-            "history": [dict(r) for r in self.history],
+            "history": [_checkpointed(r) for r in self.history],
             "flags": [dict(f) for f in self.flags],
             "exact": None if self.exact is None else dict(self.exact),
             "audits": self.audits,
@@ -666,6 +675,23 @@ _PRIVATE_FIELDS = ("client", "norm_g1", "norm_g2", "cosine_g1_g2")
 _RESULT_FIELDS = ("epsilon0", "epsilon0_capped", "epsilon0_lower_bound", "epsilon0_upper_bound",
                   "epsilon0_expected", "ceiling", "epsilon0_lower_bound_familywise",
                   "familywise_alpha", "delta", "tp", "fn", "fp", "tn", "alpha", "seed")
+
+
+def _at_clip(rec: dict[str, Any]) -> bool:
+    """Whether the record's crafted gradient g1 had norm >= the clip norm (a resumed record
+    keeps only this flag, :func:`_checkpointed`)."""
+    if "norm_g1" in rec:
+        return bool(rec["norm_g1"] >= rec["clip_norm"])
+    return bool(rec.get("g1_at_clip", False))
+
+
+def _checkpointed(rec: dict[str, Any]) -> dict[str, Any]:
+    """An audit record for the checkpoint: without the client's id and the values computed from
+    its data (:data:`_PRIVATE_FIELDS`); ``g1_at_clip`` (what the summary shows of them) kept."""
+    out = {k: v for k, v in rec.items() if k not in _PRIVATE_FIELDS}
+    if "norm_g1" in rec:
+        out["g1_at_clip"] = bool(rec["norm_g1"] >= rec["clip_norm"] * (1 - 1e-6))
+    return out
 
 
 def _public(rec: dict[str, Any]) -> dict[str, Any]:

@@ -52,6 +52,7 @@ from lightning.pytorch.callbacks import Callback
 from audit_callbacks import names
 from audit_callbacks.attacks import LDPFLInferenceAttack
 from audit_callbacks.callbacks import tensorboard as tb
+from audit_callbacks.callbacks.interrupt import on_interrupt
 from audit_callbacks.callbacks.summary import write_summary
 from audit_callbacks.federated.dp_fedavg import DPFedAvgMixin
 from audit_callbacks.federated.protocol import FederatedAuditHooks, FederatedRound
@@ -190,7 +191,12 @@ class LDPInferenceAudit(FederatedAuditHooks, Callback):
         if fl_round.index % self.every_n_rounds == 0:
             self._predict_and_log(trainer, fl_round.index)
 
-    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        """SIGTERM / SIGINT: the summary of what was measured (``run_status``: ``interrupted at
+        step N``), and an exit code that is not 0 (:mod:`audit_callbacks.callbacks.interrupt`)."""
+        on_interrupt(trainer, exception, lambda status: self.on_fit_end(trainer, pl_module, status=status))
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, status: str = "complete") -> None:
         if not self.attacks:
             return
         rounds = next(iter(self.attacks.values())).rounds
@@ -199,6 +205,7 @@ class LDPInferenceAudit(FederatedAuditHooks, Callback):
         if trainer.is_global_zero:
             self.summary_path = write_summary(tb.log_dir(trainer), self.summary_filename, {
                 "callback": "LDPInferenceAudit",
+                "run_status": status,
                 "source": SOURCE,
                 "inputs": {
                     "randomizer": repr(pl_module.randomizer),

@@ -44,14 +44,15 @@ def _coverage(family: str) -> list[Quantity]:
 
 QUANTITIES: list[Quantity] = [
     # LabelReconstructionAttack (Yuan et al. 2022 §3 eq. (1), Alg. 1 and 3)
-    Quantity("label_attack", "accuracy_batch", _ACCURACY,
-             "share of the batch's labels the attack recovers from the privatized gradient of the "
-             "attacked layer"),
+    # no per-step accuracy: with the batch size it is a label oracle (issue 26); aggregates over
+    # blocks of at least min_examples attacked examples only
     Quantity("label_attack", "accuracy", _ACCURACY,
-             "reconstruction accuracy over every attacked example so far"),
+             "reconstruction accuracy over every attacked example up to the latest complete block of "
+             "min_examples (default 100) attacked examples"),
     Quantity("label_attack", "count_accuracy", _ACCURACY,
-             "batch wider than the layer: sum_k min(recovered n_k, true n_k) / N of the label counts "
-             "recovered from the bias gradient (1 = every count right)"),
+             "batch wider than the layer: sum_k min(recovered n_k, true n_k) / sum N of the label "
+             "counts recovered from the bias gradient (1 = every count right), over blocks of at "
+             "least min_examples attacked examples"),
     *_coverage("label_attack"),
     # LabelDPLowerBound (Yuan et al. 2022 Alg. 2, App. A.3.1; K classes: label_dp_multiclass.md)
     Quantity("label_dp", "epsilon_lower_bound", _BOUNDS,
@@ -83,7 +84,7 @@ QUANTITIES: list[Quantity] = [
              "the run's Opacus accountant (Poisson sampling, composed over the run), every epoch"),
     Quantity("label_dp", "expected_attack_accuracy", None,
              "mean over the batch of P0[r], the probability that the attack recovers label r at "
-             "this noise (what label_attack/accuracy_batch averages to)"),
+             "this noise (what label_attack/accuracy averages to)"),
     *_coverage("label_dp"),
     # FederatedLabelAttack (FedSGD clients of DPFedAvg)
     Quantity("fl_label_attack", "accuracy", _ACCURACY,

@@ -1,0 +1,164 @@
+"""Every artifact of a run holds no label oracle and no real client's data (issue 26.6).
+
+A run's artifacts are what an outsider may read: TensorBoard event files (scalars, text,
+tensors, hparams), the summary JSON files, hparams.yaml and the checkpoints. Each test runs
+the callbacks, reads every artifact back (EventAccumulator, json, yaml, torch.load) and looks
+for what must not be there:
+
+* the label attack's per-step accuracy against the true labels (with the batch size it tells
+  which of the attack's own guesses were right): no ``accuracy_batch`` tag or key, no
+  ``history`` rows, and the logged ``label_attack/accuracy`` changes only after a block of at
+  least ``min_examples`` attacked examples;
+* a real client's id, dataset size, norms or cosines (federated label attack, LDP audit):
+  no such key anywhere.
+"""
+
+import glob
+import json
+import os
+
+import lightning.pytorch as pl
+import pytest
+import torch
+import yaml
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import TensorBoardLogger
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from audit_callbacks.callbacks import LabelDPLowerBound, LabelReconstructionAttack
+from audit_callbacks.callbacks.federated_label_attack import FederatedLabelAttack
+from audit_callbacks.callbacks.ldp_audit import LDPAudit
+from audit_callbacks.federated import DPFedAvg
+from audit_callbacks.mechanisms import TwoPoint
+from datamodules import FederatedDataModule
+from datamodules.central import CentralDataModule
+from models import MLP
+from models.dpsgd import DPSGDClassifier
+from tests._federated import fit
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*(backward hook|does not have many workers|secure RNG|"
+                                        "step skipped|dirpath).*")
+
+#: keys that would carry a per-step label oracle or a real client's data
+FORBIDDEN_KEYS = {"accuracy_batch", "batch_size", "history", "count_history", "client", "client_id",
+                  "examples", "norm_g1", "norm_g2", "cosine_g1_g2"}
+
+
+def _walk(obj, path="$"):
+    """Yield (path, key) for every dict key of a nested JSON / checkpoint object."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield path, k
+            yield from _walk(v, f"{path}.{k}")
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            yield from _walk(v, f"{path}[{i}]")
+
+
+def _artifacts(root):
+    """Everything a run left under ``root``: {path: loaded object}, and the event files' tags."""
+    docs, events = {}, {}
+    for path in glob.glob(os.path.join(str(root), "**", "*"), recursive=True):
+        if path.endswith(".json"):
+            with open(path, encoding="utf-8") as fh:
+                docs[path] = json.load(fh)
+        elif path.endswith(".yaml"):
+            with open(path, encoding="utf-8") as fh:
+                docs[path] = yaml.safe_load(fh)
+        elif path.endswith(".ckpt"):
+            docs[path] = torch.load(path, weights_only=False, map_location="cpu")
+        elif os.path.basename(path).startswith("events.out.tfevents"):
+            acc = EventAccumulator(path, size_guidance={"scalars": 0, "tensors": 0})
+            acc.Reload()
+            events[path] = acc
+    return docs, events
+
+
+def _forbidden(docs, events, allowed=frozenset()):
+    found = []
+    for path, doc in docs.items():
+        for where, key in _walk(doc):
+            if isinstance(key, str) and key in FORBIDDEN_KEYS - allowed:
+                found.append(f"{path}: {where}.{key}")
+    for path, acc in events.items():
+        tags = acc.Tags()
+        for tag in [*tags["scalars"], *tags["tensors"]]:
+            if tag.split("/")[-1].split("_text_summary")[0] in FORBIDDEN_KEYS:
+                found.append(f"{path}: tag {tag}")
+    return found
+
+
+def test_a_label_run_leaves_no_per_step_accuracy_in_any_artifact(tmp_path):
+    """Before issue 26: ``label_attack/accuracy_batch`` at every step, and the summary's and the
+    checkpoint's ``history`` rows (step, accuracy, batch size)."""
+    pl.seed_everything(0, verbose=False)
+    dm = CentralDataModule("breast_cancer", batch_size=32, poisson=True, seed=0)
+    module = DPSGDClassifier(MLP(30, 1, hidden=(64, 64)), lr=0.3, noise_multiplier=2.0, max_grad_norm=1.0)
+    attack = LabelReconstructionAttack(every_n_steps=1)
+    bound = LabelDPLowerBound(every_n_steps=1)
+    trainer = pl.Trainer(max_epochs=2, logger=TensorBoardLogger(str(tmp_path), name="run", version=0),
+                         callbacks=[attack, bound, ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), save_last=True)],
+                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                         log_every_n_steps=1)
+    trainer.fit(module, datamodule=dm)
+    assert len(attack.history) >= 20  # in memory only, for the user
+    docs, events = _artifacts(tmp_path)
+    assert any(p.endswith("label_attack_summary.json") for p in docs)
+    assert any(p.endswith(".ckpt") for p in docs) and events
+    assert _forbidden(docs, events) == []
+    # the logged accuracy moves only after a block of >= min_examples attacked examples: fewer
+    # distinct values than blocks, each an exact aggregate of whole batches
+    logged = [e.value for acc in events.values() if "label_attack/accuracy" in acc.Tags()["scalars"]
+              for e in acc.Scalars("label_attack/accuracy")]
+    assert logged and len(set(logged)) <= attack.attacked_examples // attack.min_examples
+    cumulative, prefixes = 0, []
+    for _, a, n in attack.history:
+        cumulative += round(a * n)
+        prefixes.append(cumulative)
+    sizes = [n for _, _, n in attack.history]
+    totals = [sum(sizes[: i + 1]) for i in range(len(sizes))]
+    for value in set(logged):
+        # the value is correct / examples over the first k attacked batches, k at a block's end
+        assert any(abs(c / t - value) < 1e-6 and t >= attack.min_examples for c, t in zip(prefixes, totals,
+                                                                                      strict=True))
+    summary = next(d for p, d in docs.items() if p.endswith("label_attack_summary.json"))
+    assert summary["accuracy_examples"] >= attack.min_examples
+    # the checkpoint's callback state: aggregates only
+    ckpt = next(d for p, d in docs.items() if p.endswith("last.ckpt"))
+    state = next(v for k, v in ckpt["callbacks"].items() if "LabelReconstructionAttack" in k)
+    assert set(state) <= {"steps", "considered", "skips", "latest", "totals", "published"}
+
+
+def test_federated_label_and_ldp_runs_leave_no_real_client_in_any_artifact(tmp_path):
+    """Before issue 26: ``federated_label_attack_summary.json`` and its checkpoint held a row per
+    attacked client (id, dataset size, noise-free accuracy); LDPAudit's checkpoint kept client
+    ids with norms and cosines."""
+    dm = FederatedDataModule("digits", num_clients=40, rounds_per_epoch=4, seed=0)
+    dm.setup("fit")
+    torch.manual_seed(0)
+    module = DPFedAvg(MLP(64, 10, hidden=(64,)), clients_per_round=5, noise_multiplier=0.5, clip_norm=1.0,
+                      local_lr=0.5, local_epochs=1, local_batch_size=1000, sampling="shuffle", seed=0, delta=1e-5)
+    attack = FederatedLabelAttack()
+    ckpt = ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), save_last=True, every_n_train_steps=2)
+    fit(dm, module, [attack, ckpt], 4, tmp_path / "fl")
+    assert attack.history and all("client" in h for h in attack.history)  # in memory, for the user
+    docs, events = _artifacts(tmp_path / "fl")
+    docs.update(_artifacts(tmp_path / "ckpt")[0])
+    assert any(p.endswith("federated_label_attack_summary.json") for p in docs)
+    assert _forbidden(docs, events) == []
+
+    dm = FederatedDataModule("digits", num_clients=20, rounds_per_epoch=4, seed=0)
+    dm.setup("fit")
+    torch.manual_seed(0)
+    module = DPFedAvg(MLP(64, 10, hidden=()), clients_per_round=5, noise_multiplier=0.0, clip_norm=1.0,
+                      local_lr=0.5, local_batch_size=8, sampling="shuffle", seed=0, delta=1e-5,
+                      randomizer=TwoPoint(3.0, center=0.0, radius=0.2))
+    audit = LDPAudit(trials=200, every_n_rounds=2, seed=0)
+    ckpt = ModelCheckpoint(dirpath=str(tmp_path / "ldp_ckpt"), save_last=True, every_n_train_steps=2)
+    fit(dm, module, [audit, ckpt], 4, tmp_path / "ldp")
+    assert any("client" in r for r in audit.history)  # in memory, for the user
+    docs, events = _artifacts(tmp_path / "ldp")
+    docs.update(_artifacts(tmp_path / "ldp_ckpt")[0])
+    assert any(p.endswith(".ckpt") for p in docs)
+    # LDPAudit's summary keeps its public per-audit records under "history" (no client fields)
+    assert _forbidden(docs, events, allowed=frozenset({"history"})) == []
