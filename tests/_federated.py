@@ -32,3 +32,31 @@ def digits_dpfedavg(rounds_per_epoch):
                       clip_norm=1.0, local_lr=0.1, local_batch_size=8, sampling="shuffle", seed=0, reproducible_noise=True,
                       delta=1e-5)
     return dm, module
+
+
+def tiny_federation(n_clients=6, n=12, p=4, classes=3, seed=0, rounds_per_epoch=5):
+    """A minimal federated datamodule over ``n_clients`` random clients (``n`` examples of
+    ``p`` features, ``classes`` labels) whose loader ticks once per round."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class Ticks(pl.LightningDataModule):
+        def __init__(self):
+            super().__init__()
+            g = torch.Generator().manual_seed(seed)
+            self.client_datasets = [
+                TensorDataset(torch.randn(n, p, generator=g), torch.randint(0, classes, (n,), generator=g))
+                for _ in range(n_clients)]
+            self.num_classes = classes
+
+        def train_dataloader(self):
+            return DataLoader(list(range(rounds_per_epoch)), batch_size=None)
+
+    return Ticks()
+
+
+def quick_trainer(steps, callbacks=(), **kw):
+    """A CPU Trainer of ``steps`` rounds without logger, checkpointing or progress bar."""
+    return pl.Trainer(max_steps=steps, max_epochs=-1, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, callbacks=list(callbacks),
+                      accelerator="cpu", num_sanity_val_steps=0, **kw)

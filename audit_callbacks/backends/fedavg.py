@@ -2,9 +2,12 @@
 Empirical Privacy Estimation for Federated Learning", ICLR 2024, Alg. 2 and §5.2).
 
 Canary clients join the client population and are sampled by exactly the same rule as the real
-clients; a sampled canary client ``j`` returns ``clip_norm * c_j``. The backend is the owner of
-the virtual clients (:mod:`audit_callbacks.federated.protocol`); at the end of each round it
-releases the model delta, with the canaries of that round's cohort, to the auditor.
+clients; a sampled canary client ``j`` returns ``canary_norm_multiplier * clip_norm * c_j`` (10 C
+by default), which the module's own clip stage clips, exactly as it clips the real clients'
+updates (issue 25): with correct clipping its contribution to the noisy sum is ``clip_norm *
+c_j``; a clipping at the wrong norm moves it, and the estimates with it. The backend is the owner
+of the virtual clients (:mod:`audit_callbacks.federated.protocol`); at each round's release it
+gives the model delta, with the canaries of that round's cohort, to the auditor.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ import numpy as np
 import torch
 
 from audit_callbacks.backends.base import CanaryBackend, total_rounds
-from audit_callbacks.federated.clipping import clip_updates_
 from audit_callbacks.known_rounds import GAUSSIAN_REASON, KnownRoundScores
 
 __all__ = ["FedAvgBackend", "crowding_warning"]
@@ -109,7 +111,7 @@ class FedAvgBackend(CanaryBackend):
         self.warn = warn
         self.repeats = repeats
         self.seed = int(seed)
-        self._clip_factors: dict[tuple[float, torch.dtype, torch.device], float] = {}
+        self._released_round = -1  # the last round given to the auditor (released once)
         self._trainer = trainer
         self._schedule: dict[int, list[int]] | None = None
 
@@ -162,41 +164,81 @@ class FedAvgBackend(CanaryBackend):
         first = next(iter(self.module.trainable_parameters()))
         return first.device, first.dtype
 
-    def client_updates(self, fl_round: Any, indices: np.ndarray, clip_norm: float, out: torch.Tensor) -> None:
-        """Write ``clip_norm * c_j`` for the canary clients ``indices`` into ``out`` ``[m, d]``."""
+    def _scale(self, clip_norm: float) -> float:
+        """A canary's norm before clipping: ``canary_norm_multiplier * clip_norm``."""
         assert self.auditor is not None
-        out.copy_(self.auditor.canaries.batch(indices.tolist(), scale=clip_norm, device=out.device))
+        return float(self.auditor.config.canary_norm_multiplier) * float(clip_norm)
+
+    def client_updates(self, fl_round: Any, indices: np.ndarray, clip_norm: float, out: torch.Tensor) -> None:
+        """Write ``canary_norm_multiplier * clip_norm * c_j`` for the canary clients ``indices``
+        into ``out`` ``[m, d]``; the module's clip stage clips them like real updates."""
+        assert self.auditor is not None
+        out.copy_(self.auditor.canaries.batch(indices.tolist(), scale=self._scale(clip_norm), device=out.device))
+
+    def _clip(self, fl_round: Any, indices: list[int], rows: torch.Tensor) -> torch.Tensor:
+        """``rows`` ``[m, d]`` of canary clients ``indices``, clipped by the module's clip stage."""
+        clip = getattr(self.module, "clip_virtual_updates", None)
+        if clip is None:  # a module without the method: the protocol's documented clipping
+            from audit_callbacks.federated.clipping import clip_updates_
+
+            clip_updates_(rows, float(fl_round.clip_norm))
+            return rows
+        return clip(fl_round, self.name, np.asarray(indices, dtype=np.int64), rows)
 
     def client_update_sum(self, fl_round: Any, indices: np.ndarray, clip_norm: float) -> torch.Tensor:
-        """The sum ``[d]`` of the canary clients' updates ``clip_norm * c_j``, each clipped to
-        ``clip_norm`` (Hadamard canaries: one transform; every canary has the same norm, so one
-        clip factor; Gaussian canaries: chunk by chunk, each row clipped as the module clips)."""
+        """The sum ``[d]`` of the canary clients' updates ``canary_norm_multiplier * clip_norm *
+        c_j``, each clipped by the module's clip stage (``DPFedAvg.clip_virtual_updates``).
+
+        Hadamard canaries: one transform. Every canary has the same norm (all entries
+        +-1/sqrt(d)), so one representative row goes through the module's clipping each round
+        (no cache: a clipping that changes from round to round shows) and its factor
+        ``<clipped, raw> / <raw, raw>`` scales the sum; a clipping that does not merely scale
+        that row (the result not parallel to it) sends every canary's row through the clipping,
+        chunk by chunk, instead. Gaussian canaries: chunk by chunk, each row clipped by the
+        module.
+        """
         assert self.auditor is not None
         device, dtype = self._device_dtype()
         canaries, idx = self.auditor.canaries, indices.tolist()
+        scale = self._scale(clip_norm)
         if canaries.kind == "hadamard":
-            key = (float(clip_norm), dtype, device)
-            factor = self._clip_factors.get(key)
-            if factor is None:  # the same for every canary (all entries +-1/sqrt(d)): once
-                one = canaries.batch(idx[:1], scale=clip_norm, device=device).to(dtype)
-                norm = max(float(torch.linalg.vector_norm(one)), 1e-12)
-                factor = self._clip_factors[key] = min(1.0, float(clip_norm) / norm)
-            return canaries.sum(idx, device=device).to(dtype).mul_(float(clip_norm) * factor)
+            raw = canaries.batch(idx[:1], scale=scale, device=device).to(dtype)
+            clipped = self._clip(fl_round, idx[:1], raw.clone())
+            raw64, clipped64 = raw.to(torch.float64).flatten(), clipped.to(torch.float64).flatten()
+            factor = float(raw64 @ clipped64) / max(float(raw64 @ raw64), 1e-300)
+            residual = float(torch.linalg.vector_norm(clipped64 - factor * raw64))
+            if residual <= 1e-5 * max(float(torch.linalg.vector_norm(clipped64)), 1e-30):
+                return canaries.sum(idx, device=device).to(dtype).mul_(scale * factor)
+            total = torch.zeros(canaries.dim, device=device, dtype=dtype)
+            for start in range(0, len(idx), 64):  # not a scaling: every row through the clipping
+                part = idx[start:start + 64]
+                rows = canaries.batch(part, scale=scale, device=device).to(dtype)
+                total += self._clip(fl_round, part, rows).sum(0)
+            return total
         total = torch.zeros(canaries.dim, device=device, dtype=dtype)
-        for _, block in canaries.chunks(idx, device=device):  # one chunk in memory at a time
-            rows = block.to(dtype).mul_(clip_norm)
-            clip_updates_(rows, clip_norm)
-            total += rows.sum(0)
+        for part, block in canaries.chunks(idx, device=device):  # one chunk in memory at a time
+            rows = block.to(dtype).mul_(scale)
+            total += self._clip(fl_round, part, rows).sum(0)
         return total
 
     # rounds ---------------------------------------------------------------------------------
-    def on_federated_round_end(self, fl_round: Any) -> None:
-        """The round's release: the canaries of its cohort took part in its model delta."""
+    def on_round_released(self, fl_round: Any) -> None:
+        """The round's release (called by the module as the round's participations are counted,
+        before any audit hook): the canaries of its cohort took part in its model delta. Once
+        per round: :meth:`on_federated_round_end` then does nothing for it."""
         assert self.auditor is not None
+        if fl_round.index == self._released_round:
+            return
+        self._released_round = int(fl_round.index)
         participants = fl_round.cohort.virtual_ids.get(self.name)
         self.auditor.release(fl_round.model_delta, participants, what=f"round {fl_round.index}")
         if self.matched is not None:
             self.matched.update(fl_round.model_delta, participants)
+
+    def on_federated_round_end(self, fl_round: Any) -> None:
+        """The round's release, where the module did not already give it
+        (:meth:`on_round_released`)."""
+        self.on_round_released(fl_round)
 
     def flat_parameters(self) -> torch.Tensor:
         return self.module.flat_parameters()
@@ -237,4 +279,6 @@ class FedAvgBackend(CanaryBackend):
             "clients_per_round": m.clients_per_round,
             "sampling": m.sampling,
             "num_real_clients": m.num_real_clients,
+            "canary_norm_multiplier": (None if self.auditor is None
+                                       else float(self.auditor.config.canary_norm_multiplier)),
         }

@@ -87,6 +87,14 @@ class _VirtualBlock:
         self.gives_sum = gives_sum
 
 
+def _clients_of(block: _VirtualBlock, local: np.ndarray) -> str:
+    """``virtual client(s) i, j of owner 'name' (OwnerClass)``, for error messages."""
+    ids = local.tolist()
+    shown = ", ".join(str(i) for i in ids[:8]) + (f" (and {len(ids) - 8} more)" if len(ids) > 8 else "")
+    return (f"virtual client{'s' if len(ids) > 1 else ''} {shown} of owner {block.name!r} "
+            f"({type(block.owner).__name__})")
+
+
 class DPFedAvgMixin:
     """DP-FedAvg over a user model, one round per ``training_step``.
 
@@ -134,7 +142,9 @@ class DPFedAvgMixin:
             ``server_lr`` > 0, ``server_momentum`` in [0, 1), ``delta`` in (0, 1); ``seed`` an
             integer >= 0; ``reproducible_noise`` a bool; ``sampling`` one of the rules); no
             clients; a population smaller than the cohort; a client update with NaN or inf
-            entries (lower ``local_lr``).
+            entries (lower ``local_lr``; a finite but huge one is clipped, never refused); a
+            virtual client whose owner writes a row of the wrong shape (naming the owner and
+            its clients).
         TypeError: a ``randomizer`` without ``randomize`` and ``debias``.
     """
 
@@ -213,6 +223,7 @@ class DPFedAvgMixin:
         self.val_accuracy: MulticlassAccuracy | None = None
         self.test_accuracy: MulticlassAccuracy | None = None
         self._warned_no_noise = False
+        self._open_round: dict[str, Any] | None = None  # the state before the round in progress
 
     # ------------------------------------------------------------------ parameters & clients
     def trainable_parameters(self) -> list[nn.Parameter]:
@@ -419,6 +430,10 @@ class DPFedAvgMixin:
                 not a finite vector of ``d`` entries.
         """
         hooks = self._audit_hooks()
+        self._ensure_sampler()
+        # until the round's release, a checkpoint describes the state before the round (its
+        # cohort is sampled again, from the same sampler state, on resume): see _commit
+        self._open_round = self._state()
         fl_round = self._sample(self.round + 1)
         for hook in hooks:
             hook.on_federated_round_start(self.trainer, self, fl_round)
@@ -438,12 +453,27 @@ class DPFedAvgMixin:
                 hook.on_federated_randomized_updates(self.trainer, self, fl_round)
         fl_round = self._aggregate(fl_round)
         fl_round = self._server_step(fl_round)
-        self.round = fl_round.index
-        assert self._participations is not None
-        self._participations[fl_round.cohort.population_ids] += 1
+        self._commit(fl_round)
         for hook in hooks:
             hook.on_federated_round_end(self.trainer, self, fl_round)
         self._log_round(fl_round)
+
+    def _commit(self, fl_round: FederatedRound) -> None:
+        """The round's release (its model delta is out): its participations are counted, the
+        round is done for checkpoints, and the owners that count their own clients'
+        participations hear of it (``on_round_released(fl_round)``, see
+        :mod:`audit_callbacks.federated.protocol`) before any audit hook runs, so that a
+        checkpoint saved from a later hook (or a signal handler, e.g. Lightning's SLURM
+        auto-requeue on SIGUSR1) holds the same rounds in the module's and the owners' counts.
+        """
+        assert self._participations is not None
+        self._participations[fl_round.cohort.population_ids] += 1
+        self.round = fl_round.index
+        self._open_round = None
+        for block in self._blocks:
+            released = getattr(block.owner, "on_round_released", None)
+            if callable(released):
+                released(fl_round)
 
     def _audit_hooks(self) -> list[FederatedAuditHooks]:
         """The trainer's callbacks that audit rounds: the instances of
@@ -511,21 +541,66 @@ class DPFedAvgMixin:
         row = n_real
         for _, block in giving:
             local = cohort.virtual_ids[block.name]
-            block.owner.client_updates(fl_round, local, self.clip_norm, updates[row:row + local.size])
+            out = updates[row:row + local.size]
+            try:
+                block.owner.client_updates(fl_round, local, self.clip_norm, out)
+            except RuntimeError as err:  # e.g. out.copy_(x) with x of another shape
+                raise ValueError(
+                    f"round {fl_round.index}: {_clients_of(block, local)} gave updates that are "
+                    f"not rows of [{local.size}, {theta.numel()}] (the model's d = {theta.numel()} "
+                    f"trainable parameters): {err}"
+                ) from err
             row += int(local.size)
         return replace(
             fl_round, updates=updates, row_owner=row_owner, row_ids=row_ids, summed=summed,
             client_loss=float(np.mean(losses)) if losses else math.nan,
         )
 
+    def clip_updates(self, updates: torch.Tensor) -> torch.Tensor:
+        """The module's clipping of client updates: every row of ``updates`` ``[m, d]`` to L2
+        norm ``clip_norm``, in place (:func:`~audit_callbacks.federated.clipping.clip_updates_`,
+        finite huge rows included); returns the norms before clipping ``[m]``.
+
+        The clip stage calls it on every row, real clients' and virtual clients' alike, and the
+        owners that give sums clip through it (:meth:`clip_virtual_updates`): override it (or
+        the stage) and canaries are clipped by the override too.
+        """
+        return clip_updates_(updates, self.clip_norm)
+
+    def clip_virtual_updates(
+        self, fl_round: FederatedRound, name: str, indices: np.ndarray, rows: torch.Tensor,
+    ) -> torch.Tensor:
+        """Clip the rows ``[m, d]`` of owner ``name``'s virtual clients ``indices`` ``[m]`` by this
+        module's clip stage, in place, as they would be clipped inside the round's update matrix
+        (what an owner giving ``client_update_sum`` calls, so that its clients go through the
+        same clipping code as the real clients' updates). Returns ``rows``.
+
+        Raises:
+            KeyError: ``name`` is not a registered owner.
+            ValueError: ``rows`` is not ``[len(indices), d]``, or a row is not finite.
+        """
+        if name not in fl_round.owners:
+            raise KeyError(f"{name!r} is not a registered owner ({list(fl_round.owners)})")
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        d = fl_round.theta.numel()
+        if rows.dim() != 2 or rows.shape[0] != idx.size or rows.shape[1] != d:
+            raise ValueError(f"rows of {name!r}'s clients {idx.tolist()[:8]} must be [{idx.size}, {d}], "
+                             f"got {list(rows.shape)}")
+        sub = replace(fl_round, updates=rows, row_ids=idx,
+                      row_owner=np.full(idx.size, fl_round.owners.index(name), dtype=np.int64),
+                      summed=(), released=None, average=None, model_delta=None)
+        self._clip(sub)
+        return rows
+
     def _clip(self, fl_round: FederatedRound) -> FederatedRound:
-        """Stage 3: clip every row of ``fl_round.updates`` to ``clip_norm``, in place.
+        """Stage 3: clip every row of ``fl_round.updates`` to ``clip_norm``, in place
+        (:meth:`clip_updates`).
 
         Raises:
             ValueError: a row is not finite (naming the clients).
         """
         assert fl_round.updates is not None
-        norms = clip_updates_(fl_round.updates, self.clip_norm)
+        norms = self.clip_updates(fl_round.updates)
         bad = ~torch.isfinite(norms)
         if bad.any():
             rows = bad.cpu().numpy()
@@ -580,7 +655,7 @@ class DPFedAvgMixin:
             if not finite:
                 raise ValueError(
                     f"round {fl_round.index}: {block.name!r} gave a sum of clipped updates that is "
-                    f"not a finite vector of {d} entries"
+                    f"not a finite vector of {d} entries ({_clients_of(block, local)})"
                 )
             total.add_(part)
         if self.noise_multiplier > 0:
@@ -693,16 +768,29 @@ class DPFedAvgMixin:
         return self._eval_step(batch, "test", self.test_accuracy)
 
     # ------------------------------------------------------------------ checkpointing
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+    def _state(self) -> dict[str, Any]:
+        """The module's federated state now: round, local shuffling generator, sampler,
+        participations (and, only with ``reproducible_noise``, the noise generators)."""
         state: dict[str, Any] = {"round": self.round, "local_gen": self._local_gen.get_state()}
         if self._sampler is not None:
+            assert self._participations is not None
             state["sampler"] = self._sampler.state_dict()
-            state["participations"] = self._participations.tolist()
+            state["participations"] = self._participations.copy()  # a list in the checkpoint
         if self.reproducible_noise:  # secure noise is never written anywhere
             if self._noise_gen is not None:
                 state["noise_gen"] = self._noise_gen.get_state()
             if self._ldp_gen is not None:
                 state["ldp_gen"] = self._ldp_gen.get_state()
+        return state
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """The state after the last released round: a checkpoint saved inside a round (from an
+        audit hook, or by Lightning's SLURM auto-requeue on SIGUSR1) holds the state from
+        before that round, whose release has not happened, so the resumed run samples the same
+        cohort again and counts its participations once."""
+        state = dict(self._open_round if self._open_round is not None else self._state())
+        if "participations" in state:
+            state["participations"] = np.asarray(state["participations"]).tolist()
         checkpoint["dp_fedavg"] = state
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:

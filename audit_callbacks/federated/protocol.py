@@ -34,8 +34,10 @@ called between them:
    nobody needs the rows (no local randomizer and no audit callback that overrides
    ``on_federated_client_updates``), through :meth:`VirtualClientSumOwner.client_update_sum`
    at the aggregate stage, so that the module neither holds nor clips those rows.
-3. **clip**: every row to L2 norm ``clip_norm`` (:func:`~audit_callbacks.federated.clipping.
-   clip_updates_`); a non-finite row raises ``ValueError``. Then
+3. **clip**: every row to L2 norm ``clip_norm`` (the module's :meth:`DPFedAvg.clip_updates
+   <audit_callbacks.federated.DPFedAvg.clip_updates>`, by default :func:`~audit_callbacks.
+   federated.clipping.clip_updates_`; norms of finite huge rows without overflow); a row with
+   NaN or inf entries raises ``ValueError`` naming its client. Then
    ``on_federated_client_updates(trainer, pl_module, fl_round)``: ``fl_round.updates`` ``[n, d]``
    are the clipped updates before any noise.
 4. **randomize** (only with a local randomizer, LDP): each clipped row is randomized on its
@@ -46,8 +48,20 @@ called between them:
    its sum train the same model bit for bit; plus ``N(0, (z C)^2 I_d)``; divided by m:
    ``fl_round.average``.
 6. **server step**: the server optimizer takes ``-average`` as its gradient;
-   ``fl_round.model_delta`` = theta_t - theta_{t-1}. Then
-   ``on_federated_round_end(trainer, pl_module, fl_round)``.
+   ``fl_round.model_delta`` = theta_t - theta_{t-1}. This is the round's **release**: its
+   participations are counted (``pl_module.participations()``, ``pl_module.round``), each
+   owner that defines ``on_round_released(fl_round)`` is told (before any hook), then
+   ``on_federated_round_end(trainer, pl_module, fl_round)``. A checkpoint saved before the
+   release (from a hook of stages 1-5, or by a signal handler such as Lightning's SLURM
+   auto-requeue) holds the module's state from before the round: the resumed run samples the
+   same cohort again, so no participation is counted twice or lost.
+
+An owner's clients go through the module's clipping like real clients: their rows are clipped by
+stage 3, and an owner that gives a sum clips its rows through
+:meth:`DPFedAvg.clip_virtual_updates <audit_callbacks.federated.DPFedAvg.clip_virtual_updates>`
+(a subclass's clipping, or a bug in it, then acts on canaries as on real updates). An owner
+whose ``client_updates`` raises ``RuntimeError`` (a row of the wrong shape) is refused with a
+``ValueError`` naming the owner and its clients.
 """
 
 from __future__ import annotations
@@ -89,6 +103,14 @@ class VirtualClientOwner(Protocol):
         module's trainable parameters, and not initialised: every row must be written. The
         module clips the rows afterwards, like a real client's. Called once a round, only when
         the owner has clients in it; ``fl_round`` is the sampled round (no updates yet).
+
+        Optional, on the owner: ``on_round_released(fl_round)``, called once per round at the
+        round's release (after the server step, before the audit hooks' round end), where an
+        owner that counts its clients' participations should count them.
+
+        Raises:
+            Whatever it raises; a ``RuntimeError`` (e.g. a row of the wrong shape written into
+            ``out``) reaches the caller as a ``ValueError`` naming the owner and the clients.
         """
 
 
@@ -101,9 +123,10 @@ class VirtualClientSumOwner(VirtualClientOwner, Protocol):
     def client_update_sum(
         self, fl_round: FederatedRound, indices: np.ndarray, clip_norm: float,
     ) -> torch.Tensor:
-        """The sum ``[d]`` of the updates of virtual clients ``indices`` ``[m]``, each clipped to
-        ``clip_norm`` exactly as :func:`~audit_callbacks.federated.clipping.clip_updates_` clips
-        a row, in the dtype and on the device of the module's trainable parameters.
+        """The sum ``[d]`` of the updates of virtual clients ``indices`` ``[m]``, each clipped as
+        the module's clip stage clips a row (call :meth:`DPFedAvg.clip_virtual_updates
+        <audit_callbacks.federated.DPFedAvg.clip_virtual_updates>` on the rows), in the dtype
+        and on the device of the module's trainable parameters.
 
         Asked instead of :meth:`client_updates` in a round where nobody needs the rows (no local
         randomizer, no audit callback overriding ``on_federated_client_updates``), at the
