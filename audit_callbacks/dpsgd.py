@@ -1,5 +1,5 @@
 """Opacus DP-SGD glue (torch + Opacus, no Lightning): find the run's ``DPOptimizer``, its
-accountant and sampling rate, chain its step hook, and add gradient canaries before the noise.
+accountant and sampling rate, chain its step hook, and add gradient canaries before clipping.
 
 Everything here works on the objects Opacus' ``PrivacyEngine.make_private`` returns; nothing is
 replaced that Opacus relies on:
@@ -7,18 +7,24 @@ replaced that Opacus relies on:
 * the accountant keeps its single ``step_hook`` slot: :func:`chain_step_hook` installs a hook that
   calls the previous one first (``previous`` stays reachable for :func:`find_accountant`);
 * gradient canaries go in through :class:`GradientCanaryInjector`, which wraps the
-  optimizer's ``add_noise`` on the instance, so they are added to the sum of clipped per-example
-  gradients once per logical step (Opacus calls ``add_noise`` only when a step is taken, after
-  ``BatchMemoryManager`` or gradient accumulation has gathered the whole logical batch) and
-  receive the same noise and the same ``1 / expected_batch_size`` scaling as real examples;
-  under data-parallel training (Opacus' ``DistributedDPOptimizer``) on rank 0 only, so that
-  each canary enters the all-reduced gradient once (:func:`canary_placement`).
+  optimizer's ``clip_and_accumulate`` and ``add_noise`` on the instance: once per logical step
+  each joining canary becomes one more row of the per-example gradients ``p.grad_sample``, at a
+  norm well above ``max_grad_norm``, so that Opacus' own clipping, summation, noise and
+  ``1 / expected_batch_size`` scaling act on it as on a real example (a clipping bug moves the
+  estimates); where the optimizer has no per-example gradients to extend (ghost clipping,
+  per-layer or adaptive clipping) ``max_grad_norm * c_j`` is added to the clipped sum in
+  ``add_noise`` instead; under data-parallel training (Opacus' ``DistributedDPOptimizer``) on
+  rank 0 only, so that each canary enters the all-reduced gradient once
+  (:func:`canary_placement`). Which canaries join a step is drawn by the training loader's own
+  Poisson sampler where it is Opacus' (:mod:`audit_callbacks.canary_sampling`), else by the
+  audit at the accountant's rate.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -27,8 +33,10 @@ import torch
 from opacus.accountants import IAccountant, PRVAccountant, RDPAccountant
 from opacus.accountants.analysis import rdp as rdp_analysis
 from opacus.optimizers import DPOptimizer
+from opacus.optimizers.optimizer import _mark_as_processed
 
 from audit_callbacks.canaries import CanarySet
+from audit_callbacks.canary_sampling import LoaderCanarySampling
 
 __all__ = [
     "GradientCanaryInjector",
@@ -39,6 +47,7 @@ __all__ = [
     "find_accountant",
     "find_dp_optimizer",
     "flat_parameters",
+    "preclip_unsupported",
     "rdp_epsilon",
     "unchain_step_hook",
 ]
@@ -275,54 +284,107 @@ def canary_placement(optimizer: DPOptimizer, world_size: int = 1) -> tuple[bool,
     return True, 1.0
 
 
-class GradientCanaryInjector:
-    """Add example-level gradient canaries to a ``DPOptimizer``'s clipped sum (Andrew et al.,
-    ICLR 2024, with a canary in the place of a training example).
+def preclip_unsupported(optimizer: Any) -> str | None:
+    """Why canaries cannot enter ``optimizer`` as per-example gradients before clipping (None
+    when they can: Opacus' flat-clipping ``DPOptimizer``, ``DistributedDPOptimizer`` and their
+    subclasses, whose ``clip_and_accumulate`` clips the rows of ``p.grad_sample``)."""
+    from opacus.optimizers import (
+        AdaClipDPOptimizer,
+        DPOptimizerFastGradientClipping,
+        DPPerLayerOptimizer,
+    )
+    from opacus.optimizers.ddp_perlayeroptimizer import DistributedPerLayerOptimizer
 
-    At every logical step each observed canary ``j < num_observed`` joins independently with
-    probability ``q = min(1, sample_rate * optimizer.accumulated_iterations)``, the rate the
-    accountant is charged for (Poisson sampling of a real example); when it joins,
-    ``max_grad_norm * c_j`` is added to the sum of clipped per-example gradients before
-    ``add_noise`` (so the canary is a clipped "example" whose gradient is the unit vector c_j).
-    The draws of step ``t`` come from ``numpy.random.default_rng([seed, 0xA7, t])``, so the only
-    state is the step counter and the participation counts.
+    if isinstance(optimizer, DPOptimizerFastGradientClipping):
+        return (f"{type(optimizer).__name__} (ghost clipping) keeps no per-example gradients to "
+                "extend: the clipping runs in the backward pass")
+    if isinstance(optimizer, (DPPerLayerOptimizer, DistributedPerLayerOptimizer)):
+        return f"{type(optimizer).__name__} clips each layer to its own norm"
+    if isinstance(optimizer, AdaClipDPOptimizer):
+        return ("AdaClipDPOptimizer adapts its clipping norm to the fraction of clipped examples, "
+                "which canary examples would bias")
+    if not isinstance(optimizer, DPOptimizer) or not callable(getattr(optimizer, "clip_and_accumulate", None)):
+        return f"{type(optimizer).__name__} is not an Opacus DPOptimizer with clip_and_accumulate"
+    return None
+
+
+def _tensors(grad_sample: Any) -> list[torch.Tensor] | None:
+    """The tensors of a ``p.grad_sample`` (a tensor, or a list of them under accumulation)."""
+    if isinstance(grad_sample, torch.Tensor):
+        return [grad_sample]
+    if isinstance(grad_sample, list) and grad_sample and all(isinstance(t, torch.Tensor) for t in grad_sample):
+        return list(grad_sample)
+    return None
+
+
+class GradientCanaryInjector:
+    """Insert example-level gradient canaries into a ``DPOptimizer`` (Andrew et al., ICLR 2024,
+    with a canary in the place of a training example).
+
+    Where a canary enters (``insertion``). By default **before clipping**: the optimizer's
+    ``clip_and_accumulate`` is wrapped on the instance (so a subclass's or an instance's own
+    override still runs, after the insertion), and at the first ``clip_and_accumulate`` of each
+    logical step one row per joining canary is appended to every parameter's per-example
+    gradients ``p.grad_sample`` (to its last tensor when it is a list, so that
+    ``accumulated_iterations`` and ``_get_flat_grad_sample``'s concatenation keep their meaning):
+    the row is ``norm_multiplier * max_grad_norm * c_j`` cut into the parameters' shapes, so
+    Opacus' own per-sample norm, clip factor ``min(1, C / (norm + 1e-6))``, summation, noise and
+    scaling act on it, and with correct clipping the canary adds ``max_grad_norm * c_j`` (times
+    ``1 - 1e-6 / (norm_multiplier C)``) to the summed gradient; clipping at 2C doubles it. The
+    rows are removed again right after the clipping (``p.grad_sample`` is restored, marked
+    processed as Opacus marks it), so the label attacks' step hooks see the real examples only.
+    ``BatchMemoryManager`` calls ``clip_and_accumulate`` once per physical batch: the rows go
+    into the first. Where the optimizer has no per-example gradients to extend (ghost clipping,
+    per-layer clipping, AdaClip: :func:`preclip_unsupported`) or ``before_clipping=False``, the
+    canaries go **after clipping**, as before: ``max_grad_norm * c_j`` added to ``p.summed_grad``
+    in ``add_noise``; ``insertion`` then says why.
+
+    Who joins a logical step. Without ``sampling``, each observed canary ``j < num_observed``
+    joins independently with probability ``q = min(1, sample_rate * accumulated_iterations)``,
+    the rate the accountant is charged for, drawn from ``numpy.random.default_rng([seed, 0xA7,
+    t])`` at step ``t``. With ``sampling`` (:class:`~audit_callbacks.canary_sampling.
+    LoaderCanarySampling`) the training loader's own Poisson sampler draws them, and the step
+    takes the draws of its ``accumulated_iterations`` batches (a canary drawn in two accumulated
+    batches enters twice, as a real example would). Participations are counted when the step is
+    released (``add_noise``).
 
     Data-parallel training (Opacus' ``DistributedDPOptimizer``, the optimizer ``make_private``
     returns for a ``DPDDP`` model): every rank makes the same draws and counts the same
-    participations, but only rank 0 adds the canaries, with weight ``max_grad_norm``, so that
-    after Opacus' all-reduce each canary has the weight of one real example's clipped gradient
-    in the global gradient (:func:`canary_placement`). ``sample_rate`` is then the rate of one
-    example in the *global* logical batch, which is the rate ``make_private`` charges the
-    accountant with (``1 / len(data_loader)`` of the distributed Poisson loader).
+    participations, but only rank 0 inserts the canaries, so that after Opacus' all-reduce each
+    canary has the weight of one real example's clipped gradient (:func:`canary_placement`).
+    ``sample_rate`` is then the rate of one example in the *global* logical batch.
 
     Observer (e.g. :meth:`audit_callbacks.steps_unknown.StepsUnknownScores.update`): called once
     per logical step as ``observer(noisy_sum, rate)``, where ``noisy_sum`` ``[d]`` is the
     concatenation of ``p.grad`` over ``optimizer.params`` (in order) right after Opacus' own
     ``add_noise``: the summed clipped gradients, canaries included, plus ``N(0, sigma^2 C^2)``
-    noise, before ``scale_grad`` divides it (whatever the wrapped optimizer: SGD, momentum,
-    Adam); ``rate`` is the step's ``q = min(1, sample_rate * accumulated_iterations)``. Under
-    data-parallel training each rank holds only its own share of the sum at that moment (rank 0:
-    its examples, the canaries and the noise; the others: their examples), so the observer is
-    called instead right after Opacus' ``reduce_gradients`` (wrapped on the instance while an
-    observer is set), with the all-reduced gradient multiplied back by what Opacus divided it by
+    noise, before ``scale_grad`` divides it; ``rate`` is the step's ``q = min(1, sample_rate *
+    accumulated_iterations)`` (the accountant's). Under data-parallel training the observer is
+    called right after Opacus' ``reduce_gradients`` (wrapped on the instance while an observer is
+    set), with the all-reduced gradient multiplied back by what Opacus divided it by
     (``expected_batch_size * accumulated_iterations * world_size`` for ``loss_reduction="mean"``,
-    1 for ``"sum"``): every rank then sees the same global noisy sum, bit for bit, and its
-    statistic is the same on every rank, with no communication beyond Opacus' own all-reduce
-    (the sum is exact up to the float32 rounding of that division and multiplication). With no
-    observer nothing is wrapped or computed beyond the canaries: training is bit-identical.
+    1 for ``"sum"``), so every rank sees the same global noisy sum. With no observer nothing is
+    wrapped or computed beyond the canaries.
 
     Args:
-        optimizer: the run's ``DPOptimizer``; its ``add_noise`` is wrapped on the instance.
+        optimizer: the run's ``DPOptimizer``; its ``add_noise`` (and ``clip_and_accumulate``)
+            are wrapped on the instance.
         canaries: the canary set, dimension = total number of the optimizer's parameters.
         num_observed: k, canaries ``0..k-1`` may join; the rest are never inserted.
-        sample_rate: Poisson sampling rate of one example per physical batch (global batch).
+        sample_rate: the accountant's Poisson rate of one example per physical batch (global
+            batch).
         seed: the seed of the join draws.
         world_size: the number of training processes (``trainer.world_size``).
         observer: ``observer(noisy_sum [d], rate)`` called once per logical step (see above),
             or None (default); :meth:`set_observer` changes it later.
+        norm_multiplier: a canary's norm before clipping in units of ``max_grad_norm``, >= 1
+            (``CanaryAuditConfig.canary_norm_multiplier``, default 10).
+        before_clipping: insert before clipping where the optimizer allows it (default True).
+        sampling: the loader's canary draws, or None (the audit draws at ``sample_rate``).
 
     Raises:
-        ValueError: the canary dimension does not match the parameters, a rate not in (0, 1].
+        ValueError: the canary dimension does not match the parameters, a rate not in (0, 1],
+            a ``norm_multiplier`` below 1 or not finite, a ``sampling`` over another k.
         RuntimeError: a data-parallel run the canaries cannot audit (:func:`canary_placement`).
     """
 
@@ -330,6 +392,8 @@ class GradientCanaryInjector:
         self, optimizer: DPOptimizer, canaries: CanarySet, num_observed: int, sample_rate: float,
         *, seed: int = 0, world_size: int = 1,
         observer: Callable[[torch.Tensor, float], None] | None = None,
+        norm_multiplier: float = 10.0, before_clipping: bool = True,
+        sampling: LoaderCanarySampling | None = None,
     ) -> None:
         if observer is not None and not callable(observer):
             raise ValueError(f"observer must be callable or None, got {type(observer).__name__}")
@@ -338,6 +402,11 @@ class GradientCanaryInjector:
             raise ValueError(f"canaries have dimension {canaries.dim}, the optimizer's parameters {dim}")
         if not 0 < sample_rate <= 1:
             raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate}")
+        if not (isinstance(norm_multiplier, (int, float)) and math.isfinite(norm_multiplier)
+                and norm_multiplier >= 1):
+            raise ValueError(f"norm_multiplier must be a finite number >= 1, got {norm_multiplier!r}")
+        if sampling is not None and sampling.num_canaries != int(num_observed):
+            raise ValueError(f"sampling draws {sampling.num_canaries} canaries, num_observed is {num_observed}")
         self.inserts, self.scale = canary_placement(optimizer, int(world_size))
         self.world_size = int(getattr(optimizer, "world_size", world_size))
         self.optimizer = optimizer
@@ -345,10 +414,25 @@ class GradientCanaryInjector:
         self.num_observed = int(num_observed)
         self.sample_rate = float(sample_rate)
         self.seed = int(seed)
+        self.norm_multiplier = float(norm_multiplier)
+        self.sampling = sampling
         self.steps = 0
         self.participations = np.zeros(self.num_observed, dtype=np.int64)
+        reason = "before_clipping=False" if not before_clipping else preclip_unsupported(optimizer)
+        self.before_clipping = reason is None
+        #: "before clipping", or "after clipping: <reason>"
+        self.insertion = "before clipping" if reason is None else f"after clipping: {reason}"
+        self._joined: np.ndarray | None = None  # the current logical step's canaries
+        self._rate = 0.0
+        self._placed = False  # the current step's rows are in (or there were none to put in)
+        # instance attributes (the class is untouched); an instance's own are put back at detach
+        self._own = {name: optimizer.__dict__.get(name) for name in ("add_noise", "clip_and_accumulate")}
         self._original = optimizer.add_noise
-        optimizer.add_noise = self._add_noise  # instance attribute: the class is untouched
+        optimizer.add_noise = self._add_noise
+        self._clip_original: Callable[[], None] | None = None
+        if self.before_clipping:
+            self._clip_original = optimizer.clip_and_accumulate
+            optimizer.clip_and_accumulate = self._clip_and_accumulate
         self._distributed = isinstance(optimizer, _supported_distributed())
         self.observer: Callable[[torch.Tensor, float], None] | None = None
         self._reduce_original: Callable[[], None] | None = None
@@ -385,26 +469,104 @@ class GradientCanaryInjector:
             self.observer(total, rate)
 
     def joined(self, step: int, rate: float) -> np.ndarray:
-        """Indices of the canaries that join logical step ``step`` at rate ``rate``."""
+        """Indices of the canaries the audit draws into logical step ``step`` at rate ``rate``
+        (without ``sampling``)."""
         draws = np.random.default_rng([self.seed, 0xA7, int(step)]).random(self.num_observed)
         return np.flatnonzero(draws < rate)
 
+    def _begin_step(self) -> None:
+        """Draw the current logical step's canaries, once (first clipping, else add_noise)."""
+        if self._joined is not None:
+            return
+        try:
+            batches = max(1, int(self.optimizer.accumulated_iterations))
+        except (AttributeError, TypeError, ValueError):  # no per-example gradients to count
+            batches = 1
+        self._rate = min(1.0, self.sample_rate * batches)
+        if self.sampling is not None:
+            self._joined = self.sampling.take(batches, self.steps)
+        else:
+            self._joined = self.joined(self.steps, self._rate)
+        self._placed = not (self.inserts and self._joined.size)
+
+    def _clip_and_accumulate(self) -> None:
+        assert self._clip_original is not None
+        self._begin_step()
+        if self._placed or not self.before_clipping:
+            self._clip_original()
+            return
+        saved = self._append_rows(self._joined)
+        if saved is None:  # Opacus raises its own error, or the step falls back (insertion says why)
+            self._clip_original()
+            return
+        self._placed = True
+        try:
+            self._clip_original()
+        finally:
+            for p, original in saved:
+                processed = any(hasattr(t, "_processed") for t in (_tensors(p.grad_sample) or []))
+                p.grad_sample = original
+                if processed:  # as Opacus marks what it clipped: zero_grad must come first
+                    _mark_as_processed(original)
+
+    def _append_rows(self, joined: np.ndarray) -> list[tuple[torch.Tensor, Any]] | None:
+        """Append ``norm_multiplier * max_grad_norm * scale * c_j`` for j in ``joined`` as rows of
+        every ``p.grad_sample``; returns ``[(p, its original grad_sample)]``, or None when they
+        cannot take rows: a missing or already clipped ``grad_sample`` (Opacus' own check then
+        raises), or an unexpected layout (the insertion falls back to after clipping)."""
+        opt = self.optimizer
+        found = []
+        for p in opt.params:
+            gs = getattr(p, "grad_sample", None)
+            if gs is None:
+                return None
+            parts = _tensors(gs)
+            if parts is None or parts[-1].dim() != p.dim() + 1 or parts[-1].shape[1:] != p.shape:
+                self._fall_back(f"an unexpected p.grad_sample ({type(gs).__name__}) for a parameter of "
+                                f"shape {tuple(p.shape)}")
+                return None
+            if any(hasattr(t, "_processed") for t in parts):
+                return None
+            found.append((p, gs, parts))
+        last = found[0][2][-1]
+        rows = self.canaries.batch(joined.tolist(), device=last.device,
+                                   scale=self.norm_multiplier * float(opt.max_grad_norm) * self.scale)
+        saved, offset = [], 0
+        for p, gs, parts in found:
+            n = p.numel()
+            tail = parts[-1]
+            block = rows[:, offset:offset + n].reshape(len(joined), *p.shape).to(tail.device, tail.dtype)
+            offset += n
+            extended = torch.cat([tail, block], dim=0)
+            p.grad_sample = extended if isinstance(gs, torch.Tensor) else [*parts[:-1], extended]
+            saved.append((p, gs))
+        return saved
+
+    def _fall_back(self, reason: str) -> None:
+        """From now on insert after clipping (``insertion`` says why)."""
+        self.before_clipping = False
+        self.insertion = f"after clipping: {reason}"
+
     def _add_noise(self) -> None:
         opt = self.optimizer
-        rate = min(1.0, self.sample_rate * opt.accumulated_iterations)
-        idx = self.joined(self.steps, rate)
+        self._begin_step()
+        idx, rate = self._joined, self._rate
+        assert idx is not None
+        if not self._placed:  # after clipping: into the clipped sum
+            if self.before_clipping:  # clip_and_accumulate never ran for this step
+                self._fall_back("the optimizer took a step without calling clip_and_accumulate")
+            params = opt.params
+            device = params[0].summed_grad.device
+            total = self.canaries.sum(idx.tolist(), device=device).mul_(float(opt.max_grad_norm) * self.scale)
+            offset = 0
+            for p in params:
+                n = p.numel()
+                p.summed_grad.add_(total[offset:offset + n].view_as(p.summed_grad).to(p.summed_grad.dtype))
+                offset += n
         if idx.size:
-            if self.inserts:
-                params = opt.params
-                device = params[0].summed_grad.device
-                total = self.canaries.sum(idx.tolist(), device=device).mul_(float(opt.max_grad_norm) * self.scale)
-                offset = 0
-                for p in params:
-                    n = p.numel()
-                    p.summed_grad.add_(total[offset:offset + n].view_as(p.summed_grad).to(p.summed_grad.dtype))
-                    offset += n
             np.add.at(self.participations, idx, 1)
         self.steps += 1
+        self._joined, self._placed = None, False
         if self.observer is not None and self._reduce_original is not None:
             # data-parallel: observed after Opacus' all-reduce, multiplied back to the sum
             factor = 1.0
@@ -416,7 +578,14 @@ class GradientCanaryInjector:
             self.observer(self._noisy_sum(), rate)  # one process: p.grad is the whole noisy sum
 
     def detach(self) -> None:
-        """Restore the optimizer's own ``add_noise``."""
-        if self.optimizer.__dict__.get("add_noise") == self._add_noise:
-            del self.optimizer.add_noise
+        """Restore the optimizer's own ``add_noise`` and ``clip_and_accumulate`` (the loader's
+        sampler is the owner's of ``sampling`` to restore)."""
+        opt = self.optimizer
+        for name, mine in (("add_noise", self._add_noise), ("clip_and_accumulate", self._clip_and_accumulate)):
+            if opt.__dict__.get(name) == mine:  # else someone wrapped it since: leave theirs
+                if self._own[name] is None:
+                    del opt.__dict__[name]
+                else:
+                    opt.__dict__[name] = self._own[name]
+        self._joined, self._placed = None, False
         self.set_observer(None)

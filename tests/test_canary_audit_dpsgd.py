@@ -44,7 +44,7 @@ def _private(model, x, y, batch_size, noise=0.0, clip=1.0, poisson=False):
     return engine, model, opt, loader
 
 
-def test_canaries_are_added_to_the_clipped_sum_before_noise():
+def test_canaries_reach_the_clipped_sum_as_clipped_examples_before_noise():
     torch.manual_seed(0)
     x, y = load_breast_cancer_tensors()
     x, y = x[:16], y[:16].float()
@@ -148,6 +148,15 @@ def test_lightning_make_private_tags_accountant_and_join_rate(tmp_path):
         assert all(math.isfinite(e.value) for e in acc.Scalars(tag)), tag
     summary = json.load(open(audit.summary_path))
     assert summary["inputs"]["training"] == "Opacus DP-SGD"
+    # the canaries enter before clipping; the DPDataLoader's own sampler draws them from the
+    # second epoch on (the first epoch's iterator was made in configure_optimizers, before the
+    # audit attached: its batches' canary draws were made by the audit at the sampler's rate)
+    assert summary["inputs"]["canary_insertion"] == "before clipping"
+    assert summary["inputs"]["canary_sampling"] == "training loader (Opacus UniformWithReplacementSampler)"
+    per_epoch = steps // 3
+    assert summary["inputs"]["canary_draws_by_audit"] == per_epoch
+    assert summary["inputs"]["loader_batches_drawn"] == steps - per_epoch
+    assert type(trainer.train_dataloader.batch_sampler).__name__ == "UniformWithReplacementSampler"  # restored
     assert summary["inputs"]["steps"] == steps and summary["inputs"]["accountant"] == "RDPAccountant"
     assert summary["epsilon_analytic_rdp"] == pytest.approx(eps)
     for est in report.estimates.values():

@@ -184,6 +184,10 @@ def test_ddp_summary_is_written_once_by_rank_zero(runs: dict[str, Any]) -> None:
     summary = json.loads(summaries[0].read_text())
     assert summary["inputs"]["steps"] == 18
     assert summary["inputs"]["sample_rate"] == pytest.approx(1 / 9)
+    # rank 0 put the canaries among its per-example gradients, before Opacus' clipping; the
+    # custom shared sampler is not Opacus' Poisson one, so the audit drew them (the same on every rank)
+    assert summary["inputs"]["canary_insertion"] == "before clipping"
+    assert summary["inputs"]["canary_sampling"].startswith("drawn by the audit at the accountant's rate: data-parallel")
     assert summary["epsilon_analytic"] == pytest.approx(runs["single"]["accountant_epsilon"])
     est = summary["estimates"]["epsilon_final_model"]
     assert est["status"] == "ok" and est["value"] == pytest.approx(r0["estimates"]["epsilon_final_model"]["value"])

@@ -241,9 +241,9 @@ def test_cohort_without_a_real_client(tmp_path, caplog):
 
 
 def test_client_side_clipping_and_unequal_weights(tmp_path, caplog):
-    """Client-side fixed clipping: the clients clip with Flower's ``fixedclipping_mod``; the
-    canaries (norm C) need none. With z = 0 every released delta is an average of updates of
-    norm <= C, so its norm is <= C (the clients' raw updates have norm ~40)."""
+    """Client-side fixed clipping: the clients clip with Flower's ``fixedclipping_mod``, and so
+    do the canaries (norm 10 C before it). With z = 0 every released delta is an average of
+    updates of norm <= C, so its norm is <= C (the clients' raw updates have norm ~40)."""
     from flwr.app import Message
     from flwr.clientapp.mod import fixedclipping_mod
 

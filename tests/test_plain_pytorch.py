@@ -97,10 +97,16 @@ def test_api_report_write_state_and_detach(tmp_path):
     assert any(f.startswith("events") for f in os.listdir(tmp_path / "tb"))  # every_n_steps
 
     # resume: a new optimizer and accountant go on from the state, history included
+    inputs = json.load(open(path))["inputs"]  # the loader's own Poisson sampler drew the canaries
+    assert inputs["canary_insertion"] == "before clipping"
+    assert inputs["canary_sampling"] == "training loader (Opacus UniformWithReplacementSampler)"
+    assert inputs["loader_batches_drawn"] == steps and inputs["canary_draws_by_audit"] == 0
     state = audit.state_dict()
     audit.detach()
     audit.detach()  # idempotent
-    assert "add_noise" not in opt.__dict__
+    assert "add_noise" not in opt.__dict__ and "clip_and_accumulate" not in opt.__dict__
+    assert type(loader.batch_sampler).__name__ == "UniformWithReplacementSampler"
+    assert loader.batch_sampler.num_samples == 256
     model2, opt2, loader2, engine2 = _loop()
     model2.load_state_dict(model.state_dict())
     resumed = OpacusCanaryAudit(opt2, data_loader=loader2, num_canaries=50, bootstrap=0)

@@ -191,6 +191,11 @@ class CanaryAuditor:
         if report.epsilon_analytic == math.inf:
             self.warn("nonoise", f"{self.name}: no DP noise (noise_multiplier = 0): the analytic "
                       "epsilon is infinite")
+        reason = self.backend.estimate_flag()
+        if reason:  # the training broke an assumption of the analysis: every estimate says so
+            report = replace(report, estimates={
+                n: replace(e, status=f"flagged: {reason}") if e.status == "ok" else e
+                for n, e in report.estimates.items()})
         self.last_report = report
         return report
 
@@ -410,9 +415,10 @@ class CanaryAuditor:
             "rounds_skipped_non_finite": self.stats.rounds_skipped,
             **self.backend.summary_inputs(),
         }
-        return summary_json(report or self.last_report, stale=stale, skip_reason=self.skip_reason,
-                            inputs=inputs, gradients=self.backend.sign < 0, callback=self.name,
-                            status=status)
+        return {**summary_json(report or self.last_report, stale=stale, skip_reason=self.skip_reason,
+                               inputs=inputs, gradients=self.backend.sign < 0, callback=self.name,
+                               status=status),
+                **self.backend.summary_status()}
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from audit_callbacks.outputs import fresh_version_dir
+from audit_callbacks.outputs import check_writable, fresh_version_dir
 
 __all__ = ["WriterSink", "clean_scalars"]
 
@@ -86,6 +86,10 @@ class WriterSink:
             self.writer.add_text(tag, value, step)
         self.writer.flush()
 
-    def layout(self, layout: dict[str, dict[str, list[Any]]]) -> None:
+    def layout(self, layout: dict[str, dict[str, list[Any]]], summary_filename: str | None = None) -> None:
+        """Write the Custom Scalars ``layout``; with ``summary_filename``, first check that the
+        summary can be written into the run folder (ValueError now, not at the end)."""
+        if summary_filename is not None and self.run_dir is not None:
+            check_writable(self.run_dir, summary_filename)
         if self.writer is not None:
             self.writer.add_custom_scalars(layout)

@@ -91,6 +91,16 @@ class CanaryBackend:
         """The training's settings for the summary JSON."""
         raise NotImplementedError
 
+    def estimate_flag(self) -> str | None:
+        """Why every ``ok`` estimate must read ``flagged: <reason>`` (the training broke an
+        assumption of the analysis, e.g. Flower's unequal client weights), or None."""
+        return None
+
+    def summary_status(self) -> dict[str, str]:
+        """Summary entries that replace the auditor's (e.g. ``epsilon_analytic_status`` when
+        the analytic epsilon used an effective noise multiplier); none by default."""
+        return {}
+
     def detach(self) -> None:
         """Undo what was installed into the training (nothing by default)."""
 

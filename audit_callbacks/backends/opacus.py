@@ -1,9 +1,15 @@
 """Gradient canaries in Opacus DP-SGD (example-level canaries; the canary construction of Andrew
 et al., ICLR 2024, Alg. 2, with a canary in the place of a training example).
 
-Each canary joins every logical step with the sampling rate the accountant is charged for and
-adds ``max_grad_norm * c_j`` to the sum of clipped per-example gradients before the noise
-(:class:`~audit_callbacks.dpsgd.GradientCanaryInjector`). The model moves against gradients, so
+Each canary is an example whose per-example gradient is ``canary_norm_multiplier *
+max_grad_norm * c_j``, put among the real examples' before Opacus clips them, so that a correct
+clipping makes it ``max_grad_norm * c_j`` and a clipping bug shows
+(:class:`~audit_callbacks.dpsgd.GradientCanaryInjector`; after clipping, with the reason in the
+summary's ``canary_insertion``, where the optimizer keeps no per-example gradients). Which
+canaries join a step is drawn by the training loader's own Poisson sampler where it is Opacus'
+``UniformWithReplacementSampler`` (:mod:`audit_callbacks.canary_sampling`), so a loader that
+samples more often than the accountant is told shows too; else by the audit at the rate the
+accountant is charged (``canary_sampling`` says why). The model moves against gradients, so
 the statistics are ``cos(c_j, theta_0 - theta_t)`` and ``max_t cos(c_j, theta_{t-1} - theta_t)``.
 The analytic epsilon is the run's own Opacus accountant's, with Opacus' RDP and PRV epsilons
 of the same history beside it.
@@ -18,6 +24,7 @@ from typing import Any
 import torch
 
 from audit_callbacks.backends.base import CanaryBackend, num_batches, num_examples
+from audit_callbacks.canary_sampling import LoaderCanarySampling, find_poisson_sampler
 from audit_callbacks.dpsgd import (
     GradientCanaryInjector,
     accountant_epsilon,
@@ -44,9 +51,12 @@ class OpacusBackend(CanaryBackend):
             ``optimizers``, ``train_dataloader`` (or None) and ``world_size`` will do
             (:class:`~audit_callbacks.opacus_audit.OpacusCanaryAudit` passes one).
         warn: ``warn(key, message)``, once per key.
-        sample_rate: the canaries' rate per logical step (None: the rate the accountant is
-            charged, else ``1 / num_batches``).
+        sample_rate: the canaries' rate per logical step (None: the training loader's own
+            Poisson sampler draws them where it is Opacus', else the rate the accountant is
+            charged, else ``1 / num_batches``; given: the audit draws at this rate).
         seed: the seed of the canaries' join draws.
+        norm_multiplier: a canary's norm before clipping in units of ``max_grad_norm`` (None:
+            the auditor's ``config.canary_norm_multiplier``).
 
     Raises:
         TypeError: no ``DPOptimizer`` among ``optimizers``.
@@ -61,7 +71,7 @@ class OpacusBackend(CanaryBackend):
 
     def __init__(
         self, trainer: Any, warn: Callable[[str, str], None], *, sample_rate: float | None = None,
-        seed: int = 0, module: Any = None,
+        seed: int = 0, module: Any = None, norm_multiplier: float | None = None,
     ) -> None:
         opt = _dp_optimizer(trainer)
         super().__init__(int(sum(p.numel() for p in opt.params)), num_examples(trainer))
@@ -70,10 +80,16 @@ class OpacusBackend(CanaryBackend):
         self.warn = warn
         self.sample_rate = sample_rate
         self.seed = int(seed)
+        self.norm_multiplier = norm_multiplier
         self._trainer = trainer
         self.injector: GradientCanaryInjector | None = None
+        self.sampling: LoaderCanarySampling | None = None  # the loader's draws, where it can
+        self.sampling_reason = "not attached yet"
+        self._sampling_settled = False
+        self._insertion_warned: str | None = None
         self.accountant: Any = None
         self._history: list[tuple[float, float, int]] = []  # carried into a new accountant
+        self._sampling_state: dict[str, Any] | None = None
 
     def attach(self, auditor: Any) -> None:
         super().attach(auditor)
@@ -102,6 +118,7 @@ class OpacusBackend(CanaryBackend):
             RuntimeError: several processes with a non-distributed ``DPOptimizer``.
         """
         assert self.auditor is not None
+        self._trainer = trainer
         opt = _dp_optimizer(trainer)
         dim = int(sum(p.numel() for p in opt.params))
         if dim != self.dim:
@@ -128,9 +145,16 @@ class OpacusBackend(CanaryBackend):
             self.injector.detach()
         if self.accountant is not None and accountant is not self.accountant:
             self._history = [tuple(h) for h in self.accountant.history]
+        world_size = int(getattr(trainer, "world_size", 1))
+        self._bind_sampling(trainer, world_size)
+        multiplier = self.norm_multiplier
+        if multiplier is None:
+            config = getattr(self.auditor, "config", None)
+            multiplier = float(getattr(config, "canary_norm_multiplier", 10.0))
         self.injector = GradientCanaryInjector(opt, self.auditor.canaries, self.auditor.num_canaries,
-                                               rate, seed=self.seed,
-                                               world_size=int(getattr(trainer, "world_size", 1)))
+                                               rate, seed=self.seed, world_size=world_size,
+                                               norm_multiplier=multiplier, sampling=self.sampling)
+        self._warn_insertion()
         # one array: the injector counts a canary's participation when the noise is added (the
         # step's release)
         self.injector.participations = self.auditor.participations
@@ -141,6 +165,60 @@ class OpacusBackend(CanaryBackend):
         self._carry_history()
         self._theta_prev = self.flat_parameters()
         self._steps_seen = steps
+
+    def _bind_sampling(self, trainer: Any, world_size: int) -> None:
+        """Let the training loader's Poisson sampler draw the canaries where it can (a sampler
+        already hosting them, a repeated fit over the same loader, keeps its queue)."""
+        sampler, reason = None, ""
+        if self.sample_rate is not None:
+            reason = f"CanaryAudit(sample_rate={self.sample_rate:g}) was given"
+        elif world_size > 1:
+            reason = "data-parallel training (the same draws on every rank)"
+        else:
+            current = self.sampling
+            loader = getattr(trainer, "train_dataloader", None)
+            inner = getattr(getattr(loader, "batch_sampler", None), "sampler", None)
+            for candidate in (getattr(loader, "batch_sampler", None), inner):
+                if current is not None and current.attached and candidate is current.sampler:
+                    self.sampling_reason = ""
+                    return  # the same sampler: it goes on
+            sampler, reason = find_poisson_sampler(loader)
+        if self.sampling is not None:
+            self.sampling.detach()
+            self.sampling = None
+        if sampler is not None:
+            assert self.auditor is not None
+            self.sampling = LoaderCanarySampling(sampler, self.auditor.num_canaries, seed=self.seed)
+            if self._sampling_state is not None:
+                self.sampling.load_state_dict(self._sampling_state)
+        self.sampling_reason = reason
+        self._sampling_settled = False  # warned (or retried) at the first batch's end
+
+    def _settle_sampling(self) -> None:
+        """At the first batch's end: a loader Lightning created after ``on_fit_start`` is found
+        now (the draws of its current iteration are made by the audit at its rate, the next
+        iteration's by the loader); the reason of a fall-back is warned once."""
+        self._sampling_settled = True
+        if self.sampling is None and self.sampling_reason == "no training loader was found":
+            sampler, reason = find_poisson_sampler(getattr(self._trainer, "train_dataloader", None))
+            if sampler is not None:
+                assert self.auditor is not None
+                self.sampling = LoaderCanarySampling(sampler, self.auditor.num_canaries, seed=self.seed)
+                if self._sampling_state is not None:
+                    self.sampling.load_state_dict(self._sampling_state)
+                self.injector.sampling = self.sampling
+            self.sampling_reason = reason
+        if self.sampling is None:
+            self.warn("sampling", "CanaryAudit: canaries are drawn by the audit at the accountant's "
+                      f"rate, not by the training loader: {self.sampling_reason}")
+
+    def _warn_insertion(self) -> None:
+        """Warn once when the canaries enter after clipping (the reason, in the summary too)."""
+        insertion = self.injector.insertion
+        if insertion != "before clipping" and insertion != self._insertion_warned:
+            self._insertion_warned = insertion
+            self.warn("insertion", f"CanaryAudit: canaries enter the DP-SGD sum {insertion}, so a "
+                      "clipping bug does not show in the estimates")
 
     def _carry_history(self) -> None:
         """Put the history so far in front of the accountant's own, once."""
@@ -165,9 +243,12 @@ class OpacusBackend(CanaryBackend):
         """After an optimizer call: release the parameter delta if a logical step was taken
         (gradient accumulation and ``BatchMemoryManager`` take none on most batches)."""
         assert self.auditor is not None
+        if not self._sampling_settled:
+            self._settle_sampling()
         steps = self.injector.steps
         if steps == self._steps_seen:
             return
+        self._warn_insertion()
         theta = self.flat_parameters()
         self.auditor.release(theta - self._theta_prev, what=f"step {steps}")
         self._theta_prev, self._steps_seen = theta, steps
@@ -205,7 +286,18 @@ class OpacusBackend(CanaryBackend):
 
     def summary_inputs(self) -> dict[str, Any]:
         opt = self.injector.optimizer
+        if self.sampling is not None:
+            sampling: dict[str, Any] = {
+                "canary_sampling": "training loader (Opacus UniformWithReplacementSampler)",
+                "loader_sample_rate": self.sampling.sample_rate,
+                "loader_batches_drawn": self.sampling.batches,
+                "canary_draws_by_audit": self.sampling.draws_by_audit}
+        else:
+            sampling = {"canary_sampling": f"drawn by the audit at the accountant's rate: {self.sampling_reason}"}
         return {
+            "canary_insertion": self.injector.insertion,
+            "canary_norm_multiplier": self.injector.norm_multiplier,
+            **sampling,
             "steps": self.injector.steps,
             "noise_multiplier": float(opt.noise_multiplier),
             "max_grad_norm": float(opt.max_grad_norm),
@@ -216,10 +308,14 @@ class OpacusBackend(CanaryBackend):
 
     def detach(self) -> None:
         self.injector.detach()
+        if self.sampling is not None:
+            self.sampling.detach()
+            self.sampling = None
 
     def state_dict(self) -> dict[str, Any]:
         history = [] if self.accountant is None else [list(h) for h in self.accountant.history]
-        return {"steps": int(self.injector.steps), "accountant_history": history,
+        sampling = None if self.sampling is None else self.sampling.state_dict()
+        return {"steps": int(self.injector.steps), "accountant_history": history, "sampling": sampling,
                 "steps_unknown": None if self.matched is None else self.matched.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -230,6 +326,9 @@ class OpacusBackend(CanaryBackend):
         if self.matched is not None and state.get("steps_unknown") is not None:
             self.matched.load_state_dict(state["steps_unknown"])
         self._history = [tuple(h) for h in state.get("accountant_history", [])]
+        self._sampling_state = state.get("sampling")
+        if self.sampling is not None and self._sampling_state is not None:
+            self.sampling.load_state_dict(self._sampling_state)
         self._carry_history()
         self._theta_prev = self.flat_parameters()
 

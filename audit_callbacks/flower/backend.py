@@ -7,6 +7,16 @@ min_train_nodes) nodes drawn uniformly without replacement, so each client joins
 probability q = m / (N + k). Set the DP wrapper's ``num_sampled_clients`` to that m (a warning
 says when it differs): its noise on the average is z C / num_sampled_clients.
 
+**Faults.** A round aggregating n' < m replies (a node died; m the DP wrapper's
+``num_sampled_clients``, for which its noise z C / m on the average was set) has the effective
+noise multiplier z n' / m; the analytic epsilon composes each canary's rounds at their
+effective z (Dong, Roth, Su 2022: mu = sqrt(sum_t z_t^-2)) and the summary's
+``epsilon_analytic_status`` names those rounds. A reply whose ``num-examples`` is NaN, inf or
+negative is dropped (logged; the round goes on with the others). Replies of unequal weights
+are flagged: every ``ok`` estimate's status becomes ``flagged: ...`` (DP-FedAvg's analysis
+assumes equal weights). Waiting for the real nodes ends after ``node_timeout`` seconds with a
+``TimeoutError``.
+
 **Bad input.** A reply that is not model weights (other keys, shapes or dtypes, NaN or inf)
 becomes an error reply (code :data:`BAD_REPLY_CODE`), i.e. one of the round's Flower
 ``failures``; a round with no valid real reply inserts no canary; a round the wrapped strategy
@@ -16,8 +26,11 @@ does not aggregate counts no participation and folds nothing. Every skip is logg
 Andrew et al., "One-shot Empirical Privacy Estimation for Federated Learning" (ICLR 2024),
 §3: the canary clients are virtual: the server creates their updates, sampled like real
 clients by the wrapped strategy (its grid lists real and canary nodes). A sampled canary
-client j replies with the model theta_{t-1} + C c_j, so its update C c_j enters the clipped
-sum before the server's noise. At each aggregated round the backend releases the model delta,
+client j replies with the model theta_{t-1} + M C c_j (M the config's
+``canary_norm_multiplier``, default 10), clipped by the same code as the real replies
+(:func:`~audit_callbacks.flower.replies.clipping_path`): correct clipping makes its update
+C c_j in the sum before the server's noise; a clipping at another norm shows in the
+estimates. At each aggregated round the backend releases the model delta,
 with the canaries that took part, to the :class:`~audit_callbacks.auditing.CanaryAuditor`.
 The sampling rule and what is observed are in ``docs/methods/flower.md``.
 """
@@ -39,6 +52,12 @@ from flwr.serverapp.exception import InconsistentMessageReplies
 from audit_callbacks.backends.base import CanaryBackend
 from audit_callbacks.estimators import gaussian_epsilon
 from audit_callbacks.flower.records import LOGGER, Layout
+from audit_callbacks.flower.replies import (
+    clip_canary_replies,
+    clip_update,
+    clipping_path,
+    reply_weight,
+)
 from audit_callbacks.known_rounds import GAUSSIAN_REASON, KnownRoundScores
 from audit_callbacks.validation import check_real
 
@@ -100,6 +119,8 @@ class FlowerBackend(CanaryBackend):
         noise_multiplier: z of the central Gaussian noise (0: none).
         clip_norm: C > 0.
         warn: ``warn(key, message)``, once per key.
+        node_timeout: seconds to wait for the strategy's ``min_available_nodes`` real nodes
+            before each round.
 
     Attributes:
         theta: the last released global model, flat ``[d]`` float32.
@@ -108,6 +129,13 @@ class FlowerBackend(CanaryBackend):
             restored ones).
         last_inserted: the canaries inserted in the last aggregated round.
         round_events: server round -> what the audit did with it.
+        short_rounds: round (a resumed run's after the restored ones) -> ``(replies,
+            num_sampled_clients)`` of the released rounds that aggregated fewer replies than
+            the DP wrapper's noise was set for.
+        weight_rounds: round (as ``short_rounds``) -> the largest real weight over the round's mean weight,
+            for rounds whose real replies reported unequal weights.
+        inverse_variance: ``[k]`` float64, sum over each canary's released rounds of
+            ``z_eff^-2`` (its GDP mu is the square root).
         wrapper_seconds: seconds spent in the wrapper (not in the wrapped strategy), per
             server round.
     """
@@ -117,7 +145,8 @@ class FlowerBackend(CanaryBackend):
     default_delta = 1e-6
 
     def __init__(self, strategy: Any, arrays: ArrayRecord, population: int, noise_multiplier: float,
-                 clip_norm: float, warn: Callable[[str, str], None]) -> None:
+                 clip_norm: float, warn: Callable[[str, str], None], *,
+                 node_timeout: float = 600.0) -> None:
         self.layout = Layout.of(arrays)
         super().__init__(self.layout.dim, int(population))
         self.strategy = strategy
@@ -137,6 +166,11 @@ class FlowerBackend(CanaryBackend):
         self._virtual: list[int] = []
         self._pending: dict[int, list[tuple[int, Message]]] = {}
         self._prev_arrays: ArrayRecord | None = None
+        self.node_timeout = float(node_timeout)
+        self.path, self.dp_wrapper, self.path_reason = clipping_path(strategy)
+        self.short_rounds: dict[int, tuple[int, int]] = {}
+        self.weight_rounds: dict[int, float] = {}
+        self.inverse_variance = np.zeros(0, dtype=np.float64)
 
     @staticmethod
     def noise_and_clip(strategy: Any, noise_multiplier: float | None, clip_norm: float | None
@@ -155,14 +189,36 @@ class FlowerBackend(CanaryBackend):
         return (check_real(z, "noise_multiplier", low=0.0),
                 check_real(c, "clip_norm", low=0.0, low_inclusive=False))
 
+    @classmethod
+    def connect(cls, strategy: Any, grid: Grid, arrays: ArrayRecord, noise_multiplier: float,
+                clip_norm: float, warn: Callable[[str, str], None], node_timeout: float = 600.0
+                ) -> FlowerBackend:
+        """The backend of a run's first round: waits (at most ``node_timeout`` seconds) for the
+        real nodes (:meth:`wait_for_nodes`), then counts them as the real population."""
+        population = cls.wait_for_nodes(strategy, grid, node_timeout)
+        return cls(strategy, arrays, population, noise_multiplier, clip_norm, warn,
+                   node_timeout=node_timeout)
+
     @staticmethod
-    def wait_for_nodes(strategy: Any, grid: Grid) -> int:
-        """Wait for the strategy's minimum of real nodes; returns how many are connected."""
+    def wait_for_nodes(strategy: Any, grid: Grid, timeout: float = 600.0) -> int:
+        """Wait for the strategy's ``min_available_nodes`` real nodes; returns how many are
+        connected.
+
+        Raises:
+            TimeoutError: fewer are connected after ``timeout`` seconds (e.g. the SuperLink
+                restarted and lost its nodes).
+        """
         need = int(find_attribute(strategy, "min_available_nodes") or 1)
+        end = time.monotonic() + timeout
         while len(real := list(grid.get_node_ids())) < need:
+            if (left := end - time.monotonic()) <= 0:
+                raise TimeoutError(
+                    f"CanaryStrategy: {len(real)} node(s) connected after waiting {timeout:g} s, "
+                    f"the wrapped strategy needs min_available_nodes={need}: are the SuperLink "
+                    "and the SuperNodes up? (raise node_timeout= to wait longer)")
             LOGGER.log(INFO, "CanaryStrategy: waiting for nodes: %d connected (minimum %d)",
                        len(real), need)
-            time.sleep(1)
+            time.sleep(min(1.0, left))
         return len(real)
 
     def attach(self, auditor: Any) -> None:
@@ -170,7 +226,10 @@ class FlowerBackend(CanaryBackend):
         super().attach(auditor)
         k, n_real = auditor.num_canaries, int(self.population or 0)
         self._virtual = [-(j + 1) for j in range(k)]
+        self.inverse_variance = np.zeros(k, dtype=np.float64)
         inputs: dict[str, Any] = {"clip_norm": self.clip_norm, "num_real_clients": n_real,
+                                  "canary_norm_multiplier": auditor.config.canary_norm_multiplier,
+                                  "canary_clipping": self.path_reason,
                                   "sampling": "the wrapped strategy's, over real and canary nodes",
                                   "strategy": repr(self.strategy)}
         fraction = find_attribute(self.strategy, "fraction_train")
@@ -185,6 +244,8 @@ class FlowerBackend(CanaryBackend):
                           f"z C {m}/{sampled}, not z C; set num_sampled_clients={m}")
             LOGGER.log(INFO, "CanaryStrategy: %d canary clients join %d real ones; cohort %d, "
                        "rate q = %.4f per round", k, n_real, m, m / (n_real + k))
+        if self.path == "audit":
+            LOGGER.log(INFO, "CanaryStrategy: %s", self.path_reason)
         self.inputs = inputs
         self.matched, self.matched_reason = self._known_rounds(auditor)
 
@@ -226,6 +287,8 @@ class FlowerBackend(CanaryBackend):
         self._prev_arrays = arrays
         if self.theta is None:
             self.theta = self.theta_prev
+        if server_round > 1:  # the first round waited in CanaryStrategy.configure_train
+            self.wait_for_nodes(self.strategy, grid, self.node_timeout)
         real, canary = [], []
         t_inner = time.perf_counter()
         messages = list(self.strategy.configure_train(server_round, arrays, config,
@@ -260,6 +323,8 @@ class FlowerBackend(CanaryBackend):
         if self.theta_prev is None:  # configure_train was not ours
             return (*self._inner_aggregate(server_round, replies), False)
         checked: list[Message] = []
+        key = find_attribute(self.strategy, "weighted_by_key") or "num-examples"
+        dropped = 0
         for msg in replies:
             why = None if msg.has_error() else self._reply_problem(msg)
             if why is not None:
@@ -267,9 +332,16 @@ class FlowerBackend(CanaryBackend):
                            "weights (%s); counted as a failure", server_round,
                            msg.metadata.src_node_id, why)
                 msg = Message(error=Error(code=BAD_REPLY_CODE, reason=why), metadata=msg.metadata)
+            elif not msg.has_error() and (bad := reply_weight(msg, key)[1]) is not None:
+                LOGGER.log(WARNING, "CanaryStrategy: round %d: the reply of node %s has %s; it "
+                           "is skipped (the round aggregates the others)", server_round,
+                           msg.metadata.src_node_id, bad)
+                dropped += 1
+                continue
             checked.append(msg)
         valid = [m for m in checked if not m.has_error()]
         failures = len(checked) - len(valid)
+        self._check_weights(self.offset + server_round, valid, key)
         inserted: list[int] = []
         if pending and not valid:
             self.round_events[server_round] = "no real reply: canaries not inserted"
@@ -277,8 +349,13 @@ class FlowerBackend(CanaryBackend):
                        "the %d sampled canary clients are not inserted", server_round, failures,
                        len(pending))
         elif pending:
-            checked.extend(self._canary_replies(pending, valid))
-            inserted = [j for j, _ in pending]
+            try:
+                checked.extend(self._canary_replies(pending, valid))
+                inserted = [j for j, _ in pending]
+            except ValueError as err:  # the clients' clipping mod refused the canaries
+                self.round_events[server_round] = f"canaries not inserted: {err}"
+                LOGGER.log(WARNING, "CanaryStrategy: round %d: %s; the canaries are not "
+                           "inserted", server_round, err)
         self.last_inserted = inserted
         sampled = find_attribute(self.strategy, "num_sampled_clients")
         if sampled is not None and valid and len(valid) + len(inserted) != int(sampled):
@@ -294,6 +371,8 @@ class FlowerBackend(CanaryBackend):
                        type(err).__name__, err)
             arrays, metrics = None, None
         self.rounds = self.offset + server_round
+        if dropped:
+            self.round_events[server_round] = f"{dropped} replies skipped: bad {key}"
         if arrays is None:
             self.round_events.setdefault(server_round, f"not aggregated ({failures} failures)")
             LOGGER.log(WARNING, "CanaryStrategy: round %d was not aggregated (%d failures); the "
@@ -306,6 +385,7 @@ class FlowerBackend(CanaryBackend):
             return arrays, metrics, False
         theta = self.layout.flatten(arrays)
         participants = np.asarray(inserted, dtype=np.int64)
+        self._effective_noise(self.offset + server_round, len(valid) + len(inserted), participants)
         self.auditor.release(theta - self.theta_prev, participants, what=f"round {server_round}")
         if self.matched is not None:
             self.matched.update(theta - self.theta_prev, participants)
@@ -313,6 +393,33 @@ class FlowerBackend(CanaryBackend):
         self.round_events.setdefault(server_round, f"folded ({len(inserted)} canaries, "
                                      f"{failures} failures)")
         return arrays, metrics, True
+
+    def _check_weights(self, server_round: int, valid: list[Message], key: str) -> None:
+        """Flag the round when its real replies report unequal weights ``key``."""
+        weights = [w for w in (reply_weight(m, key)[0] for m in valid) if w is not None]
+        if len(weights) > 1 and max(weights) > min(weights) * (1 + 1e-9):
+            self.weight_rounds[server_round] = max(weights) / float(np.mean(weights))
+            self.warn("weights", f"CanaryStrategy: the real clients report unequal {key!r} "
+                      f"(round {server_round}: the largest is {self.weight_rounds[server_round]:.3g}"
+                      "x the mean); DP-FedAvg's noise calibration and the canaries' analysis "
+                      "assume equal weights: the estimates are flagged (canaries get the mean weight)")
+
+    def _effective_noise(self, server_round: int, replies: int, participants: np.ndarray) -> None:
+        """Compose the round's effective noise multiplier z_eff = z min(replies, m) / m into
+        the participants' inverse variances (m: the DP wrapper's num_sampled_clients)."""
+        if self.noise_multiplier <= 0:
+            return
+        m = find_attribute(self.strategy, "num_sampled_clients")
+        z_eff = self.noise_multiplier
+        if m is not None and 0 < replies < int(m):
+            self.short_rounds[server_round] = (replies, int(m))
+            z_eff = self.noise_multiplier * replies / int(m)
+            self.warn(f"short:{server_round}", f"CanaryStrategy: round {server_round} aggregated "
+                      f"{replies} replies, the DP wrapper's noise is set for {m}: effective noise "
+                      f"multiplier {z_eff:.4g} (not {self.noise_multiplier:g}); the analytic "
+                      "epsilon uses it")
+        if participants.size:
+            np.add.at(self.inverse_variance, participants, z_eff ** -2)
 
     def _inner_aggregate(self, server_round: int, replies: list[Message]
                          ) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -324,21 +431,14 @@ class FlowerBackend(CanaryBackend):
             self._inner += time.perf_counter() - t
 
     def _canary_replies(self, pending: list[tuple[int, Message]], valid: list[Message]) -> list[Message]:
-        """Replies of the sampled canary clients: base + C c_j, with the real replies' record
-        names, the mean weight and the weighted mean metrics."""
+        """Replies of the sampled canary clients: base + M C c_j (clipped as the clipping path
+        says), with the real replies' record names, the mean weight and the weighted mean
+        metrics."""
         assert self.auditor is not None and self._prev_arrays is not None
         key = find_attribute(self.strategy, "weighted_by_key") or "num-examples"
         template = valid[0].content
-        weights = []
-        for msg in valid:
-            metrics = next(iter(msg.content.metric_records.values()), None)
-            w = None if metrics is None else metrics.get(key)
-            weights.append(float(w) if isinstance(w, (int, float)) else 1.0)
-        wts = np.asarray(weights, dtype=np.float64)
-        if wts.size > 1 and not np.allclose(wts, wts[0]):
-            self.warn("weights", f"CanaryStrategy: the real clients report unequal {key!r}; "
-                      "DP-FedAvg's noise calibration and the canaries' analysis assume equal "
-                      "weights (canaries get the mean weight)")
+        weights = [reply_weight(msg, key)[0] for msg in valid]
+        wts = np.asarray([1.0 if w is None else w for w in weights], dtype=np.float64)
         norm = wts / wts.sum() if wts.sum() > 0 else np.full(wts.size, 1.0 / wts.size)
         metric_records = {}
         for name in template.metric_records.keys():
@@ -358,7 +458,10 @@ class FlowerBackend(CanaryBackend):
                 else:
                     rec[mkey] = value
             metric_records[name] = rec
-        updates = self.auditor.canaries.batch([j for j, _ in pending], scale=self.clip_norm)
+        scale = float(self.auditor.config.canary_norm_multiplier) * self.clip_norm
+        updates = self.auditor.canaries.batch([j for j, _ in pending], scale=scale)
+        if self.path == "audit":  # nothing clips the real replies: Flower's clipping at C
+            updates = torch.from_numpy(clip_update(updates.numpy(), self.clip_norm))
         out = []
         records = self.layout.add_rows(self._prev_arrays, updates)
         for record, (_, instruction) in zip(records, pending, strict=True):
@@ -368,6 +471,9 @@ class FlowerBackend(CanaryBackend):
             for name, cfg in template.config_records.items():
                 content[name] = cfg
             out.append(Message(content, reply_to=instruction))
+        if self.path == "client":  # the clients' own clipping mod, at the norm they are told
+            out = clip_canary_replies([(r, i) for r, (_, i) in zip(out, pending, strict=True)],
+                                      self.dp_wrapper)
         return out
 
     def _reply_problem(self, msg: Message) -> str | None:
@@ -407,7 +513,31 @@ class FlowerBackend(CanaryBackend):
             return {"epsilon_analytic": math.inf}
         if max_part < 1:
             return {"epsilon_analytic": 0.0}
-        return {"epsilon_analytic": gaussian_epsilon(self.noise_multiplier, delta, compositions=max_part)}
+        if not self.short_rounds:
+            return {"epsilon_analytic": gaussian_epsilon(self.noise_multiplier, delta, compositions=max_part)}
+        mu = math.sqrt(float(self.inverse_variance.max()))  # each canary's rounds at their z_eff
+        return {"epsilon_analytic": gaussian_epsilon(1.0, delta, sensitivity=mu)}
+
+    def estimate_flag(self) -> str | None:
+        """Why every estimate is flagged (unequal client weights), or None."""
+        if not self.weight_rounds:
+            return None
+        worst = max(self.weight_rounds, key=self.weight_rounds.__getitem__)
+        return (f"unequal client weights in rounds {_rounds(self.weight_rounds)} (largest "
+                f"{self.weight_rounds[worst]:.3g}x the round's mean, round {worst}); DP-FedAvg "
+                "and the canaries' analysis assume equal weights")
+
+    def summary_status(self) -> dict[str, str]:
+        """The summary's ``epsilon_analytic_status`` when rounds aggregated fewer replies than
+        the noise was set for (else nothing)."""
+        if not self.short_rounds:
+            return {}
+        worst = min(r / m for r, m in self.short_rounds.values())
+        return {"epsilon_analytic_status": (
+            f"ok: effective noise multiplier in rounds {_rounds(self.short_rounds)}, which "
+            "aggregated fewer replies than the DP wrapper's num_sampled_clients (z_eff = z "
+            f"replies / num_sampled_clients, down to {self.noise_multiplier * worst:.4g}); each "
+            "canary's rounds composed at their z_eff")}
 
     def last_iterate(self, delta: float) -> float | None:
         """The last-iterate heuristic of the observed canaries (known-rounds shifts)."""
@@ -419,12 +549,19 @@ class FlowerBackend(CanaryBackend):
 
     def summary_inputs(self) -> dict[str, Any]:
         return {"rounds": self.rounds, "noise_multiplier": self.noise_multiplier, **self.inputs,
-                "round_events": {str(k): v for k, v in self.round_events.items()}}
+                "round_events": {str(k): v for k, v in self.round_events.items()},
+                "short_rounds": {str(k): {"replies": r, "num_sampled_clients": m,
+                                          "noise_multiplier_effective": self.noise_multiplier * r / m}
+                                 for k, (r, m) in self.short_rounds.items()},
+                "unequal_weight_rounds": {str(k): v for k, v in self.weight_rounds.items()}}
 
     def state_dict(self) -> dict[str, Any]:
         return {"rounds": self.rounds, "theta": None if self.theta is None else self.theta.clone(),
                 "layout": [list(e) for e in self.layout.entries],
                 "round_events": dict(self.round_events),
+                "short_rounds": {k: list(v) for k, v in self.short_rounds.items()},
+                "weight_rounds": dict(self.weight_rounds),
+                "inverse_variance": self.inverse_variance.tolist(),
                 "known_rounds": None if self.matched is None else self.matched.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -442,5 +579,24 @@ class FlowerBackend(CanaryBackend):
         self.rounds = self.offset = int(state["rounds"])
         self.theta = None if theta is None else torch.as_tensor(theta, dtype=torch.float32).clone()
         self.round_events = {int(k): v for k, v in state.get("round_events", {}).items()}
+        self.short_rounds = {int(k): (int(v[0]), int(v[1]))
+                             for k, v in state.get("short_rounds", {}).items()}
+        self.weight_rounds = {int(k): float(v) for k, v in state.get("weight_rounds", {}).items()}
+        inv = state.get("inverse_variance")
+        if inv is None and self.auditor is not None and self.noise_multiplier > 0:
+            # a state from before effective noise was kept: every restored round at z
+            inv = self.auditor.participations / self.noise_multiplier ** 2
+        if inv is not None:
+            inv = np.asarray(inv, dtype=np.float64)
+            if inv.shape != self.inverse_variance.shape:
+                raise ValueError(f"checkpointed inverse_variance covers {inv.size} canaries, "
+                                 f"this run has {self.inverse_variance.size}")
+            self.inverse_variance = inv.copy()
         if self.matched is not None and state.get("known_rounds") is not None:
             self.matched.load_state_dict(state["known_rounds"])
+
+
+def _rounds(rounds: dict[int, Any]) -> str:
+    """Server rounds as the summary names them: ``[3, 4, 5]`` (the first 20, then a count)."""
+    keys = sorted(rounds)
+    return str(keys) if len(keys) <= 20 else f"{keys[:20]} and {len(keys) - 20} more"

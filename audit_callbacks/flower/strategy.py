@@ -17,7 +17,7 @@ from audit_callbacks.auditing.frontend import AuditFrontEnd
 from audit_callbacks.auditing.sinks import WriterSink
 from audit_callbacks.flower.backend import FlowerBackend
 from audit_callbacks.flower.records import LOGGER, flower_versions, numeric_metrics
-from audit_callbacks.validation import check_count, check_flag, check_optional_count
+from audit_callbacks.validation import check_count, check_flag, check_optional_count, check_real
 
 __all__ = ["CanaryStrategy"]
 
@@ -40,6 +40,7 @@ class CanaryStrategy(AuditFrontEnd, Strategy):
         every_n_rounds: estimate and log every n rounds (and at the end).
         log_dir: events and summary go to a fresh ``log_dir/version_N`` (None: neither).
         summary_filename, log_histograms: the summary JSON's name; the cosine histograms.
+        node_timeout: seconds to wait for the real nodes before a round (then TimeoutError).
     Raises:
         ValueError: a bad argument (naming it), or no clip norm / noise multiplier found.
     """
@@ -51,7 +52,7 @@ class CanaryStrategy(AuditFrontEnd, Strategy):
                  clip_norm: float | None = None, num_rounds: int | None = None,
                  every_n_rounds: int = 1, log_dir: str | None = "runs/flower_canary_audit",
                  summary_filename: str = "audit_summary.json", log_histograms: bool = True,
-                 **config: Any) -> None:
+                 node_timeout: float = 600.0, **config: Any) -> None:
         super().__init__()  # the front end's, then Flower's Strategy's
         self.noise_multiplier, self.clip_norm = FlowerBackend.noise_and_clip(
             strategy, noise_multiplier, clip_norm)
@@ -59,9 +60,9 @@ class CanaryStrategy(AuditFrontEnd, Strategy):
         self.strategy = strategy
         self.num_rounds = check_optional_count(num_rounds, "num_rounds", minimum=1)
         self.every_n_rounds = check_count(every_n_rounds, "every_n_rounds", minimum=1)
-        self.log_dir, self.summary_filename = log_dir, summary_filename
         self.log_histograms = check_flag(log_histograms, "log_histograms")
-        self.sink = WriterSink(log_dir=log_dir, versioned=True)  # log_dir/version_N, at first use
+        self.node_timeout = check_real(node_timeout, "node_timeout", low=0.0, low_inclusive=False)
+        self.summary_filename, self.sink = summary_filename, WriterSink(log_dir=log_dir, versioned=True)
         self._offset, self._finished_at = 0, -1  # rounds of a restored state; the end's round
 
     def _emit(self, message: str) -> None:
@@ -71,11 +72,10 @@ class CanaryStrategy(AuditFrontEnd, Strategy):
                         grid: Grid) -> Iterable[Message]:
         """At the first round, make the canaries; then sample real and canary nodes."""
         if self.auditor is None:
-            n_real = FlowerBackend.wait_for_nodes(self.strategy, grid)
-            self._open(FlowerBackend(self.strategy, arrays, n_real, self.noise_multiplier,
-                                     self.clip_norm, self._warn))
+            self._open(FlowerBackend.connect(self.strategy, grid, arrays, self.noise_multiplier,
+                                             self.clip_norm, self._warn, self.node_timeout))
             self.auditor.start(self.auditor.backend.layout.flatten(arrays))
-            self.sink.layout(self.auditor.layout())
+            self.sink.layout(self.auditor.layout(), self.summary_filename)  # checks it is writable
         self._open(None)  # a state loaded since
         return self.auditor.backend.configure_train(server_round, arrays, config, grid)
 

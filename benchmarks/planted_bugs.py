@@ -1,0 +1,128 @@
+"""Can the audit say no? Planted implementation bugs against correct runs, 20 seeds each.
+
+Each case is one small training run with ``CanaryAudit`` (or ``OpacusCanaryAudit`` /
+``CanaryStrategy``) attached, once correct and once with a bug the accountant does not know
+about (issue 25):
+
+* ``opacus_clip_2c``: per-example gradients clipped at 2C, noise and accountant at C;
+* ``opacus_noise_half``: noise at sigma / 2, accountant at sigma;
+* ``opacus_sampling_2q``: the training loader samples at 2q, ``make_private`` was told q;
+* ``fedavg_clip_2c``: DP-FedAvg clips client updates at 2C, noise at z C;
+* ``flower_clip_2c``: a Flower server-side DP wrapper clips at 2C and adds noise for C;
+
+and ``*_correct`` the same set-ups without the bug. A run is *flagged* when the verdict of any
+threat model is ``suspicious`` (the estimate's 95% interval lies above the claimed, analytic,
+epsilon) or ``violation`` (the valid 95% lower bound exceeds it); see
+``docs/methods/verdicts.md``. Target (issue 25): every bug flagged in >= 95% of its seeds,
+correct runs in <= 5%. Rates carry exact (Clopper-Pearson) 95% intervals. A false-alarm rate
+near 5% cannot be told from 10% with 20 runs (a calibrated 95% interval lies wholly above a
+correct claim 2.5% of the time, and then 2 or more of 20 runs are flagged with probability
+0.09), so the correct set-ups run ``--correct-seeds`` (default 60) seeds; the rate over their
+first 20 is reported beside it (``first_20``).
+
+The cases live in ``planted_opacus.py``, ``planted_fedavg.py`` and ``planted_flower.py``
+(``CASES: name -> run(seed) -> dict``). Writes ``results/planted_bugs.json``.
+
+    python benchmarks/planted_bugs.py                 # 20 seeds per bug, 60 per correct set-up
+    python benchmarks/planted_bugs.py --seeds 2 --cases opacus_correct opacus_clip_2c
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from scipy.stats import binomtest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _common import git_state, machine_info, write_json  # noqa: E402
+
+FLAGS = ("suspicious", "violation")
+
+
+def all_cases() -> dict[str, Any]:
+    """Every case of the three set-ups, by name."""
+    import planted_fedavg
+    import planted_flower
+    import planted_opacus
+
+    return {**planted_opacus.CASES, **planted_fedavg.CASES, **planted_flower.CASES}
+
+
+def rate(count: int, n: int) -> dict[str, float]:
+    """``count / n`` with its exact (Clopper-Pearson) 95% interval."""
+    ci = binomtest(count, n).proportion_ci(0.95, method="exact")
+    return {"count": count, "n": n, "rate": count / n, "lower": float(ci.low), "upper": float(ci.high)}
+
+
+def summarise(name: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Rates of ``suspicious``, ``violation`` and flagged (either) over the runs of one case."""
+    n = len(runs)
+    words = [list(r["verdicts"].values()) for r in runs]
+    planted = not name.endswith("_correct")
+    flagged = sum(any(w in FLAGS for w in ws) for ws in words)
+    out = {
+        "planted_bug": planted,
+        "suspicious": rate(sum("suspicious" in ws for ws in words), n),
+        "violation": rate(sum("violation" in ws for ws in words), n),
+        "flagged": rate(flagged, n),
+        "target": ">= 0.95 flagged" if planted else "<= 0.05 flagged",
+    }
+    out["meets_target"] = (flagged / n >= 0.95) if planted else (flagged / n <= 0.05)
+    if not planted and n > 20:
+        out["first_20"] = summarise(name, runs[:20])["flagged"]
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=20, help="seeds per planted bug (default 20)")
+    parser.add_argument("--correct-seeds", type=int, default=60,
+                        help="seeds per correct set-up (default 60)")
+    parser.add_argument("--cases", nargs="*", default=None, help="a subset of the cases")
+    parser.add_argument("--output", default="planted_bugs.json", help="results file name")
+    args = parser.parse_args(argv)
+    if args.seeds < 1 or args.correct_seeds < 1:
+        parser.error("--seeds and --correct-seeds must be >= 1")
+    cases = all_cases()
+    names = args.cases or list(cases)
+    unknown = sorted(set(names) - set(cases))
+    if unknown:
+        parser.error(f"unknown cases {unknown}; known: {sorted(cases)}")
+
+    results: dict[str, Any] = {}
+    print(f"{'case':<22} {'n':>3} {'suspicious':>11} {'violation':>10} {'flagged':>8}  95% interval   target  s/run")
+    for name in names:
+        seeds = args.correct_seeds if name.endswith("_correct") else args.seeds
+        start = time.perf_counter()
+        runs = [cases[name](seed) for seed in range(seeds)]
+        seconds = (time.perf_counter() - start) / seeds
+        res = results[name] = {**summarise(name, runs), "seconds_per_run": seconds, "runs": runs}
+        f = res["flagged"]
+        print(f"{name:<22} {f['n']:>3} {res['suspicious']['rate']:>11.2f} {res['violation']['rate']:>10.2f} "
+              f"{f['rate']:>8.2f}  [{f['lower']:.2f}, {f['upper']:.2f}]  "
+              f"{'ok  ' if res['meets_target'] else 'MISS'}  {seconds:5.1f}")
+    payload = {
+        "benchmark": "planted_bugs",
+        "question": "does the audit flag planted clipping, noise and sampling bugs (issue 25)?",
+        "flagged_when": "any threat model's verdict is 'suspicious' or 'violation' "
+                        "(docs/methods/verdicts.md); the claim is the analytic epsilon",
+        "seeds_per_planted_bug": args.seeds,
+        "seeds_per_correct_setup": args.correct_seeds,
+        "cases": results,
+        "all_meet_target": all(r["meets_target"] for r in results.values()),
+        "machine": machine_info(),
+        "git": git_state(),
+    }
+    path = write_json(args.output, payload)
+    print(f"wrote {path}")
+    return payload
+
+
+if __name__ == "__main__":
+    main()

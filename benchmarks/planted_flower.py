@@ -1,0 +1,174 @@
+"""Flower cases of ``benchmarks/planted_bugs.py`` (issue 25, case e): a Flower server-side DP
+wrapper that clips at 2C and adds noise for C, against the same run with Flower's own wrapper.
+
+One case is one small Flower run, Flower's own ``Strategy.start`` loop (FedAvg sampling, the
+server-side fixed-clipping DP wrapper, FedAvg's aggregation) on the in-process grid
+(``audit_callbacks.flower.LocalGrid``), with ``CanaryStrategy`` outside the DP wrapper: 40 real
+clients, each a softmax regression on its shard of scikit-learn digits (d = 650, numpy local
+gradient steps), 400 Hadamard canary clients sampled with the real ones (cohort m = 20 of 440
+a round), z = 1, C = 1, 30 rounds, one estimate at the end (the summary's, with a
+100-resample bootstrap). A canary client's update is ``10 C c_j``
+(``canary_norm_multiplier``), clipped by the DP wrapper's own clipping with the real replies.
+The planted bug, :class:`ServerClip2C`, is a subclass of Flower's
+``DifferentialPrivacyServerSideFixedClipping`` whose clipping runs at 2C while its noise (and
+the clip norm it advertises, which ``CanaryStrategy`` reads) stays C: each canary's shift in
+the released model doubles, so the known-rounds estimate lands near the epsilon of noise
+multiplier z / 2, far above the analytic epsilon the run claims for z.
+
+``CASES[name](seed)`` runs one seed (the data split, the canaries, the cohorts and the DP noise
+all follow ``seed``: the noise through numpy's global generator, which Flower's wrapper draws
+from, seeded here on purpose, as a benchmark's reproducibility asks) and returns a JSON-able
+dict: the verdict word of each threat model (``audit_callbacks.auditing.html_report.verdict``
+on the run's summary), the analytic epsilon, every estimate with its interval, the valid lower
+bounds and the run's seconds.
+
+    PYTHONPATH=. python benchmarks/planted_flower.py --seeds 2     # a smoke run of both cases
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict  # noqa: E402
+from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg  # noqa: E402
+
+from audit_callbacks.auditing.html_report import verdict  # noqa: E402
+from audit_callbacks.flower import CanaryStrategy, LocalGrid  # noqa: E402
+
+__all__ = ["CASES", "ServerClip2C", "run"]
+
+ROUNDS, CLIENTS, PER_ROUND, CANARIES, Z, CLIP, DELTA = 30, 40, 20, 400, 1.0, 1.0, 1e-5
+LOCAL_STEPS, LR = 5, 0.5
+THREAT_MODELS = ("final_model", "all_iterates")
+ESTIMATES = ("epsilon_all_iterates", "epsilon_all_iterates_matched", "epsilon_all_iterates_max_cosine",
+             "epsilon_final_model")
+BOUNDS = ("epsilon_lower_bound_all_iterates", "epsilon_lower_bound_final_model")
+
+
+class ServerClip2C(DifferentialPrivacyServerSideFixedClipping):
+    """The planted bug: every reply (real and canary) clipped at 2C; the noise stays z C / m
+    and ``clipping_norm`` still says C."""
+
+    def aggregate_train(self, server_round: int, replies: Any) -> Any:
+        claimed, self.clipping_norm = self.clipping_norm, 2 * self.clipping_norm
+        self._claimed = claimed
+        try:
+            return super().aggregate_train(server_round, replies)
+        finally:
+            self.clipping_norm = claimed
+
+    def _add_noise_to_aggregated_arrays(self, aggregated_arrays: ArrayRecord) -> ArrayRecord:
+        clip, self.clipping_norm = self.clipping_norm, self._claimed
+        try:
+            return super()._add_noise_to_aggregated_arrays(aggregated_arrays)
+        finally:
+            self.clipping_norm = clip
+
+
+def _shards(seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Digits split over the clients at random (``seed``): ``(x [n_i, 64] in [0, 1], y [n_i])``."""
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    order = np.random.default_rng(seed).permutation(len(y))
+    return [((x[idx] / 16.0).astype(np.float32), y[idx].astype(np.int64))
+            for idx in np.array_split(order, CLIENTS)]
+
+
+def _handler(shards: list[tuple[np.ndarray, np.ndarray]]) -> Callable[[Any, int], RecordDict]:
+    """Node i: ``LOCAL_STEPS`` full-batch gradient steps of softmax regression on its shard."""
+    def handler(msg: Any, i: int) -> RecordDict:
+        x, y = shards[i]
+        arrays = msg.content["arrays"]
+        w, b = arrays["w"].numpy().copy(), arrays["b"].numpy().copy()
+        for _ in range(LOCAL_STEPS):
+            logits = x @ w.T + b
+            p = np.exp(logits - logits.max(1, keepdims=True))
+            p /= p.sum(1, keepdims=True)
+            p[np.arange(len(y)), y] -= 1.0
+            w -= LR * (p.T @ x) / len(y)
+            b -= LR * p.mean(0)
+        out = ArrayRecord({"w": Array(w.astype(np.float32)), "b": Array(b.astype(np.float32))})
+        return RecordDict({"arrays": out, "metrics": MetricRecord({"num-examples": 1})})
+    return handler
+
+
+def run(seed: int, wrapper: type[DifferentialPrivacyServerSideFixedClipping]
+        = DifferentialPrivacyServerSideFixedClipping) -> dict[str, Any]:
+    """One seed of the set-up above with ``wrapper`` (Flower's or :class:`ServerClip2C`)."""
+    start = time.perf_counter()
+    logging.getLogger("flwr").setLevel(logging.ERROR)
+    torch.set_num_threads(1)
+    random.seed(seed)  # FedAvg's cohorts
+    np.random.seed(10_000 + seed)  # the DP wrapper's noise (reproducible on purpose, see above)
+    fraction = PER_ROUND / (CLIENTS + CANARIES)
+    fedavg = FedAvg(fraction_train=fraction, fraction_evaluate=0.0, min_available_nodes=CLIENTS)
+    dp = wrapper(fedavg, Z, CLIP, PER_ROUND)
+    init = ArrayRecord({"w": Array(np.zeros((10, 64), np.float32)), "b": Array(np.zeros(10, np.float32))})
+    with tempfile.TemporaryDirectory() as root:
+        strategy = CanaryStrategy(dp, num_canaries=CANARIES, seed=seed, delta=DELTA, bootstrap=100,
+                                  log_dir=root, log_histograms=False, every_n_rounds=ROUNDS)
+        strategy.start(LocalGrid(CLIENTS, _handler(_shards(seed))), init, num_rounds=ROUNDS)
+        with open(strategy.summary_path, encoding="utf-8") as fh:
+            summary = json.load(fh)
+    est = summary["estimates"]
+    return {
+        "seed": seed,
+        "verdicts": {tm: verdict(summary, tm)[0] for tm in THREAT_MODELS},
+        "epsilon_analytic": summary.get("epsilon_analytic"),
+        "epsilon_last_iterate_heuristic": summary.get("epsilon_last_iterate_heuristic"),
+        "estimates": {k: {f: est.get(k, {}).get(f) for f in ("value", "lower", "upper", "status")}
+                      for k in ESTIMATES},
+        "lower_bounds": {k: est.get(k, {}).get("value") for k in BOUNDS},
+        "max_participations": summary.get("max_participations"),
+        "num_canaries_participated": summary.get("num_canaries_participated"),
+        "seconds": time.perf_counter() - start,
+    }
+
+
+CASES: dict[str, Callable[[int], dict[str, Any]]] = {
+    "flower_correct": lambda seed: run(seed, DifferentialPrivacyServerSideFixedClipping),
+    "flower_clip_2c": lambda seed: run(seed, ServerClip2C),
+}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=2)
+    parser.add_argument("--first", type=int, default=0, help="the first seed")
+    parser.add_argument("--output", default=None, help="write the runs to this JSON file")
+    args = parser.parse_args(argv)
+    out: dict[str, Any] = {}
+    for name, case in CASES.items():
+        t0 = time.perf_counter()
+        runs = [case(seed) for seed in range(args.first, args.first + args.seeds)]
+        flagged = sum(any(w in ("suspicious", "violation") for w in r["verdicts"].values()) for r in runs)
+        out[name] = {"flagged": flagged, "n": len(runs), "wall_seconds": time.perf_counter() - t0,
+                     "runs": runs}
+        print(f"{name}: flagged {flagged}/{len(runs)}, "
+              f"{sum(r['seconds'] for r in runs) / len(runs):.1f} s/run", flush=True)
+        for r in runs:
+            e = r["estimates"]["epsilon_all_iterates"]
+            print(f"  seed {r['seed']}: {r['verdicts']} analytic {r['epsilon_analytic']:.2f} all-iterates "
+                  f"{e['value']:.2f} [{e['lower']:.2f}, {e['upper']:.2f}] ({r['seconds']:.1f} s)", flush=True)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as fh:
+            json.dump(out, fh, indent=1)
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,177 @@
+"""Opacus DP-SGD cases of ``benchmarks/planted_bugs.py`` (issue 25, cases a-c): per-example
+clipping at 2C, noise at sigma / 2, a training loader sampling at 2q, each against the accountant
+of the correct run, and the correct run itself.
+
+One case is one plain-PyTorch Opacus run on scikit-learn's breast cancer (569 examples, z-scored)
+with :class:`~audit_callbacks.opacus_audit.OpacusCanaryAudit` (Hadamard canaries) on one CPU
+thread: an MLP 30-16-1 (d = 513), ``make_private(poisson_sampling=True)`` with a loader of batch
+64 (q = 64 / 569), sigma = SIGMA, C = 1, SGD, EPOCHS epochs, K observed canaries and the default
+unobserved ones. The canaries enter before Opacus' per-example clipping and are drawn by the
+training loader's own Poisson sampler (``canary_insertion`` / ``canary_sampling`` in the
+summary). The planted bugs, which the accountant does not know about:
+
+* ``opacus_clip_2c``: the optimizer's ``clip_and_accumulate`` runs with ``max_grad_norm``
+  doubled (an instance override, set before the audit), noise and accountant at C;
+* ``opacus_noise_half``: ``add_noise`` runs with ``noise_multiplier / 2``, the accountant's
+  hook still reads sigma;
+* ``opacus_sampling_2q``: the model trains on a ``DPDataLoader`` of rate 2q while
+  ``make_private`` (and so the accountant) was given the loader of rate q.
+
+``CASES[name](seed)`` runs one seed (model initialisation, Poisson batches, DP noise and the
+canaries all follow ``seed``) and returns a JSON-able dict: the verdict word of each threat
+model (``audit_callbacks.auditing.html_report.verdict`` on the run's summary), the analytic
+epsilon, every estimate with its interval, the valid lower bounds and the run's seconds.
+
+    PYTHONPATH=. python benchmarks/planted_opacus.py --seeds 2     # a smoke run of every case
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+from opacus import PrivacyEngine  # noqa: E402
+from opacus.data_loader import DPDataLoader  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+from audit_callbacks.auditing.html_report import verdict  # noqa: E402
+from audit_callbacks.opacus_audit import OpacusCanaryAudit  # noqa: E402
+from datamodules.breast_cancer import load_breast_cancer_tensors  # noqa: E402
+from models import MLP  # noqa: E402
+
+__all__ = ["CASES", "run"]
+
+BATCH, HIDDEN, SIGMA, CLIP, EPOCHS, K, LR, DELTA, BOOTSTRAP = 64, 255, 1.5, 1.0, 20, 400, 0.5, 1e-5, 100
+BUGS = ("correct", "clip_2c", "noise_half", "sampling_2q")
+THREAT_MODELS = ("final_model", "all_iterates")
+ESTIMATES = ("epsilon_all_iterates", "epsilon_all_iterates_matched", "epsilon_all_iterates_max_cosine",
+             "epsilon_final_model")
+BOUNDS = ("epsilon_lower_bound_all_iterates", "epsilon_lower_bound_final_model")
+
+
+def _plant(opt: Any, bug: str) -> None:
+    """Install ``bug`` on the optimizer instance (before the audit, which wraps what it finds)."""
+    if bug == "clip_2c":
+        clip = opt.clip_and_accumulate
+
+        def clip_at_2c() -> None:
+            c = opt.max_grad_norm
+            opt.max_grad_norm = 2 * c
+            try:
+                clip()
+            finally:
+                opt.max_grad_norm = c
+
+        opt.clip_and_accumulate = clip_at_2c
+    elif bug == "noise_half":
+        add_noise = opt.add_noise
+
+        def half_noise() -> None:
+            sigma = opt.noise_multiplier
+            opt.noise_multiplier = sigma / 2
+            try:
+                add_noise()
+            finally:
+                opt.noise_multiplier = sigma  # the accountant's hook, after this, reads sigma
+
+        opt.add_noise = half_noise
+
+
+def run(seed: int, bug: str = "correct") -> dict[str, Any]:
+    """One seed of the set-up above with ``bug`` (one of :data:`BUGS`).
+
+    Raises:
+        ValueError: an unknown ``bug``.
+    """
+    if bug not in BUGS:
+        raise ValueError(f"bug must be one of {BUGS}, got {bug!r}")
+    start = time.perf_counter()
+    torch.set_num_threads(1)
+    torch.manual_seed(seed)
+    x, y = load_breast_cancer_tensors()
+    data = TensorDataset(x, y.float())
+    net = MLP(30, 1, hidden=(HIDDEN,))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, opt, loader = PrivacyEngine().make_private(
+            module=net, optimizer=torch.optim.SGD(net.parameters(), lr=LR),
+            data_loader=DataLoader(data, batch_size=BATCH), noise_multiplier=SIGMA, max_grad_norm=CLIP,
+            poisson_sampling=True, noise_generator=torch.Generator().manual_seed(10_000 + seed))
+        if bug == "sampling_2q":  # the model trains on a loader of rate 2q; the accountant has q
+            loader = DPDataLoader(data, sample_rate=2 * loader.sample_rate,
+                                  generator=torch.Generator().manual_seed(20_000 + seed))
+        _plant(opt, bug)
+        audit = OpacusCanaryAudit(opt, data_loader=loader, num_canaries=K, seed=seed, delta=DELTA,
+                                  bootstrap=BOOTSTRAP, canaries="hadamard")
+        for _ in range(EPOCHS):
+            for xb, yb in loader:
+                opt.zero_grad()
+                nn.functional.binary_cross_entropy_with_logits(
+                    model(xb).squeeze(-1), yb, reduction="sum").div(BATCH).backward()
+                opt.step()
+        report = audit.auditor.try_report(bootstrap=BOOTSTRAP, step=audit.steps)
+        summary = audit.auditor.summary(report)
+        audit.detach()
+    est = summary["estimates"]
+    inputs = summary["inputs"]
+    return {
+        "seed": seed,
+        "bug": bug,
+        "verdicts": {tm: verdict(summary, tm)[0] for tm in THREAT_MODELS},
+        "epsilon_analytic": summary.get("epsilon_analytic"),
+        "epsilon_last_iterate_heuristic": summary.get("epsilon_last_iterate_heuristic"),
+        "estimates": {k: {f: est.get(k, {}).get(f) for f in ("value", "lower", "upper", "status")}
+                      for k in ESTIMATES},
+        "lower_bounds": {k: est.get(k, {}).get("value") for k in BOUNDS},
+        "canary_insertion": inputs.get("canary_insertion"),
+        "canary_sampling": inputs.get("canary_sampling"),
+        "steps": inputs.get("steps"),
+        "num_canaries_participated": summary.get("num_canaries_participated"),
+        "seconds": time.perf_counter() - start,
+    }
+
+
+CASES: dict[str, Callable[[int], dict[str, Any]]] = {
+    f"opacus_{bug}": (lambda seed, bug=bug: run(seed, bug)) for bug in BUGS
+}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=2)
+    parser.add_argument("--first", type=int, default=0, help="the first seed")
+    parser.add_argument("--cases", nargs="*", default=None, help="a subset of the cases")
+    parser.add_argument("--output", default=None, help="write the runs to this JSON file")
+    args = parser.parse_args(argv)
+    out: dict[str, Any] = {}
+    for name, case in CASES.items():
+        if args.cases and name not in args.cases:
+            continue
+        runs = [case(seed) for seed in range(args.first, args.first + args.seeds)]
+        flagged = sum(any(w in ("suspicious", "violation") for w in r["verdicts"].values()) for r in runs)
+        out[name] = {"flagged": flagged, "n": len(runs), "runs": runs}
+        print(f"{name}: flagged {flagged}/{len(runs)}, "
+              f"{sum(r['seconds'] for r in runs) / len(runs):.1f} s/run", flush=True)
+        for r in runs:
+            e = r["estimates"]["epsilon_all_iterates"]
+            print(f"  seed {r['seed']}: {r['verdicts']} analytic {r['epsilon_analytic']:.2f} all-iterates "
+                  f"{e['value']:.2f} [{e['lower']:.2f}, {e['upper']:.2f}] final "
+                  f"{r['estimates']['epsilon_final_model']['value']:.2f} ({r['seconds']:.1f} s)", flush=True)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as fh:
+            json.dump(out, fh, indent=1)
+    return out
+
+
+if __name__ == "__main__":
+    main()
