@@ -26,6 +26,7 @@ Two kinds, with the same methods (:meth:`~CanarySet.canary`, :meth:`~CanarySet.b
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -51,6 +52,90 @@ def canary_seed(seed: int, index: int) -> int:
     return int((int(state[0]) << 31) ^ int(state[1])) & ((1 << 63) - 1)
 
 
+_KRON_MAX_BLOCK = 128  # CUDA: the largest Hadamard block of the Kronecker factorisation
+_CPU_LOW_BLOCK = 32  # CPU: the lowest log2(32) = 5 levels as one matmul with H_32
+_CPU_MIN_N = 1 << 16  # CPU: below this n the butterfly loop alone is as fast (measured)
+
+
+@functools.lru_cache(maxsize=64)
+def _hadamard_block(size: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Sylvester's ``size x size`` Hadamard matrix (``H[r, i] = (-1)^popcount(r & i)``), built
+    once per (size, dtype, device) by doubling ``[[H, H], [H, -H]]``; shared, never modified."""
+    h = torch.ones(1, 1, dtype=dtype, device=device)
+    while h.shape[0] < size:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h
+
+
+def _butterflies(cur: torch.Tensor, h: int) -> torch.Tensor:
+    """The butterfly levels ``h, 2h, ..., n/2`` of the transform along dim 0 of ``cur``
+    (``[n, M]``, contiguous; overwritten: it is one of the two ping-pong buffers)."""
+    n = cur.shape[0]
+    nxt = torch.empty_like(cur)
+    while h < n:
+        a = cur.view(n // (2 * h), 2, h, -1)
+        b = nxt.view(n // (2 * h), 2, h, -1)
+        torch.add(a[:, 0], a[:, 1], out=b[:, 0])
+        torch.sub(a[:, 0], a[:, 1], out=b[:, 1])
+        cur, nxt = nxt, cur
+        h *= 2
+    return cur
+
+
+def _fwht_low_block(x: torch.Tensor, block: int) -> torch.Tensor:
+    """``H x`` for a contiguous ``[n]`` vector: the lowest log2(block) levels as one matmul
+    ``x.view(n / block, block) @ H_block`` (H_n = H_{n/block} (x) H_block), then butterflies."""
+    n = x.shape[0]
+    b = min(block, n)
+    low = torch.mm(x.reshape(n // b, b), _hadamard_block(b, x.dtype, x.device))
+    return _butterflies(low.view(n, 1), b).view(n)
+
+
+def _fwht_kronecker(x: torch.Tensor, max_block: int) -> torch.Tensor:
+    """``H x`` for ``x`` of shape ``[n, M]`` by ``H_n = H_{a_1} (x) ... (x) H_{a_f}`` with
+    Sylvester blocks ``a_j <= max_block`` of near-equal sizes: f matmuls. Each contracts the
+    leading axis of the ``[a_1, ..., a_f, M]`` layout and moves it last, so after f steps the
+    factors are back in order and M leads: one transpose restores ``[n, M]``."""
+    n, m = x.shape
+    bits = n.bit_length() - 1
+    parts = max(1, -(-bits // (max_block.bit_length() - 1)))
+    cur = x.reshape(-1)
+    for j in range(parts):
+        a = 1 << (bits // parts + (j < bits % parts))
+        cur = torch.mm(cur.view(a, -1).t(), _hadamard_block(a, x.dtype, x.device)).view(-1)
+    return cur.view(n, m) if m == 1 else cur.view(m, n).t().contiguous()
+
+
+def _matmul_is_exact(x: torch.Tensor) -> bool:
+    """Whether a float32/float64 matmul on x's device keeps full precision (no TF32 or bf16
+    inner products: ``torch.set_float32_matmul_precision("high")`` would cost 1e-3)."""
+    if x.dtype == torch.float64:
+        return True
+    if x.dtype != torch.float32 or torch.get_float32_matmul_precision() != "highest":
+        return False
+    return not (x.device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32)
+
+
+def _parity_signs(rows: torch.Tensor, length: int) -> torch.Tensor:
+    """``(-1)^popcount(r & c)`` for r in ``rows`` (``[b]`` int64) and c in ``0 .. length - 1``:
+    ``[b, length]`` float32 of +-1 on rows' device (parity by xor-folding 64 bits)."""
+    x = rows.unsqueeze(1) & torch.arange(length, dtype=torch.int64, device=rows.device)
+    for shift in (32, 16, 8, 4, 2, 1):
+        x ^= x >> shift
+    return (1 - 2 * (x & 1)).to(torch.float32)
+
+
+def _index_tensor(indices: list[int], device: torch.device) -> torch.Tensor:
+    """``indices`` as an int64 tensor on ``device``. To CUDA through pinned memory with
+    ``non_blocking=True``: a pageable host-to-device copy would wait for the stream (a host
+    synchronisation per call); the caching host allocator keeps the pinned block until the copy
+    has run."""
+    t = torch.tensor(indices, dtype=torch.int64)
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 def fwht(x: torch.Tensor) -> torch.Tensor:
     """Unnormalised fast Walsh-Hadamard transform along dim 0: ``H @ x``.
 
@@ -58,9 +143,22 @@ def fwht(x: torch.Tensor) -> torch.Tensor:
         x: ``[n]`` or ``[n, M]`` floating tensor, n a power of 2 (any device).
 
     Returns:
-        ``H x`` of the same shape, dtype and device, with ``H[r, i] = (-1)^popcount(r & i)``
-        (Sylvester's natural order; ``H @ H = n I``). ``x`` is not modified. O(n log n) work in
-        log2(n) butterfly passes over two buffers of x's size.
+        ``H x`` of the same shape, dtype and device, contiguous, with
+        ``H[r, i] = (-1)^popcount(r & i)`` (Sylvester's natural order; ``H @ H = n I``). ``x`` is
+        not modified. O(n log n) additions, by whichever of these was measured fastest:
+
+        * CUDA (and any non-CPU device), float32 at full matmul precision or float64: the
+          Kronecker factorisation ``H_n = H_a (x) H_b (x) ...`` with Sylvester blocks of at most
+          128 x 128 (built once per size, dtype and device), a few matmuls (measured for issue
+          28 on an H200: 4.9x the butterfly loop at n = 2^21, equal to 5e-7 relative);
+        * CPU, one column, n >= 2^16: the lowest 5 levels as one matmul ``x.view(n/32, 32) @ H_32``
+          (the loop's strided short-run passes are its slowest), then the butterfly loop
+          (``benchmarks/fwht_speed.py`` on 2 shared cores: 1.5x at n = 2^16 - 2^18, 1.2-1.45x
+          at 2^21, 1.2x at 2^24);
+        * otherwise (smaller n, several columns on CPU, float16/bfloat16, TF32 matmuls): the
+          loop of log2(n) butterfly passes over two buffers of x's size.
+
+        The paths agree to float rounding (float32: ~1e-7 of ``||H x||``), not bit for bit.
 
     Raises:
         ValueError: n is not a power of 2, or x is not floating.
@@ -70,17 +168,14 @@ def fwht(x: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"fwht needs a leading dimension that is a power of 2, got {tuple(x.shape)}")
     if not x.is_floating_point():
         raise ValueError(f"fwht needs a floating tensor, got {x.dtype}")
-    cur = x.reshape(n, -1).clone()
-    nxt = torch.empty_like(cur)
-    h = 1
-    while h < n:
-        a = cur.view(n // (2 * h), 2, h, -1)
-        b = nxt.view(n // (2 * h), 2, h, -1)
-        torch.add(a[:, 0], a[:, 1], out=b[:, 0])
-        torch.sub(a[:, 0], a[:, 1], out=b[:, 1])
-        cur, nxt = nxt, cur
-        h *= 2
-    return cur.view(x.shape)
+    cols = x.reshape(n, -1)
+    if not x.is_cpu:
+        if n > 1 and cols.shape[1] > 0 and _matmul_is_exact(x):
+            return _fwht_kronecker(cols, _KRON_MAX_BLOCK).view(x.shape)
+    elif n >= _CPU_MIN_N and cols.shape[1] == 1 and _matmul_is_exact(x):
+        return _fwht_low_block(cols.reshape(n), _CPU_LOW_BLOCK).view(x.shape)
+    cur = cols.clone() if cols.is_contiguous() else cols.contiguous()  # a private copy, contiguous
+    return _butterflies(cur, 1).view(x.shape)
 
 
 def _as_columns(vectors: torch.Tensor | Sequence[torch.Tensor], dim: int) -> tuple[list[torch.Tensor], bool]:
@@ -187,14 +282,19 @@ class CanarySet:
 
     def cosines(
         self, vectors: torch.Tensor | Sequence[torch.Tensor], indices: Sequence[int] | None = None,
+        *, check_finite: bool = True,
     ) -> torch.Tensor:
         """Cosines ``cos(c_j, v_m)`` in [-1, 1]; arguments and shapes as :meth:`dots`.
 
-        A zero vector gives cosine 0. Raises ``ValueError`` for a vector with NaN or inf.
+        A zero vector gives cosine 0. With ``check_finite`` (default) a vector with NaN or inf
+        raises ``ValueError``, which reads one value back from the vectors' device (a host
+        synchronisation on CUDA); ``check_finite=False`` never synchronises (Hadamard canaries:
+        the transform, the selection and the division stay on the device) and gives NaN cosines
+        in a non-finite vector's column, for the caller to check when it reads them.
         """
         cols, single = _as_columns(vectors, self.dim)
         norms = torch.stack([torch.linalg.vector_norm(v.to(torch.float64)) for v in cols])
-        if not bool(torch.isfinite(norms).all()):
+        if check_finite and not bool(torch.isfinite(norms).all()):
             raise ValueError("vectors: cannot take cosines against a vector with NaN or inf entries")
         dots = self.dots(cols, indices)
         safe = torch.where(norms > 0, norms, torch.ones_like(norms)).to(dots.device)
@@ -330,17 +430,32 @@ class HadamardCanaries(CanarySet):
     def batch(
         self, indices: Sequence[int], *, scale: float = 1.0, device: torch.device | str | None = None,
     ) -> torch.Tensor:
+        """``scale * c_j`` for j in ``indices``: ``[len(indices), dim]`` float32 on ``device``.
+
+        All rows at once, without a loop over canaries: with L = 2^floor(log2(n) / 2) and a
+        coordinate ``c = c_hi L + c_lo``, ``popcount(r & c) = popcount(r_hi & c_hi) +
+        popcount(r_lo & c_lo)``, so row r of H is the outer product of a row of ``H_{n/L}`` and
+        a row of ``H_L`` (each O(sqrt(n)), by parity), flattened: one O(k d) product.
+        ``IndexError`` for an index outside ``[0, num_canaries)``."""
         idx = self._check_indices(indices)
         dev = torch.device(device) if device is not None else torch.device("cpu")
-        signs, _ = self._device_parts(dev)
-        coords = torch.arange(self.dim, device=dev, dtype=torch.int64)
+        signs, rows = self._device_parts(dev)
+        low_bits = (self.n.bit_length() - 1) // 2
+        width = 1 << low_bits
+        high_len = -(-self.dim // width)  # the high parts of coordinates 0 .. dim - 1
+        r = rows[_index_tensor(idx, dev)]
+        low = _parity_signs(r & (width - 1), width)  # [b, L]
+        high = _parity_signs(r >> low_bits, high_len)  # [b, ceil(d / L)]
+        scaled = signs[: self.dim] * (self.scale * float(scale))  # D's diagonal times the scale
         out = torch.empty(len(idx), self.dim, dtype=torch.float32, device=dev)
-        for i, j in enumerate(idx):  # H[r, c] = (-1)^popcount(r & c): parity by xor-folding
-            x = coords & int(self.rows[j])
-            for shift in (32, 16, 8, 4, 2, 1):
-                x ^= x >> shift
-            out[i] = 1 - 2 * (x & 1)
-        return out.mul_(signs[: self.dim]).mul_(self.scale * float(scale))
+        q, rest = divmod(self.dim, width)  # q whole blocks of L coordinates, then rest
+        main = out[:, : q * width].view(len(idx), q, width)
+        torch.mul(high[:, :q, None], low[:, None, :], out=main)
+        main.mul_(scaled[: q * width].view(q, width))
+        if rest:
+            torch.mul(high[:, q:], low[:, :rest], out=out[:, q * width:])
+            out[:, q * width:].mul_(scaled[q * width:])
+        return out
 
     def sum(
         self, indices: Sequence[int] | None = None, *, weights: torch.Tensor | None = None,
@@ -353,7 +468,7 @@ class HadamardCanaries(CanarySet):
         e = torch.zeros(self.n, dtype=torch.float32, device=dev)
         w = torch.ones(len(idx), dtype=torch.float32, device=dev) if weights is None else (
             weights[: len(idx)].to(device=dev, dtype=torch.float32))
-        e.index_add_(0, rows[torch.as_tensor(idx, dtype=torch.int64, device=dev)], w)
+        e.index_add_(0, rows[_index_tensor(idx, dev)], w)
         out = fwht(e)[: self.dim]
         return out.mul_(signs[: self.dim]).mul_(self.scale)
 
@@ -368,7 +483,7 @@ class HadamardCanaries(CanarySet):
             x[: self.dim, m] = v.to(torch.float32)
         x.mul_(signs.unsqueeze(1))
         y = fwht(x)
-        sel = rows if indices is None else rows[torch.as_tensor(self._check_indices(indices), dtype=torch.int64, device=device)]
+        sel = rows if indices is None else rows[_index_tensor(self._check_indices(indices), device)]
         out = y[sel].to(torch.float64).mul_(self.scale)
         return out[:, 0] if single else out
 

@@ -252,3 +252,30 @@ def test_group_rounds_bounds_a_block_to_8_mib():
     assert group_rounds(13_706) == 16
     assert group_rounds(1_000_000) == 2
     assert group_rounds(10_000_000) == 1
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "hadamard"])
+def test_cosines_without_the_finite_check_give_nan_columns_and_read_nothing_back(kind, monkeypatch):
+    # check_finite=False: the same cosines for finite vectors, NaN in a non-finite vector's
+    # column (the others untouched), and no tensor is turned into a Python bool on the way
+    cs = CanarySet(seed=3, dim=300, num_canaries=12, kind=kind)
+    g = torch.Generator().manual_seed(0)
+    good = torch.randn(300, generator=g)
+    bad = good.clone()
+    bad[7] = float("inf")
+    assert torch.equal(cs.cosines(good, check_finite=False), cs.cosines(good))
+    calls = []
+    real_bool = torch.Tensor.__bool__
+
+    def counting_bool(self):
+        calls.append(tuple(self.shape))
+        return real_bool(self)
+
+    monkeypatch.setattr(torch.Tensor, "__bool__", counting_bool)
+    both = cs.cosines([good, bad], check_finite=False)
+    monkeypatch.undo()
+    assert calls == []
+    assert torch.isnan(both[:, 1]).all() and torch.isfinite(both[:, 0]).all()
+    assert torch.allclose(both[:, 0], cs.cosines(good))
+    with pytest.raises(ValueError, match="NaN or inf"):
+        cs.cosines([good, bad])

@@ -243,3 +243,100 @@ def test_equal_fit_bootstrap_is_the_general_root_at_sd_ratio_one() -> None:
     reps = x[boot.integers(0, 300, size=(50, 300))].mean(axis=1) * math.sqrt(10**4)
     lo, hi = np.quantile(_epsilon_standardized_array(reps, np.ones(50), DELTA), [0.025, 0.975])
     assert e.lower == pytest.approx(lo, rel=1e-9) and e.upper == pytest.approx(hi, rel=1e-9)
+
+
+def _bootstrap_before_issue_28(obs, dim, unobs, fit, b, seed):
+    """The bootstrap as it was before issue 28 (two-pass ``mean``/``std`` of each resample):
+    the reference the vectorised one must reproduce for the same seed."""
+    rng = np.random.default_rng(seed)
+    k = obs.size
+    kk = 0 if unobs is None else unobs.size
+    chunk = max(1, int(2_000_000 // max(k + kk, 1)))
+    ms, rs = [], []
+    done = 0
+    while done < b:
+        n = min(chunk, b - done)
+        s = obs[rng.integers(0, k, size=(n, k))]
+        mu1, s1 = s.mean(axis=1), s.std(axis=1, ddof=1)
+        if unobs is None:
+            mu0, s0 = np.zeros(n), np.full(n, 1.0 / math.sqrt(dim))
+        else:
+            u = unobs[rng.integers(0, kk, size=(n, kk))]
+            mu0, s0 = u.mean(axis=1), u.std(axis=1, ddof=1)
+        tiny = 16.0 * np.finfo(float).eps
+        ok = s0 > 0.0
+        if unobs is not None:
+            ok &= s0 > tiny * np.max(np.abs(unobs))
+        if fit == "equal":
+            s1 = s0
+        else:
+            ok &= s1 > tiny * np.max(np.abs(obs))
+        ms.append((mu1[ok] - mu0[ok]) / s0[ok])
+        rs.append(s1[ok] / s0[ok])
+        done += n
+    m = np.concatenate(ms)
+    return (m, np.concatenate(rs)), b - m.size
+
+
+@pytest.mark.parametrize(
+    "k, kk, fit, offset",
+    [(1000, 100_000, "equal", 0.0), (1000, 100_000, "unequal", 3e-3), (50, 0, "unequal", 0.0),
+     (4, 7, "unequal", 0.0), (3, 3, "equal", 1.0)],
+)
+def test_vectorised_bootstrap_reproduces_the_resample_loop(k, kk, fit, offset) -> None:
+    # same seed, same draws: every replicate equal to 1e-9 relative, the same replicates dropped
+    # (k = 3 or 4: many resamples repeat one value; an offset of 1 on values of size 1e-3 makes
+    # a one-pass variance lose 6 digits, so the degenerate check must stay exact)
+    from audit_callbacks.estimators.canary_epsilon import _bootstrap_standardized
+
+    rng = np.random.default_rng(k + kk)
+    dim = 10**6
+    obs = offset + rng.normal(2e-3, 1e-3, k)
+    unobs = offset + rng.normal(0.0, 1e-3, kk) if kk else None
+    if k == 4:  # ties: two of the four observed values are equal
+        obs[1] = obs[0]
+    for seed in (0, 5):
+        (m, r), dropped = _bootstrap_standardized(obs, dim, unobs, fit, 200, seed)
+        (m_ref, r_ref), dropped_ref = _bootstrap_before_issue_28(obs, dim, unobs, fit, 200, seed)
+        assert dropped == dropped_ref
+        assert m.shape == m_ref.shape
+        np.testing.assert_allclose(m, m_ref, rtol=1e-9, atol=1e-9 * np.max(np.abs(m_ref)))
+        np.testing.assert_allclose(r, r_ref, rtol=1e-9)
+    if k <= 4:
+        assert dropped > 0  # the degenerate branch was exercised
+
+
+def test_bootstrap_interval_at_k_prime_100000_is_unchanged() -> None:
+    # the estimate's interval for a fixed seed is the loop's, at the size the callbacks log
+    from audit_callbacks.estimators.canary_epsilon import _epsilon_standardized_array
+
+    rng = np.random.default_rng(0)
+    obs, unobs = rng.normal(1e-3, 1e-3, 1000), rng.normal(0.0, 1e-3, 100_000)
+    e = estimate_epsilon_from_cosines(obs, DELTA, unobserved=unobs, fit="unequal", bootstrap=200, seed=3)
+    (m, r), _ = _bootstrap_before_issue_28(obs, None, unobs, "unequal", 200, 3)
+    lo, hi = np.quantile(_epsilon_standardized_array(m, r, DELTA), [0.025, 0.975])
+    assert e.lower == pytest.approx(lo, rel=1e-9) and e.upper == pytest.approx(hi, rel=1e-9)
+
+
+def test_the_kept_resamples_are_keyed_by_the_scores_not_the_array() -> None:
+    # the equal and unequal fits of one report share their resamples; a changed score, seed or
+    # B (even in the same array object) draws afresh, and the result never depends on the memo
+    import audit_callbacks.estimators.canary_epsilon as ce
+
+    rng = np.random.default_rng(1)
+    obs, unobs = rng.normal(1e-3, 1e-3, 300), rng.normal(0.0, 1e-3, 3000)
+    kw = dict(unobserved=unobs, bootstrap=100, seed=2)
+    first = estimate_epsilon_from_cosines(obs, DELTA, fit="unequal", **kw)
+    estimate_epsilon_from_cosines(obs, DELTA, fit="equal", **kw)
+    again = estimate_epsilon_from_cosines(obs, DELTA, fit="unequal", **kw)  # from the memo
+    ce._LAST_RESAMPLES.clear()
+    fresh = estimate_epsilon_from_cosines(obs, DELTA, fit="unequal", **kw)
+    assert (first.lower, first.upper) == (again.lower, again.upper) == (fresh.lower, fresh.upper)
+    obs[0] += 5e-3  # the same array, new contents: not the kept resamples
+    moved = estimate_epsilon_from_cosines(obs, DELTA, fit="unequal", **kw)
+    ref = _bootstrap_before_issue_28(obs, None, unobs, "unequal", 100, 2)
+    got = ce._bootstrap_standardized(obs, None, unobs, "unequal", 100, 2)
+    np.testing.assert_allclose(got[0][0], ref[0][0], rtol=1e-9)
+    assert moved.upper != first.upper
+    other_seed = estimate_epsilon_from_cosines(obs, DELTA, fit="unequal", **{**kw, "seed": 3})
+    assert other_seed.upper != moved.upper

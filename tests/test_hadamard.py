@@ -7,31 +7,128 @@ import pytest
 import torch
 from scipy.linalg import hadamard
 
-from audit_callbacks.canaries import CanarySet, HadamardCanaries, fwht
+from audit_callbacks.canaries import (
+    CanarySet,
+    HadamardCanaries,
+    _butterflies,
+    _fwht_kronecker,
+    _fwht_low_block,
+    _hadamard_block,
+    _matmul_is_exact,
+    fwht,
+)
 from audit_callbacks.canary_stats import CanaryStatistics
 from audit_callbacks.estimators import gaussian_epsilon
 from audit_callbacks.estimators.canary_epsilon import estimate_epsilon_from_cosines
 from audit_callbacks.estimators.canary_report import canary_report
 from audit_callbacks.estimators.lower_bound import estimate_epsilon_lower_bound_from_cosines
 
+# every implementation of the transform: the public dispatch, and each path forced on CPU
+_PATHS = {
+    "fwht": fwht,
+    "loop": lambda x: _butterflies(x.reshape(x.shape[0], -1).clone(), 1).view(x.shape),
+    "low_block": lambda x: _fwht_low_block(x, 32) if x.dim() == 1 else fwht(x),
+    "kronecker": lambda x: _fwht_kronecker(x.reshape(x.shape[0], -1), 128).view(x.shape),
+    "kronecker_small_blocks": lambda x: _fwht_kronecker(x.reshape(x.shape[0], -1), 4).view(x.shape),
+}
 
+
+def _parity_rows(n: int, rows: list[int]) -> torch.Tensor:
+    """The definition: ``H[r, i] = (-1)^popcount(r & i)`` for the given rows, float64."""
+    i = torch.arange(n, dtype=torch.int64)
+    out = []
+    for r in rows:
+        x = i & r
+        for shift in (32, 16, 8, 4, 2, 1):
+            x = x ^ (x >> shift)
+        out.append(1.0 - 2.0 * (x & 1).double())
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("path", sorted(_PATHS))
 @pytest.mark.parametrize("n", [1, 2, 4, 8, 64, 256])
-def test_fwht_is_the_hadamard_matrix_product(n):
+def test_fwht_is_the_hadamard_matrix_product(n, path):
+    f = _PATHS[path]
     H = torch.tensor(hadamard(n), dtype=torch.float64)
     x = torch.randn(n, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(n))
-    assert torch.allclose(fwht(x), H @ x, atol=1e-12)
-    assert torch.allclose(fwht(x[:, 0]), H @ x[:, 0], atol=1e-12)
-    assert torch.allclose(fwht(fwht(x)), n * x, atol=1e-9)  # H H = n I
+    assert torch.allclose(f(x), H @ x, atol=1e-12)
+    assert torch.allclose(f(x[:, 0].contiguous()), H @ x[:, 0], atol=1e-12)
+    assert torch.allclose(f(f(x)), n * x, atol=1e-9)  # H H = n I
     before = x.clone()
-    fwht(x)
+    f(x)
     assert torch.equal(x, before)  # the input is not modified
+
+
+@pytest.mark.parametrize("path", ["fwht", "low_block", "kronecker", "kronecker_small_blocks"])
+def test_fwht_at_every_size_matches_the_definition(path):
+    # n = 2^0 .. 2^21: a few rows against the parity definition (float64: 1e-12 of the scale),
+    # the whole vector against the butterfly loop; float32 within 1e-6 of ||H x||
+    f = _PATHS[path]
+    g = torch.Generator().manual_seed(0)
+    for m in range(22):
+        n = 1 << m
+        x = torch.randn(n, dtype=torch.float64, generator=g)
+        y = f(x)
+        assert y.shape == x.shape and y.dtype == torch.float64 and y.is_contiguous()
+        rows = sorted({0, n - 1, n // 3, (5 * n) // 7})
+        exact = _parity_rows(n, rows) @ x
+        scale = torch.linalg.vector_norm(x).item()
+        assert torch.allclose(y[rows], exact, rtol=0, atol=1e-12 * scale), m
+        ref = _PATHS["loop"](x)
+        assert (torch.linalg.vector_norm(y - ref) / torch.linalg.vector_norm(ref)).item() < 1e-13, m
+        y32 = f(x.float())
+        assert y32.dtype == torch.float32
+        err = torch.linalg.vector_norm(y32.double() - ref) / torch.linalg.vector_norm(ref)
+        assert err.item() < 1e-6, (m, err.item())
+
+
+@pytest.mark.parametrize("path", sorted(_PATHS))
+def test_fwht_batch_columns_and_layouts(path):
+    f = _PATHS[path]
+    g = torch.Generator().manual_seed(1)
+    for n in (2, 1 << 10, 1 << 17):
+        x = torch.randn(n, 2, 3, generator=g, dtype=torch.float64)
+        y = f(x)
+        assert y.shape == (n, 2, 3) and y.is_contiguous()
+        flat = x.reshape(n, 6)
+        for c in range(6):  # a column's transform does not depend on the other columns
+            assert torch.allclose(y.reshape(n, 6)[:, c], _PATHS["loop"](flat[:, c].contiguous()), atol=1e-9)
+        # a non-contiguous input (a transposed matrix's columns) gives the same numbers
+        xt = torch.randn(4, n, generator=g, dtype=torch.float64).t()
+        assert not xt.is_contiguous()
+        assert torch.allclose(f(xt), f(xt.contiguous()), atol=1e-9)
 
 
 def test_fwht_rejects_bad_input():
     with pytest.raises(ValueError, match="power of 2"):
         fwht(torch.zeros(6))
+    with pytest.raises(ValueError, match="power of 2"):
+        fwht(torch.zeros(0))
+    with pytest.raises(ValueError, match="power of 2"):
+        fwht(torch.tensor(1.0))
     with pytest.raises(ValueError, match="floating"):
         fwht(torch.zeros(8, dtype=torch.int64))
+
+
+def test_fwht_keeps_full_precision_when_matmuls_may_not():
+    # TF32 / bf16 matmuls (torch.set_float32_matmul_precision("high")) would cost 1e-3: float32
+    # then takes the butterfly loop; float64 matmuls are never reduced
+    x = torch.randn(1 << 17, generator=torch.Generator().manual_seed(2))
+    previous = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("high")
+        assert not _matmul_is_exact(x) and _matmul_is_exact(x.double())
+        assert torch.equal(fwht(x), _PATHS["loop"](x))
+    finally:
+        torch.set_float32_matmul_precision(previous)
+    assert _matmul_is_exact(x) and not _matmul_is_exact(x.half())
+    assert torch.allclose(fwht(x.half()).float(), fwht(x), rtol=0, atol=0.05 * x.abs().max().item() * 2**9)
+
+
+def test_hadamard_blocks_are_built_once_and_are_sylvester():
+    a = _hadamard_block(64, torch.float32, torch.device("cpu"))
+    assert a is _hadamard_block(64, torch.float32, torch.device("cpu"))
+    assert torch.equal(a, torch.tensor(hadamard(64), dtype=torch.float32))
 
 
 def test_a_canary_is_its_row_of_the_signed_hadamard_matrix():
@@ -51,6 +148,35 @@ def test_a_canary_is_its_row_of_the_signed_hadamard_matrix():
     H = torch.tensor(hadamard(16), dtype=torch.float32)
     explicit = (H[small.rows][:, :12] * small.signs[:12]) / math.sqrt(12)
     assert torch.allclose(small.batch(range(16)), explicit, atol=1e-7)
+
+
+def _batch_one_canary_at_a_time(cs: HadamardCanaries, indices, scale: float = 1.0) -> torch.Tensor:
+    """``HadamardCanaries.batch`` before issue 28 (a loop over canaries): the reference."""
+    coords = torch.arange(cs.dim, dtype=torch.int64)
+    out = torch.empty(len(indices), cs.dim, dtype=torch.float32)
+    for i, j in enumerate(indices):
+        x = coords & int(cs.rows[j])
+        for shift in (32, 16, 8, 4, 2, 1):
+            x ^= x >> shift
+        out[i] = 1 - 2 * (x & 1)
+    return out.mul_(cs.signs[: cs.dim]).mul_(cs.scale * float(scale))
+
+
+@pytest.mark.parametrize("dim", [2, 3, 5, 16, 17, 1000, 4096, 70_001])
+def test_batch_builds_all_rows_at_once_bit_for_bit(dim):
+    # the outer-product rows equal the parity definition exactly, for every dim (odd n's
+    # split, d far below n), any index order, repeats, a scale, and no index at all
+    k = min(dim, 40) if dim > 2 else 2
+    n = 1 << max(1, math.ceil(math.log2(dim)))
+    cs = CanarySet(seed=dim, dim=dim, num_canaries=min(k, n), kind="hadamard")
+    idx = [cs.num_canaries - 1, 0, 0, cs.num_canaries // 2]
+    for scale in (1.0, 2.5):
+        assert torch.equal(cs.batch(idx, scale=scale), _batch_one_canary_at_a_time(cs, idx, scale))
+    assert cs.batch([]).shape == (0, dim)
+    exact = _parity_rows(cs.n, [int(cs.rows[j]) for j in idx])[:, :dim] * cs.signs[:dim].double()
+    assert torch.allclose(cs.batch(idx).double() * math.sqrt(dim), exact, atol=1e-6)
+    with pytest.raises(IndexError):
+        cs.batch([cs.num_canaries])
 
 
 def test_dots_and_sums_by_one_transform_equal_the_rows():

@@ -14,7 +14,9 @@ zero variance raises ValueError instead: a point mass against a density has infi
 
 from __future__ import annotations
 
+import hashlib
 import math
+import threading
 from typing import Literal
 
 import numpy as np
@@ -249,9 +251,84 @@ def _check_bootstrap_sizes(obs: np.ndarray, unobs: np.ndarray | None, fit: str) 
             )
 
 
-def _row_mean_sd(x: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    s = x[idx]
-    return s.mean(axis=1), s.std(axis=1, ddof=1)
+def _resampled_mean_sd(x: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and sd (ddof 1) of each resample ``x[idx[i]]``: ``idx`` ``[b, n]`` int -> two ``[b]``.
+
+    One gather of the centred values and two reductions (sum, sum of squares): about 2.5x
+    faster than ``x[idx].mean(1), x[idx].std(1, ddof=1)`` and equal to 1e-12 relative (the
+    values are centred at the sample mean first, so the one-pass variance cancels nothing: a
+    resample's mean of the centred values is O(sd / sqrt(n))). A resample whose sd comes out
+    below 1e-6 of the values' spread (a one-pass residue could hide zero variance there) gets
+    the two-pass ``std`` instead, so a degenerate resample is as exactly 0 as before."""
+    n = idx.shape[1]
+    centre = float(x.mean())
+    c = x - centre
+    s = c[idx]
+    total = s.sum(axis=1)
+    squares = np.einsum("ij,ij->i", s, s)
+    sd = np.sqrt(np.maximum(squares - total * total / n, 0.0) / (n - 1))
+    small = np.flatnonzero(sd <= 1e-6 * np.max(np.abs(c)))
+    if small.size:
+        sd[small] = x[idx[small]].std(axis=1, ddof=1)
+    return centre + total / n, sd
+
+
+# The last bootstrap's resampled moments, keyed by a digest of its inputs: a report fits the
+# same scores twice (fit "equal" and "unequal", same seed), and both fits' replicates come from
+# the same resamples. Observationally pure: equal inputs give equal outputs with or without it.
+_LAST_RESAMPLES: dict[bytes, tuple[np.ndarray, ...]] = {}
+_LAST_LOCK = threading.Lock()
+
+
+def _resample_key(obs: np.ndarray, unobs: np.ndarray | None, b: int, seed: int) -> bytes:
+    h = hashlib.blake2b(digest_size=20)
+    h.update(np.asarray([obs.size, -1 if unobs is None else unobs.size, b, seed], dtype=np.int64).tobytes())
+    h.update(np.ascontiguousarray(obs, dtype=np.float64).tobytes())
+    if unobs is not None:
+        h.update(np.ascontiguousarray(unobs, dtype=np.float64).tobytes())
+    return h.digest()
+
+
+def _resample_moments(
+    obs: np.ndarray, unobs: np.ndarray | None, b: int, seed: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """``(mu1, s1, mu0, s0)``, each ``[b]``: mean and sd of b resamples with replacement of the
+    observed and (when given) unobserved scores; ``mu0, s0`` None without unobserved scores.
+
+    The indices are drawn in batches of rows (at most ~2M indices a batch: the observed
+    sample's ``[rows, k]`` then the unobserved sample's ``[rows, k']``, from
+    ``numpy.random.default_rng(seed)``): the draws, and so the replicates, are those of every
+    earlier version for the same seed; no loop over resamples. The last result is kept (see
+    ``_LAST_RESAMPLES``)."""
+    key = _resample_key(obs, unobs, b, seed)
+    with _LAST_LOCK:
+        hit = _LAST_RESAMPLES.get(key)
+    if hit is not None:
+        return hit  # type: ignore[return-value]
+    rng = np.random.default_rng(seed)
+    k = obs.size
+    kk = 0 if unobs is None else unobs.size
+    chunk = max(1, int(2_000_000 // max(k + kk, 1)))
+    parts: list[tuple[np.ndarray, ...]] = []
+    done = 0
+    while done < b:
+        n = min(chunk, b - done)
+        mu1, s1 = _resampled_mean_sd(obs, rng.integers(0, k, size=(n, k)))
+        if unobs is None:
+            parts.append((mu1, s1))
+        else:
+            parts.append((mu1, s1, *_resampled_mean_sd(unobs, rng.integers(0, kk, size=(n, kk)))))
+        done += n
+    out = tuple(np.concatenate(col) for col in zip(*parts, strict=True))
+    if unobs is None:
+        out = (*out, None, None)
+    for arr in out:
+        if arr is not None:
+            arr.flags.writeable = False  # shared with the next caller of the same inputs
+    with _LAST_LOCK:
+        _LAST_RESAMPLES.clear()
+        _LAST_RESAMPLES[key] = out
+    return out  # type: ignore[return-value]
 
 
 def _bootstrap_standardized(
@@ -262,34 +339,23 @@ def _bootstrap_standardized(
     b: int,
     seed: int,
 ) -> tuple[tuple[np.ndarray, np.ndarray], int]:
-    """Standardized (shift, sd ratio) of B resampled fits, degenerate replicates dropped."""
-    rng = np.random.default_rng(seed)
-    k = obs.size
-    kk = 0 if unobs is None else unobs.size
-    chunk = max(1, int(2_000_000 // max(k + kk, 1)))
-    ms, rs = [], []
-    done = 0
-    while done < b:
-        n = min(chunk, b - done)
-        mu1, s1 = _row_mean_sd(obs, rng.integers(0, k, size=(n, k)))
-        if unobs is None:
-            assert dim is not None
-            mu0 = np.zeros(n)
-            s0 = np.full(n, 1.0 / math.sqrt(dim))
-        else:
-            mu0, s0 = _row_mean_sd(unobs, rng.integers(0, kk, size=(n, kk)))
-        # zero variance up to a rounding residue (as in _sd) makes a replicate degenerate
-        tiny = 16.0 * np.finfo(float).eps
-        ok = s0 > 0.0
-        if unobs is not None:
-            ok &= s0 > tiny * np.max(np.abs(unobs))
-        if fit == "equal":
-            s1 = s0
-        else:
-            ok &= s1 > tiny * np.max(np.abs(obs))
-        ms.append((mu1[ok] - mu0[ok]) / s0[ok])
-        rs.append(s1[ok] / s0[ok])
-        done += n
-    m = np.concatenate(ms)
-    r = np.concatenate(rs)
+    """Standardized (shift, sd ratio) of B resampled fits (:func:`_resample_moments`),
+    degenerate replicates dropped."""
+    mu1, s1, mu0, s0 = _resample_moments(obs, unobs, b, seed)
+    if unobs is None:
+        assert dim is not None
+        mu0 = np.zeros(b)
+        s0 = np.full(b, 1.0 / math.sqrt(dim))
+    assert mu0 is not None and s0 is not None
+    # a replicate with zero variance (up to a rounding residue, as in _sd) is degenerate
+    tiny = 16.0 * np.finfo(float).eps
+    ok = s0 > 0.0
+    if unobs is not None:
+        ok &= s0 > tiny * np.max(np.abs(unobs))
+    if fit == "equal":
+        s1 = s0
+    else:
+        ok &= s1 > tiny * np.max(np.abs(obs))
+    m = (mu1[ok] - mu0[ok]) / s0[ok]
+    r = s1[ok] / s0[ok]
     return (m, r), b - m.size
