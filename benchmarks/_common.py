@@ -17,6 +17,26 @@ from typing import Any
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
+# --accelerator {auto,cpu,gpu}: one helper for the examples and the benchmarks (examples/_cli.py)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+from _cli import (  # noqa: E402, F401 - re-exported for the benchmarks
+    ACCELERATORS,
+    add_accelerator_argument,
+    device_name,
+    resolve_accelerator,
+    torch_device,
+    trainer_kwargs,
+)
+
+
+def synchronize() -> None:
+    """Wait for the CUDA device's queued work (``torch.cuda.synchronize``) when CUDA is in use,
+    so that a ``perf_counter`` interval covers the work it launched; nothing on the CPU."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
 
 def peak_rss_mb() -> float:
     """Peak resident set size of this process so far, in MiB (``ru_maxrss``).
@@ -95,7 +115,7 @@ def git_state() -> dict[str, Any]:
                                  check=True, timeout=30)
         except (OSError, subprocess.SubprocessError):
             return None
-        return out.stdout.strip()
+        return out.stdout.strip("\n")  # not strip(): a porcelain line starts with a space
 
     commit = git("rev-parse", "HEAD")
     if commit is None:
@@ -129,12 +149,15 @@ def write_json(name: str, payload: dict[str, Any]) -> Path:
 
 def timed_fit(trainer: Any, module: Any, datamodule: Any, profile: Any = None) -> float:
     """``trainer.fit(module, datamodule=...)`` timed with ``perf_counter`` (seconds), optionally
-    under an enabled ``cProfile.Profile``."""
+    under an enabled ``cProfile.Profile``; on CUDA the interval ends after the device's queued
+    work (:func:`synchronize` on both sides)."""
+    synchronize()
     start = time.perf_counter()
     if profile is not None:
         profile.enable()
     try:
         trainer.fit(module, datamodule=datamodule)
+        synchronize()
     finally:
         if profile is not None:
             profile.disable()

@@ -23,7 +23,15 @@ import time
 from typing import Any
 
 import torch
-from _common import git_state, machine_info, median_interval, write_json
+from _common import (
+    add_accelerator_argument,
+    device_name,
+    git_state,
+    machine_info,
+    median_interval,
+    torch_device,
+    write_json,
+)
 
 from audit_callbacks.canaries import fwht
 
@@ -47,22 +55,6 @@ def fwht_old(x: torch.Tensor) -> torch.Tensor:
         cur, nxt = nxt, cur
         h *= 2
     return cur.view(x.shape)
-
-
-def pick_device(accelerator: str) -> torch.device:
-    """``auto``: CUDA when available, else the CPU; ``gpu`` without CUDA is an error."""
-    if accelerator == "gpu" and not torch.cuda.is_available():
-        raise SystemExit("--accelerator gpu: CUDA is not available")
-    use_gpu = accelerator == "gpu" or (accelerator == "auto" and torch.cuda.is_available())
-    return torch.device("cuda" if use_gpu else "cpu")
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    import platform
-
-    return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads)"
 
 
 def timed(fn: Any, x: torch.Tensor) -> tuple[float, torch.Tensor]:
@@ -122,7 +114,7 @@ def sweep(logs: list[int], reps: int, device: torch.device) -> list[dict[str, An
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--accelerator", choices=("auto", "cpu", "gpu"), default="auto")
+    add_accelerator_argument(parser)
     parser.add_argument("--quick", action="store_true", help="a few sizes, 3 pairs each: a smoke test")
     parser.add_argument("--reps", type=int, default=15, help="interleaved pairs per size (default 15)")
     parser.add_argument("--max-log2", type=int, default=24, help="largest m tried of n = 2^m (default 24)")
@@ -130,7 +122,7 @@ def main() -> None:
                         help="comma-separated torch CPU thread counts, one sweep each; 0: torch's default "
                              "(default '0,1': 1 thread is steadier on a shared machine)")
     args = parser.parse_args()
-    device = pick_device(args.accelerator)
+    device = torch_device(args.accelerator)  # ValueError for gpu without CUDA
     logs = [10, 12, 14, 16, 17, 18, 19, 20, 21, 24]
     reps = args.reps
     if args.quick:

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import platform
 import tempfile
 import warnings
 from typing import Any
@@ -52,7 +51,16 @@ from typing import Any
 import lightning.pytorch as pl
 import numpy as np
 import torch
-from _common import git_state, machine_info, median_interval, timed_fit, write_json
+from _common import (
+    add_accelerator_argument,
+    device_name,
+    git_state,
+    machine_info,
+    median_interval,
+    timed_fit,
+    torch_device,
+    write_json,
+)
 from lightning.pytorch.loggers import TensorBoardLogger
 from opacus.data_loader import DPDataLoader
 from torch.utils.data import DataLoader, TensorDataset
@@ -84,20 +92,6 @@ def quiet() -> None:
         message=".*(does not have many workers|GPU available|secure RNG|Full backward hook|LeafSpec|"
         "canary clients|no validation loop|TensorBoard|log_every_n_steps).*",
     )
-
-
-def pick_device(accelerator: str) -> torch.device:
-    """``auto``: CUDA when available, else the CPU; ``gpu`` without CUDA is an error."""
-    if accelerator == "gpu" and not torch.cuda.is_available():
-        raise SystemExit("--accelerator gpu: CUDA is not available")
-    use_gpu = accelerator == "gpu" or (accelerator == "auto" and torch.cuda.is_available())
-    return torch.device("cuda" if use_gpu else "cpu")
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads)"
 
 
 def make_trainer(device: torch.device, log_root: str, name: str, callbacks: list[Any], **kwargs: Any) -> pl.Trainer:
@@ -240,8 +234,7 @@ def print_table(title: str, res: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--accelerator", choices=("auto", "cpu", "gpu"), default="auto",
-                        help="auto (default): CUDA when available, else the CPU")
+    add_accelerator_argument(parser)
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one pair, no warm-up: a smoke test")
     parser.add_argument("--scenarios", default="opacus,fedavg", help="comma-separated: opacus, fedavg")
     parser.add_argument("--reps", type=int, default=None, help="pairs per variant (default: by device)")
@@ -250,7 +243,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--fedavg-rounds", type=int, default=None)
     args = parser.parse_args(argv)
     quiet()
-    device = pick_device(args.accelerator)
+    device = torch_device(args.accelerator)  # ValueError for gpu without CUDA
     sizes = SIZES["quick" if args.quick else device.type]
     scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     for s in scenarios:

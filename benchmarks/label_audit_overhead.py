@@ -66,12 +66,14 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 from _common import (
+    add_accelerator_argument,
     load_average,
     machine_info,
     median_interval,
     profile_tables,
     timed_fit,
     timing_subclass,
+    trainer_kwargs,
     write_json,
 )
 from lightning.pytorch.loggers import TensorBoardLogger
@@ -200,8 +202,7 @@ def fit_once(
         max_epochs=cfg["epochs"],
         logger=TensorBoardLogger(log_root, name=name),
         callbacks=[timer, *callbacks],
-        accelerator="cpu",
-        devices=1,
+        **trainer_kwargs(cfg["accelerator"]),
         enable_progress_bar=False,
         enable_model_summary=False,
         enable_checkpointing=False,
@@ -359,6 +360,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--quick", action="store_true", help="smoke test: 4 epochs, 1 round, no profile")
     p.add_argument("--output", default=None, help="file name under benchmarks/results/")
+    add_accelerator_argument(p)
     args = p.parse_args(argv)
     if args.quick:
         args.epochs, args.reps, args.skip_profile = 4, 1, True
@@ -388,6 +390,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "seed": 0,
         "accountant": "rdp",
         "log_every_n_steps": 1,
+        "accelerator": args.accelerator,
     }
     print(
         f"Label-callback overhead: {args.dataset}, MLP 2x{args.width}, batch {args.batch_size} (Poisson), "

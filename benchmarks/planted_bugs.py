@@ -40,7 +40,7 @@ from scipy.stats import binomtest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _common import git_state, machine_info, write_json  # noqa: E402
+from _common import add_accelerator_argument, git_state, machine_info, write_json  # noqa: E402
 
 FLAGS = ("suspicious", "violation")
 
@@ -86,6 +86,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="seeds per correct set-up (default 60)")
     parser.add_argument("--cases", nargs="*", default=None, help="a subset of the cases")
     parser.add_argument("--output", default="planted_bugs.json", help="results file name")
+    add_accelerator_argument(parser)  # the DP-FedAvg cases' Trainer; the others run plain loops on the CPU
     args = parser.parse_args(argv)
     if args.seeds < 1 or args.correct_seeds < 1:
         parser.error("--seeds and --correct-seeds must be >= 1")
@@ -100,7 +101,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name in names:
         seeds = args.correct_seeds if name.endswith("_correct") else args.seeds
         start = time.perf_counter()
-        runs = [cases[name](seed) for seed in range(seeds)]
+        runs = [cases[name](seed, args.accelerator) if name.startswith("fedavg_") else cases[name](seed)
+                for seed in range(seeds)]
         seconds = (time.perf_counter() - start) / seeds
         res = results[name] = {**summarise(name, runs), "seconds_per_run": seconds, "runs": runs}
         f = res["flagged"]
@@ -114,6 +116,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         "(docs/methods/verdicts.md); the claim is the analytic epsilon",
         "seeds_per_planted_bug": args.seeds,
         "seeds_per_correct_setup": args.correct_seeds,
+        "accelerator": args.accelerator,
         "cases": results,
         "all_meet_target": all(r["meets_target"] for r in results.values()),
         "machine": machine_info(),

@@ -41,9 +41,11 @@ from collections.abc import Callable
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _common
 
 import lightning.pytorch as pl  # noqa: E402
 import torch  # noqa: E402
+from _common import add_accelerator_argument, trainer_kwargs  # noqa: E402
 
 from audit_callbacks.auditing.html_report import verdict  # noqa: E402
 from audit_callbacks.callbacks import CanaryAudit  # noqa: E402
@@ -69,8 +71,9 @@ class Clip2C(DPFedAvg):
         return clip_updates_(updates, 2 * self.clip_norm)
 
 
-def run(seed: int, module_class: type[DPFedAvg] = DPFedAvg) -> dict[str, Any]:
-    """One seed of the set-up above with ``module_class`` (``DPFedAvg`` or :class:`Clip2C`)."""
+def run(seed: int, module_class: type[DPFedAvg] = DPFedAvg, accelerator: str = "auto") -> dict[str, Any]:
+    """One seed of the set-up above with ``module_class`` (``DPFedAvg`` or :class:`Clip2C`), the
+    Trainer on ``accelerator`` (``--accelerator``: auto, cpu or gpu)."""
     start = time.perf_counter()
     for name in ("lightning.pytorch", "lightning.fabric"):
         logging.getLogger(name).setLevel(logging.ERROR)
@@ -86,7 +89,7 @@ def run(seed: int, module_class: type[DPFedAvg] = DPFedAvg) -> dict[str, Any]:
                         log_figures=False)
     with tempfile.TemporaryDirectory() as root, warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trainer = pl.Trainer(logger=False, callbacks=[audit], accelerator="cpu", devices=1,
+        trainer = pl.Trainer(logger=False, callbacks=[audit], **trainer_kwargs(accelerator),
                              enable_progress_bar=False, enable_model_summary=False,
                              enable_checkpointing=False, num_sanity_val_steps=0, default_root_dir=root,
                              limit_val_batches=0, max_steps=ROUNDS, max_epochs=-1)
@@ -108,9 +111,9 @@ def run(seed: int, module_class: type[DPFedAvg] = DPFedAvg) -> dict[str, Any]:
     }
 
 
-CASES: dict[str, Callable[[int], dict[str, Any]]] = {
-    "fedavg_correct": lambda seed: run(seed, DPFedAvg),
-    "fedavg_clip_2c": lambda seed: run(seed, Clip2C),
+CASES: dict[str, Callable[..., dict[str, Any]]] = {  # (seed, accelerator="auto")
+    "fedavg_correct": lambda seed, accelerator="auto": run(seed, DPFedAvg, accelerator),
+    "fedavg_clip_2c": lambda seed, accelerator="auto": run(seed, Clip2C, accelerator),
 }
 
 
@@ -119,10 +122,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--first", type=int, default=0, help="the first seed")
     parser.add_argument("--output", default=None, help="write the runs to this JSON file")
+    add_accelerator_argument(parser)
     args = parser.parse_args(argv)
     out: dict[str, Any] = {}
     for name, case in CASES.items():
-        runs = [case(seed) for seed in range(args.first, args.first + args.seeds)]
+        runs = [case(seed, args.accelerator) for seed in range(args.first, args.first + args.seeds)]
         flagged = sum(any(w in ("suspicious", "violation") for w in r["verdicts"].values()) for r in runs)
         out[name] = {"flagged": flagged, "n": len(runs), "runs": runs}
         print(f"{name}: flagged {flagged}/{len(runs)}, "

@@ -41,7 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import lightning.pytorch as pl  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from _common import machine_info, write_json  # noqa: E402
+from _common import add_accelerator_argument, machine_info, trainer_kwargs, write_json  # noqa: E402
 
 from audit_callbacks.callbacks import CanaryAudit  # noqa: E402
 from audit_callbacks.estimators.valid_bounds import tightest_valid_lower_bound  # noqa: E402
@@ -62,8 +62,8 @@ def quiet() -> None:
     warnings.filterwarnings("ignore")
 
 
-def _trainer(callbacks: list, root: str, **kw: Any) -> pl.Trainer:
-    return pl.Trainer(logger=False, callbacks=callbacks, accelerator="cpu", devices=1,
+def _trainer(callbacks: list, root: str, accelerator: str, **kw: Any) -> pl.Trainer:
+    return pl.Trainer(logger=False, callbacks=callbacks, **trainer_kwargs(accelerator),
                       enable_progress_bar=False, enable_model_summary=False,
                       enable_checkpointing=False, num_sanity_val_steps=0, default_root_dir=root,
                       limit_val_batches=0, **kw)
@@ -89,7 +89,7 @@ def _row(audit: CanaryAudit, summary_reference: str) -> dict[str, Any]:
     return row
 
 
-def fedavg_run(z: float, seed: int, rounds: int, root: str) -> dict[str, Any]:
+def fedavg_run(z: float, seed: int, rounds: int, root: str, accelerator: str = "auto") -> dict[str, Any]:
     pl.seed_everything(seed, verbose=False)
     dm = FederatedDataModule("digits", num_clients=300, rounds_per_epoch=25, seed=seed)
     dm.setup("fit")
@@ -99,19 +99,19 @@ def fedavg_run(z: float, seed: int, rounds: int, root: str) -> dict[str, Any]:
                       seed=seed)
     audit = CanaryAudit(300, canaries="hadamard", seed=seed, bootstrap=100, log_histograms=False,
                         log_figures=False)
-    _trainer([audit], root, max_steps=rounds, max_epochs=-1).fit(module, datamodule=dm)
+    _trainer([audit], root, accelerator, max_steps=rounds, max_epochs=-1).fit(module, datamodule=dm)
     return {"setting": "dpfedavg_digits", "noise_multiplier": z, "seed": seed, "rounds": rounds,
             **_row(audit, "epsilon_analytic")}
 
 
-def dpsgd_run(sigma: float, seed: int, epochs: int, root: str) -> dict[str, Any]:
+def dpsgd_run(sigma: float, seed: int, epochs: int, root: str, accelerator: str = "auto") -> dict[str, Any]:
     pl.seed_everything(seed, verbose=False)
     dm = CentralDataModule("breast_cancer", batch_size=64, poisson=True, seed=seed)
     module = DPSGDClassifier(MLP(30, 1, hidden=(200, 200)), lr=0.1, noise_multiplier=sigma,
                              max_grad_norm=1.0, delta=DELTA_SGD, accountant="prv")
     audit = CanaryAudit(canaries="hadamard", seed=seed, bootstrap=100, log_histograms=False,
                         log_figures=False)
-    _trainer([audit], root, max_epochs=epochs).fit(module, datamodule=dm)
+    _trainer([audit], root, accelerator, max_epochs=epochs).fit(module, datamodule=dm)
     return {"setting": "dpsgd_breast_cancer", "noise_multiplier": sigma, "seed": seed,
             "epochs": epochs, "steps": int(audit.backend.injector.steps),
             **_row(audit, "epsilon_analytic_prv")}
@@ -157,6 +157,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="one seed, 40 rounds, 10 epochs")
+    add_accelerator_argument(p)
     args = p.parse_args(argv)
     quiet()
     torch.set_num_threads(1)
@@ -167,12 +168,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as root:
         for z in (0.5, 1.0, 2.0):
             for seed in seeds_fl:
-                rows.append(fedavg_run(z, seed, rounds, root))
+                rows.append(fedavg_run(z, seed, rounds, root, args.accelerator))
                 print(json.dumps({k: rows[-1][k] for k in ("setting", "noise_multiplier", "seed",
                                   "ratio_all_iterates", "ratio_final_model", "bound_ratio_all_iterates")}))
         for sigma in (1.0, 2.0):
             for seed in seeds_sgd:
-                rows.append(dpsgd_run(sigma, seed, epochs, root))
+                rows.append(dpsgd_run(sigma, seed, epochs, root, args.accelerator))
                 print(json.dumps({k: rows[-1][k] for k in ("setting", "noise_multiplier", "seed",
                                   "ratio_all_iterates", "ratio_final_model", "bound_ratio_all_iterates")}))
     table = summarize(rows)
@@ -185,7 +186,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"{r['ratio_final_model']:>7.2f}{r['epsilon_lower_bound_all_iterates']:>8.2f}"
               f"{r['bound_ratio_all_iterates']:>6.2f}")
     payload = {"benchmark": "tightness", "quick": args.quick, "seconds": time.perf_counter() - start,
-               "machine": machine_info(), "summary": table, "runs": rows}
+               "accelerator": args.accelerator, "machine": machine_info(), "summary": table, "runs": rows}
     path = write_json("tightness_quick.json" if args.quick else "tightness.json", payload)
     print(f"wrote {path}")
     return payload

@@ -2,6 +2,7 @@
 
     python examples/dpsgd_label_audit.py            # default sweep, about a minute on 2 cores
     python examples/dpsgd_label_audit.py --quick    # seconds (smoke test)
+    python examples/dpsgd_label_audit.py --accelerator gpu   # on a CUDA GPU (default: auto)
 
 The setting of Yuan, Xue, Wang & Shen (2022, §4): an MLP with two hidden layers of 200 ReLU
 units and one sigmoid logit, trained with Opacus DP-SGD (``make_private`` in
@@ -53,10 +54,12 @@ import warnings
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _cli
 
 import lightning.pytorch as pl  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from _cli import add_accelerator_argument, trainer_kwargs  # noqa: E402
 from lightning.pytorch.loggers import TensorBoardLogger  # noqa: E402
 
 from audit_callbacks.callbacks import (  # noqa: E402
@@ -158,6 +161,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="2 sigmas, 2 clip norms, 3 steps per fit, 100 canaries (seconds; smoke test)",
     )
+    add_accelerator_argument(p)
     args = p.parse_args(argv)
     if args.quick:
         args.sigmas, args.clips = [0.5, 4.0], [1.0, 10.0]
@@ -194,8 +198,7 @@ def _trainer(args: argparse.Namespace, epochs: int, callbacks: list, logger: Any
         max_epochs=epochs,
         logger=logger,
         callbacks=callbacks,
-        accelerator="cpu",
-        devices=1,
+        **trainer_kwargs(args.accelerator),
         enable_progress_bar=False,
         enable_model_summary=False,
         enable_checkpointing=False,

@@ -1,6 +1,7 @@
 """DP-FedAvg on scikit-learn digits with a one-shot canary audit (Andrew et al. 2024), end to end.
 
     python examples/federated_canary_audit.py --noise-multiplier 0.1 --rounds 200
+    python examples/federated_canary_audit.py --accelerator gpu     # on a CUDA GPU (default: auto)
 
 Trains a small CNN with DP-FedAvg over clients holding shards of the digits data, inserts canary
 clients with ``CanaryAudit``, and prints the empirical epsilons (final model and all iterates),
@@ -17,9 +18,11 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _cli
 
 import lightning.pytorch as pl  # noqa: E402
 import torch  # noqa: E402
+from _cli import add_accelerator_argument, trainer_kwargs  # noqa: E402
 from lightning.pytorch.loggers import TensorBoardLogger  # noqa: E402
 
 from audit_callbacks.callbacks import CanaryAudit  # noqa: E402
@@ -50,6 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--delta", type=float, default=1e-6)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-dir", default="runs")
+    add_accelerator_argument(p)
     return p.parse_args(argv)
 
 
@@ -83,7 +87,7 @@ def main(argv: list[str] | None = None) -> dict:
         max_epochs=-1,
         logger=logger,
         callbacks=[audit],
-        accelerator="cpu",
+        **trainer_kwargs(args.accelerator),
         enable_progress_bar=False,
         enable_model_summary=False,
         enable_checkpointing=False,

@@ -2,6 +2,7 @@
 
     python examples/ldp_audit.py               # eps0 in {0.5, 1, 2, 4}, about a minute on 2 cores
     python examples/ldp_audit.py --quick       # a few seconds (smoke test)
+    python examples/ldp_audit.py --accelerator gpu    # on a CUDA GPU (default: auto)
 
 For each eps0, DP-FedAvg trains multinomial logistic regression on sklearn's digits (clients
 hold shards of the training split). Each client computes its full-batch gradient (one local step
@@ -38,10 +39,12 @@ import time
 import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _cli
 
 import lightning.pytorch as pl  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from _cli import add_accelerator_argument, trainer_kwargs  # noqa: E402
 from lightning.pytorch.loggers import TensorBoardLogger  # noqa: E402
 
 from audit_callbacks.callbacks.ldp_audit import (  # noqa: E402
@@ -76,6 +79,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=os.path.join("runs", "ldp_audit"), help="output directory")
     p.add_argument("--quick", action="store_true", help="tiny configuration (seconds; smoke test)")
+    add_accelerator_argument(p)
     args = p.parse_args(argv)
     if args.quick:
         args.rounds, args.audit_every, args.trials = 4, 2, 2000
@@ -106,7 +110,7 @@ def train_one(eps0: float, args: argparse.Namespace) -> dict:
     audit = LDPAudit(trials=args.trials, alpha=args.alpha, every_n_rounds=args.audit_every, seed=args.seed)
     logger = TensorBoardLogger(args.out, name=f"eps0_{eps0:g}", version=0)
     trainer = pl.Trainer(
-        max_steps=args.rounds, max_epochs=-1, logger=logger, callbacks=[audit], accelerator="cpu",
+        max_steps=args.rounds, max_epochs=-1, logger=logger, callbacks=[audit], **trainer_kwargs(args.accelerator),
         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
         num_sanity_val_steps=0, log_every_n_steps=max(1, args.rounds // 20),
     )

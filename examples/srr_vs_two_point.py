@@ -2,6 +2,7 @@
 
     python examples/srr_vs_two_point.py            # eps 1..5, about 2 minutes on 2 cores
     python examples/srr_vs_two_point.py --quick    # a few seconds (smoke test)
+    python examples/srr_vs_two_point.py --accelerator gpu   # training on a CUDA GPU (default: auto)
 
 Three questions, one CSV each, and one PNG (``--out``, default ``runs/srr_vs_two_point``):
 
@@ -76,10 +77,12 @@ import warnings
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _cli
 
 import lightning.pytorch as pl  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from _cli import add_accelerator_argument, trainer_kwargs  # noqa: E402
 
 from audit_callbacks.attacks import LDPFLInferenceAttack, ldp_epsilon_test  # noqa: E402
 from audit_callbacks.estimators import epsilon_from_error_rates  # noqa: E402
@@ -132,6 +135,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=os.path.join("runs", "srr_vs_two_point"), help="output directory")
     p.add_argument("--quick", action="store_true", help="tiny configuration (seconds; smoke test)")
+    add_accelerator_argument(p)
     args = p.parse_args(argv)
     if args.quick:
         args.epsilons = [1.0, 5.0]
@@ -300,7 +304,7 @@ def train_one(name: str | None, eps: float | None, seed: int, args: argparse.Nam
         estimator = make_randomizer("srr", float(eps), args) if name == "srr_plain" else mech
         callbacks.append(InferenceAttackOnReleases(mech, estimator, 0.0, args.radius, seed))
     trainer = pl.Trainer(
-        max_steps=args.rounds, max_epochs=-1, logger=False, callbacks=callbacks, accelerator="cpu",
+        max_steps=args.rounds, max_epochs=-1, logger=False, callbacks=callbacks, **trainer_kwargs(args.accelerator),
         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
         num_sanity_val_steps=0,
     )
