@@ -12,16 +12,21 @@ Two kinds, with the same methods (:meth:`~CanarySet.canary`, :meth:`~CanarySet.b
   over k canaries costs O(k d) normal draws. Its cosine with any fixed vector follows the exact
   law (1 + t)/2 ~ Beta((d-1)/2, (d-1)/2).
 * ``"hadamard"`` (:class:`HadamardCanaries`): with H the n x n Walsh-Hadamard matrix
-  (n = 2^ceil(log2 d), H[r, i] = (-1)^popcount(r & i)) and D a diagonal of random signs, canary
-  ``j`` is row ``pi(j)`` of ``H D``, its first d entries, divided by sqrt(d) (every entry is
-  +-1/sqrt(d), so its norm is 1). ``pi`` is a random injection of the canary indices into the
-  n rows. D and pi are drawn from ``numpy.random.default_rng`` of the seed on the CPU, so the
-  canaries are the same on every device. The dot products of all n rows with a vector v are one
-  fast Walsh-Hadamard transform ``FWHT(D * pad(v))`` (O(n log n)), and a sum of canaries is
-  ``D * FWHT(indicator)``: one transform each, whatever k is. Each canary is a vector of
-  independent random signs, so its cosine with a fixed v has mean 0 and variance 1/d as for a
-  Gaussian canary, but its law is not exactly the Beta law (a sum of signed coordinates of v):
-  estimates with Hadamard canaries take their null from unobserved canaries (the empirical null).
+  (n = 2^floor(log2 d), the largest power of two <= d, H[r, i] = (-1)^popcount(r & i)) and D a
+  diagonal of random signs, canary ``j`` is row ``pi(j)`` of ``H D`` divided by sqrt(n), on the
+  first n of the d coordinates (0 on the others): every entry is +-1/sqrt(n), its norm is 1, and
+  any two canaries are exactly orthogonal. ``pi`` is a random injection of the canary indices
+  into the n rows. D and pi are drawn from ``numpy.random.default_rng`` of the seed on the CPU,
+  so the canaries are the same on every device. The dot products of all n rows with a vector v
+  are one fast Walsh-Hadamard transform ``FWHT(D * v[:n])`` (O(n log n)), and a sum of canaries
+  is ``D * FWHT(indicator)``: one transform each, whatever k is. Each canary is a vector of
+  independent random signs on n coordinates, so its cosine with a fixed v has mean 0 and
+  variance ``|v[:n]|^2 / (n |v|^2)`` (1/d for isotropic noise) as for a Gaussian canary, but its
+  law is not exactly the Beta law: estimates with Hadamard canaries take their null from
+  unobserved canaries (the empirical null). Rows cut to the first d of 2^ceil(log2 d)
+  coordinates (this library before issue 28) are not orthogonal: two rows whose indices differ
+  only in bit b have cosine up to 2^b / d (0.69 at d = 1,210), which lets one canary's
+  insertion move another's statistic.
 """
 
 from __future__ import annotations
@@ -34,10 +39,16 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["CanarySet", "GaussianCanaries", "HadamardCanaries", "canary_seed", "fwht"]
+__all__ = ["CanarySet", "GaussianCanaries", "HadamardCanaries", "canary_seed", "fwht", "hadamard_length"]
 
 KINDS = ("gaussian", "hadamard")
 _DEFAULT_CHUNK_ELEMENTS = 1 << 22  # 4M floats (16 MiB in float32) per generated chunk
+
+
+def hadamard_length(dim: int) -> int:
+    """n = 2^floor(log2 dim): the transform length of Hadamard canaries in dimension ``dim``
+    (the largest power of two <= dim), so at most n exactly orthogonal canaries exist."""
+    return 1 << (int(dim).bit_length() - 1)
 
 
 def canary_seed(seed: int, index: int) -> int:
@@ -178,6 +189,16 @@ def fwht(x: torch.Tensor) -> torch.Tensor:
     return _butterflies(cur, 1).view(x.shape)
 
 
+def _check_out(out: torch.Tensor, rows: int, dim: int, device: Any) -> None:
+    """``out`` must be a contiguous float32 ``[rows, dim]`` tensor on ``device``."""
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    same = out.device.type == dev.type and (dev.index is None or out.device.index == dev.index)
+    if (tuple(out.shape) != (rows, dim) or out.dtype != torch.float32 or not same
+            or not out.is_contiguous()):
+        raise ValueError(f"out must be a contiguous float32 [{rows}, {dim}] tensor on {dev}, got "
+                         f"{out.dtype} {tuple(out.shape)} on {out.device}")
+
+
 def _as_columns(vectors: torch.Tensor | Sequence[torch.Tensor], dim: int) -> tuple[list[torch.Tensor], bool]:
     single = isinstance(vectors, torch.Tensor) and vectors.dim() == 1
     cols = [vectors] if single else list(vectors)
@@ -200,7 +221,7 @@ class CanarySet:
     Args:
         seed: the set's seed (non-negative int); canary j is a function of (seed, j) only.
         dim: the dimension d (number of model parameters); at least 2.
-        num_canaries: k, the number of canaries (Hadamard: at most n = 2^ceil(log2 d)).
+        num_canaries: k, the number of canaries (Hadamard: at most n = 2^floor(log2 d)).
         kind: ``"gaussian"`` (default) or ``"hadamard"``.
         chunk_elements: Gaussian only: at most this many floats are generated at once.
 
@@ -248,10 +269,16 @@ class CanarySet:
     # every kind implements these two
     def batch(
         self, indices: Sequence[int], *, scale: float = 1.0, device: torch.device | str | None = None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``scale * c_j`` for j in ``indices``: ``[len(indices), dim]`` float32 on ``device``.
 
-        Raises ``IndexError`` for an index outside ``[0, num_canaries)``."""
+        ``out``: a float32 ``[len(indices), dim]`` tensor on ``device`` to write the rows into
+        and return (a buffer reused from step to step: on the CPU a fresh allocation of k x d
+        floats costs its page faults every time); None (default): a new tensor.
+
+        Raises ``IndexError`` for an index outside ``[0, num_canaries)``; ``ValueError`` for an
+        ``out`` of the wrong shape, dtype or device."""
         raise NotImplementedError
 
     def dots(
@@ -290,15 +317,22 @@ class CanarySet:
         raises ``ValueError``, which reads one value back from the vectors' device (a host
         synchronisation on CUDA); ``check_finite=False`` never synchronises (Hadamard canaries:
         the transform, the selection and the division stay on the device) and gives NaN cosines
-        in a non-finite vector's column, for the caller to check when it reads them.
+        in the whole column of a vector with a NaN or inf entry (and only there), for the caller
+        to check when it reads them.
         """
         cols, single = _as_columns(vectors, self.dim)
-        norms = torch.stack([torch.linalg.vector_norm(v.to(torch.float64)) for v in cols])
+        # float64 accumulation without a float64 copy of the vector; finite exactly when every
+        # entry is (float32 squares cannot overflow a float64 sum)
+        norms = torch.stack([torch.linalg.vector_norm(v, dtype=torch.float64) for v in cols])
         if check_finite and not bool(torch.isfinite(norms).all()):
             raise ValueError("vectors: cannot take cosines against a vector with NaN or inf entries")
         dots = self.dots(cols, indices)
-        safe = torch.where(norms > 0, norms, torch.ones_like(norms)).to(dots.device)
+        norms = norms.to(dots.device)
+        safe = torch.where(norms > 0, norms, torch.ones_like(norms))
         cos = (dots / safe.unsqueeze(0)).clamp_(-1.0, 1.0)
+        if not check_finite:  # NaN in a non-finite vector's whole column (an inf entry outside
+            # the Hadamard canaries' coordinates would otherwise give cosines 0)
+            cos = torch.where(torch.isfinite(norms).unsqueeze(0), cos, math.nan)
         return cos[:, 0] if single else cos
 
     def sum(
@@ -353,9 +387,13 @@ class GaussianCanaries(CanarySet):
 
     def batch(
         self, indices: Sequence[int], *, scale: float = 1.0, device: torch.device | str | None = None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         idx = self._check_indices(indices)
-        out = torch.empty(len(idx), self.dim, dtype=torch.float32, device=device)
+        if out is None:
+            out = torch.empty(len(idx), self.dim, dtype=torch.float32, device=device)
+        else:
+            _check_out(out, len(idx), self.dim, device)
         self._fill(idx, out, float(scale))
         return out
 
@@ -397,7 +435,8 @@ class HadamardCanaries(CanarySet):
     """Canaries that are rows of a randomly signed Walsh-Hadamard matrix (see :class:`CanarySet`).
 
     Attributes:
-        n: the transform length 2^ceil(log2 dim).
+        n: the transform length 2^floor(log2 dim) (:func:`hadamard_length`); the canaries
+            live on coordinates ``0 .. n - 1``.
         rows: ``[num_canaries]`` int64, the row ``pi(j)`` of ``H D`` that canary j is.
         signs: ``[n]`` float32 +-1, the diagonal D.
     """
@@ -406,7 +445,7 @@ class HadamardCanaries(CanarySet):
 
     def __init__(self, seed: int, dim: int, num_canaries: int, *, kind: str | None = None) -> None:
         super().__init__(seed, dim, num_canaries, kind=kind)
-        self.n = 1 << max(1, math.ceil(math.log2(self.dim)))
+        self.n = hadamard_length(self.dim)
         if self.num_canaries > self.n:
             raise ValueError(
                 f"num_canaries: at most n = {self.n} Hadamard canaries exist for dim {self.dim}, "
@@ -417,7 +456,7 @@ class HadamardCanaries(CanarySet):
         # pi: k distinct rows in random order (the first k of a uniform random permutation)
         pi = rng.choice(self.n, size=self.num_canaries, replace=False)
         self.rows = torch.from_numpy(np.asarray(pi, dtype=np.int64))
-        self.scale = 1.0 / math.sqrt(self.dim)
+        self.scale = 1.0 / math.sqrt(self.n)
         self._on: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def _device_parts(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -429,8 +468,10 @@ class HadamardCanaries(CanarySet):
 
     def batch(
         self, indices: Sequence[int], *, scale: float = 1.0, device: torch.device | str | None = None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """``scale * c_j`` for j in ``indices``: ``[len(indices), dim]`` float32 on ``device``.
+        """``scale * c_j`` for j in ``indices``: ``[len(indices), dim]`` float32 on ``device``
+        (into ``out`` when given, as :meth:`CanarySet.batch`).
 
         All rows at once, without a loop over canaries: with L = 2^floor(log2(n) / 2) and a
         coordinate ``c = c_hi L + c_lo``, ``popcount(r & c) = popcount(r_hi & c_hi) +
@@ -441,27 +482,27 @@ class HadamardCanaries(CanarySet):
         dev = torch.device(device) if device is not None else torch.device("cpu")
         signs, rows = self._device_parts(dev)
         low_bits = (self.n.bit_length() - 1) // 2
-        width = 1 << low_bits
-        high_len = -(-self.dim // width)  # the high parts of coordinates 0 .. dim - 1
+        width = 1 << low_bits  # divides n: coordinates 0 .. n - 1 are n / L whole blocks
         r = rows[_index_tensor(idx, dev)]
         low = _parity_signs(r & (width - 1), width)  # [b, L]
-        high = _parity_signs(r >> low_bits, high_len)  # [b, ceil(d / L)]
-        scaled = signs[: self.dim] * (self.scale * float(scale))  # D's diagonal times the scale
-        out = torch.empty(len(idx), self.dim, dtype=torch.float32, device=dev)
-        q, rest = divmod(self.dim, width)  # q whole blocks of L coordinates, then rest
-        main = out[:, : q * width].view(len(idx), q, width)
-        torch.mul(high[:, :q, None], low[:, None, :], out=main)
-        main.mul_(scaled[: q * width].view(q, width))
-        if rest:
-            torch.mul(high[:, q:], low[:, :rest], out=out[:, q * width:])
-            out[:, q * width:].mul_(scaled[q * width:])
+        high = _parity_signs(r >> low_bits, self.n // width)  # [b, n / L]
+        scaled = signs * (self.scale * float(scale))  # D's diagonal times the scale
+        if out is None:
+            out = torch.zeros(len(idx), self.dim, dtype=torch.float32, device=dev)
+        else:
+            _check_out(out, len(idx), self.dim, dev)
+            out[:, self.n:].zero_()
+        main = out[:, : self.n].view(len(idx), self.n // width, width)
+        torch.mul(high[:, :, None], low[:, None, :], out=main)
+        main.mul_(scaled.view(self.n // width, width))
         return out
 
     def sum(
         self, indices: Sequence[int] | None = None, *, weights: torch.Tensor | None = None,
         device: torch.device | str | None = None,
     ) -> torch.Tensor:
-        """``sum_j w_j c_j`` by one transform: ``D * FWHT(e)`` truncated, ``e[pi(j)] = w_j``."""
+        """``sum_j w_j c_j`` by one transform: ``D * FWHT(e)`` on the first n coordinates,
+        ``e[pi(j)] = w_j``."""
         idx = self._check_indices(indices)
         dev = torch.device(device) if device is not None else torch.device("cpu")
         signs, rows = self._device_parts(dev)
@@ -469,8 +510,9 @@ class HadamardCanaries(CanarySet):
         w = torch.ones(len(idx), dtype=torch.float32, device=dev) if weights is None else (
             weights[: len(idx)].to(device=dev, dtype=torch.float32))
         e.index_add_(0, rows[_index_tensor(idx, dev)], w)
-        out = fwht(e)[: self.dim]
-        return out.mul_(signs[: self.dim]).mul_(self.scale)
+        out = torch.zeros(self.dim, dtype=torch.float32, device=dev)
+        out[: self.n] = fwht(e).mul_(signs).mul_(self.scale)
+        return out
 
     def dots(
         self, vectors: torch.Tensor | Sequence[torch.Tensor], indices: Sequence[int] | None = None,
@@ -478,10 +520,13 @@ class HadamardCanaries(CanarySet):
         cols, single = _as_columns(vectors, self.dim)
         device = cols[0].device
         signs, rows = self._device_parts(device)
-        x = torch.zeros(self.n, len(cols), dtype=torch.float32, device=device)
-        for m, v in enumerate(cols):
-            x[: self.dim, m] = v.to(torch.float32)
-        x.mul_(signs.unsqueeze(1))
+        if len(cols) == 1:  # one pass: D * v[:n] (the column of the general case, same values)
+            x = torch.mul(cols[0][: self.n].to(torch.float32), signs).unsqueeze(1)
+        else:
+            x = torch.zeros(self.n, len(cols), dtype=torch.float32, device=device)
+            for m, v in enumerate(cols):
+                x[:, m] = v[: self.n].to(torch.float32)
+            x.mul_(signs.unsqueeze(1))
         y = fwht(x)
         sel = rows if indices is None else rows[_index_tensor(self._check_indices(indices), device)]
         out = y[sel].to(torch.float64).mul_(self.scale)

@@ -16,7 +16,12 @@ for. A pass multiplies each chunk of canaries by a fixed block of ``group`` roun
 then have the same bits whenever the pass runs (a column of a matrix product does not depend on
 the other columns), so a resumed run equals an uninterrupted one bit for bit.
 
-Everything runs on the calling thread, on the device of the model's vectors.
+Everything runs on the calling thread, on the device of the model's vectors, and a round costs
+no host synchronisation (issue 28): the running maxima stay on that device, a round whose delta
+has a NaN or inf entry is not folded (Hadamard: its cosines are NaN and ``torch.fmax`` keeps the
+maxima; Gaussian: its column is masked) and is counted in a device tensor. The counts
+(``rounds_seen``, ``rounds_skipped``) and the statistics are read back to the host only when
+asked for (:meth:`CanaryStatistics.compute`, a checkpoint, an estimate).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ def group_rounds(dim: int) -> int:
 
 
 def _finite(vec: torch.Tensor) -> bool:
+    """Whether every entry is finite (reads one value back: a host synchronisation)."""
     return bool(torch.isfinite(vec).all())
 
 
@@ -76,9 +82,13 @@ class CanaryStatistics:
         self.max_cos = torch.full((self.num_observed + self.num_unobserved,), -math.inf,
                                   dtype=torch.float64)
         self.theta0: torch.Tensor | None = None
-        self.rounds_seen = 0
-        self.rounds_skipped = 0
-        self._full: list[tuple[torch.Tensor, int]] = []  # complete blocks [group, d], first row
+        self._seen_base = 0  # rounds folded before this object's deltas (a checkpoint's)
+        self._skipped_base = 0  # rounds skipped without a device count (a checkpoint's, skip())
+        self._arrivals = 0  # deltas given to add_delta since then (finite or not)
+        self._bad: torch.Tensor | None = None  # device int64: how many of them were not finite
+        self._position = 0  # the block row of the next delta (Gaussian canaries)
+        self._block_ok: torch.Tensor | None = None  # device bool [group]: rows with a finite delta
+        self._full: list[tuple[torch.Tensor, torch.Tensor, int]] = []  # complete blocks [group, d], ok, first row
         self._block: torch.Tensor | None = None  # the block rounds are written into
         self._first = 0  # its first row that holds a round (later than 0 after a resume)
         self._pending = 0
@@ -103,31 +113,78 @@ class CanaryStatistics:
         self.theta0 = theta0.detach().to(torch.float32).clone()
         self._final_cache = None
 
-    def add_delta(self, delta: torch.Tensor) -> bool:
-        """Fold (or buffer) one round's model delta ``[d]``. Returns False and skips it if it
-        has a NaN or inf entry (counted in ``rounds_skipped``)."""
+    @property
+    def rounds_skipped(self) -> int:
+        """Rounds not folded: deltas with a NaN or inf entry, and :meth:`skip` (reads the device
+        count back: call it at estimate time, not per round)."""
+        bad = 0 if self._bad is None else int(self._bad)
+        return self._skipped_base + bad
+
+    @rounds_skipped.setter
+    def rounds_skipped(self, value: int) -> None:
+        self._skipped_base = int(value) - (0 if self._bad is None else int(self._bad))
+
+    @property
+    def rounds_seen(self) -> int:
+        """Rounds folded (or buffered) so far (reads the device count back, as
+        :attr:`rounds_skipped`)."""
+        bad = 0 if self._bad is None else int(self._bad)
+        return self._seen_base + self._arrivals - bad
+
+    def skip(self) -> None:
+        """Count a release the audit could not read (nothing folded, no synchronisation)."""
+        self._skipped_base += 1
+
+    def _on_device(self, device: torch.device) -> None:
+        """Keep the running maxima and the non-finite count on the deltas' device."""
+        if self.max_cos.device != device:
+            self.max_cos = self.max_cos.to(device)
+        if self._bad is None:
+            self._bad = torch.zeros((), dtype=torch.int64, device=device)
+        elif self._bad.device != device:
+            self._bad = self._bad.to(device)
+
+    def add_delta(self, delta: torch.Tensor) -> torch.Tensor:
+        """Fold (or buffer) one round's model delta ``[d]``, with no host synchronisation.
+
+        A delta with a NaN or inf entry is not folded and is counted in ``rounds_skipped``
+        (a device count, read back at estimate time).
+
+        Returns:
+            A 0-dim bool tensor on the delta's device: whether the round was folded (reading it
+            as a Python bool synchronises; the auditor never does per round).
+        """
         self._check(delta, "delta")
-        if not _finite(delta):
-            self.rounds_skipped += 1
-            return False
+        delta = delta.detach()
+        self._on_device(delta.device)
+        assert self._bad is not None
+        self._arrivals += 1
         if self.exact_per_round:
-            cos = self.canaries.cosines(delta.detach()).cpu()  # the set is exactly k + k' canaries
-            torch.maximum(self.max_cos, cos * self.sign, out=self.max_cos)
-            self.rounds_seen += 1
-            return True
-        row = self.rounds_seen % self.group
+            # the set is exactly k + k' canaries; a non-finite delta gives NaN cosines (its norm
+            # is not finite), which fmax ignores
+            cos = self.canaries.cosines(delta, check_finite=False)
+            ok = ~torch.isnan(cos[0])
+            torch.fmax(self.max_cos, cos * self.sign, out=self.max_cos)
+            self._bad += ~ok
+            return ok
+        ok = torch.isfinite(delta).all()
+        self._bad += ~ok
+        row = self._position % self.group
+        self._position += 1
         if self._block is None:
             self._block = torch.zeros(self.group, self.dim, dtype=torch.float32, device=delta.device)
+            self._block_ok = torch.zeros(self.group, dtype=torch.bool, device=delta.device)
             self._first = row
-        self._block[row] = delta.detach().to(torch.float32)
-        self.rounds_seen += 1
+        assert self._block_ok is not None
+        self._block[row] = delta.to(torch.float32)
+        self._block_ok[row] = ok
         self._pending += 1
         if row == self.group - 1:
-            self._full.append((self._block, self._first))
-            self._block = None
+            self._full.append((self._block, self._block_ok, self._first))
+            self._block, self._block_ok = None, None
         if self._pending >= self.max_buffered:
             self._fold(None)
-        return True
+        return ok
 
     def flush(self) -> None:
         """Fold the buffered deltas into the running maxima."""
@@ -137,34 +194,39 @@ class CanaryStatistics:
     def _fold(self, final: torch.Tensor | None) -> torch.Tensor | None:
         """One pass over the Gaussian canaries: fold the pending blocks into the maxima, and
         return the cosines with ``final`` (when given)."""
-        blocks = [(b, first, self.group) for b, first in self._full]
-        filled = self.rounds_seen % self.group
+        blocks = [(b, ok, first, self.group) for b, ok, first in self._full]
+        filled = self._position % self.group
         if self._block is not None and filled:  # folded again when complete: max is idempotent
-            blocks.append((self._block, self._first, filled))
-        blocks = [(b, lo, hi, _row_norms(b)) for b, lo, hi in blocks] if self._pending else []
+            assert self._block_ok is not None
+            blocks.append((self._block, self._block_ok, self._first, filled))
+        work = [(b, ok, lo, hi, _row_norms(b)) for b, ok, lo, hi in blocks] if self._pending else []
         self._full, self._pending = [], 0
         n = self.max_cos.numel()
         out = None
+        if not work and final is None:
+            return None
+        device = (final if final is not None else work[0][0]).device
+        if self.max_cos.device != device:
+            self.max_cos = self.max_cos.to(device)
         if final is not None:
-            out = torch.empty(n, dtype=torch.float64)
+            out = torch.empty(n, dtype=torch.float64, device=device)
             final32 = final.to(torch.float32)
             norm = torch.linalg.vector_norm(final.to(torch.float64))
-            final_norm = norm if norm > 0 else torch.ones_like(norm)
-        if not blocks and final is None:
-            return None
+            final_norm = torch.where(norm > 0, norm, torch.ones_like(norm))
         pos = 0
-        device = (final if final is not None else blocks[0][0]).device
         for part, chunk in self.canaries.chunks(device=device):
             end = pos + len(part)
-            for block, lo, hi, norms in blocks:  # rows lo..hi-1 hold rounds, the rest zeros
+            for block, ok, lo, hi, norms in work:  # rows lo..hi-1 hold rounds, the rest zeros
                 cos = (torch.mm(chunk, block.t()).to(torch.float64) / norms).clamp_(-1.0, 1.0)
-                top = (cos[:, lo:hi] * self.sign).max(dim=1).values.cpu()
+                # a non-finite round's column (NaN) never reaches the maxima
+                cos = torch.where(ok[lo:hi], cos[:, lo:hi] * self.sign, -math.inf)
+                top = cos.max(dim=1).values
                 torch.maximum(self.max_cos[pos:end], top, out=self.max_cos[pos:end])
             if out is not None:
                 cos = (torch.mv(chunk, final32).to(torch.float64) / final_norm).clamp_(-1.0, 1.0)
-                out[pos:end] = (cos * self.sign).cpu()
+                out[pos:end] = cos * self.sign
             pos = end
-        return out
+        return None if out is None else out.cpu()
 
     def compute(self, theta_now: torch.Tensor) -> dict[str, torch.Tensor]:
         """Fold what is pending and return the statistics (float64, CPU).
@@ -202,11 +264,12 @@ class CanaryStatistics:
         k = self.num_observed
         have_all = self.rounds_seen > 0
         empty = torch.empty(0, dtype=torch.float64)
+        max_cos = self.max_cos.cpu() if have_all else empty
         return {
             "final_observed": final[:k].clone(),
             "final_unobserved": final[k:].clone(),
-            "all_observed": self.max_cos[:k].clone() if have_all else empty,
-            "all_unobserved": self.max_cos[k:].clone() if have_all else empty,
+            "all_observed": max_cos[:k].clone() if have_all else empty,
+            "all_unobserved": max_cos[k:].clone() if have_all else empty,
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -219,10 +282,11 @@ class CanaryStatistics:
             "num_observed": self.num_observed,
             "num_unobserved": self.num_unobserved,
             "sign": self.sign,
-            "max_cos": self.max_cos.clone(),
+            "max_cos": self.max_cos.cpu().clone(),
             "theta0": None if self.theta0 is None else self.theta0.cpu().clone(),
             "rounds_seen": self.rounds_seen,
             "rounds_skipped": self.rounds_skipped,
+            "positions": self._position,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -247,11 +311,15 @@ class CanaryStatistics:
         if theta0 is not None and tuple(theta0.shape) != (self.dim,):
             raise ValueError(f"checkpointed theta0 has shape {tuple(theta0.shape)}, expected ({self.dim},)")
         device = self.theta0.device if self.theta0 is not None else torch.device("cpu")
-        self.max_cos = max_cos.clone()
+        self.max_cos = max_cos.to(self.max_cos.device).clone()
         self.theta0 = None if theta0 is None else theta0.to(device=device, dtype=torch.float32).clone()
-        self.rounds_seen = int(state["rounds_seen"])
-        self.rounds_skipped = int(state["rounds_skipped"])
-        self._full, self._block, self._pending = [], None, 0
+        self._seen_base = int(state["rounds_seen"])
+        self._skipped_base = int(state["rounds_skipped"])
+        self._arrivals, self._bad = 0, None
+        # the block row of the next delta: the deltas given so far (older checkpoints: the
+        # rounds seen, as they had no row for a skipped round)
+        self._position = int(state.get("positions", self._seen_base))
+        self._full, self._block, self._block_ok, self._pending = [], None, None, 0
         self._final_cache = None
 
 

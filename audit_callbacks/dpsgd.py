@@ -33,7 +33,6 @@ import torch
 from opacus.accountants import IAccountant, PRVAccountant, RDPAccountant
 from opacus.accountants.analysis import rdp as rdp_analysis
 from opacus.optimizers import DPOptimizer
-from opacus.optimizers.optimizer import _mark_as_processed
 
 from audit_callbacks.canaries import CanarySet
 from audit_callbacks.canary_sampling import LoaderCanarySampling
@@ -129,8 +128,11 @@ def unchain_step_hook(optimizer: DPOptimizer, installed: Callable[[DPOptimizer],
 
 
 def flat_parameters(params: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The optimizer's parameters, flattened and concatenated (float32, CPU): ``[d]``."""
-    return torch.cat([p.detach().reshape(-1).to("cpu", torch.float32) for p in params])
+    """The optimizer's parameters, flattened and concatenated: ``[d]`` float32 on the first
+    parameter's device (the model's; no copy to the host: the release deltas and the statistics
+    stay there)."""
+    device = params[0].device
+    return torch.cat([p.detach().reshape(-1).to(device, torch.float32) for p in params])
 
 
 @functools.lru_cache(maxsize=64)
@@ -323,17 +325,19 @@ class GradientCanaryInjector:
 
     Where a canary enters (``insertion``). By default **before clipping**: the optimizer's
     ``clip_and_accumulate`` is wrapped on the instance (so a subclass's or an instance's own
-    override still runs, after the insertion), and at the first ``clip_and_accumulate`` of each
-    logical step one row per joining canary is appended to every parameter's per-example
-    gradients ``p.grad_sample`` (to its last tensor when it is a list, so that
-    ``accumulated_iterations`` and ``_get_flat_grad_sample``'s concatenation keep their meaning):
-    the row is ``norm_multiplier * max_grad_norm * c_j`` cut into the parameters' shapes, so
-    Opacus' own per-sample norm, clip factor ``min(1, C / (norm + 1e-6))``, summation, noise and
-    scaling act on it, and with correct clipping the canary adds ``max_grad_norm * c_j`` (times
-    ``1 - 1e-6 / (norm_multiplier C)``) to the summed gradient; clipping at 2C doubles it. The
-    rows are removed again right after the clipping (``p.grad_sample`` is restored, marked
-    processed as Opacus marks it), so the label attacks' step hooks see the real examples only.
-    ``BatchMemoryManager`` calls ``clip_and_accumulate`` once per physical batch: the rows go
+    override still runs on the canaries too), and at the first ``clip_and_accumulate`` of each
+    logical step, right after the real examples' call, it is called a second time with every
+    parameter's per-example gradients ``p.grad_sample`` set to one row per joining canary:
+    ``norm_multiplier * max_grad_norm * c_j`` cut into the parameters' shapes, so Opacus' own
+    per-sample norm, clip factor ``min(1, C / (norm + 1e-6))`` and summation into
+    ``p.summed_grad`` (then its noise and scaling) act on it as on a real example, and with
+    correct clipping the canary adds ``max_grad_norm * c_j`` (times ``1 - 1e-6 /
+    (norm_multiplier C)``) to the summed gradient; clipping at 2C doubles it. The real
+    per-example gradients are never copied or extended (before issue 28 the rows were
+    concatenated to them: a copy of all B x d every step) and are put back right after the
+    canaries' call (the same objects, marked processed by Opacus' first call), so
+    ``accumulated_iterations`` and the label attacks' step hooks see the real examples only.
+    ``BatchMemoryManager`` calls ``clip_and_accumulate`` once per physical batch: the canaries go
     into the first. Where the optimizer has no per-example gradients to extend (ghost clipping,
     per-layer clipping, AdaClip: :func:`preclip_unsupported`) or ``before_clipping=False``, the
     canaries go **after clipping**, as before: ``max_grad_norm * c_j`` added to ``p.summed_grad``
@@ -425,6 +429,7 @@ class GradientCanaryInjector:
         self._joined: np.ndarray | None = None  # the current logical step's canaries
         self._rate = 0.0
         self._placed = False  # the current step's rows are in (or there were none to put in)
+        self._rows_buffer: torch.Tensor | None = None  # the canary rows, reused across steps
         # instance attributes (the class is untouched); an instance's own are put back at detach
         self._own = {name: optimizer.__dict__.get(name) for name in ("add_noise", "clip_and_accumulate")}
         self._original = optimizer.add_noise
@@ -495,28 +500,21 @@ class GradientCanaryInjector:
         if self._placed or not self.before_clipping:
             self._clip_original()
             return
-        saved = self._append_rows(self._joined)
-        if saved is None:  # Opacus raises its own error, or the step falls back (insertion says why)
+        layout = self._canary_layout()
+        if layout is None:  # Opacus raises its own error, or the step falls back (insertion says why)
             self._clip_original()
             return
+        self._clip_original()  # the real examples, as they are: nothing of theirs is copied
         self._placed = True
-        try:
-            self._clip_original()
-        finally:
-            for p, original in saved:
-                processed = any(hasattr(t, "_processed") for t in (_tensors(p.grad_sample) or []))
-                p.grad_sample = original
-                if processed:  # as Opacus marks what it clipped: zero_grad must come first
-                    _mark_as_processed(original)
+        self._clip_canaries(self._joined, layout)
 
-    def _append_rows(self, joined: np.ndarray) -> list[tuple[torch.Tensor, Any]] | None:
-        """Append ``norm_multiplier * max_grad_norm * scale * c_j`` for j in ``joined`` as rows of
-        every ``p.grad_sample``; returns ``[(p, its original grad_sample)]``, or None when they
-        cannot take rows: a missing or already clipped ``grad_sample`` (Opacus' own check then
-        raises), or an unexpected layout (the insertion falls back to after clipping)."""
-        opt = self.optimizer
+    def _canary_layout(self) -> list[tuple[torch.Tensor, torch.device, torch.dtype]] | None:
+        """``[(p, device, dtype)]`` of the canary rows for every parameter (those of its
+        per-example gradients' last tensor), or None when ``p.grad_sample`` cannot take rows: a
+        missing or already clipped one (Opacus' own check then raises), or an unexpected layout
+        (the insertion falls back to after clipping)."""
         found = []
-        for p in opt.params:
+        for p in self.optimizer.params:
             gs = getattr(p, "grad_sample", None)
             if gs is None:
                 return None
@@ -527,20 +525,47 @@ class GradientCanaryInjector:
                 return None
             if any(hasattr(t, "_processed") for t in parts):
                 return None
-            found.append((p, gs, parts))
-        last = found[0][2][-1]
-        rows = self.canaries.batch(joined.tolist(), device=last.device,
+            found.append((p, parts[-1].device, parts[-1].dtype))
+        return found
+
+    def _clip_canaries(self, joined: np.ndarray, layout: list[tuple[torch.Tensor, torch.device, torch.dtype]]
+                       ) -> None:
+        """Clip ``norm_multiplier * max_grad_norm * scale * c_j`` (j in ``joined``) into
+        ``p.summed_grad`` by the optimizer's own ``clip_and_accumulate`` (the one this injector
+        wrapped: a class's or an instance's override included), called a second time with
+        ``p.grad_sample`` set to the canary rows alone, ``[m, *p.shape]`` each; the real
+        per-example gradients (already clipped and summed by the first call, and marked
+        processed by it) are put back exactly as they were (the same object, tensor or list),
+        so ``accumulated_iterations`` and the label attacks' step hooks see the real examples
+        only. Opacus' per-sample norm is over all parameters of a row, so each canary is
+        clipped as one example; nothing of the real examples is copied."""
+        opt = self.optimizer
+        first_device = layout[0][1]
+        m = len(joined)
+        buf = self._rows_buffer
+        if buf is None or buf.shape[0] < m or buf.device != first_device:
+            # reused from step to step (grown by 8 rows at a time): a fresh m x d allocation
+            # costs its page faults on the CPU at every step
+            buf = self._rows_buffer = torch.empty(-(-m // 8) * 8, self.canaries.dim, dtype=torch.float32,
+                                                  device=first_device)
+        rows = self.canaries.batch(joined.tolist(), device=first_device, out=buf[:m],
                                    scale=self.norm_multiplier * float(opt.max_grad_norm) * self.scale)
         saved, offset = [], 0
-        for p, gs, parts in found:
+        for p, device, dtype in layout:
             n = p.numel()
-            tail = parts[-1]
-            block = rows[:, offset:offset + n].reshape(len(joined), *p.shape).to(tail.device, tail.dtype)
+            block = rows[:, offset:offset + n]
+            try:  # a view: the columns of one parameter are contiguous within each row
+                block = block.view(m, *p.shape)
+            except RuntimeError:
+                block = block.reshape(m, *p.shape)
             offset += n
-            extended = torch.cat([tail, block], dim=0)
-            p.grad_sample = extended if isinstance(gs, torch.Tensor) else [*parts[:-1], extended]
-            saved.append((p, gs))
-        return saved
+            saved.append((p, p.grad_sample))
+            p.grad_sample = block.to(device, dtype)
+        try:
+            self._clip_original()
+        finally:
+            for p, original in saved:
+                p.grad_sample = original
 
     def _fall_back(self, reason: str) -> None:
         """From now on insert after clipping (``insertion`` says why)."""
@@ -587,5 +612,5 @@ class GradientCanaryInjector:
                     del opt.__dict__[name]
                 else:
                     opt.__dict__[name] = self._own[name]
-        self._joined, self._placed = None, False
+        self._joined, self._placed, self._rows_buffer = None, False, None
         self.set_observer(None)

@@ -19,8 +19,10 @@ The estimate composes the per-round shift over the most-sampled canary's rounds,
 analytic epsilon does: ``mu_1`` is estimated from every (canary, round) participation,
 ``(mean y over participations - mean y over unobserved rounds) / sd(y over unobserved rounds)``,
 and ``epsilon = epsilon_GDP(sqrt(r_max) mu_1, delta)`` (Dong, Roth, Su 2022, Cor. 2.13), with a
-bootstrap over canaries. Only running sums are kept: O(k + k') numbers, and the previous model
-delta ``[d]``.
+bootstrap over canaries. Only running sums are kept: O(k + k') numbers, and with server momentum
+the previous model delta ``[d]``; they live on the deltas' device and a round reads nothing back
+to the host (a round with NaN or inf is masked out by a device bool, issue 28): the host copies
+are made when the scores or the estimate are asked for.
 
 The final-model heuristic reference (Steinke et al., "The Last Iterate Advantage", ICLR 2025):
 ``theta_T - theta_0 = eta sum_t w_t avg_t`` with ``w_t = (1 - beta^(T - t + 1)) / (1 - beta)``
@@ -39,7 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from audit_callbacks.canaries import CanarySet
+from audit_callbacks.canaries import CanarySet, _index_tensor
 from audit_callbacks.estimators import AuditResult, gaussian_epsilon_array
 
 __all__ = ["GAUSSIAN_REASON", "SOURCE", "KnownRoundScores"]
@@ -90,15 +92,74 @@ class KnownRoundScores:
         self.eta = float(server_lr)
         self.beta = float(server_momentum)
         n = len(canaries)
-        self.sums = np.zeros(n, dtype=np.float64)  # sum of y_jt over canary j's rounds
-        self.counts = np.zeros(n, dtype=np.int64)  # r_j
-        self.un_squares = 0.0  # sum of y^2 over the unobserved canaries' rounds
-        self.momentum_sums = np.zeros(self.k, dtype=np.float64)  # A_j = sum_{t in R_j} beta^(T-t)
-        self.decay = 0.0  # B = sum_t beta^(T-t)
-        self.decay_squares = 0.0  # sum_t beta^(2 (T-t))
-        self.rounds = 0
-        self.skipped = 0
-        self._previous: torch.Tensor | None = None
+        # running sums on the deltas' device (issue 28: nothing is read back per round; the
+        # host copies below are made at estimate time, :meth:`_host`)
+        self._dev: dict[str, torch.Tensor] = {
+            "sums": torch.zeros(n, dtype=torch.float64),  # sum of y_jt over canary j's rounds
+            "counts": torch.zeros(n, dtype=torch.int64),  # r_j
+            "un_squares": torch.zeros((), dtype=torch.float64),  # sum of y^2, unobserved rounds
+            "momentum_sums": torch.zeros(self.k, dtype=torch.float64),  # A_j = sum_{t in R_j} beta^(T-t)
+            "decay": torch.zeros((), dtype=torch.float64),  # B = sum_t beta^(T-t)
+            "decay_squares": torch.zeros((), dtype=torch.float64),  # sum_t beta^(2 (T-t))
+            "rounds": torch.zeros((), dtype=torch.int64),
+            "skipped": torch.zeros((), dtype=torch.int64),
+        }
+        self._cache: dict[str, Any] | None = None  # the host copy, until the next round
+        self._previous: torch.Tensor | None = None  # the previous delta (float64), when valid
+        self._has_previous: torch.Tensor | None = None  # device bool: it is valid
+        self._beta_on: torch.Tensor | None = None  # beta, float64 on the device
+
+    # ------------------------------------------------------------------ host views
+    def _host(self) -> dict[str, Any]:
+        """The running sums on the host (numpy arrays, Python floats and ints): one read-back
+        of the device state, cached until the next :meth:`update`."""
+        if self._cache is None:
+            d = {key: value.cpu() for key, value in self._dev.items()}
+            self._cache = {
+                "sums": d["sums"].numpy().copy(), "counts": d["counts"].numpy().copy(),
+                "momentum_sums": d["momentum_sums"].numpy().copy(),
+                "un_squares": float(d["un_squares"]), "decay": float(d["decay"]),
+                "decay_squares": float(d["decay_squares"]), "rounds": int(d["rounds"]),
+                "skipped": int(d["skipped"]),
+            }
+        return self._cache
+
+    @property
+    def sums(self) -> np.ndarray:
+        """``[k + k']`` float64: the sum of ``y_jt`` over canary j's rounds (a host copy)."""
+        return self._host()["sums"]
+
+    @property
+    def counts(self) -> np.ndarray:
+        """``[k + k']`` int64: ``r_j``, the rounds folded with canary j (a host copy)."""
+        return self._host()["counts"]
+
+    @property
+    def momentum_sums(self) -> np.ndarray:
+        """``[k]`` float64: ``A_j`` (a host copy)."""
+        return self._host()["momentum_sums"]
+
+    @property
+    def un_squares(self) -> float:
+        return self._host()["un_squares"]
+
+    @property
+    def decay(self) -> float:
+        return self._host()["decay"]
+
+    @property
+    def decay_squares(self) -> float:
+        return self._host()["decay_squares"]
+
+    @property
+    def rounds(self) -> int:
+        """Rounds folded (read back from the device)."""
+        return self._host()["rounds"]
+
+    @property
+    def skipped(self) -> int:
+        """Rounds not folded: a NaN or inf delta, or the round after one under momentum."""
+        return self._host()["skipped"]
 
     # ------------------------------------------------------------------ updates
     def aggregate(self, model_delta: torch.Tensor) -> torch.Tensor:
@@ -108,42 +169,78 @@ class KnownRoundScores:
         avg = delta if prev is None or self.beta == 0 else delta - self.beta * prev.to(delta.device)
         return avg / self.eta
 
-    def update(self, model_delta: torch.Tensor, participants: np.ndarray | None) -> bool:
+    def update(self, model_delta: torch.Tensor, participants: np.ndarray | None) -> torch.Tensor:
         """Fold one round: ``model_delta`` ``[d]`` (``theta_t - theta_{t-1}``) and the observed
         canaries that took part (local indices, repeats allowed). A delta with NaN or inf is
-        skipped (the next round's recovery then has no previous delta: it is skipped too).
-        Returns whether the round was folded."""
-        if not bool(torch.isfinite(model_delta).all()):
-            self.skipped += 1
-            self._previous = None
-            return False
-        if self._previous is None and self.rounds > 0 and self.beta > 0:
-            self._previous = model_delta.detach().to(torch.float64).clone()
-            self.skipped += 1  # after a skipped round the momentum cannot be undone once
-            return False
-        avg = self.aggregate(model_delta)
-        self._previous = model_delta.detach().to(torch.float64).clone()
-        y = self.canaries.dots(avg.to(torch.float32)).cpu().numpy() * (self.divisor / self.clip_norm)
-        idx = np.asarray([] if participants is None else participants, dtype=np.int64)
-        np.add.at(self.sums, idx, y[idx])
-        np.add.at(self.counts, idx, 1)
-        self.sums[self.k:] += y[self.k:]
-        self.counts[self.k:] += 1
-        self.un_squares += float(np.dot(y[self.k:], y[self.k:]))
-        b = self.beta
-        self.momentum_sums *= b
-        np.add.at(self.momentum_sums, idx, 1.0)
-        self.decay = b * self.decay + 1.0
-        self.decay_squares = b * b * self.decay_squares + 1.0
-        self.rounds += 1
-        return True
+        skipped (the next round's recovery then has no previous delta: with momentum it is
+        skipped too; before any round is folded the first delta needs none). On the delta's
+        device with no host synchronisation: the decision is a device bool that masks the
+        round's contribution.
+
+        Returns:
+            A 0-dim bool tensor on the delta's device: whether the round was folded.
+        """
+        x = model_delta.detach()
+        dev = self._to_device(x.device)
+        self._cache = None
+        ok = torch.isfinite(x).all()
+        if self.beta > 0:
+            delta = x.to(torch.float64)
+            assert self._has_previous is not None
+            if self._previous is None:
+                self._previous = torch.zeros_like(delta)
+            # the momentum can be undone with a valid previous delta (or before any round)
+            fold = ok & (self._has_previous | (dev["rounds"] == 0))
+            prev = torch.where(self._has_previous, self._previous, 0.0)
+            avg = (delta - self.beta * prev) / self.eta
+            self._previous = torch.where(ok, delta, 0.0)
+            self._has_previous = ok.clone()
+            avg32 = avg.to(torch.float32)
+        else:  # no momentum: no previous delta is kept, and at eta = 1 no copy is made
+            fold = ok
+            avg32 = x.to(torch.float32) if self.eta == 1.0 else (x.to(torch.float64) / self.eta).to(torch.float32)
+        y = self.canaries.dots(avg32) * (self.divisor / self.clip_norm)
+        y = torch.where(fold, y, 0.0)  # not a product: a skipped round's y may be NaN
+        take = fold.to(torch.int64)
+        idx = _index_tensor(np.asarray([] if participants is None else participants, dtype=np.int64).tolist(),
+                            x.device)  # pinned, non-blocking to CUDA
+        k = self.k
+        dev["sums"].index_add_(0, idx, y[idx])
+        dev["counts"].index_add_(0, idx, take.expand(idx.numel()))
+        dev["sums"][k:] += y[k:]
+        dev["counts"][k:] += take
+        dev["un_squares"] += torch.dot(y[k:], y[k:])
+        factor = torch.where(fold, self._beta_on, 1.0)  # beta in float64, not a float32 scalar
+        dev["momentum_sums"].mul_(factor).index_add_(0, idx, fold.to(torch.float64).expand(idx.numel()))
+        dev["decay"].mul_(factor).add_(fold.to(torch.float64))
+        dev["decay_squares"].mul_(factor * factor).add_(fold.to(torch.float64))
+        dev["rounds"] += take
+        dev["skipped"] += 1 - take
+        return fold
+
+    def _to_device(self, device: torch.device) -> dict[str, torch.Tensor]:
+        """The running sums, moved to ``device`` (the deltas') on first use."""
+        dev = self._dev
+        if dev["sums"].device != device:
+            for key in dev:
+                dev[key] = dev[key].to(device)
+            if self._previous is not None:
+                self._previous = self._previous.to(device)
+        if self._beta_on is None or self._beta_on.device != device:
+            self._beta_on = torch.tensor(self.beta, dtype=torch.float64, device=device)
+        if self._has_previous is None or self._has_previous.device != device:
+            has = False if self._has_previous is None else bool(self._has_previous)
+            self._has_previous = torch.tensor(has and self._previous is not None, device=device)
+        return dev
 
     def restart(self) -> None:
         """The server optimizer restarts with an empty momentum buffer (a new ``fit`` builds a
         new one in ``configure_optimizers``): its first delta is ``eta avg_t`` with nothing to
         undo, so the previous delta is zero (a checkpoint's state, restored after this, puts
         the saved one back together with the optimizer's buffer)."""
-        self._previous = torch.zeros(self.canaries.dim, dtype=torch.float64)
+        device = self._dev["sums"].device
+        self._previous = torch.zeros(self.canaries.dim, dtype=torch.float64, device=device)
+        self._has_previous = torch.ones((), dtype=torch.bool, device=device)
 
     # ------------------------------------------------------------------ scores
     def scores(self) -> tuple[np.ndarray, np.ndarray]:
@@ -225,23 +322,30 @@ class KnownRoundScores:
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        return {"sums": torch.from_numpy(self.sums.copy()), "counts": torch.from_numpy(self.counts.copy()),
-                "un_squares": self.un_squares,
-                "momentum_sums": torch.from_numpy(self.momentum_sums.copy()), "decay": self.decay,
-                "decay_squares": self.decay_squares, "rounds": self.rounds, "skipped": self.skipped,
-                "previous": None if self._previous is None else self._previous.cpu().clone()}
+        """The running sums, on the CPU (the keys and types of the host-side version before
+        issue 28, so checkpoints load either way)."""
+        h = self._host()
+        valid = self._previous is not None and (self._has_previous is None or bool(self._has_previous))
+        return {"sums": torch.from_numpy(h["sums"].copy()), "counts": torch.from_numpy(h["counts"].copy()),
+                "un_squares": h["un_squares"],
+                "momentum_sums": torch.from_numpy(h["momentum_sums"].copy()), "decay": h["decay"],
+                "decay_squares": h["decay_squares"], "rounds": h["rounds"], "skipped": h["skipped"],
+                "previous": self._previous.cpu().clone() if valid and self._previous is not None else None}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`; ValueError naming a field of the wrong shape."""
+        dev = self._dev
+        device = dev["sums"].device
         for key in ("sums", "counts", "momentum_sums"):
             value = state[key]
-            arr = value.numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
-            if arr.shape != getattr(self, key).shape:
-                raise ValueError(f"known-rounds state: {key} has shape {arr.shape}, expected "
-                                 f"{getattr(self, key).shape}")
-            getattr(self, key)[:] = arr
-        self.un_squares = float(state["un_squares"])
-        self.decay, self.decay_squares = float(state["decay"]), float(state["decay_squares"])
-        self.rounds, self.skipped = int(state["rounds"]), int(state["skipped"])
+            arr = torch.as_tensor(value.numpy() if isinstance(value, torch.Tensor) else np.asarray(value))
+            if tuple(arr.shape) != tuple(dev[key].shape):
+                raise ValueError(f"known-rounds state: {key} has shape {tuple(arr.shape)}, expected "
+                                 f"{tuple(dev[key].shape)}")
+            dev[key] = arr.to(device=device, dtype=dev[key].dtype).clone()
+        for key in ("un_squares", "decay", "decay_squares", "rounds", "skipped"):
+            dev[key] = torch.tensor(state[key], dtype=dev[key].dtype, device=device)
+        self._cache = None
         prev = state.get("previous")
-        self._previous = None if prev is None else torch.as_tensor(prev, dtype=torch.float64).clone()
+        self._previous = None if prev is None else torch.as_tensor(prev, dtype=torch.float64).to(device).clone()
+        self._has_previous = torch.tensor(prev is not None, device=device)

@@ -144,13 +144,19 @@ class StepsUnknownScores:
         self.max_buffered = check_count(max_buffered, "max_buffered", minimum=1)
         self.group = group_rounds(canaries.dim)
         self._sums = torch.zeros(k + kk, dtype=torch.float64)
-        self.steps_seen = 0
-        self.steps_skipped = 0
-        self.history: list[tuple[float, float, int]] = []
+        self._arrivals = 0  # steps given to update (finite or not), the host's count
+        self._seen_base = 0  # steps scored before this object's (a checkpoint's)
+        self._skipped_base = 0  # steps skipped before this object's (a checkpoint's)
+        self._history_base: list[list[Any]] = []  # a checkpoint's history, as runs
+        self._offset = 0  # Gaussian blocks: the row position of this object's first step
+        # the steps given, in runs of equal q: [q, steps, device int64 count of non-finite ones]
+        self._runs: list[list[Any]] = []
+        self._bad: torch.Tensor | None = None  # device int64: non-finite steps since the checkpoint
         # Gaussian canaries: complete blocks waiting for a pass, (block [group, d], rates, first
         # row not yet folded); the block being filled, its rates and its first unfolded row
-        self._full: list[tuple[torch.Tensor, list[float], int]] = []
+        self._full: list[tuple[torch.Tensor, list[float], torch.Tensor, int]] = []
         self._block: torch.Tensor | None = None
+        self._block_ok: torch.Tensor | None = None  # device bool [group]: rows with a finite sum
         self._rates: list[float] = []
         self._done = 0
         self._pending = 0
@@ -177,8 +183,10 @@ class StepsUnknownScores:
                 ``min(1, sample_rate * accumulated_iterations)``).
 
         Returns:
-            True, or False when ``noisy_sum`` has a NaN or inf entry: the step is skipped and
-            counted in ``steps_skipped`` (the running sums stay finite).
+            A 0-dim bool tensor on ``noisy_sum``'s device: True, or False when ``noisy_sum``
+            has a NaN or inf entry: the step is then not scored and is counted in
+            ``steps_skipped`` (the running sums stay finite). Nothing is read back to the host
+            (issue 28): reading the result as a Python bool synchronises.
 
         Raises:
             ValueError: a vector that is not ``[d]`` floating, a rate outside (0, 1].
@@ -190,52 +198,90 @@ class StepsUnknownScores:
             raise ValueError(f"noisy_sum must be floating, got {noisy_sum.dtype}")
         q = check_real(rate, "rate", low=0.0, high=1.0, low_inclusive=False)
         g = noisy_sum.detach()
-        if not bool(torch.isfinite(g).all()):
-            self.steps_skipped += 1
-            return False
-        self._record(q)
+        # no host synchronisation (issue 28): a non-finite step is masked out on the device and
+        # counted there; the counts and the history are read back at estimate time
+        ok = torch.isfinite(g).all()
+        if self._sums.device != g.device:  # once: the running sums live on the vectors' device
+            self._sums = self._sums.to(g.device)
+        self._record(q, ok)
+        self._arrivals += 1
         if self.exact_per_step:
             y = self.canaries.dots(g) / self.max_grad_norm  # [k + k'] float64, one transform
-            self._add(steps_unknown_increment(y, q, self.noise_multiplier), 0, y.numel())
-            self.steps_seen += 1
-            return True
-        row = self.steps_seen % self.group
+            self._add(steps_unknown_increment(y, q, self.noise_multiplier), 0, y.numel(), ok)
+            return ok
+        row = (self._offset + self._arrivals - 1) % self.group
         if self._block is None:
             self._block = torch.zeros(self.group, self.dim, dtype=torch.float32, device=g.device)
+            self._block_ok = torch.zeros(self.group, dtype=torch.bool, device=g.device)
             self._rates = [1.0] * self.group
             self._done = row
+        assert self._block_ok is not None
         self._block[row] = g.to(torch.float32)
+        self._block_ok[row] = ok
         self._rates[row] = q
-        self.steps_seen += 1
         self._pending += 1
         if row == self.group - 1:
-            self._full.append((self._block, self._rates, self._done))
-            self._block, self._rates = None, []
+            self._full.append((self._block, self._rates, self._block_ok, self._done))
+            self._block, self._block_ok, self._rates = None, None, []
         if self._pending >= self.max_buffered:
             self.flush()
-        return True
+        return ok
 
-    def _record(self, q: float) -> None:
-        if self.history and self.history[-1][1] == q:
-            nm, rate, n = self.history[-1]
-            self.history[-1] = (nm, rate, n + 1)
+    def _record(self, q: float, ok: torch.Tensor) -> None:
+        """Count the step in its run of equal q, its non-finiteness on the device."""
+        if self._bad is None or self._bad.device != ok.device:
+            self._bad = torch.zeros((), dtype=torch.int64, device=ok.device) if self._bad is None \
+                else self._bad.to(ok.device)
+        self._bad += ~ok
+        if self._runs and self._runs[-1][0] == q:
+            self._runs[-1][1] += 1
+            self._runs[-1][2] += ~ok
         else:
-            self.history.append((self.noise_multiplier, q, 1))
+            self._runs.append([q, 1, (~ok).to(torch.int64)])
 
-    def _add(self, inc: torch.Tensor, start: int, end: int) -> None:
+    @property
+    def steps_skipped(self) -> int:
+        """Steps whose noisy sum held a NaN or inf entry (not scored); reads the device count
+        back (call it at estimate time)."""
+        return self._skipped_base + (0 if self._bad is None else int(self._bad))
+
+    @property
+    def steps_seen(self) -> int:
+        """Steps folded (or buffered) so far; reads the device count back."""
+        return self._seen_base + self._arrivals - (0 if self._bad is None else int(self._bad))
+
+    @property
+    def history(self) -> list[tuple[float, float, int]]:
+        """``[(noise_multiplier, q, steps), ...]`` of the scored steps in Opacus' accountant
+        format (runs of equal q merged; the non-finite steps left out), e.g. for
+        :func:`audit_callbacks.dpsgd.analytic_epsilons`. Reads the device counts back."""
+        out: list[tuple[float, float, int]] = []
+        for q, n, bad in [*self._history_base, *self._runs]:
+            steps = int(n) - int(bad)
+            if steps <= 0:
+                continue
+            if out and out[-1][1] == q:
+                out[-1] = (out[-1][0], q, out[-1][2] + steps)
+            else:
+                out.append((self.noise_multiplier, q, steps))
+        return out
+
+    def _add(self, inc: torch.Tensor, start: int, end: int, ok: torch.Tensor) -> None:
         if self._sums.device != inc.device:
             self._sums = self._sums.to(inc.device)
-        self._sums[start:end] += inc
+        # torch.where, not a product: a non-finite step's increments are NaN
+        self._sums[start:end] += torch.where(ok, inc, 0.0)
 
     def flush(self) -> None:
         """Fold the buffered steps (Gaussian canaries) into the running sums."""
         if not self._pending:
             return
-        work = [(b, r, lo, self.group) for b, r, lo in self._full]
+        work = [(b, r, ok, lo, self.group) for b, r, ok, lo in self._full]
         if self._block is not None:
-            filled = self.steps_seen % self.group  # rows _done..filled-1 are pending
+            filled = (self._offset + self._arrivals) % self.group  # rows _done..filled-1 are pending
             if filled > self._done:
-                work.append((self._block, self._rates, self._done, filled))
+                assert self._block_ok is not None
+                work.append((self._block, self._rates, self._block_ok, self._done, filled))
             self._done = filled
         self._full, self._pending = [], 0
         if not work:
@@ -244,10 +290,11 @@ class StepsUnknownScores:
         pos = 0
         for part, chunk in self.canaries.chunks(device=work[0][0].device):  # type: ignore[attr-defined]
             end = pos + len(part)
-            for block, rates, lo, hi in work:  # a fixed [group, d] block: same bits per column
+            for block, rates, ok, lo, hi in work:  # a fixed [group, d] block: same bits per column
                 y = torch.mm(chunk, block.t()).to(torch.float64) / c
                 for row in range(lo, hi):  # in step order: the sum's bits do not depend on passes
-                    self._add(steps_unknown_increment(y[:, row], rates[row], self.noise_multiplier), pos, end)
+                    self._add(steps_unknown_increment(y[:, row], rates[row], self.noise_multiplier), pos, end,
+                              ok[row])
             pos = end
 
     # ------------------------------------------------------------------ results
@@ -358,6 +405,7 @@ class StepsUnknownScores:
             "steps_seen": self.steps_seen,
             "steps_skipped": self.steps_skipped,
             "history": [list(h) for h in self.history],
+            "steps_given": self._offset + self._arrivals,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -382,7 +430,11 @@ class StepsUnknownScores:
             raise ValueError(f"checkpointed sums have shape {tuple(sums.shape)}, expected "
                              f"({self.num_observed + self.num_unobserved},)")
         self._sums = sums.to(self._sums.device).clone()
-        self.steps_seen = int(state["steps_seen"])
-        self.steps_skipped = int(state["steps_skipped"])
-        self.history = [(float(nm), float(q), int(n)) for nm, q, n in state.get("history", [])]
-        self._full, self._block, self._rates, self._done, self._pending = [], None, [], 0, 0
+        self._seen_base = int(state["steps_seen"])
+        self._skipped_base = int(state["steps_skipped"])
+        self._history_base = [[float(q), int(n), 0] for _, q, n in state.get("history", [])]
+        self._arrivals, self._runs, self._bad = 0, [], None
+        # Gaussian blocks: the row of the next step is the steps given so far (older
+        # checkpoints: the steps seen, as they had no row for a skipped step)
+        self._offset = int(state.get("steps_given", self._seen_base))
+        self._full, self._block, self._block_ok, self._rates, self._done, self._pending = [], None, None, [], 0, 0

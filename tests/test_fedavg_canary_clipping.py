@@ -74,7 +74,7 @@ def run(cls, kind, rows, rounds=6, randomizer=None, multiplier=10.0):
     torch.manual_seed(0)
     module = cls(nn.Linear(4, 3), clients_per_round=4, noise_multiplier=0.0, clip_norm=CLIP, local_lr=0.0,
                  seed=3, randomizer=randomizer)
-    audit = CanaryAudit(num_canaries=6, num_unobserved=4, canaries=kind, seed=1, log_figures=False,
+    audit = CanaryAudit(num_canaries=6, num_unobserved=2, canaries=kind, seed=1, log_figures=False,
                         log_histograms=False, canary_norm_multiplier=multiplier)
     capture = RowCapture() if rows else Capture()
     with warnings.catch_warnings():

@@ -135,31 +135,50 @@ def test_a_canary_is_its_row_of_the_signed_hadamard_matrix():
     # large n: the per-canary definition computed through the transform of a unit vector
     dim = 70_001
     cs = CanarySet(seed=3, dim=dim, num_canaries=40, kind="hadamard")
-    assert isinstance(cs, HadamardCanaries) and cs.n == 131_072
+    assert isinstance(cs, HadamardCanaries) and cs.n == 65_536  # 2^floor(log2 d)
     for j in (0, 17, 39):
         e = torch.zeros(cs.n, dtype=torch.float64)
         e[int(cs.rows[j])] = 1.0
-        ref = (fwht(e)[:dim] * cs.signs[:dim].double() / math.sqrt(dim)).float()
+        ref = torch.zeros(dim)
+        ref[: cs.n] = (fwht(e) * cs.signs.double() / math.sqrt(cs.n)).float()
         got = cs.canary(j)
         assert torch.equal(got, ref), j
         assert torch.linalg.vector_norm(got.double()).item() == pytest.approx(1.0, abs=1e-6)
-    # small n: against the explicit matrix
-    small = CanarySet(seed=1, dim=12, num_canaries=16, kind="hadamard")
-    H = torch.tensor(hadamard(16), dtype=torch.float32)
-    explicit = (H[small.rows][:, :12] * small.signs[:12]) / math.sqrt(12)
-    assert torch.allclose(small.batch(range(16)), explicit, atol=1e-7)
+    # small n: against the explicit matrix, zero beyond n
+    small = CanarySet(seed=1, dim=12, num_canaries=8, kind="hadamard")
+    H = torch.tensor(hadamard(8), dtype=torch.float32)
+    explicit = torch.zeros(8, 12)
+    explicit[:, :8] = (H[small.rows] * small.signs) / math.sqrt(8)
+    assert torch.allclose(small.batch(range(8)), explicit, atol=1e-7)
+    with pytest.raises(ValueError, match="at most n = 8"):
+        CanarySet(seed=1, dim=12, num_canaries=9, kind="hadamard")
+
+
+@pytest.mark.parametrize("dim", [1210, 2035, 13_706, 70_001])
+def test_hadamard_canaries_are_exactly_orthogonal(dim):
+    """Any two canaries are orthogonal: rows of H_n on n = 2^floor(log2 d) coordinates. Rows of
+    H_{2^ceil(log2 d)} cut to d coordinates (before issue 28) were not: indices differing only
+    in the top bit gave cosines (2^ceil(log2 d) - d) / d, 0.69 at d = 1,210."""
+    k = min(600, 1 << (dim.bit_length() - 1))
+    rows = CanarySet(seed=0, dim=dim, num_canaries=k, kind="hadamard").batch(range(k)).double()
+    gram = rows @ rows.t()
+    assert torch.allclose(gram, torch.eye(k, dtype=torch.float64), atol=1e-6)
+    n_up = 1 << (dim - 1).bit_length()  # the old construction's length, for the record
+    if n_up > dim:
+        old = _parity_rows(n_up, [0, n_up // 2])[:, :dim]
+        assert abs(float(old[0] @ old[1])) / dim == pytest.approx((n_up - dim) / dim)
 
 
 def _batch_one_canary_at_a_time(cs: HadamardCanaries, indices, scale: float = 1.0) -> torch.Tensor:
     """``HadamardCanaries.batch`` before issue 28 (a loop over canaries): the reference."""
-    coords = torch.arange(cs.dim, dtype=torch.int64)
-    out = torch.empty(len(indices), cs.dim, dtype=torch.float32)
+    coords = torch.arange(cs.n, dtype=torch.int64)
+    out = torch.zeros(len(indices), cs.dim, dtype=torch.float32)
     for i, j in enumerate(indices):
         x = coords & int(cs.rows[j])
         for shift in (32, 16, 8, 4, 2, 1):
             x ^= x >> shift
-        out[i] = 1 - 2 * (x & 1)
-    return out.mul_(cs.signs[: cs.dim]).mul_(cs.scale * float(scale))
+        out[i, : cs.n] = (1 - 2 * (x & 1)) * cs.signs * (cs.scale * float(scale))
+    return out
 
 
 @pytest.mark.parametrize("dim", [2, 3, 5, 16, 17, 1000, 4096, 70_001])
@@ -167,14 +186,15 @@ def test_batch_builds_all_rows_at_once_bit_for_bit(dim):
     # the outer-product rows equal the parity definition exactly, for every dim (odd n's
     # split, d far below n), any index order, repeats, a scale, and no index at all
     k = min(dim, 40) if dim > 2 else 2
-    n = 1 << max(1, math.ceil(math.log2(dim)))
+    n = 1 << (dim.bit_length() - 1)
     cs = CanarySet(seed=dim, dim=dim, num_canaries=min(k, n), kind="hadamard")
     idx = [cs.num_canaries - 1, 0, 0, cs.num_canaries // 2]
     for scale in (1.0, 2.5):
         assert torch.equal(cs.batch(idx, scale=scale), _batch_one_canary_at_a_time(cs, idx, scale))
     assert cs.batch([]).shape == (0, dim)
-    exact = _parity_rows(cs.n, [int(cs.rows[j]) for j in idx])[:, :dim] * cs.signs[:dim].double()
-    assert torch.allclose(cs.batch(idx).double() * math.sqrt(dim), exact, atol=1e-6)
+    exact = torch.zeros(len(idx), dim, dtype=torch.float64)
+    exact[:, : cs.n] = _parity_rows(cs.n, [int(cs.rows[j]) for j in idx]) * cs.signs.double()
+    assert torch.allclose(cs.batch(idx).double() * math.sqrt(cs.n), exact, atol=1e-6)
     with pytest.raises(IndexError):
         cs.batch([cs.num_canaries])
 

@@ -216,7 +216,7 @@ def test_non_finite_sums_are_skipped_and_bad_input_refused():
     s = StepsUnknownScores(cs, 2, 2, max_grad_norm=1.0, noise_multiplier=1.0)
     bad = torch.zeros(16)
     bad[3] = float("nan")
-    assert s.update(bad, 0.5) is False and s.steps_skipped == 1 and s.steps_seen == 0
+    assert bool(s.update(bad, 0.5)) is False and s.steps_skipped == 1 and s.steps_seen == 0
     assert not np.any(np.concatenate(s.scores()))
     with pytest.raises(ValueError, match="noisy_sum"):
         s.update(torch.zeros(15), 0.5)

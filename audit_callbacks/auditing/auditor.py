@@ -31,7 +31,7 @@ from audit_callbacks import names
 from audit_callbacks.auditing.checksum import CHECKSUM_KEY, field_digests, verify
 from audit_callbacks.auditing.config import CanaryAuditConfig
 from audit_callbacks.auditing.report import REFERENCES, CanaryReport, summary_json
-from audit_callbacks.canaries import CanarySet
+from audit_callbacks.canaries import CanarySet, hadamard_length
 from audit_callbacks.canary_stats import CanaryStatistics
 from audit_callbacks.estimators.canary_report import canary_report
 from audit_callbacks.outputs import write_summary
@@ -43,6 +43,8 @@ DEFAULT_CANARIES = 1000
 MIN_CANARIES = 20
 DEFAULT_HADAMARD_UNOBSERVED = 100_000
 _BUFFER_BYTES = 16 << 20  # Gaussian canaries: model deltas buffered between passes
+#: releases whose labels are kept for the non-finite warning before a check reads the device
+_UNCHECKED_RELEASES = 4096
 
 #: ``warn(key, message)``: a front end's warning, once per key.
 Warn = Callable[[str, str], None]
@@ -103,11 +105,12 @@ class CanaryAuditor:
         population = backend.population
         k = config.num_canaries if config.num_canaries is not None else (
             min(DEFAULT_CANARIES, population) if population else DEFAULT_CANARIES)
+        if config.num_canaries is None and config.canaries == "hadamard":
+            k = min(k, hadamard_length(dim) // 2)  # a small model: room for as many unobserved
         if config.num_unobserved is not None:
             k_un = config.num_unobserved
         elif config.canaries == "hadamard":
-            n = 1 << max(1, (dim - 1).bit_length())
-            k_un = max(0, min(n - k, DEFAULT_HADAMARD_UNOBSERVED))
+            k_un = max(0, min(hadamard_length(dim) - k, DEFAULT_HADAMARD_UNOBSERVED))
         else:
             k_un = k
         canaries = CanarySet(config.seed, dim, k + k_un, kind=config.canaries)
@@ -121,6 +124,9 @@ class CanaryAuditor:
         self.report_paths: tuple[str, str] | None = None  # (html, markdown) once written
         #: (step, epsilon_all_iterates, epsilon_analytic, epsilon_final_model) per logged report
         self.history: list[tuple[int, float | None, float | None, float | None]] = []
+        self._unchecked: list[str] = []  # ``what`` of the releases since the last check
+        self._first_bad: torch.Tensor | None = None  # device: the first of them not folded, or -1
+        self._nan_warned = False
         backend.attach(self)
 
     # ------------------------------------------------------------------ what it holds
@@ -152,18 +158,46 @@ class CanaryAuditor:
                 what: str = "a release") -> None:
         """One release: count the observed canaries that took part (local indices ``[m]`` in
         ``0..k-1``, repeats allowed) and fold ``model_delta`` ``[d]`` into the all-iterates
-        statistic. A delta with NaN or inf entries is skipped with a warning (counted in the
-        summary's ``rounds_skipped_non_finite``)."""
+        statistic, on its device with no host synchronisation (issue 28). A delta with NaN or
+        inf entries is skipped (counted in the summary's ``rounds_skipped_non_finite``); the
+        warning naming the first such release (``what``) is given when the counts are next read
+        (:meth:`report`, :meth:`summary`, or after 4096 unchecked releases: one read back from
+        the device per 4096 releases), not per release."""
         if participants is not None and len(participants):
             np.add.at(self.participations, np.asarray(participants, dtype=np.int64), 1)
-        if not self.stats.add_delta(model_delta):
-            self.warn("nan", f"{self.name}: {what} produced a model delta with NaN or inf; it is "
-                      "skipped by the all-iterates statistic")
+        folded = self.stats.add_delta(model_delta)
+        if self._nan_warned:
+            return
+        if len(self._unchecked) >= _UNCHECKED_RELEASES:  # one read per 4096 releases bounds the list
+            self._check_non_finite()
+            if self._nan_warned:
+                return
+        index = len(self._unchecked)
+        self._unchecked.append(what)
+        if self._first_bad is None or self._first_bad.device != folded.device:
+            self._first_bad = torch.full((), -1, dtype=torch.int64, device=folded.device)
+        # the index of the first release not folded since the last check (-1: none), on the device
+        self._first_bad = torch.where(folded | (self._first_bad >= 0), self._first_bad, index)
+
+    def _check_non_finite(self) -> None:
+        """At estimate time: warn (once) about the first release whose delta had NaN or inf
+        entries (read back from the device now, never per release)."""
+        if self._nan_warned or self._first_bad is None:
+            return
+        first = int(self._first_bad)
+        if first >= 0:
+            self._nan_warned = True
+            self.warn("nan", f"{self.name}: {self._unchecked[first]} produced a model delta with NaN "
+                      "or inf; it is skipped by the all-iterates statistic")
+            self._unchecked, self._first_bad = [], None
+        else:
+            self._unchecked = []
+            self._first_bad.fill_(-1)
 
     def skip_release(self, what: str) -> None:
         """A release the audit cannot read (e.g. a model of another layout): counted as
         skipped, nothing folded."""
-        self.stats.rounds_skipped += 1
+        self.stats.skip()
         self.warn(f"skip:{what}", f"{self.name}: {what} is skipped by the audit")
 
     # ------------------------------------------------------------------ estimates
@@ -182,6 +216,7 @@ class CanaryAuditor:
             NoEstimateYet: fewer than 2 canaries took part, or the model has NaN or inf
                 parameters (the reason is kept for the summary and warned once).
         """
+        self._check_non_finite()
         try:
             report = self._report(bootstrap, step, index)
         except NoEstimateYet as err:
@@ -408,6 +443,7 @@ class CanaryAuditor:
         every estimate skipped with the reason); ``status``: the run's (``complete``, or
         ``interrupted at step N``)."""
         stale = report is None and self.last_report is not None
+        self._check_non_finite()
         inputs = {
             **self.identity(), "dim": self.stats.dim, "delta": self.delta,
             "alpha": self.config.alpha,

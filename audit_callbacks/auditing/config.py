@@ -30,9 +30,10 @@ class CanaryAuditConfig:
     """What the canary audit's numbers depend on (Andrew et al., ICLR 2024, Alg. 2 and 3).
 
     Args:
-        num_canaries: k observed canaries, >= 2 (None: min(1000, the real population)).
+        num_canaries: k observed canaries, >= 2 (None: min(1000, the real population), and
+            for Hadamard canaries at most n / 2, n = 2^floor(log2 d)).
         num_unobserved: k' canaries never inserted, >= 0 (None: k for Gaussian canaries,
-            min(n - k, 100,000) for Hadamard canaries, n the transform length; 0 disables the
+            min(n - k, 100,000) for Hadamard canaries, n = 2^floor(log2 d); 0 disables the
             all-iterates estimate).
         canaries: ``"hadamard"`` or ``"gaussian"`` (see :mod:`audit_callbacks.canaries`).
         seed: the canaries' seed, a non-negative integer: canary j is a function of (seed, j).

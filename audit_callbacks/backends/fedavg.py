@@ -205,10 +205,15 @@ class FedAvgBackend(CanaryBackend):
             raw = canaries.batch(idx[:1], scale=scale, device=device).to(dtype)
             clipped = self._clip(fl_round, idx[:1], raw.clone())
             raw64, clipped64 = raw.to(torch.float64).flatten(), clipped.to(torch.float64).flatten()
-            factor = float(raw64 @ clipped64) / max(float(raw64 @ raw64), 1e-300)
-            residual = float(torch.linalg.vector_norm(clipped64 - factor * raw64))
-            if residual <= 1e-5 * max(float(torch.linalg.vector_norm(clipped64)), 1e-30):
-                return canaries.sum(idx, device=device).to(dtype).mul_(scale * factor)
+            rr, rc, cc = raw64 @ raw64, raw64 @ clipped64, clipped64 @ clipped64  # on the device
+            factor = rc / rr.clamp(min=1e-300)
+            # |clipped - factor raw|^2 = cc - rc^2 / rr (least squares), within 1e-5 of |clipped|
+            residual2 = (cc - factor * rc).clamp(min=0.0)
+            scaling = residual2 <= 1e-10 * cc.clamp(min=1e-60)
+            # the one value read back to the host in a round (which code runs next depends on
+            # it); the module reads the sum back right after (DPFedAvg checks it is finite)
+            if bool(scaling):
+                return canaries.sum(idx, device=device).to(dtype).mul_((factor * scale).to(dtype))
             total = torch.zeros(canaries.dim, device=device, dtype=dtype)
             for start in range(0, len(idx), 64):  # not a scaling: every row through the clipping
                 part = idx[start:start + 64]
