@@ -4,7 +4,7 @@ of the correct run, and the correct run itself.
 
 One case is one plain-PyTorch Opacus run on scikit-learn's breast cancer (569 examples, z-scored)
 with :class:`~audit_callbacks.opacus_audit.OpacusCanaryAudit` (Hadamard canaries) on one CPU
-thread: an MLP 30-16-1 (d = 513), ``make_private(poisson_sampling=True)`` with a loader of batch
+thread: an MLP 30-255-1 (d = 8,161), ``make_private(poisson_sampling=True)`` with a loader of batch
 64 (q = 64 / 569), sigma = SIGMA, C = 1, SGD, EPOCHS epochs, K observed canaries and the default
 unobserved ones. The canaries enter before Opacus' per-example clipping and are drawn by the
 training loader's own Poisson sampler (``canary_insertion`` / ``canary_sampling`` in the
