@@ -1,14 +1,78 @@
 """Density figures of canary scores (as Andrew et al., ICLR 2024, Figure 1), drawn with
-matplotlib's Agg backend; no Lightning, no Flower."""
+matplotlib's Agg backend; no Lightning, no Flower.
+
+A figure is rendered once (:func:`render_figure`): the pixels and their PNG are kept with the
+figure until it changes, so the TensorBoard image (:class:`~audit_callbacks.auditing.sinks.
+WriterSink`) and the HTML report (:mod:`~audit_callbacks.auditing.html_report`) of the same
+figure share one drawing (the drawing, text layout included, is most of a figure's cost).
+"""
 
 from __future__ import annotations
 
+import io
+import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-__all__ = ["canary_figures", "density_figure", "roc_figure"]
+__all__ = ["RenderedFigure", "canary_figures", "decade_label", "density_figure", "figure_png",
+           "render_figure", "roc_figure"]
+
+#: Resolution of the figures drawn here (dots per inch): fixed, whatever the matplotlibrc.
+DPI = 100
+
+# attribute of a matplotlib Figure holding its last rendering (see render_figure)
+_RENDERED = "_audit_callbacks_rendered"
+
+
+@dataclass(frozen=True)
+class RenderedFigure:
+    """One rendering of a figure: ``rgba`` ``[H, W, 4]`` uint8 pixels (H, W: the figure's size
+    in inches times its dpi) and ``png``, the same pixels as PNG bytes."""
+
+    rgba: np.ndarray
+    png: bytes
+
+
+def render_figure(fig: Any) -> RenderedFigure:
+    """Draw a matplotlib figure once with the Agg backend at its own dpi, or return the
+    rendering made before if the figure has not changed since (matplotlib marks a figure
+    ``stale`` whenever one of its artists changes, and draws clear it).
+
+    Args:
+        fig: a ``matplotlib.figure.Figure`` (one closed by a sink included: it is given a
+            new Agg canvas).
+
+    Returns:
+        :class:`RenderedFigure`; the same object on every call until the figure changes.
+
+    Raises:
+        ValueError: ``fig`` is not a matplotlib Figure.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from PIL import Image
+
+    if not isinstance(fig, Figure):
+        raise ValueError(f"fig must be a matplotlib Figure, got {type(fig).__name__}")
+    cached = getattr(fig, _RENDERED, None)
+    if cached is not None and not fig.stale:
+        return cached
+    canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
+    canvas.draw()
+    rgba = np.array(canvas.buffer_rgba(), dtype=np.uint8)  # a copy: the buffer is reused
+    buf = io.BytesIO()
+    Image.fromarray(rgba, "RGBA").save(buf, format="png", dpi=(fig.dpi, fig.dpi))
+    out = RenderedFigure(rgba=rgba, png=buf.getvalue())
+    setattr(fig, _RENDERED, out)
+    return out
+
+
+def figure_png(fig: Any) -> bytes:
+    """The figure as PNG bytes, from :func:`render_figure` (drawn at most once)."""
+    return render_figure(fig).png
 
 
 def density_figure(
@@ -26,7 +90,7 @@ def density_figure(
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    fig = Figure(figsize=(6, 3.5))
+    fig = Figure(figsize=(6, 3.5), dpi=DPI)
     fig.subplots_adjust(left=0.11, right=0.97, bottom=0.14, top=0.9 if title else 0.96)
     ax = fig.add_subplot(1, 1, 1)
     finite = {label: np.asarray(v, float) for label, v in samples.items()}
@@ -79,12 +143,19 @@ def canary_figures(statistics: Mapping[str, np.ndarray], dim: int, *, exact_null
 def roc_figure(in_scores: np.ndarray, out_scores: np.ndarray, *, title: str = "") -> Any:
     """The ROC of the threshold attack "observed iff score > t" on log-log axes (Carlini et al.,
     IEEE S&P 2022, §4: the low-FPR region is what matters for privacy), with the diagonal of a
-    blind guess."""
+    blind guess.
+
+    The staircase is drawn through the first point of each run of equal true positive rate
+    and the last point (:func:`_step_corners`): the same line as through all k + k' + 1
+    points, with at most k + 2 vertices. Ticks at the decades only (no minor ticks), labelled
+    as plain text (:func:`decade_label`), as the density figures keep few ticks: tick artists
+    and matplotlib's mathtext labels were most of the drawing's cost."""
     from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, NullLocator
 
     ins = np.sort(np.asarray(in_scores, float)[np.isfinite(in_scores)])
     outs = np.sort(np.asarray(out_scores, float)[np.isfinite(out_scores)])
-    fig = Figure(figsize=(4.5, 4))
+    fig = Figure(figsize=(4.5, 4), dpi=DPI)
     fig.subplots_adjust(left=0.16, right=0.96, bottom=0.14, top=0.9)
     ax = fig.add_subplot(1, 1, 1)
     if ins.size and outs.size:
@@ -92,12 +163,47 @@ def roc_figure(in_scores: np.ndarray, out_scores: np.ndarray, *, title: str = ""
         tpr = 1.0 - np.searchsorted(ins, thresholds, side="right") / ins.size
         fpr = 1.0 - np.searchsorted(outs, thresholds, side="right") / outs.size
         floor = 0.5 / max(ins.size, outs.size)
-        ax.step(np.maximum(fpr, floor), np.maximum(tpr, floor), where="post", label="attack")
+        x, y = np.maximum(fpr, floor), np.maximum(tpr, floor)
+        keep = _step_corners(y)
+        ax.step(x[keep], y[keep], where="post", label="attack")
         ax.plot([floor, 1], [floor, 1], "k--", linewidth=0.8, label="guess")
         ax.set_xscale("log")
         ax.set_yscale("log")
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_minor_locator(NullLocator())  # the ~50 minor ticks an axis: ~60% of the drawing
+            axis.set_major_formatter(FuncFormatter(decade_label))  # no mathtext parsing
     ax.set_xlabel("false positive rate")
     ax.set_ylabel("true positive rate")
     fig.text(0.5, 0.985, title or "final model: ROC of the canary attack", ha="center", va="top")
     ax.legend(loc="lower right", fontsize="small", frameon=False)
     return fig
+
+
+_SUPERSCRIPT = str.maketrans("-0123456789", "\u207b\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077"
+                             "\u2078\u2079")
+
+
+def decade_label(x: float, pos: int | None = None) -> str:
+    """Tick label of a log axis: ``10⁻³`` (Unicode superscripts, no mathtext to parse) at a
+    power of ten, empty elsewhere (a ``matplotlib.ticker.FuncFormatter`` function)."""
+    if not x > 0 or not math.isfinite(x):
+        return ""
+    e = math.log10(x)
+    return "10" + str(round(e)).translate(_SUPERSCRIPT) if abs(e - round(e)) < 1e-9 else ""
+
+
+def _step_corners(y: np.ndarray) -> np.ndarray:
+    """Indices of the vertices a ``where="post"`` staircase through (x_i, y_i) needs: the first
+    and last point and the first point of each run of equal y. Between P_{i-1} and P_{i+1}
+    with y_i = y_{i-1} the staircase runs along y = y_{i-1} from x_{i-1} to x_{i+1} and then
+    up, through P_i or not, so dropping P_i changes no drawn segment.
+
+    Args:
+        y: ``[N]`` the staircase's y values (N >= 1).
+
+    Returns:
+        int64 indices, ascending.
+    """
+    keep = np.ones(y.size, dtype=bool)
+    keep[1:-1] = y[1:-1] != y[:-2]
+    return np.flatnonzero(keep)

@@ -23,7 +23,9 @@ def clean_scalars(values: dict[str, float | None]) -> dict[str, float]:
 class WriterSink:
     """Writes reports through a TensorBoard ``SummaryWriter``: ``writer``, or one made on
     first use in ``log_dir`` (nothing when both are None). Histograms use the writer's default
-    buckets; figures are closed after writing."""
+    buckets; a matplotlib figure is written as the image of its one rendering
+    (:func:`~audit_callbacks.auditing.figures.render_figure`), which the HTML report of the
+    same figure reuses."""
 
     def __init__(self, writer: Any | None = None, *, log_dir: str | None = None,
                  versioned: bool = False) -> None:
@@ -72,10 +74,22 @@ class WriterSink:
         self.writer.flush()
 
     def figures(self, figures: dict[str, Any], step: int) -> None:
+        """``{tag: figure}`` as TensorBoard images at ``step``. A matplotlib ``Figure`` is
+        rendered once (:func:`~audit_callbacks.auditing.figures.render_figure`, kept with the
+        figure for the HTML report) and its RGB pixels written with ``add_image``; anything
+        else (a list of figures) goes to the writer's ``add_figure``."""
         if self.writer is None:
             return
+        from matplotlib.figure import Figure
+
+        from audit_callbacks.auditing.figures import render_figure
+
         for tag, fig in figures.items():
-            self.writer.add_figure(tag, fig, global_step=step, close=True)
+            if isinstance(fig, Figure):
+                rgb = render_figure(fig).rgba[:, :, :3]
+                self.writer.add_image(tag, rgb, global_step=step, dataformats="HWC")
+            else:
+                self.writer.add_figure(tag, fig, global_step=step, close=True)
         self.writer.flush()
 
     def text(self, values: dict[str, str], step: int) -> None:

@@ -42,7 +42,7 @@ import math
 import numpy as np
 from numpy.typing import ArrayLike
 from scipy.optimize import brentq
-from scipy.special import log_ndtr, logsumexp
+from scipy.special import log_ndtr
 from scipy.stats import binom
 
 from ..validation import (
@@ -79,23 +79,36 @@ _MAX_SHIFT = 1e6  # |shift| beyond this: epsilon ~ shift^2 / 2 loses all precisi
 
 
 class _Mixture:
-    """P = sum_i w_i N(s_i, 1) against Q = N(0, 1), validated; log weights of kept components."""
+    """P = sum_i w_i N(s_i, 1) against Q = N(0, 1), validated; log weights of kept components.
+
+    Components of equal shift are merged into one (their log weights added with
+    ``np.logaddexp``): the same P, and each evaluation of the privacy loss costs the number
+    of distinct shifts (DP-FedAvg's k canaries take a few distinct participation counts).
+    """
 
     def __init__(self, shifts: np.ndarray, log_w: np.ndarray) -> None:
-        self.s = shifts
-        self.lw = log_w
-        self.s_min = float(shifts.min())
-        self.s_max = float(shifts.max())
+        order = np.argsort(shifts, kind="stable")
+        shifts, log_w = shifts[order], log_w[order]
+        starts = np.flatnonzero(np.r_[True, shifts[1:] != shifts[:-1]])
+        self.s = shifts[starts]
+        self.lw = np.logaddexp.reduceat(log_w, starts) if starts.size < shifts.size else log_w
+        self._c = self.lw - 0.5 * self.s * self.s  # L(x) = logsumexp(c + s x)
+        self.s_min = float(self.s.min())
+        self.s_max = float(self.s.max())
         # limits of L at -inf / +inf: +inf where a shift of the matching sign exists, else the
-        # log weight of the zero shifts (or -inf)
-        zero = shifts == 0.0
-        lw0 = float(logsumexp(log_w[zero])) if zero.any() else -math.inf
+        # log weight of the zero shift (or -inf)
+        zero = self.s == 0.0
+        lw0 = float(self.lw[zero][0]) if zero.any() else -math.inf
         self.l_left = math.inf if self.s_min < 0 else lw0
         self.l_right = math.inf if self.s_max > 0 else lw0
         self.x_min = self._argmin()
+        # min L: at the minimiser, else the smaller limit (L is monotone)
+        self.l_min = (self.loss(self.x_min) if math.isfinite(self.x_min)
+                      else min(self.l_left, self.l_right))
 
     def loss(self, x: float) -> float:
-        return float(logsumexp(self.lw + self.s * x - 0.5 * self.s * self.s))
+        """L(x) = log(p(x) / q(x)) = logsumexp_i(log w_i + s_i x - s_i^2 / 2)."""
+        return _logsumexp(self._c + self.s * x)
 
     def _slope(self, x: float) -> float:
         """L'(x): the mean shift under the tilted weights (non-decreasing in x)."""
@@ -153,7 +166,7 @@ class _Mixture:
             la = np.where(upper, log_ndtr(-lo), log_ndtr(hi))
             lb = np.where(upper, log_ndtr(-hi), log_ndtr(lo))
             return log_sub(la, lb)
-        lp = float(logsumexp(self.lw + log_between(a - self.s, b - self.s)))
+        lp = _logsumexp(self.lw + log_between(a - self.s, b - self.s))
         lq = float(log_between(a, b))
         return lp, lq
 
@@ -164,8 +177,7 @@ class _Mixture:
     def _log_h_pq(self, eps: float) -> float:
         # S = {L > eps}: (-inf, a) U (b, inf), each part present when its limit exceeds eps
         parts = []
-        lmin = self.loss(self.x_min) if math.isfinite(self.x_min) else min(self.l_left, self.l_right)
-        if lmin > eps:
+        if self.l_min > eps:
             parts.append((-math.inf, math.inf))
         else:
             if self.l_left > eps:
@@ -177,8 +189,7 @@ class _Mixture:
     def _log_h_qp(self, eps: float) -> float:
         # T = {L < -eps}: an interval (a, b) around the minimum, empty when min L >= -eps
         level = -eps
-        lmin = self.loss(self.x_min) if math.isfinite(self.x_min) else min(self.l_left, self.l_right)
-        if lmin >= level:
+        if self.l_min >= level:
             return -math.inf
         a = self._root(level, right=False) if self.l_left > level else -math.inf
         b = self._root(level, right=True) if self.l_right > level else math.inf
@@ -193,6 +204,16 @@ class _Mixture:
             big, small = (lp, lq) if p_first else (lq, lp)
             out = float(np.logaddexp(out, log_sub(big, eps + small)))
         return out
+
+
+def _logsumexp(a: np.ndarray) -> float:
+    """log(sum(exp(a))) of a non-empty 1-D array, with the maximum factored out (as
+    ``scipy.special.logsumexp``, without its per-call overhead: this is the inner loop of the
+    root finding); -inf, +inf or NaN when the maximum is."""
+    top = float(a.max())
+    if not math.isfinite(top):
+        return top
+    return top + math.log(float(np.exp(a - top).sum()))
 
 
 def _vector(x: ArrayLike, name: str) -> np.ndarray:

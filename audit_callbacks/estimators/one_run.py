@@ -314,14 +314,22 @@ def fdp_rejects(
     live = np.flatnonzero(v > 0)
     rr, hh, ii, mm, nn = r[live], h[live], i[live], mu[live], n[live].astype(float)
     step = 0
+    # A lane that does not move (g(r) <= h, or i < 0) never moves again: r and h stay, so g
+    # stays, and i only decreases. The step is written in place to keep its cost (a few
+    # microseconds, the loop runs up to v times) low.
     while live.size:
-        g = ndtr(ndtri(rr) - mm)
-        act = ii >= 0
-        h_new = np.where(act, np.maximum(hh, g), hh)
-        moved = act & (h_new > hh)
-        rr = np.where(moved, np.minimum(rr + ii / np.maximum(nn - ii, 1.0) * (h_new - hh), 1.0), rr)
-        hh = h_new
-        ii = np.where(moved, ii - 1.0, -1.0)
+        g = ndtri(rr)
+        g -= mm
+        ndtr(g, out=g)
+        moved = g > hh
+        moved &= ii >= 0
+        d = g - hh  # r <- min(r + i/(n - i) (h' - h), 1), h <- h' = g where moved
+        d *= ii / np.maximum(nn - ii, 1.0)
+        d += rr
+        np.minimum(d, 1.0, out=d)
+        np.copyto(rr, d, where=moved)
+        np.copyto(hh, g, where=moved)
+        ii -= 1.0
         step += 1
         if step % 16 == 0 or not moved.any():
             r[live], h[live] = rr, hh
@@ -335,11 +343,23 @@ def fdp_mu(
 ) -> np.ndarray:
     """Largest mu whose mu-GDP claim is rejected (0 when even mu = 0 is not), per lane.
 
-    Bisection on [0, :data:`MU_MAX`] of :func:`fdp_rejects`. With ``groups`` (one label per
-    lane, e.g. the data set a candidate rule belongs to) only each group's maximum is wanted:
-    after :data:`_PRUNE_AFTER` steps, lanes whose bracket's upper end lies below the largest
-    lower end of their group stop (their value stays that lower end, a lower bound of their
-    own, below the group maximum); the maximum and argmax of every group are unchanged.
+    Bisection on [0, :data:`MU_MAX`] of :func:`fdp_rejects`, ``iters`` steps. With ``groups``
+    (one label per lane, e.g. the data set a candidate rule belongs to) only each group's
+    maximum is wanted: after :data:`_PRUNE_AFTER` steps, and again after every later round,
+    lanes whose bracket's upper end lies below the largest lower end of their group stop
+    (their value stays that lower end, a lower bound of their own, below the group maximum);
+    the maximum and argmax of every group are those of the full bisection, the other lanes'
+    values at most theirs.
+
+    The bisection is run in rounds of b steps (:func:`_bisect_round`): each round evaluates
+    :func:`fdp_rejects` once, at all 2^b - 1 midpoints the next b steps could visit, and then
+    replays the b steps on those answers. The midpoints are computed by the bisection's own
+    formula ``0.5 (lo + hi)``, so every visited mu, every answer and the returned values are
+    exactly those of the step-by-step bisection (with ``groups``: each group's maximum and
+    argmax), with about b times fewer passes of the recursion (the cost of one pass is
+    mostly its sequential steps, not its width). b is
+    chosen so that a round evaluates at most :data:`_ROUND_CELLS` (lane, mu) pairs (b = 1, the
+    plain bisection, for very many lanes).
 
     Args:
         n, v, m: [L] guesses, correct guesses and pool sizes. level: [L] (or scalar) test
@@ -356,17 +376,68 @@ def fdp_mu(
     n, v, m, level = _lanes(n, v, m, level)
     ok0 = fdp_rejects(np.zeros(n.size), n, v, m, level)
     lo, hi, idx = np.zeros(n.size), np.full(n.size, MU_MAX), np.flatnonzero(ok0)
-    for step in range(iters if idx.size else 0):
-        if groups is not None and step == _PRUNE_AFTER:
-            _, inv = np.unique(np.asarray(groups), return_inverse=True)
+    iters = int(iters)
+    inv = None if groups is None else np.unique(np.asarray(groups), return_inverse=True)[1]
+    done = 0
+    while done < iters and idx.size:
+        if inv is not None and done >= _PRUNE_AFTER:
+            # drop the lanes that cannot be their group's maximum (hi < the group's best lo)
             best = np.zeros(inv.max() + 1)
             np.maximum.at(best, inv, lo)
             idx = idx[hi[idx] >= best[inv[idx]]]
-        mid = 0.5 * (lo[idx] + hi[idx])
-        rej = fdp_rejects(mid, n[idx], v[idx], m[idx], level[idx])
-        lo[idx] = np.where(rej, mid, lo[idx])
-        hi[idx] = np.where(rej, hi[idx], mid)
+        stop = _PRUNE_AFTER if inv is not None and done < _PRUNE_AFTER else iters
+        bits = _round_bits(idx.size, min(stop, iters) - done)
+        lo[idx], hi[idx] = _bisect_round(lo[idx], hi[idx], bits, n[idx], v[idx], m[idx],
+                                         level[idx])
+        done += bits
     return np.where(ok0, lo, 0.0)
+
+
+#: Largest number of bisection steps one round of :func:`fdp_mu` takes (2^b - 1 mu a lane).
+_ROUND_BITS = 5
+#: Largest number of (lane, mu) pairs one round of :func:`fdp_mu` evaluates: a pass of the
+#: recursion costs its steps while this narrow, its width beyond (measured on 2 CPU cores).
+_ROUND_CELLS = 1 << 11
+
+
+def _round_bits(lanes: int, steps: int) -> int:
+    """Steps of the next bisection round: at most :data:`_ROUND_BITS` and ``steps``, the
+    ``steps`` spread evenly over the rounds, and lanes (2^b - 1) <= :data:`_ROUND_CELLS`
+    (at least 1)."""
+    cap = max(1, min(_ROUND_BITS, int(math.log2(_ROUND_CELLS / lanes + 1.0))))
+    rounds = -(-steps // cap)
+    return -(-steps // rounds)
+
+
+def _bisect_round(
+    lo: np.ndarray, hi: np.ndarray, bits: int, n: np.ndarray, v: np.ndarray, m: np.ndarray,
+    level: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``bits`` bisection steps of :func:`fdp_mu` on [lo, hi], per lane, with one call of
+    :func:`fdp_rejects`: the new (lo, hi), exactly those of ``bits`` sequential steps.
+
+    ``grid[:, j]`` (j = 0..2^b) holds the bracket ends and every midpoint the steps can visit,
+    each computed as ``0.5 (grid[:, j - w] + grid[:, j + w])`` from the two ends the bisection
+    would hold then (so bit for bit its ``0.5 (lo + hi)``); the steps are then replayed on the
+    answers at the 2^b - 1 interior points.
+    """
+    size, cells = lo.size, 1 << bits
+    grid = np.empty((size, cells + 1))
+    grid[:, 0], grid[:, cells] = lo, hi
+    w = cells
+    while w > 1:
+        w //= 2
+        centre = np.arange(w, cells, 2 * w)
+        grid[:, centre] = 0.5 * (grid[:, centre - w] + grid[:, centre + w])
+    inner = cells - 1
+    rej = fdp_rejects(grid[:, 1:cells].ravel(), *(np.repeat(a, inner) for a in (n, v, m, level)))
+    rej = rej.reshape(size, inner)
+    rows, left, w = np.arange(size), np.zeros(size, np.int64), cells
+    for _ in range(bits):
+        w //= 2
+        mid = left + w
+        left = np.where(rej[rows, mid - 1], mid, left)
+    return grid[rows, left], grid[rows, left + 1]
 
 
 #: Bisection steps of :func:`fdp_mu` before lanes that cannot be their group's maximum stop.
