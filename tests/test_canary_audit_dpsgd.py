@@ -105,11 +105,11 @@ def test_one_injection_per_logical_step_with_batch_memory_manager():
 
 
 def _fit(tmp_path, callbacks, *, epochs=3, seed=0, noise=1.0, name="run", poisson=True, ckpt_path=None,
-         logger=True):
+         logger=True, accountant="rdp"):
     pl.seed_everything(seed, verbose=False)
     dm = CentralDataModule("breast_cancer", batch_size=64, poisson=poisson, shuffle=False, seed=seed)
     module = DPSGDClassifier(MLP(30, 1, hidden=(16, 16)), lr=0.5, noise_multiplier=noise,
-                             max_grad_norm=1.0, noise_seed=seed)
+                             max_grad_norm=1.0, noise_seed=seed, accountant=accountant)
     log = TensorBoardLogger(str(tmp_path), name=name, version=0) if logger else False
     trainer = pl.Trainer(max_epochs=epochs, logger=log, callbacks=callbacks, accelerator="cpu",
                          enable_progress_bar=False, enable_model_summary=False,
@@ -117,6 +117,28 @@ def _fit(tmp_path, callbacks, *, epochs=3, seed=0, noise=1.0, name="run", poisso
                          num_sanity_val_steps=0, log_every_n_steps=1, default_root_dir=str(tmp_path))
     trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
     return trainer, module
+
+
+def test_a_prv_accountant_is_computed_once_per_history(tmp_path, monkeypatch):
+    """The run's own accountant is Opacus' PRV one (``make_private``'s default): its epsilon is
+    the claim and also ``epsilon_analytic_prv``, computed once per history and delta (a PRV
+    epsilon costs ~0.3 s, and every estimate asks for it), not twice, and equal to the
+    accountant's own ``get_epsilon``."""
+    audit = CanaryAudit(60, 60, seed=2, bootstrap=0, log_figures=False, log_histograms=False)
+    _, module = _fit(tmp_path, [audit], epochs=1, logger=False, accountant="prv")
+    acc = module.privacy_engine.accountant
+    assert type(acc).__name__ == "PRVAccountant"
+    original, calls = type(acc).get_epsilon, []
+
+    def counting(self, *args, **kwargs):
+        calls.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(acc), "get_epsilon", counting)
+    out = audit.backend.analytic(0.5e-5)  # a delta no estimate asked for: nothing cached
+    again = audit.backend.analytic(0.5e-5)
+    assert len(calls) == 1 and out == again
+    assert out["epsilon_analytic"] == out["epsilon_analytic_prv"] == original(acc, delta=0.5e-5)
 
 
 def test_lightning_make_private_tags_accountant_and_join_rate(tmp_path):

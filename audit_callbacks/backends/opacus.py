@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from opacus.accountants import PRVAccountant, RDPAccountant
 
 from audit_callbacks.backends.base import CanaryBackend, num_batches, num_examples
 from audit_callbacks.canary_sampling import LoaderCanarySampling, find_poisson_sampler
@@ -265,7 +266,13 @@ class OpacusBackend(CanaryBackend):
             opt = self.injector.optimizer
             history = [(float(opt.noise_multiplier), self.injector.sample_rate, self.injector.steps)]
         out = analytic_epsilons(history, delta)
-        own = accountant_epsilon(acc, delta) if history else None
+        # the run's own accountant is Opacus' RDP or PRV one (make_private's default: PRV) on
+        # this history: its epsilon is one just computed, not a second PRV computation
+        same = {RDPAccountant: "rdp", PRVAccountant: "prv"}.get(type(acc))
+        if same is not None and history and [tuple(h) for h in acc.history] == [tuple(h) for h in history]:
+            own = out[same]
+        else:
+            own = accountant_epsilon(acc, delta) if history else None
         return {"epsilon_analytic": out["rdp"] if own is None else own,
                 "epsilon_analytic_rdp": out["rdp"], "epsilon_analytic_prv": out["prv"]}
 
