@@ -14,6 +14,7 @@ import math
 import os
 import platform
 import re
+import socket
 import tempfile
 import uuid
 import warnings
@@ -70,11 +71,28 @@ CLAIM_FILENAME = ".audit_run"
 
 
 def _new_token() -> str:
-    return f"{os.getpid()}-{uuid.uuid4().hex}"
+    return f"{socket.gethostname()}:{os.getpid()}-{uuid.uuid4().hex}"
 
 
-#: This process's token in the folder claims (:func:`claim_dir`): pid and a random part, so
-#: that a reused pid never passes for an earlier process (renewed in a forked child).
+def _stale(token: str) -> bool:
+    """Whether the run that wrote ``token`` is gone: it ran on this host and its process no
+    longer exists (a run killed with -9, or one that ended, whose folder a resumed run of the
+    same Lightning version now uses). A token of another host, or of a live process, is not."""
+    host, _, rest = token.partition(":")
+    pid = rest.split("-", 1)[0]
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # alive, another user's
+        return False
+    return False
+
+
+#: This process's token in the folder claims (:func:`claim_dir`): host, pid and a random part,
+#: so that a reused pid never passes for an earlier process (renewed in a forked child).
 RUN_TOKEN = _new_token()
 # Paths this process has written: the only ones it may replace (another run's never).
 _WRITTEN: set[str] = set()
@@ -217,21 +235,36 @@ def check_writable(directory: str, filename: str) -> None:
 def claim_dir(path: str) -> bool:
     """Claim the folder ``path`` for this process's run: its marker file ``.audit_run`` is
     created exclusively with :data:`RUN_TOKEN`. True when the folder is this process's (just
-    claimed, or claimed by it before); False when another process claimed it (two runs that
-    took the same Lightning version, two processes resuming one checkpoint)."""
+    claimed, or claimed by it before, or left by a run whose process is gone on this host: a
+    resume into the same Lightning version); False when another live process claimed it (two
+    runs that took the same Lightning version, two processes resuming one checkpoint) or a
+    process on another host did."""
     os.makedirs(path, exist_ok=True)
     marker = os.path.join(path, CLAIM_FILENAME)
-    try:
-        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except FileExistsError:
+    for attempt in range(2):
         try:
-            with open(marker, encoding="utf-8") as fh:
-                return fh.read().strip() == RUN_TOKEN
-        except OSError:
-            return False
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(RUN_TOKEN)
-    return True
+            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                with open(marker, encoding="utf-8") as fh:
+                    owner = fh.read().strip()
+            except OSError:
+                return False
+            if owner == RUN_TOKEN:
+                return True
+            if attempt or not _stale(owner):
+                return False
+            moved = f"{marker}.stale-{uuid.uuid4().hex}"
+            try:  # atomic: of several processes taking over a stale claim, one renames it
+                os.rename(marker, moved)
+                os.remove(moved)
+            except OSError:
+                pass  # another one did: the exclusive create decides
+            continue
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(RUN_TOKEN)
+        return True
+    return False
 
 
 def fresh_version_dir(root: str) -> str:

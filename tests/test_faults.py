@@ -178,6 +178,50 @@ def test_two_processes_in_one_version_folder_keep_two_summaries(tmp_path):
     assert len({os.path.dirname(f) for f in found}) == 2  # the second run took its own folder
 
 
+def test_a_resume_into_the_version_of_a_finished_or_killed_run_keeps_its_folder(tmp_path):
+    """A claim left by a process that is gone on this host (a run that ended, or was killed
+    with -9, and is now resumed into the same Lightning version) is taken over; a claim of a
+    live process, or of another host, is not; several takers of one stale claim: one wins."""
+    import socket
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()  # a pid that is gone
+    folder = tmp_path / "version_0"
+    folder.mkdir()
+    marker = folder / outputs.CLAIM_FILENAME
+    marker.write_text(f"{socket.gethostname()}:{proc.pid}-{'0' * 32}")
+    assert outputs.claim_dir(str(folder))
+    assert marker.read_text() == outputs.RUN_TOKEN and sorted(os.listdir(folder)) == [outputs.CLAIM_FILENAME]
+    assert run_dir(_Trainer(str(folder))) == str(folder)  # the summary goes with the events
+    marker.write_text(f"{socket.gethostname()}:{os.getppid()}-{'0' * 32}")  # alive: not ours
+    assert not outputs.claim_dir(str(folder))
+    marker.write_text(f"another-host.example:{proc.pid}-{'0' * 32}")  # cannot tell: not ours
+    assert not outputs.claim_dir(str(folder))
+
+
+def _take_stale(folder, results, barrier):
+    barrier.wait()
+    results.put(outputs.claim_dir(folder))
+
+
+def test_of_several_processes_taking_one_stale_claim_one_wins(tmp_path):
+    import socket
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    folder = tmp_path / "version_0"
+    folder.mkdir()
+    (folder / outputs.CLAIM_FILENAME).write_text(f"{socket.gethostname()}:{proc.pid}-{'0' * 32}")
+    ctx = multiprocessing.get_context("fork")
+    barrier, results = ctx.Barrier(4), ctx.Queue()
+    procs = [ctx.Process(target=_take_stale, args=(str(folder), results, barrier)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert sorted(results.get(timeout=10) for _ in procs) == [False, False, False, True]
+
+
 # ------------------------------------------------------------------ the state's checksum
 def test_a_changed_value_in_the_saved_state_is_refused_naming_the_field():
     auditor, backend = _auditor()
@@ -206,6 +250,25 @@ def test_a_state_without_a_checksum_loads_with_one_warning():
     other.load_state_dict(state)
     assert warned == ["nochecksum"]
     np.testing.assert_array_equal(other.participations, auditor.participations)
+
+
+@pytest.mark.parametrize("kind", ["hadamard", "gaussian"])
+def test_a_state_of_other_canary_vectors_is_refused(kind):
+    """A checkpoint from before issue 28 (no ``canary_construction``) holds the statistics of
+    Hadamard rows cut to d of 2^ceil(log2 d) coordinates: the same seed now builds other
+    vectors, so resuming would mix two audits; Gaussian canaries did not change."""
+    def auditor():
+        return CanaryAuditor(CanaryAuditConfig(50, 100, canaries=kind, delta=1e-5, bootstrap=0),
+                             SimulatedBackend(1024, 0.5), lambda key, msg: None, name="Test")
+
+    state = auditor().state_dict()
+    assert state["config"]["canary_construction"].startswith(kind)
+    del state["checksum"], state["config"]["canary_construction"]
+    if kind == "hadamard":
+        with pytest.raises(ValueError, match="other canary vectors"):
+            auditor().load_state_dict(state)
+    else:
+        auditor().load_state_dict(state)
 
 
 def test_a_damaged_lightning_checkpoint_is_refused_at_resume(tmp_path):

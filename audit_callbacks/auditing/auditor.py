@@ -42,6 +42,13 @@ DEFAULT_CANARIES = 1000
 #: Below this many participating canaries every estimate gets the status "too few canaries".
 MIN_CANARIES = 20
 DEFAULT_HADAMARD_UNOBSERVED = 100_000
+#: How each kind of canary is built, checked on resume (a checkpoint of another construction
+#: holds statistics of other canary vectors).
+CANARY_CONSTRUCTIONS = {"hadamard": "hadamard rows of H_n on n = 2^floor(log2 d) coordinates",
+                        "gaussian": "gaussian"}
+#: What a checkpoint without ``canary_construction`` (before issue 28) had built.
+_BEFORE = {"hadamard": "hadamard rows of H_n cut to d of n = 2^ceil(log2 d) coordinates",
+           "gaussian": "gaussian", None: None}
 _BUFFER_BYTES = 16 << 20  # Gaussian canaries: model deltas buffered between passes
 #: releases whose labels are kept for the non-finite warning before a check reads the device
 _UNCHECKED_RELEASES = 4096
@@ -436,6 +443,7 @@ class CanaryAuditor:
             "requested_num_canaries": self.config.num_canaries,
             "num_canaries": self.num_canaries, "num_unobserved": self.num_unobserved,
             "training": self.backend.training, "delta": self.config.delta,
+            "canary_construction": CANARY_CONSTRUCTIONS[self.config.canaries],
         }
 
     def summary(self, report: CanaryReport | None = None, *, status: str = "complete") -> dict[str, Any]:
@@ -498,6 +506,14 @@ def check_identity(theirs: dict[str, Any], mine: dict[str, Any], *, name: str, s
     fields = ["canaries", "seed", "requested_num_canaries", "delta", "training"]
     if strict:
         fields += ["num_canaries", "num_unobserved"]
+    built = mine.get("canary_construction")
+    saved = theirs.get("canary_construction", _BEFORE.get(theirs.get("canaries")))
+    if strict and built is not None and saved != built:
+        raise ValueError(
+            f"{name}: the checkpoint's canaries were built as {saved!r}, this version builds "
+            f"{built!r}: the same seed gives other canary vectors, and resuming would fold new "
+            "cosines into the old canaries' statistics. Start a new run"
+        )
     for key in fields:
         if key in theirs and mine.get(key) is not None and theirs[key] != mine[key]:
             raise ValueError(

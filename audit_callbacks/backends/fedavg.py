@@ -189,8 +189,8 @@ class FedAvgBackend(CanaryBackend):
         """The sum ``[d]`` of the canary clients' updates ``canary_norm_multiplier * clip_norm *
         c_j``, each clipped by the module's clip stage (``DPFedAvg.clip_virtual_updates``).
 
-        Hadamard canaries: one transform. Every canary has the same norm (all entries
-        +-1/sqrt(d)), so one representative row goes through the module's clipping each round
+        Hadamard canaries: one transform. Every canary has the same norm (entries
+        +-1/sqrt(n) on the first n = 2^floor(log2 d) coordinates, 0 on the rest), so one representative row goes through the module's clipping each round
         (no cache: a clipping that changes from round to round shows) and its factor
         ``<clipped, raw> / <raw, raw>`` scales the sum; a clipping that does not merely scale
         that row (the result not parallel to it) sends every canary's row through the clipping,

@@ -787,7 +787,9 @@ class DPFedAvgMixin:
         """The state after the last released round: a checkpoint saved inside a round (from an
         audit hook, or by Lightning's SLURM auto-requeue on SIGUSR1) holds the state from
         before that round, whose release has not happened, so the resumed run samples the same
-        cohort again and counts its participations once."""
+        cohort again and counts its participations once. Not covered: a signal handler's
+        checkpoint during the release itself (``_commit`` and the owners' ``on_round_released``,
+        about a millisecond a round), see :mod:`audit_callbacks.federated.protocol`."""
         state = dict(self._open_round if self._open_round is not None else self._state())
         if "participations" in state:
             state["participations"] = np.asarray(state["participations"]).tolist()

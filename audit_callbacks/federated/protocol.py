@@ -54,7 +54,10 @@ called between them:
    ``on_federated_round_end(trainer, pl_module, fl_round)``. A checkpoint saved before the
    release (from a hook of stages 1-5, or by a signal handler such as Lightning's SLURM
    auto-requeue) holds the module's state from before the round: the resumed run samples the
-   same cohort again, so no participation is counted twice or lost.
+   same cohort again, so no participation is counted twice or lost. One window is not covered:
+   a signal handler that saves a checkpoint *during* the release itself (between the module's
+   count and the end of the owners' ``on_round_released``, about a millisecond a round) can
+   save an audit state that has counted the round, or part of it, beside a module that has.
 
 An owner's clients go through the module's clipping like real clients: their rows are clipped by
 stage 3, and an owner that gives a sum clips its rows through
