@@ -506,6 +506,13 @@ def check_identity(theirs: dict[str, Any], mine: dict[str, Any], *, name: str, s
     fields = ["canaries", "seed", "requested_num_canaries", "delta", "training"]
     if strict:
         fields += ["num_canaries", "num_unobserved"]
+    for key in fields:
+        if key in theirs and mine.get(key) is not None and theirs[key] != mine[key]:
+            raise ValueError(
+                f"{name}: the checkpoint's audit has {key}={theirs[key]!r}, this one "
+                f"{mine[key]!r}; resuming would mix two audits. Resume with the same settings, "
+                "or start a new run"
+            )
     built = mine.get("canary_construction")
     saved = theirs.get("canary_construction", _BEFORE.get(theirs.get("canaries")))
     if strict and built is not None and saved != built:
@@ -514,10 +521,3 @@ def check_identity(theirs: dict[str, Any], mine: dict[str, Any], *, name: str, s
             f"{built!r}: the same seed gives other canary vectors, and resuming would fold new "
             "cosines into the old canaries' statistics. Start a new run"
         )
-    for key in fields:
-        if key in theirs and mine.get(key) is not None and theirs[key] != mine[key]:
-            raise ValueError(
-                f"{name}: the checkpoint's audit has {key}={theirs[key]!r}, this one "
-                f"{mine[key]!r}; resuming would mix two audits. Resume with the same settings, "
-                "or start a new run"
-            )
