@@ -24,12 +24,11 @@ all follow ``seed``) and returns a JSON-able dict: the verdict word of each thre
 (``audit_callbacks.auditing.html_report.verdict`` on the run's summary), the analytic
 epsilon, every estimate with its interval, the valid lower bounds and the run's seconds.
 
-    PYTHONPATH=. python benchmarks/planted_fedavg.py --seeds 2     # a smoke run of both cases
+    PYTHONPATH=. python benchmarks/planted_bugs.py --seeds 2 --correct-seeds 2 --cases fedavg_correct  # a smoke run
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -45,9 +44,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _common
 
 import lightning.pytorch as pl  # noqa: E402
 import torch  # noqa: E402
-from _common import add_accelerator_argument, trainer_kwargs  # noqa: E402
+from _common import trainer_kwargs  # noqa: E402
+from _planted import case_result  # noqa: E402
 
-from audit_callbacks.auditing.html_report import verdict  # noqa: E402
 from audit_callbacks.callbacks import CanaryAudit  # noqa: E402
 from audit_callbacks.federated import DPFedAvg  # noqa: E402
 from audit_callbacks.federated.clipping import clip_updates_  # noqa: E402
@@ -57,10 +56,6 @@ from models import MLP  # noqa: E402
 __all__ = ["CASES", "Clip2C", "run"]
 
 ROUNDS, CLIENTS, PER_ROUND, CANARIES, Z, DELTA, HIDDEN, BOOTSTRAP = 30, 40, 20, 400, 1.0, 1e-5, 27, 1000
-THREAT_MODELS = ("final_model", "all_iterates")
-ESTIMATES = ("epsilon_all_iterates", "epsilon_all_iterates_matched", "epsilon_all_iterates_max_cosine",
-             "epsilon_final_model")
-BOUNDS = ("epsilon_lower_bound_all_iterates", "epsilon_lower_bound_final_model")
 
 
 class Clip2C(DPFedAvg):
@@ -96,50 +91,10 @@ def run(seed: int, module_class: type[DPFedAvg] = DPFedAvg, accelerator: str = "
         trainer.fit(module, datamodule=dm)
         with open(audit.summary_path, encoding="utf-8") as fh:
             summary = json.load(fh)
-    est = summary["estimates"]
-    return {
-        "seed": seed,
-        "verdicts": {tm: verdict(summary, tm)[0] for tm in THREAT_MODELS},
-        "epsilon_analytic": summary.get("epsilon_analytic"),
-        "epsilon_last_iterate_heuristic": summary.get("epsilon_last_iterate_heuristic"),
-        "estimates": {k: {f: est.get(k, {}).get(f) for f in ("value", "lower", "upper", "status")}
-                      for k in ESTIMATES},
-        "lower_bounds": {k: est.get(k, {}).get("value") for k in BOUNDS},
-        "max_participations": summary.get("max_participations"),
-        "num_canaries_participated": summary.get("num_canaries_participated"),
-        "seconds": time.perf_counter() - start,
-    }
+    return case_result(summary, seed=seed, start=start)
 
 
 CASES: dict[str, Callable[..., dict[str, Any]]] = {  # (seed, accelerator="auto")
     "fedavg_correct": lambda seed, accelerator="auto": run(seed, DPFedAvg, accelerator),
     "fedavg_clip_2c": lambda seed, accelerator="auto": run(seed, Clip2C, accelerator),
 }
-
-
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=2)
-    parser.add_argument("--first", type=int, default=0, help="the first seed")
-    parser.add_argument("--output", default=None, help="write the runs to this JSON file")
-    add_accelerator_argument(parser)
-    args = parser.parse_args(argv)
-    out: dict[str, Any] = {}
-    for name, case in CASES.items():
-        runs = [case(seed, args.accelerator) for seed in range(args.first, args.first + args.seeds)]
-        flagged = sum(any(w in ("suspicious", "violation") for w in r["verdicts"].values()) for r in runs)
-        out[name] = {"flagged": flagged, "n": len(runs), "runs": runs}
-        print(f"{name}: flagged {flagged}/{len(runs)}, "
-              f"{sum(r['seconds'] for r in runs) / len(runs):.1f} s/run", flush=True)
-        for r in runs:
-            e = r["estimates"]["epsilon_all_iterates"]
-            print(f"  seed {r['seed']}: {r['verdicts']} analytic {r['epsilon_analytic']:.2f} all-iterates "
-                  f"{e['value']:.2f} [{e['lower']:.2f}, {e['upper']:.2f}] ({r['seconds']:.1f} s)", flush=True)
-    if args.output:
-        with open(args.output, "w", encoding="utf-8") as fh:
-            json.dump(out, fh, indent=1)
-    return out
-
-
-if __name__ == "__main__":
-    main()

@@ -22,12 +22,11 @@ dict: the verdict word of each threat model (``audit_callbacks.auditing.html_rep
 on the run's summary), the analytic epsilon, every estimate with its interval, the valid lower
 bounds and the run's seconds.
 
-    PYTHONPATH=. python benchmarks/planted_flower.py --seeds 2     # a smoke run of both cases
+    PYTHONPATH=. python benchmarks/planted_bugs.py --seeds 2 --correct-seeds 2 --cases flower_correct  # a smoke run
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -39,23 +38,20 @@ from collections.abc import Callable
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _planted
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from _planted import case_result  # noqa: E402
 from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict  # noqa: E402
 from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg  # noqa: E402
 
-from audit_callbacks.auditing.html_report import verdict  # noqa: E402
 from audit_callbacks.flower import CanaryStrategy, LocalGrid  # noqa: E402
 
 __all__ = ["CASES", "ServerClip2C", "run"]
 
 ROUNDS, CLIENTS, PER_ROUND, CANARIES, Z, CLIP, DELTA = 30, 40, 20, 400, 1.0, 1.0, 1e-5
 LOCAL_STEPS, LR = 5, 0.5
-THREAT_MODELS = ("final_model", "all_iterates")
-ESTIMATES = ("epsilon_all_iterates", "epsilon_all_iterates_matched", "epsilon_all_iterates_max_cosine",
-             "epsilon_final_model")
-BOUNDS = ("epsilon_lower_bound_all_iterates", "epsilon_lower_bound_final_model")
 
 
 class ServerClip2C(DifferentialPrivacyServerSideFixedClipping):
@@ -124,51 +120,10 @@ def run(seed: int, wrapper: type[DifferentialPrivacyServerSideFixedClipping]
         strategy.start(LocalGrid(CLIENTS, _handler(_shards(seed))), init, num_rounds=ROUNDS)
         with open(strategy.summary_path, encoding="utf-8") as fh:
             summary = json.load(fh)
-    est = summary["estimates"]
-    return {
-        "seed": seed,
-        "verdicts": {tm: verdict(summary, tm)[0] for tm in THREAT_MODELS},
-        "epsilon_analytic": summary.get("epsilon_analytic"),
-        "epsilon_last_iterate_heuristic": summary.get("epsilon_last_iterate_heuristic"),
-        "estimates": {k: {f: est.get(k, {}).get(f) for f in ("value", "lower", "upper", "status")}
-                      for k in ESTIMATES},
-        "lower_bounds": {k: est.get(k, {}).get("value") for k in BOUNDS},
-        "max_participations": summary.get("max_participations"),
-        "num_canaries_participated": summary.get("num_canaries_participated"),
-        "seconds": time.perf_counter() - start,
-    }
+    return case_result(summary, seed=seed, start=start)
 
 
 CASES: dict[str, Callable[[int], dict[str, Any]]] = {
     "flower_correct": lambda seed: run(seed, DifferentialPrivacyServerSideFixedClipping),
     "flower_clip_2c": lambda seed: run(seed, ServerClip2C),
 }
-
-
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=2)
-    parser.add_argument("--first", type=int, default=0, help="the first seed")
-    parser.add_argument("--output", default=None, help="write the runs to this JSON file")
-    args = parser.parse_args(argv)
-    out: dict[str, Any] = {}
-    for name, case in CASES.items():
-        t0 = time.perf_counter()
-        runs = [case(seed) for seed in range(args.first, args.first + args.seeds)]
-        flagged = sum(any(w in ("suspicious", "violation") for w in r["verdicts"].values()) for r in runs)
-        out[name] = {"flagged": flagged, "n": len(runs), "wall_seconds": time.perf_counter() - t0,
-                     "runs": runs}
-        print(f"{name}: flagged {flagged}/{len(runs)}, "
-              f"{sum(r['seconds'] for r in runs) / len(runs):.1f} s/run", flush=True)
-        for r in runs:
-            e = r["estimates"]["epsilon_all_iterates"]
-            print(f"  seed {r['seed']}: {r['verdicts']} analytic {r['epsilon_analytic']:.2f} all-iterates "
-                  f"{e['value']:.2f} [{e['lower']:.2f}, {e['upper']:.2f}] ({r['seconds']:.1f} s)", flush=True)
-    if args.output:
-        with open(args.output, "w", encoding="utf-8") as fh:
-            json.dump(out, fh, indent=1)
-    return out
-
-
-if __name__ == "__main__":
-    main()

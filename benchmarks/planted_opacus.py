@@ -22,13 +22,11 @@ canaries all follow ``seed``) and returns a JSON-able dict: the verdict word of 
 model (``audit_callbacks.auditing.html_report.verdict`` on the run's summary), the analytic
 epsilon, every estimate with its interval, the valid lower bounds and the run's seconds.
 
-    PYTHONPATH=. python benchmarks/planted_opacus.py --seeds 2     # a smoke run of every case
+    PYTHONPATH=. python benchmarks/planted_bugs.py --seeds 2 --correct-seeds 2 --cases opacus_correct  # a smoke run
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import time
@@ -37,14 +35,15 @@ from collections.abc import Callable
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _planted
 
 import torch  # noqa: E402
+from _planted import case_result  # noqa: E402
 from opacus import PrivacyEngine  # noqa: E402
 from opacus.data_loader import DPDataLoader  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
-from audit_callbacks.auditing.html_report import verdict  # noqa: E402
 from audit_callbacks.opacus_audit import OpacusCanaryAudit  # noqa: E402
 from datamodules.breast_cancer import load_breast_cancer_tensors  # noqa: E402
 from models import MLP  # noqa: E402
@@ -53,10 +52,6 @@ __all__ = ["CASES", "run"]
 
 BATCH, HIDDEN, SIGMA, CLIP, EPOCHS, K, LR, DELTA, BOOTSTRAP = 64, 255, 1.5, 1.0, 20, 400, 0.5, 1e-5, 100
 BUGS = ("correct", "clip_2c", "noise_half", "sampling_2q")
-THREAT_MODELS = ("final_model", "all_iterates")
-ESTIMATES = ("epsilon_all_iterates", "epsilon_all_iterates_matched", "epsilon_all_iterates_max_cosine",
-             "epsilon_final_model")
-BOUNDS = ("epsilon_lower_bound_all_iterates", "epsilon_lower_bound_final_model")
 
 
 def _plant(opt: Any, bug: str) -> None:
@@ -122,56 +117,12 @@ def run(seed: int, bug: str = "correct") -> dict[str, Any]:
         report = audit.auditor.try_report(bootstrap=BOOTSTRAP, step=audit.steps)
         summary = audit.auditor.summary(report)
         audit.detach()
-    est = summary["estimates"]
     inputs = summary["inputs"]
-    return {
-        "seed": seed,
-        "bug": bug,
-        "verdicts": {tm: verdict(summary, tm)[0] for tm in THREAT_MODELS},
-        "epsilon_analytic": summary.get("epsilon_analytic"),
-        "epsilon_last_iterate_heuristic": summary.get("epsilon_last_iterate_heuristic"),
-        "estimates": {k: {f: est.get(k, {}).get(f) for f in ("value", "lower", "upper", "status")}
-                      for k in ESTIMATES},
-        "lower_bounds": {k: est.get(k, {}).get("value") for k in BOUNDS},
-        "canary_insertion": inputs.get("canary_insertion"),
-        "canary_sampling": inputs.get("canary_sampling"),
-        "steps": inputs.get("steps"),
-        "num_canaries_participated": summary.get("num_canaries_participated"),
-        "seconds": time.perf_counter() - start,
-    }
+    return case_result(summary, seed=seed, start=start, bug=bug,
+                       canary_insertion=inputs.get("canary_insertion"),
+                       canary_sampling=inputs.get("canary_sampling"), steps=inputs.get("steps"))
 
 
 CASES: dict[str, Callable[[int], dict[str, Any]]] = {
     f"opacus_{bug}": (lambda seed, bug=bug: run(seed, bug)) for bug in BUGS
 }
-
-
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=2)
-    parser.add_argument("--first", type=int, default=0, help="the first seed")
-    parser.add_argument("--cases", nargs="*", default=None, help="a subset of the cases")
-    parser.add_argument("--output", default=None, help="write the runs to this JSON file")
-    args = parser.parse_args(argv)
-    out: dict[str, Any] = {}
-    for name, case in CASES.items():
-        if args.cases and name not in args.cases:
-            continue
-        runs = [case(seed) for seed in range(args.first, args.first + args.seeds)]
-        flagged = sum(any(w in ("suspicious", "violation") for w in r["verdicts"].values()) for r in runs)
-        out[name] = {"flagged": flagged, "n": len(runs), "runs": runs}
-        print(f"{name}: flagged {flagged}/{len(runs)}, "
-              f"{sum(r['seconds'] for r in runs) / len(runs):.1f} s/run", flush=True)
-        for r in runs:
-            e = r["estimates"]["epsilon_all_iterates"]
-            print(f"  seed {r['seed']}: {r['verdicts']} analytic {r['epsilon_analytic']:.2f} all-iterates "
-                  f"{e['value']:.2f} [{e['lower']:.2f}, {e['upper']:.2f}] final "
-                  f"{r['estimates']['epsilon_final_model']['value']:.2f} ({r['seconds']:.1f} s)", flush=True)
-    if args.output:
-        with open(args.output, "w", encoding="utf-8") as fh:
-            json.dump(out, fh, indent=1)
-    return out
-
-
-if __name__ == "__main__":
-    main()
