@@ -227,3 +227,22 @@ def timing_subclass(base: type, hooks: tuple[str, ...]) -> type:
     for name in hooks:
         setattr(cls, name, timed(name))
     return cls
+
+
+def interleaved_pairs(one: Any, variants: Any, reps: int, warmup: bool
+                      ) -> tuple[list[Any], dict[str, list[tuple[Any, Any]]]]:
+    """``reps`` (baseline, variant) pairs per variant, the order alternating (ABBA), after one
+    untimed warm-up run of each (``warmup``); ``one(variant, i)`` runs one fit ("baseline" for
+    the baseline, i = -1 for the warm-up). Returns ``(warm_runs, {variant: [(base, audited)]})``."""
+    warm = [one(v, -1) for v in ("baseline", *variants)] if warmup else []
+    pairs: dict[str, list[tuple[Any, Any]]] = {v: [] for v in variants}
+    for i in range(reps):
+        for v in variants:
+            if i % 2 == 0:
+                b = one("baseline", i)
+                a = one(v, i)
+            else:
+                a = one(v, i)
+                b = one("baseline", i)
+            pairs[v].append((b, a))
+    return warm, pairs

@@ -61,6 +61,7 @@ from _common import (
     add_accelerator_argument,
     device_name,
     git_state,
+    interleaved_pairs,
     load_average,
     machine_info,
     median_interval,
@@ -245,7 +246,6 @@ def abba(
     """``reps`` ABBA pairs (baseline vs each audited variant; variants interleaved), after one
     untimed warm-up fit of each (unless ``warmup`` is False). Returns per-variant ratios and
     raw runs."""
-    runs: dict[str, list[tuple[dict, dict]]] = {v: [] for v in variants}
 
     def one(variant: str, i: int) -> dict[str, Any]:
         kwargs = variants.get(variant)
@@ -258,16 +258,7 @@ def abba(
               f" updates ({res['local_update_s']:.2f} s){extra}", flush=True)
         return res
 
-    warm = [one("baseline", -1)] + [one(v, -1) for v in variants] if warmup else []
-    for i in range(reps):
-        for v in variants:
-            if i % 2 == 0:
-                b = one("baseline", i)
-                a = one(v, i)
-            else:
-                a = one(v, i)
-                b = one("baseline", i)
-            runs[v].append((b, a))
+    warm, runs = interleaved_pairs(one, list(variants), reps, warmup)
     out: dict[str, Any] = {"config": cfg, "warmup": warm, "variants": {}}
     for v, pairs in runs.items():
         tb = np.array([b["fit_s"] for b, _ in pairs])

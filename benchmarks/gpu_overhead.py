@@ -55,6 +55,7 @@ from _common import (
     add_accelerator_argument,
     device_name,
     git_state,
+    interleaved_pairs,
     machine_info,
     median_interval,
     timed_fit,
@@ -199,17 +200,7 @@ def interleaved(fit: Any, variants: list[str], reps: int, warmup: bool, label: s
         print(f"  {label} {variant:9s} {i:2d}: fit {res['fit_s']:8.2f} s", flush=True)
         return res
 
-    warm = [one(v, -1) for v in ("baseline", *variants)] if warmup else []
-    pairs: dict[str, list[tuple[dict, dict]]] = {v: [] for v in variants}
-    for i in range(reps):
-        for v in variants:
-            if i % 2 == 0:
-                b = one("baseline", i)
-                a = one(v, i)
-            else:
-                a = one(v, i)
-                b = one("baseline", i)
-            pairs[v].append((b, a))
+    warm, pairs = interleaved_pairs(one, variants, reps, warmup)
     out: dict[str, Any] = {"warmup": warm, "variants": {}}
     for v, ps in pairs.items():
         tb = np.array([b["fit_s"] for b, _ in ps])
