@@ -216,7 +216,8 @@ def fit_once(
         )
         rep = audit.last_report
         if rep is not None:
-            out["epsilon"] = {k: _value(rep, k) for k in ("final_model", "all_iterates")}
+            out["epsilon"] = {k: _value(rep, f"epsilon_{k}") for k in ("final_model", "all_iterates")}
+            out["epsilon"]["analytic"] = rep.epsilon_analytic
     return out
 
 
