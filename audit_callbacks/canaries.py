@@ -39,7 +39,8 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["CanarySet", "GaussianCanaries", "HadamardCanaries", "canary_seed", "fwht", "hadamard_length"]
+__all__ = ["CanarySet", "GaussianCanaries", "HadamardCanaries", "canary_seed", "cosines_from_dots", "fwht",
+           "hadamard_length"]
 
 KINDS = ("gaussian", "hadamard")
 _DEFAULT_CHUNK_ELEMENTS = 1 << 22  # 4M floats (16 MiB in float32) per generated chunk
@@ -66,6 +67,8 @@ def canary_seed(seed: int, index: int) -> int:
 _KRON_MAX_BLOCK = 128  # CUDA: the largest Hadamard block of the Kronecker factorisation
 _CPU_LOW_BLOCK = 32  # CPU: the lowest log2(32) = 5 levels as one matmul with H_32
 _CPU_MIN_N = 1 << 16  # CPU: below this n the butterfly loop alone is as fast (measured)
+_CPU_KRON_BLOCK = 32  # CPU, n <= _CPU_KRON_MAX_N: Kronecker blocks of at most 32 x 32
+_CPU_KRON_MAX_N = 1 << 17  # CPU: up to this many entries (n x columns) the Kronecker matmuls win (measured)
 
 
 @functools.lru_cache(maxsize=64)
@@ -127,12 +130,27 @@ def _matmul_is_exact(x: torch.Tensor) -> bool:
     return not (x.device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32)
 
 
+@functools.lru_cache(maxsize=64)
+def _arange(length: int, device: torch.device) -> torch.Tensor:
+    """``0 .. length - 1`` as int64 on ``device``, built once (shared, never modified)."""
+    return torch.arange(length, dtype=torch.int64, device=device)
+
+
+_PARITY_TABLE_MAX = 1024  # up to this length the rows come from the cached Sylvester matrix (4 MiB)
+
+
 def _parity_signs(rows: torch.Tensor, length: int) -> torch.Tensor:
-    """``(-1)^popcount(r & c)`` for r in ``rows`` (``[b]`` int64) and c in ``0 .. length - 1``:
-    ``[b, length]`` float32 of +-1 on rows' device (parity by xor-folding 64 bits)."""
-    x = rows.unsqueeze(1) & torch.arange(length, dtype=torch.int64, device=rows.device)
+    """``(-1)^popcount(r & c)`` for r in ``rows`` (``[b]`` int64, each in ``0 .. length - 1``)
+    and c in ``0 .. length - 1`` (a power of 2): ``[b, length]`` float32 of +-1 on rows' device.
+    Rows of the cached Sylvester matrix ``H_length`` (one gather) up to length 1024, else the
+    parity by xor-folding the log2(length) bits of ``r & c``; the same values either way."""
+    if length <= _PARITY_TABLE_MAX:
+        return _hadamard_block(length, torch.float32, rows.device).index_select(0, rows)
+    x = rows.unsqueeze(1) & _arange(length, rows.device)
+    bits = length.bit_length() - 1  # r & c < length has at most this many bits
     for shift in (32, 16, 8, 4, 2, 1):
-        x ^= x >> shift
+        if shift < bits:
+            x ^= x >> shift
     return (1 - 2 * (x & 1)).to(torch.float32)
 
 
@@ -145,6 +163,19 @@ def _index_tensor(indices: list[int], device: torch.device) -> torch.Tensor:
     if device.type == "cuda":
         return t.pin_memory().to(device, non_blocking=True)
     return t.to(device)
+
+
+def _index_array(indices: np.ndarray, bound: int, device: torch.device) -> torch.Tensor:
+    """An integer numpy array of indices in ``[0, bound)`` as an int64 tensor on ``device``
+    (no Python list; to CUDA as :func:`_index_tensor`). ``IndexError`` for one out of range."""
+    arr = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1)
+    if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= bound):
+        bad = int(arr[(arr < 0) | (arr >= bound)][0])
+        raise IndexError(f"canary index {bad} out of range [0, {bound})")
+    t = torch.from_numpy(arr if arr.flags.writeable else arr.copy())  # a cohort's ids are read-only
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t if device.type == "cpu" else t.to(device)
 
 
 def fwht(x: torch.Tensor) -> torch.Tensor:
@@ -162,11 +193,16 @@ def fwht(x: torch.Tensor) -> torch.Tensor:
           Kronecker factorisation ``H_n = H_a (x) H_b (x) ...`` with Sylvester blocks of at most
           128 x 128 (built once per size, dtype and device), a few matmuls (measured for issue
           28 on an H200: 4.9x the butterfly loop at n = 2^21, equal to 5e-7 relative);
-        * CPU, one column, n >= 2^16: the lowest 5 levels as one matmul ``x.view(n/32, 32) @ H_32``
+        * CPU, n >= 2 and n M <= 2^17 entries (M columns), float32 at full matmul precision or
+          float64: the same Kronecker factorisation with blocks of at most 32 x 32 (issue 28,
+          2 shared cores, 1 thread, median of interleaved pairs against the loop: one column
+          6.4x at n = 2^13, 1.9x at 2^16, 1.3x at 2^17, 1.0x at 2^18; 16 columns 2.8x at 2^10,
+          1.0x at 2^13; 2 columns 1.15x at 2^16, 0.98x at 2^17);
+        * CPU, one column, n >= 2^18: the lowest 5 levels as one matmul ``x.view(n/32, 32) @ H_32``
           (the loop's strided short-run passes are its slowest), then the butterfly loop
           (``benchmarks/fwht_speed.py`` on 2 shared cores: 1.5x at n = 2^16 - 2^18, 1.2-1.45x
           at 2^21, 1.2x at 2^24);
-        * otherwise (smaller n, several columns on CPU, float16/bfloat16, TF32 matmuls): the
+        * otherwise (several columns of more entries on CPU, float16/bfloat16, TF32 matmuls): the
           loop of log2(n) butterfly passes over two buffers of x's size.
 
         The paths agree to float rounding (float32: ~1e-7 of ``||H x||``), not bit for bit.
@@ -183,10 +219,22 @@ def fwht(x: torch.Tensor) -> torch.Tensor:
     if not x.is_cpu:
         if n > 1 and cols.shape[1] > 0 and _matmul_is_exact(x):
             return _fwht_kronecker(cols, _KRON_MAX_BLOCK).view(x.shape)
+    elif n > 1 and 0 < n * cols.shape[1] <= _CPU_KRON_MAX_N and _matmul_is_exact(x):
+        return _fwht_kronecker(cols, _CPU_KRON_BLOCK).view(x.shape)
     elif n >= _CPU_MIN_N and cols.shape[1] == 1 and _matmul_is_exact(x):
         return _fwht_low_block(cols.reshape(n), _CPU_LOW_BLOCK).view(x.shape)
     cur = cols.clone() if cols.is_contiguous() else cols.contiguous()  # a private copy, contiguous
     return _butterflies(cur, 1).view(x.shape)
+
+
+def cosines_from_dots(dots: torch.Tensor, norms: torch.Tensor) -> torch.Tensor:
+    """``clamp(dots / norms, -1, 1)``: the cosines of unit canaries with vectors whose dot
+    products with them are ``dots`` and whose L2 norms are ``norms`` (float64, broadcastable:
+    ``[n]`` and a 0-dim norm, or ``[n, M]`` and ``[1, M]``). A zero norm gives cosines 0; a NaN
+    or inf norm (a vector with a NaN or inf entry) gives NaN cosines, on the device, with no
+    host synchronisation. A new tensor; ``dots`` is not modified."""
+    safe = torch.where(torch.isfinite(norms), torch.where(norms > 0, norms, 1.0), math.nan)
+    return torch.div(dots, safe).clamp_(-1.0, 1.0)
 
 
 def _check_out(out: torch.Tensor, rows: int, dim: int, device: Any) -> None:
@@ -321,18 +369,15 @@ class CanarySet:
         to check when it reads them.
         """
         cols, single = _as_columns(vectors, self.dim)
-        # float64 accumulation without a float64 copy of the vector; finite exactly when every
-        # entry is (float32 squares cannot overflow a float64 sum)
+        # float64 accumulation (torch converts the vector to float64 for it); finite exactly
+        # when every entry is (float32 squares cannot overflow a float64 sum)
         norms = torch.stack([torch.linalg.vector_norm(v, dtype=torch.float64) for v in cols])
         if check_finite and not bool(torch.isfinite(norms).all()):
             raise ValueError("vectors: cannot take cosines against a vector with NaN or inf entries")
         dots = self.dots(cols, indices)
-        norms = norms.to(dots.device)
-        safe = torch.where(norms > 0, norms, torch.ones_like(norms))
-        cos = (dots / safe.unsqueeze(0)).clamp_(-1.0, 1.0)
-        if not check_finite:  # NaN in a non-finite vector's whole column (an inf entry outside
-            # the Hadamard canaries' coordinates would otherwise give cosines 0)
-            cos = torch.where(torch.isfinite(norms).unsqueeze(0), cos, math.nan)
+        # NaN in a non-finite vector's whole column (an inf entry outside the Hadamard canaries'
+        # coordinates would otherwise give cosines 0): its divisor is NaN
+        cos = cosines_from_dots(dots, norms.to(dots.device).unsqueeze(0))
         return cos[:, 0] if single else cos
 
     def sum(
@@ -458,6 +503,7 @@ class HadamardCanaries(CanarySet):
         self.rows = torch.from_numpy(np.asarray(pi, dtype=np.int64))
         self.scale = 1.0 / math.sqrt(self.n)
         self._on: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._scaled_on: dict[torch.device, torch.Tensor] = {}
 
     def _device_parts(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """(signs [n], rows [k]) on ``device`` (copied once per device)."""
@@ -465,6 +511,25 @@ class HadamardCanaries(CanarySet):
         if parts is None:
             parts = self._on[device] = (self.signs.to(device), self.rows.to(device))
         return parts
+
+    def _scaled_signs(self, device: torch.device) -> torch.Tensor:
+        """``signs / sqrt(n)`` ``[n]`` float32 on ``device`` (built once per device): each entry
+        is +-scale exactly, so ``v * (signs / sqrt(n))`` has the bits of ``(v * signs) * scale``."""
+        scaled = self._scaled_on.get(device)
+        if scaled is None:
+            scaled = self._scaled_on[device] = self._device_parts(device)[0] * self.scale
+        return scaled
+
+    def _selected_rows(self, indices: Sequence[int] | np.ndarray | None, device: torch.device) -> torch.Tensor:
+        """``pi(j)`` for j in ``indices`` (default: all): ``[b]`` int64 on ``device``; a numpy
+        integer array is checked and converted without a Python list. ``IndexError`` for an
+        index outside ``[0, num_canaries)``."""
+        rows = self._device_parts(device)[1]
+        if indices is None:
+            return rows
+        if isinstance(indices, np.ndarray) and indices.dtype.kind in "iu":
+            return rows[_index_array(indices, self.num_canaries, device)]
+        return rows[_index_tensor(self._check_indices(indices), device)]
 
     def batch(
         self, indices: Sequence[int], *, scale: float = 1.0, device: torch.device | str | None = None,
@@ -478,21 +543,21 @@ class HadamardCanaries(CanarySet):
         popcount(r_lo & c_lo)``, so row r of H is the outer product of a row of ``H_{n/L}`` and
         a row of ``H_L`` (each O(sqrt(n)), by parity), flattened: one O(k d) product.
         ``IndexError`` for an index outside ``[0, num_canaries)``."""
-        idx = self._check_indices(indices)
         dev = torch.device(device) if device is not None else torch.device("cpu")
-        signs, rows = self._device_parts(dev)
+        signs = self._device_parts(dev)[0]
+        r = self._selected_rows(indices, dev)
+        b = r.numel()
         low_bits = (self.n.bit_length() - 1) // 2
         width = 1 << low_bits  # divides n: coordinates 0 .. n - 1 are n / L whole blocks
-        r = rows[_index_tensor(idx, dev)]
         low = _parity_signs(r & (width - 1), width)  # [b, L]
         high = _parity_signs(r >> low_bits, self.n // width)  # [b, n / L]
         scaled = signs * (self.scale * float(scale))  # D's diagonal times the scale
         if out is None:
-            out = torch.zeros(len(idx), self.dim, dtype=torch.float32, device=dev)
+            out = torch.empty(b, self.dim, dtype=torch.float32, device=dev)
         else:
-            _check_out(out, len(idx), self.dim, dev)
-            out[:, self.n:].zero_()
-        main = out[:, : self.n].view(len(idx), self.n // width, width)
+            _check_out(out, b, self.dim, dev)
+        out[:, self.n:].zero_()  # the first n coordinates are written below
+        main = out[:, : self.n].view(b, self.n // width, width)
         torch.mul(high[:, :, None], low[:, None, :], out=main)
         main.mul_(scaled.view(self.n // width, width))
         return out
@@ -502,16 +567,16 @@ class HadamardCanaries(CanarySet):
         device: torch.device | str | None = None,
     ) -> torch.Tensor:
         """``sum_j w_j c_j`` by one transform: ``D * FWHT(e)`` on the first n coordinates,
-        ``e[pi(j)] = w_j``."""
-        idx = self._check_indices(indices)
+        ``e[pi(j)] = w_j`` (``indices``: a sequence or a numpy integer array)."""
         dev = torch.device(device) if device is not None else torch.device("cpu")
-        signs, rows = self._device_parts(dev)
+        r = self._selected_rows(indices, dev)
         e = torch.zeros(self.n, dtype=torch.float32, device=dev)
-        w = torch.ones(len(idx), dtype=torch.float32, device=dev) if weights is None else (
-            weights[: len(idx)].to(device=dev, dtype=torch.float32))
-        e.index_add_(0, rows[_index_tensor(idx, dev)], w)
-        out = torch.zeros(self.dim, dtype=torch.float32, device=dev)
-        out[: self.n] = fwht(e).mul_(signs).mul_(self.scale)
+        w = torch.ones(r.numel(), dtype=torch.float32, device=dev) if weights is None else (
+            weights[: r.numel()].to(device=dev, dtype=torch.float32))
+        e.index_add_(0, r, w)
+        out = torch.empty(self.dim, dtype=torch.float32, device=dev)
+        out[self.n:].zero_()
+        torch.mul(fwht(e), self._scaled_signs(dev), out=out[: self.n])
         return out
 
     def dots(
@@ -519,7 +584,7 @@ class HadamardCanaries(CanarySet):
     ) -> torch.Tensor:
         cols, single = _as_columns(vectors, self.dim)
         device = cols[0].device
-        signs, rows = self._device_parts(device)
+        signs = self._device_parts(device)[0]
         if len(cols) == 1:  # one pass: D * v[:n] (the column of the general case, same values)
             x = torch.mul(cols[0][: self.n].to(torch.float32), signs).unsqueeze(1)
         else:
@@ -528,7 +593,7 @@ class HadamardCanaries(CanarySet):
                 x[:, m] = v[: self.n].to(torch.float32)
             x.mul_(signs.unsqueeze(1))
         y = fwht(x)
-        sel = rows if indices is None else rows[_index_tensor(self._check_indices(indices), device)]
-        out = y[sel].to(torch.float64).mul_(self.scale)
+        sel = self._selected_rows(indices, device)
+        out = torch.index_select(y, 0, sel).to(torch.float64).mul_(self.scale)  # y[sel], 3x faster
         return out[:, 0] if single else out
 

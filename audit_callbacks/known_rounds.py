@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from audit_callbacks.canaries import CanarySet, _index_tensor
+from audit_callbacks.canaries import CanarySet, _index_array
 from audit_callbacks.estimators import AuditResult, gaussian_epsilon_array
 
 __all__ = ["GAUSSIAN_REASON", "SOURCE", "KnownRoundScores"]
@@ -105,8 +105,10 @@ class KnownRoundScores:
             "skipped": torch.zeros((), dtype=torch.int64),
         }
         self._cache: dict[str, Any] | None = None  # the host copy, until the next round
-        self._previous: torch.Tensor | None = None  # the previous delta (float64), when valid
+        self._previous: torch.Tensor | None = None  # the previous delta (as given), when valid
         self._has_previous: torch.Tensor | None = None  # device bool: it is valid
+        # <c_j, previous delta> [k + k'] float64, 0 where it is not valid; None: not computed yet
+        self._previous_dots: torch.Tensor | None = None
         self._beta_on: torch.Tensor | None = None  # beta, float64 on the device
 
     # ------------------------------------------------------------------ host views
@@ -166,57 +168,107 @@ class KnownRoundScores:
         """The round's noisy average recovered from the model deltas (float64 ``[d]``)."""
         delta = model_delta.detach().to(torch.float64)
         prev = self._previous
-        avg = delta if prev is None or self.beta == 0 else delta - self.beta * prev.to(delta.device)
-        return avg / self.eta
+        if prev is None or self.beta == 0:
+            return delta / self.eta
+        prev = prev.to(device=delta.device, dtype=torch.float64)
+        if self._has_previous is not None:
+            prev = torch.where(self._has_previous.to(delta.device), prev, 0.0)
+        return (delta - self.beta * prev) / self.eta
 
-    def update(self, model_delta: torch.Tensor, participants: np.ndarray | None) -> torch.Tensor:
+    def update(self, model_delta: torch.Tensor, participants: np.ndarray | None, *,
+               projection: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Fold one round: ``model_delta`` ``[d]`` (``theta_t - theta_{t-1}``) and the observed
-        canaries that took part (local indices, repeats allowed). A delta with NaN or inf is
-        skipped (the next round's recovery then has no previous delta: with momentum it is
-        skipped too; before any round is folded the first delta needs none). On the delta's
-        device with no host synchronisation: the decision is a device bool that masks the
-        round's contribution.
+        canaries that took part (local indices in ``[0, k)``, repeats allowed). A delta with NaN
+        or inf is skipped (the next round's recovery then has no previous delta: with momentum
+        it is skipped too; before any round is folded the first delta needs none). On the
+        delta's device with no host synchronisation: the decision is a device bool that masks
+        the round's contribution.
+
+        One transform a round at most: the projections are linear, so ``<c_j, avg_t> = (<c_j,
+        Delta_t> - beta <c_j, Delta_{t-1}>) / eta`` from this round's dot products and the
+        previous round's (kept, ``[k + k']``), in float64 from float32 transforms (within float
+        rounding of the transform of the recovered average: about 1e-7 of ``|Delta_t| +
+        beta |Delta_{t-1}|`` in each dot product). ``model_delta`` is kept, not copied, as the
+        previous delta of a checkpoint (:meth:`state_dict`) until the next round: the caller
+        must not modify it (``FederatedRound``'s tensors are read-only to their readers).
+
+        Args:
+            model_delta: ``[d]`` floating, on any device.
+            participants: ``[m]`` integer indices of the observed canaries in the round (None:
+                none).
+            projection: ``(dots, norm)`` of ``model_delta`` already computed (the all-iterates
+                statistic's :meth:`CanaryStatistics.projection` of the same release):
+                ``canaries.dots(model_delta)`` ``[k + k']`` float64 and its float64 L2 norm
+                (0-dim); None: computed here.
 
         Returns:
             A 0-dim bool tensor on the delta's device: whether the round was folded.
+
+        Raises:
+            ValueError: a projection of the wrong shape; IndexError: a participant outside
+            ``[0, k)``.
         """
         x = model_delta.detach()
         dev = self._to_device(x.device)
+        if projection is None:
+            dots = self.canaries.dots(x)
+            norm = torch.linalg.vector_norm(x, dtype=torch.float64)
+        else:
+            dots, norm = projection
+            if tuple(dots.shape) != (len(self.canaries),) or norm.dim() != 0:
+                raise ValueError(f"projection: expected dots [{len(self.canaries)}] and a 0-dim norm, "
+                                 f"got {tuple(dots.shape)} and {tuple(norm.shape)}")
+        idx = _index_array(np.asarray([] if participants is None else participants), self.k, x.device)
         self._cache = None
-        ok = torch.isfinite(x).all()
+        ok = torch.isfinite(norm)  # a float64 sum of float32 squares: finite iff every entry is
+        unit = self.divisor / (self.clip_norm * self.eta)  # y in units of one clipped update
         if self.beta > 0:
-            delta = x.to(torch.float64)
             assert self._has_previous is not None
-            if self._previous is None:
-                self._previous = torch.zeros_like(delta)
+            prev = self._previous_dots_on(x.device)  # 0 where the previous delta is not valid
             # the momentum can be undone with a valid previous delta (or before any round)
             fold = ok & (self._has_previous | (dev["rounds"] == 0))
-            prev = torch.where(self._has_previous, self._previous, 0.0)
-            avg = (delta - self.beta * prev) / self.eta
-            self._previous = torch.where(ok, delta, 0.0)
-            self._has_previous = ok.clone()
-            avg32 = avg.to(torch.float32)
-        else:  # no momentum: no previous delta is kept, and at eta = 1 no copy is made
+            y = torch.add(dots, prev, alpha=-self.beta).nan_to_num_(0.0, 0.0, 0.0)
+            # where(ok, dots, 0) in two fast passes (dots may hold NaN or inf when not ok)
+            self._previous_dots = dots.nan_to_num(0.0, 0.0, 0.0).mul_(ok.to(torch.float64))
+            self._previous = x
+            self._has_previous = ok
+        else:  # no momentum: no previous delta is kept
             fold = ok
-            avg32 = x.to(torch.float32) if self.eta == 1.0 else (x.to(torch.float64) / self.eta).to(torch.float32)
-        y = self.canaries.dots(avg32) * (self.divisor / self.clip_norm)
-        y = torch.where(fold, y, 0.0)  # not a product: a skipped round's y may be NaN
+            y = dots.nan_to_num(0.0, 0.0, 0.0)  # a new tensor: dots may be shared
+        fold64 = fold.to(torch.float64)
+        # = where(fold, y * unit, 0) in fast passes: a skipped round's y (NaN or inf) was made 0
+        # above (0 * NaN is NaN); a folded round's y is finite, and 1.0 * unit is exactly unit
+        y.mul_(fold64 * unit)
         take = fold.to(torch.int64)
-        idx = _index_tensor(np.asarray([] if participants is None else participants, dtype=np.int64).tolist(),
-                            x.device)  # pinned, non-blocking to CUDA
         k = self.k
-        dev["sums"].index_add_(0, idx, y[idx])
+        dev["sums"].index_add_(0, idx, y.index_select(0, idx))
         dev["counts"].index_add_(0, idx, take.expand(idx.numel()))
-        dev["sums"][k:] += y[k:]
+        un = y[k:]
+        dev["sums"][k:] += un
         dev["counts"][k:] += take
-        dev["un_squares"] += torch.dot(y[k:], y[k:])
+        dev["un_squares"] += torch.dot(un, un)
         factor = torch.where(fold, self._beta_on, 1.0)  # beta in float64, not a float32 scalar
-        dev["momentum_sums"].mul_(factor).index_add_(0, idx, fold.to(torch.float64).expand(idx.numel()))
-        dev["decay"].mul_(factor).add_(fold.to(torch.float64))
-        dev["decay_squares"].mul_(factor * factor).add_(fold.to(torch.float64))
+        dev["momentum_sums"].mul_(factor).index_add_(0, idx, fold64.expand(idx.numel()))
+        dev["decay"].mul_(factor).add_(fold64)
+        dev["decay_squares"].mul_(factor * factor).add_(fold64)
         dev["rounds"] += take
         dev["skipped"] += 1 - take
         return fold
+
+    def _previous_dots_on(self, device: torch.device) -> torch.Tensor:
+        """``<c_j, previous delta>`` ``[k + k']`` float64 on ``device``, 0 where the previous
+        delta is not valid (computed once after a restore)."""
+        if self._previous_dots is None:
+            n = len(self.canaries)
+            if self._previous is None:
+                self._previous_dots = torch.zeros(n, dtype=torch.float64, device=device)
+            else:
+                assert self._has_previous is not None
+                prev = self._previous.to(device)
+                self._previous_dots = torch.where(self._has_previous, self.canaries.dots(prev), 0.0)
+        elif self._previous_dots.device != device:
+            self._previous_dots = self._previous_dots.to(device)
+        return self._previous_dots
 
     def _to_device(self, device: torch.device) -> dict[str, torch.Tensor]:
         """The running sums, moved to ``device`` (the deltas') on first use."""
@@ -240,6 +292,7 @@ class KnownRoundScores:
         the saved one back together with the optimizer's buffer)."""
         device = self._dev["sums"].device
         self._previous = torch.zeros(self.canaries.dim, dtype=torch.float64, device=device)
+        self._previous_dots = torch.zeros(len(self.canaries), dtype=torch.float64, device=device)
         self._has_previous = torch.ones((), dtype=torch.bool, device=device)
 
     # ------------------------------------------------------------------ scores
@@ -330,7 +383,8 @@ class KnownRoundScores:
                 "un_squares": h["un_squares"],
                 "momentum_sums": torch.from_numpy(h["momentum_sums"].copy()), "decay": h["decay"],
                 "decay_squares": h["decay_squares"], "rounds": h["rounds"], "skipped": h["skipped"],
-                "previous": self._previous.cpu().clone() if valid and self._previous is not None else None}
+                "previous": (self._previous.detach().to(device="cpu", dtype=torch.float64, copy=True)
+                             if valid and self._previous is not None else None)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`; ValueError naming a field of the wrong shape."""
@@ -348,4 +402,5 @@ class KnownRoundScores:
         self._cache = None
         prev = state.get("previous")
         self._previous = None if prev is None else torch.as_tensor(prev, dtype=torch.float64).to(device).clone()
+        self._previous_dots = None  # <c_j, previous> at the next update
         self._has_previous = torch.tensor(prev is not None, device=device)

@@ -17,7 +17,8 @@ estimate, figures and report are not counted here (``canary_overhead.py`` times 
 (1) opacus: Opacus DP-SGD (``DPSGDClassifier``) of ``gpu_overhead.py``'s GroupNorm CNN (d =
     1,070,986) on CIFAR-shaped random data, Poisson batches of expected size ``--batch-size``
     (CPU default 32: the per-step audit work does not depend on the batch, only the step's
-    own time does), ``CanaryAudit()`` at its defaults otherwise (k = 1000 Hadamard canaries,
+    own time does) at ``gpu_overhead.py``'s sampling rate 256 / 18,000 (the data set is sized
+    for it, so ~14 of the k canaries join a step), ``CanaryAudit()`` at its defaults otherwise (k = 1000 Hadamard canaries,
     k' = min(n - k, 100,000)). Pieces, per logical step:
 
     * ``canary_rows_and_clip``: ``GradientCanaryInjector._clip_canaries``: the joining
@@ -228,7 +229,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                "git": git_state()}
     with tempfile.TemporaryDirectory() as log_root:
         if "opacus" in scenarios:
-            dm = RandomImages(batch * max(8, steps // 4), (3, 32, 32), 10, batch, val_examples=16)
+            # the sampling rate of gpu_overhead.py's scenario (256 of 18,000): ~14 canaries join a step
+            dm = RandomImages(round(batch * 18_000 / 256), (3, 32, 32), 10, batch, val_examples=16)
             opacus_pieces(dm, 3, device, log_root, audited=True)  # warm-up: lazy imports, kernels
             base = opacus_pieces(dm, steps, device, log_root, audited=False)
             aud = opacus_pieces(dm, steps, device, log_root, audited=True)

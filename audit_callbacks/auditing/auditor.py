@@ -78,7 +78,9 @@ class ReportSink(Protocol):
 
     def layout(self, layout: dict[str, dict[str, list[Any]]]) -> None: ...
 
-    # optional: ``text(values: dict[str, str], step)``, TensorBoard text (the verdicts)
+    # optional: ``text(values: dict[str, str], step)``, TensorBoard text (the verdicts);
+    # ``writes_images`` (bool), False where ``figures`` writes nothing (no figure is built for
+    # it then; a sink without the attribute is given them)
 
 
 class CanaryAuditor:
@@ -357,13 +359,16 @@ class CanaryAuditor:
                 self.warn(f"write:{err}", f"{self.name}: the summary could not be written ({err})")
         self.log(last, sink, step=step, histograms=histograms and complete)
         drawn: dict[str, Any] = {}
+        writes_images = bool(getattr(sink, "writes_images", True))
         if complete and figures and report is not None:
-            from audit_callbacks.auditing.figures import canary_figures
-
             self.log(report, sink, step=step, histograms=False)
-            drawn = canary_figures(report.statistics, self.stats.dim,
-                                   exact_null=self.canaries.kind == "gaussian")
-            self._sink(sink.figures, drawn, step)
+            if writes_images or path is not None:  # built only for a reader: each drawn once
+                from audit_callbacks.auditing.figures import canary_figures
+
+                drawn = canary_figures(report.statistics, self.stats.dim,
+                                       exact_null=self.canaries.kind == "gaussian")
+            if writes_images:
+                self._sink(sink.figures, drawn, step)
         if path is not None and complete:
             try:  # the report a person reads, next to the summary; its failure never loses the summary
                 from audit_callbacks.auditing.html_report import write_report

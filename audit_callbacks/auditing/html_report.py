@@ -104,36 +104,51 @@ def _png(fig: Any) -> str:
 
 def history_figure(history: Sequence[Sequence[Any]]) -> Any:
     """The "epsilon over training" figure from rows ``(step, epsilon_all_iterates,
-    epsilon_analytic[, epsilon_final_model])`` (None where unknown); log scale when positive."""
-    from matplotlib.figure import Figure
+    epsilon_analytic[, epsilon_final_model])`` (None where unknown); log scale when positive.
 
-    from audit_callbacks.auditing.figures import DPI
+    Kept light, as the density figures are (:func:`~audit_callbacks.auditing.figures.
+    density_figure`): at most 5 step ticks; on the log scale, major ticks at 1, 2 and 5 times
+    the powers of ten where the values span less than three decades (the powers of ten
+    alone otherwise), labelled as plain numbers, and no minor ticks (a tick is ~0.5 ms of
+    drawing, a label ~1 ms); only the ticks inside the view are made
+    (:func:`~audit_callbacks.auditing.figures.in_view_ticks`)."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullLocator
+
+    from audit_callbacks.auditing.figures import DPI, in_view_ticks
 
     fig = Figure(figsize=(6, 3.5), dpi=DPI)
     fig.subplots_adjust(left=0.11, right=0.97, bottom=0.14, top=0.9)
     ax = fig.add_subplot(1, 1, 1)
     labels = ("epsilon_all_iterates (estimate)", "epsilon_analytic (claim)",
               "epsilon_final_model (estimate)")
-    positive = True
+    values: list[float] = []
     for col, label in enumerate(labels, start=1):
         pts = [(row[0], row[col]) for row in history if len(row) > col and _number(row[col]) is not None
                and math.isfinite(row[col])]
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3, label=label,
                     linestyle="--" if "claim" in label else "-")
-            positive = positive and all(p[1] > 0 for p in pts)
-    if positive and ax.lines:
-        from matplotlib.ticker import LogFormatter
-
+            values += [float(p[1]) for p in pts]
+    ax.xaxis.set_major_locator(MaxNLocator(5, integer=True))
+    if values and min(values) > 0:
         ax.set_yscale("log")  # labels as plain text: matplotlib's mathtext ones cost ~20 ms
-        ax.yaxis.set_major_formatter(LogFormatter())
-        ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False))
+        few_decades = max(values) / min(values) < 1e3
+        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0) if few_decades else (1.0,)))
+        ax.yaxis.set_minor_locator(NullLocator())
+        ax.yaxis.set_major_formatter(FuncFormatter(_plain_tick))
     ax.set_xlabel("step")
     ax.set_ylabel("epsilon")
     fig.text(0.5, 0.985, "epsilon over training", ha="center", va="top")
     if ax.lines:
         ax.legend(loc="best", fontsize="small", frameon=False)
+    in_view_ticks(ax)
     return fig
+
+
+def _plain_tick(x: float, pos: int | None = None) -> str:
+    """A log axis' tick label as a plain number (``%g``: 20, 500, 1e+04): no mathtext."""
+    return f"{x:g}"
 
 
 _CSS = """

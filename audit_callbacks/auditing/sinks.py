@@ -20,6 +20,17 @@ def clean_scalars(values: dict[str, float | None]) -> dict[str, float]:
     return {k: float(v) for k, v in values.items() if v is not None and not np.isnan(v)}
 
 
+def _is_torch_writer(writer: Any) -> bool:
+    """Whether ``writer`` is torch's ``SummaryWriter`` (with its event file writer), whose
+    events :meth:`WriterSink.image` may write directly; False without the tensorboard package
+    (e.g. Lightning's tensorboardX fallback)."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        return False
+    return isinstance(writer, SummaryWriter) and callable(getattr(writer, "_get_file_writer", None))
+
+
 class WriterSink:
     """Writes reports through a TensorBoard ``SummaryWriter``: ``writer``, or one made on
     first use in ``log_dir`` (nothing when both are None). Histograms use the writer's default
@@ -50,6 +61,12 @@ class WriterSink:
             self._writer = SummaryWriter(self.run_dir)
         return self._writer
 
+    @property
+    def writes_images(self) -> bool:
+        """Whether :meth:`figures` writes anything (there is a writer, or a ``log_dir`` to make
+        one in): the auditor builds no figure for a sink that does not."""
+        return self._writer is not None or self.log_dir is not None
+
     def close(self) -> None:
         """Flush and close the writer this sink made (a later write opens a new one)."""
         if self._writer is not None and self.log_dir is not None:
@@ -76,7 +93,7 @@ class WriterSink:
     def figures(self, figures: dict[str, Any], step: int) -> None:
         """``{tag: figure}`` as TensorBoard images at ``step``. A matplotlib ``Figure`` is
         rendered once (:func:`~audit_callbacks.auditing.figures.render_figure`, kept with the
-        figure for the HTML report) and its RGB pixels written with ``add_image``; anything
+        figure for the HTML report) and written as that rendering (:meth:`image`); anything
         else (a list of figures) goes to the writer's ``add_figure``."""
         if self.writer is None:
             return
@@ -86,11 +103,33 @@ class WriterSink:
 
         for tag, fig in figures.items():
             if isinstance(fig, Figure):
-                rgb = render_figure(fig).rgba[:, :, :3]
-                self.writer.add_image(tag, rgb, global_step=step, dataformats="HWC")
+                self.image(tag, render_figure(fig), step)
             else:
                 self.writer.add_figure(tag, fig, global_step=step, close=True)
         self.writer.flush()
+
+    def image(self, tag: str, rendered: Any, step: int) -> None:
+        """One TensorBoard image at ``step`` from a :class:`~audit_callbacks.auditing.figures.
+        RenderedFigure` (``rgba`` ``[H, W, 4]`` uint8, ``png`` its bytes).
+
+        Through torch's ``SummaryWriter``, the PNG already encoded goes into the event as it
+        is: the ``Summary.Image`` proto (height, width, colorspace 4 = RGBA,
+        ``encoded_image_string``) that ``add_image`` writes after encoding the pixels once
+        more (and resampling them to the same size); read back, its pixels are the
+        rendering's. Any other writer (tensorboardX, a stand-in) gets
+        ``add_image(tag, rgb, dataformats="HWC")`` with the RGB pixels."""
+        writer = self.writer
+        if writer is None:
+            return
+        if _is_torch_writer(writer):
+            from tensorboard.compat.proto.summary_pb2 import Summary
+
+            height, width, channels = rendered.rgba.shape
+            image = Summary.Image(height=height, width=width, colorspace=channels,
+                                  encoded_image_string=rendered.png)
+            writer._get_file_writer().add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
+        else:
+            writer.add_image(tag, rendered.rgba[:, :, :3], global_step=step, dataformats="HWC")
 
     def text(self, values: dict[str, str], step: int) -> None:
         """``{tag: text}`` as TensorBoard text (the verdicts' sentences)."""

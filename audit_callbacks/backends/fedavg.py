@@ -160,7 +160,13 @@ class FedAvgBackend(CanaryBackend):
         return self._schedule.get(round_idx, [])
 
     # the virtual clients' updates (protocol) ------------------------------------------------
-    def _device_dtype(self) -> tuple[torch.device, torch.dtype]:
+    def _device_dtype(self, fl_round: Any = None) -> tuple[torch.device, torch.dtype]:
+        """The device and dtype of the round's flat vectors: those of ``fl_round.theta`` (the
+        global model the round starts from, on the model's device, in the dtype of the update
+        matrix; no walk over the module's parameters), else of the first trainable parameter."""
+        theta = getattr(fl_round, "theta", None)
+        if isinstance(theta, torch.Tensor):
+            return theta.device, theta.dtype
         first = next(iter(self.module.trainable_parameters()))
         return first.device, first.dtype
 
@@ -173,9 +179,10 @@ class FedAvgBackend(CanaryBackend):
         """Write ``canary_norm_multiplier * clip_norm * c_j`` for the canary clients ``indices``
         into ``out`` ``[m, d]``; the module's clip stage clips them like real updates."""
         assert self.auditor is not None
-        out.copy_(self.auditor.canaries.batch(indices.tolist(), scale=self._scale(clip_norm), device=out.device))
+        out.copy_(self.auditor.canaries.batch(np.asarray(indices, dtype=np.int64), scale=self._scale(clip_norm),
+                                              device=out.device))
 
-    def _clip(self, fl_round: Any, indices: list[int], rows: torch.Tensor) -> torch.Tensor:
+    def _clip(self, fl_round: Any, indices: np.ndarray, rows: torch.Tensor) -> torch.Tensor:
         """``rows`` ``[m, d]`` of canary clients ``indices``, clipped by the module's clip stage."""
         clip = getattr(self.module, "clip_virtual_updates", None)
         if clip is None:  # a module without the method: the protocol's documented clipping
@@ -193,23 +200,32 @@ class FedAvgBackend(CanaryBackend):
         +-1/sqrt(n) on the first n = 2^floor(log2 d) coordinates, 0 on the rest), so one representative row goes through the module's clipping each round
         (no cache: a clipping that changes from round to round shows) and its factor
         ``<clipped, raw> / <raw, raw>`` scales the sum; a clipping that does not merely scale
-        that row (the result not parallel to it) sends every canary's row through the clipping,
-        chunk by chunk, instead. Gaussian canaries: chunk by chunk, each row clipped by the
-        module.
+        that row (the result not parallel to it, or not 0 outside the first n coordinates)
+        sends every canary's row through the clipping, chunk by chunk, instead. The device and
+        dtype are those of the round's ``theta``. Gaussian canaries: chunk by chunk, each row
+        clipped by the module.
         """
         assert self.auditor is not None
-        device, dtype = self._device_dtype()
-        canaries, idx = self.auditor.canaries, indices.tolist()
+        device, dtype = self._device_dtype(fl_round)
+        canaries, idx = self.auditor.canaries, np.asarray(indices, dtype=np.int64).reshape(-1)
         scale = self._scale(clip_norm)
         if canaries.kind == "hadamard":
+            # The raw row is 0 beyond the first n coordinates, so a scaling leaves those 0 and
+            # the least squares run over the first n in float64 (issue 28: float64 copies of
+            # whole [d] rows, and a copy of the row kept from the clipping, were a third of the
+            # round's canary time at d = 125,626); <raw, raw> is taken before the clipping,
+            # which works in place.
+            n = canaries.n
             raw = canaries.batch(idx[:1], scale=scale, device=device).to(dtype)
-            clipped = self._clip(fl_round, idx[:1], raw.clone())
-            raw64, clipped64 = raw.to(torch.float64).flatten(), clipped.to(torch.float64).flatten()
-            rr, rc, cc = raw64 @ raw64, raw64 @ clipped64, clipped64 @ clipped64  # on the device
+            raw64 = raw.reshape(-1)[:n].to(torch.float64, copy=True)
+            clipped = self._clip(fl_round, idx[:1], raw).reshape(-1)
+            head64 = clipped[:n].to(torch.float64)
+            rr, rc, cc = raw64 @ raw64, raw64 @ head64, head64 @ head64
             factor = rc / rr.clamp(min=1e-300)
-            # |clipped - factor raw|^2 = cc - rc^2 / rr (least squares), within 1e-5 of |clipped|
+            # |clipped - factor raw|^2 = cc - rc^2 / rr (least squares), within 1e-5 of |clipped|,
+            # and nothing outside the first n coordinates
             residual2 = (cc - factor * rc).clamp(min=0.0)
-            scaling = residual2 <= 1e-10 * cc.clamp(min=1e-60)
+            scaling = (residual2 <= 1e-10 * cc.clamp(min=1e-60)) & ~clipped[n:].any()
             # the one value read back to the host in a round (which code runs next depends on
             # it); the module reads the sum back right after (DPFedAvg checks it is finite)
             if bool(scaling):
@@ -236,9 +252,15 @@ class FedAvgBackend(CanaryBackend):
             return
         self._released_round = int(fl_round.index)
         participants = fl_round.cohort.virtual_ids.get(self.name)
-        self.auditor.release(fl_round.model_delta, participants, what=f"round {fl_round.index}")
+        delta = fl_round.model_delta
+        self.auditor.release(delta, participants, what=f"round {fl_round.index}")
         if self.matched is not None:
-            self.matched.update(fl_round.model_delta, participants)
+            # the all-iterates statistic has just transformed this very delta: its dot products
+            # serve the known-rounds statistic too (None if it did not: computed there)
+            stats = getattr(self.auditor, "stats", None)
+            projection = getattr(stats, "projection", None)
+            self.matched.update(delta, participants,
+                                projection=projection(delta) if callable(projection) else None)
 
     def on_federated_round_end(self, fl_round: Any) -> None:
         """The round's release, where the module did not already give it

@@ -71,7 +71,9 @@ def add_custom_scalars_layout(trainer: pl.Trainer, layout: dict[str, dict[str, S
 class LightningSink(WriterSink):
     """The canary auditor's sink over a Trainer: scalars through every attached logger at the
     given step, histograms, figures and the layout through its ``TensorBoardLogger`` (rank
-    zero; nothing without one)."""
+    zero; nothing without one: then ``writes_images`` is False and no figure is built for it).
+    A figure goes in as the PNG its one rendering encoded (:meth:`WriterSink.image`), the
+    image the HTML report embeds."""
 
     def __init__(self, trainer: pl.Trainer) -> None:
         super().__init__(tensorboard_writer(trainer))

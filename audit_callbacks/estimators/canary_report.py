@@ -48,8 +48,8 @@ from numpy.typing import ArrayLike
 from scipy import stats
 
 from .result import AuditResult
-from .score_auditor import CanaryScoreAuditor
-from .valid_bounds import spent_alpha, tightest_valid_lower_bound, watched_lower_bound
+from .score_auditor import CanaryScoreAuditor, share_bootstrap
+from .valid_bounds import check_bound_arguments, spent_alpha, tightest_valid_lower_bounds
 
 __all__ = ["SOURCE", "THREAT_MODELS", "canary_report", "cosine_null_pdf", "estimate_names"]
 
@@ -89,28 +89,53 @@ Scores = tuple[np.ndarray, np.ndarray]
 BOUND_METHODS = ("clopper_pearson", "one_run_fdp")
 
 
-def _valid_bound(scores: list[Scores], delta: float, alpha: float, index: int | None,
-                 seed: int) -> AuditResult:
-    """The largest valid lower bound over the score sets (each at ``alpha / len(scores)``),
-    at the level spent for logged point ``index`` (None: the plain level)."""
-    share = alpha / len(scores)
-    best: AuditResult | None = None
-    values = []
-    for i, (ins, outs) in enumerate(scores):
-        if index is None:
-            res = tightest_valid_lower_bound(ins, outs, alpha=share, delta=delta, seed=seed + i,
-                                             methods=BOUND_METHODS)
-        else:
-            res = watched_lower_bound(ins, outs, alpha=share, delta=delta, index=index,
-                                      seed=seed + i, methods=BOUND_METHODS)
-        values.append(res.value)
-        if best is None or res.value > best.value:
-            best = res
-    assert best is not None
-    if len(scores) == 1:
-        return best
-    return replace(best, alpha=alpha, details={**best.details, "statistic_values": values,
-                                               "alpha_per_statistic": share})
+def _valid_bounds(pools: list[list[Scores | CanaryScoreAuditor]], delta: float, alpha: float,
+                  index: int | None, seed: int) -> list[AuditResult | ValueError]:
+    """The valid bound of each pool of score sets: the largest of the sets' valid lower bounds,
+    each at ``alpha / len(pool)``, at the level spent for logged point ``index`` (None: the
+    plain level). Computed together: one f-DP search for every set of every pool
+    (:func:`~audit_callbacks.estimators.valid_bounds.tightest_valid_lower_bounds`), each
+    result the one it has alone. A pool whose arguments or scores are bad gets the ValueError
+    its own computation raised (checked in the same order) instead of a result. A set may be
+    given as an auditor without ``dim`` (its scores, already sorted)."""
+    checked: list[list[CanaryScoreAuditor] | ValueError] = []
+    for scores in pools:
+        share = alpha / len(scores)
+        try:
+            auds = []
+            for i, x in enumerate(scores):
+                check_bound_arguments(share, delta, seed + i, index, BOUND_METHODS, "fixed")
+                auds.append(x if isinstance(x, CanaryScoreAuditor) else CanaryScoreAuditor(*x))
+            checked.append(auds)
+        except ValueError as err:
+            checked.append(err)
+    sets: list[CanaryScoreAuditor] = []
+    alphas: list[float] = []
+    seeds: list[int] = []
+    for scores, auds in zip(pools, checked, strict=True):
+        if not isinstance(auds, ValueError):
+            sets += auds
+            alphas += [alpha / len(scores)] * len(auds)
+            seeds += [seed + i for i in range(len(auds))]
+    flat = tightest_valid_lower_bounds(sets, alphas=alphas, delta=delta, seeds=seeds,
+                                       index=index, methods=BOUND_METHODS) if sets else []
+    out: list[AuditResult | ValueError] = []
+    for scores, auds in zip(pools, checked, strict=True):
+        if isinstance(auds, ValueError):
+            out.append(auds)
+            continue
+        results, flat = flat[:len(auds)], flat[len(auds):]
+        best = max(results, key=lambda r: r.value)  # the first of the largest, as one by one
+        if len(scores) == 1:
+            out.append(best)
+            continue
+        try:
+            out.append(replace(best, alpha=alpha, details={
+                **best.details, "statistic_values": [r.value for r in results],
+                "alpha_per_statistic": alpha / len(scores)}))
+        except ValueError as err:  # the pool's level itself is out of range
+            out.append(err)
+    return out
 
 
 def canary_report(
@@ -166,36 +191,49 @@ def canary_report(
         skipped.update({n: few for n in (*fin.values(), *allit.values())})
         return estimates, skipped
     fa = CanaryScoreAuditor(final[0], final[1], dim=dim)
-    est = dict(delta=delta, bootstrap=bootstrap, confidence=1 - alpha, seed=seed)
-    final_est = attempt(fin["estimate"], lambda: fa.epsilon_estimate(fit="equal", **est))
-    attempt(fin["unequal_fit"], lambda: fa.epsilon_estimate(fit="unequal", **est))
-    attempt(fin["lower_bound"], lambda: _valid_bound([final], delta, alpha, index, seed))
-    gdp_alpha = alpha if index is None else spent_alpha(alpha, index)  # a logged series, too
-    attempt(fin["gdp_lower_bound"], lambda: fa.epsilon_gdp_lower_bound(gdp_alpha, delta, gof_level=gof_level))
-
     cos_ok = max_cosine is not None and np.size(max_cosine[0]) >= 2 and np.size(max_cosine[1]) >= 2
+    ca = None
     if cos_ok:
         assert max_cosine is not None
         ca = CanaryScoreAuditor(max_cosine[0], max_cosine[1])
-        attempt(allit["max_cosine"], lambda: ca.epsilon_estimate(fit="equal", **est))
-    else:
-        skipped[allit["max_cosine"]] = few
     # the valid bound's statistic is chosen before any data: the matched one where there is
     # one (the most powerful for that adversary), else the max cosine and the final-model
     # cosine with the level split between them
-    pool: list[Scores] = [final]
+    final_set: Scores | CanaryScoreAuditor = fa if dim is None else final  # no re-sorting
+    pool: list[Scores | CanaryScoreAuditor] = [final_set]
+    if matched is None:
+        gdp_scores = max_cosine if cos_ok else None
+        if ca is not None:
+            pool.insert(0, ca)
+    else:
+        pool = [matched[0]]
+        gdp_scores = matched[0]
+    # both threat models' valid bounds in one computation (each the value it has alone)
+    bound_final, bound_all = _valid_bounds([[final_set], pool], delta, alpha, index, seed)
+
+    def bound(res: AuditResult | ValueError) -> AuditResult:
+        if isinstance(res, ValueError):
+            raise res
+        return res
+
+    est = dict(delta=delta, bootstrap=bootstrap, confidence=1 - alpha, seed=seed)
+    if bootstrap:  # the final-model and max-cosine estimates resample with the same indices
+        share_bootstrap([fa] if ca is None else [fa, ca], bootstrap, seed)
+    final_est = attempt(fin["estimate"], lambda: fa.epsilon_estimate(fit="equal", **est))
+    attempt(fin["unequal_fit"], lambda: fa.epsilon_estimate(fit="unequal", **est))
+    attempt(fin["lower_bound"], lambda: bound(bound_final))
+    gdp_alpha = alpha if index is None else spent_alpha(alpha, index)  # a logged series, too
+    attempt(fin["gdp_lower_bound"], lambda: fa.epsilon_gdp_lower_bound(gdp_alpha, delta, gof_level=gof_level))
+
+    if ca is not None:
+        attempt(allit["max_cosine"], lambda: ca.epsilon_estimate(fit="equal", **est))
+    else:
+        skipped[allit["max_cosine"]] = few
     matched_est = None
     if matched is None:
         skipped[allit["matched"]] = "no statistic matched to the analytic epsilon's adversary here"
-        gdp_scores = max_cosine if cos_ok else None
-        if cos_ok:
-            assert max_cosine is not None
-            pool.insert(0, max_cosine)
     else:
-        (m_in, m_out), m_est = matched
-        estimates[allit["matched"]] = matched_est = m_est
-        pool = [(m_in, m_out)]
-        gdp_scores = (m_in, m_out)
+        estimates[allit["matched"]] = matched_est = matched[1]
     options = [r for r in (matched_est, estimates.get(allit["max_cosine"]) if matched is None else None,
                            final_est) if r is not None]
     if options:
@@ -208,9 +246,9 @@ def canary_report(
                            "final_model": None if final_est is None else final_est.value}})
     else:
         skipped[allit["estimate"]] = skipped.get(fin["estimate"], few)
-    attempt(allit["lower_bound"], lambda: _valid_bound(pool, delta, alpha, index, seed))
+    attempt(allit["lower_bound"], lambda: bound(bound_all))
     if gdp_scores is not None and np.size(gdp_scores[0]) >= 2 and np.size(gdp_scores[1]) >= 2:
-        ga = CanaryScoreAuditor(gdp_scores[0], gdp_scores[1])
+        ga = ca if matched is None and ca is not None else CanaryScoreAuditor(gdp_scores[0], gdp_scores[1])
         attempt(allit["gdp_lower_bound"], lambda: ga.epsilon_gdp_lower_bound(gdp_alpha, delta, gof_level=gof_level))
     else:
         skipped[allit["gdp_lower_bound"]] = few

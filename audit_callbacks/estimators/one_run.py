@@ -299,7 +299,18 @@ def fdp_rejects(
     The recursion of Mahloujifar et al. (2024): r = level v/m, h = level (n - v)/m; for
     i = v-1, ..., 0: h' = max(h, g(r)) with g(x) = Phi(Phi^-1(x) - mu) = f(1 - x),
     r <- min(r + i/(n - i) (h' - h), 1), h <- h'; stop early once h' = h. Rejects iff
-    r + h > n/m. Lanes advance together; finished lanes are dropped every 16 steps.
+    r + h > n/m.
+
+    Lanes advance together, ordered by v (a lane whose i went below 0 leaves the prefix that
+    is stepped); each step is the update above written without a mask, in 8 ufunc calls:
+    h' = max(h, g(r)), d = h' - h, r <- min(r + i/(n - i) d, 1), h <- h', which leaves a
+    lane that does not move (d = 0; also where g(r) is NaN, from a NaN mu) exactly as it is.
+    Such a lane never moves again (r and h stay, so g stays), so every :data:`_STEP_CHUNK`
+    steps the lanes that did not move in the last step are dropped (the loop ends when none
+    is left); the i/(n - i) factors of a chunk are computed at once. The final r and h, and
+    so the answers, are bit for bit those of the masked step-by-step recursion (kept in
+    ``tests/test_estimator_speed_equivalence.py``). A lane with r outside [0, 1] or a
+    non-finite h (impossible for levels in (0, 1) and 0 <= v <= n <= m) does not move.
 
     Args:
         mu: [L] the mu of the null hypothesis (mu-GDP). n, v, m: [L] guesses, correct guesses
@@ -310,31 +321,62 @@ def fdp_rejects(
 
     Source: Mahloujifar, Melis, Chaudhuri (2024), arXiv:2410.22235, §4.
     """
-    r, h, i = level * v / m, level * (n - v) / m, (v - 1).astype(float)
-    live = np.flatnonzero(v > 0)
-    rr, hh, ii, mm, nn = r[live], h[live], i[live], mu[live], n[live].astype(float)
-    step = 0
-    # A lane that does not move (g(r) <= h, or i < 0) never moves again: r and h stay, so g
-    # stays, and i only decreases. The step is written in place to keep its cost (a few
-    # microseconds, the loop runs up to v times) low.
-    while live.size:
-        g = ndtri(rr)
-        g -= mm
-        ndtr(g, out=g)
-        moved = g > hh
-        moved &= ii >= 0
-        d = g - hh  # r <- min(r + i/(n - i) (h' - h), 1), h <- h' = g where moved
-        d *= ii / np.maximum(nn - ii, 1.0)
-        d += rr
-        np.minimum(d, 1.0, out=d)
-        np.copyto(rr, d, where=moved)
-        np.copyto(hh, g, where=moved)
-        ii -= 1.0
-        step += 1
-        if step % 16 == 0 or not moved.any():
-            r[live], h[live] = rr, hh
-            live, rr, hh, ii, mm, nn = (a[moved] for a in (live, rr, hh, ii, mm, nn))
+    r, h = _fdp_recursion(mu, n, v, m, level)
     return r + h > n / m
+
+
+def _fdp_recursion(
+    mu: np.ndarray, n: np.ndarray, v: np.ndarray, m: np.ndarray, level: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The final (r, h) of :func:`fdp_rejects`' recursion, per lane ([L] each)."""
+    r, h = level * v / m, level * (n - v) / m
+    live = np.flatnonzero((v > 0) & (r >= 0.0) & (r <= 1.0) & np.isfinite(h))
+    live = live[np.argsort(-v[live], kind="stable")]  # most steps first
+    rr = r[live]
+    hb = [h[live], np.empty(live.size)]  # h and h' alternate between two buffers
+    mm = np.asarray(mu, dtype=float)[live]
+    nn, vv = n[live].astype(float), v[live].astype(np.int64)
+    g, d = np.empty(live.size), np.empty(live.size)
+    one = np.ones(live.size)  # an array: a Python float costs ~0.3 us a call
+    step = 0
+    while live.size:
+        span = min(_STEP_CHUNK, int(vv[0]) - step)
+        # i of every lane at each step of the chunk (lanes with i < 0 are past the prefix)
+        i = (vv - 1 - step).astype(float)[None, :] - np.arange(span, dtype=float)[:, None]
+        coef = i / np.maximum(nn - i, 1.0)
+        stepped = np.searchsorted(-vv, -(step + np.arange(span)), side="left").tolist()
+        width = -1
+        for s, c in enumerate(stepped):
+            if c != width:  # fewer lanes still have steps: views of the prefix
+                if c < width:  # the lanes that stop hold their h in both buffers
+                    hb[1][c:width] = hb[0][c:width]
+                width = c
+                r_, m_, g_, d_, o_ = (a[:c] for a in (rr, mm, g, d, one))
+                h_, t_ = hb[0][:c], hb[1][:c]
+                cf = coef[:, :c]
+            ndtri(r_, out=g_)
+            np.subtract(g_, m_, out=g_)
+            ndtr(g_, out=g_)
+            np.fmax(h_, g_, out=t_)  # h' = max(h, g(r)) (h where g is NaN)
+            np.subtract(t_, h_, out=d_)  # h' - h: 0 where the lane does not move
+            h_, t_ = t_, h_
+            hb.reverse()
+            np.multiply(d_, cf[s], out=g_)
+            np.add(g_, r_, out=g_)
+            np.minimum(g_, o_, out=r_)
+        step += span
+        r[live], h[live] = rr, hb[0]
+        keep = np.zeros(live.size, bool)
+        keep[:width] = d_ > 0.0  # moved in the last step (and has steps left: checked next)
+        keep &= vv > step
+        live, rr, mm, nn, vv = (a[keep] for a in (live, rr, mm, nn, vv))
+        hb = [hb[0][keep], hb[1][: live.size]]
+        g, d, one = (a[: live.size] for a in (g, d, one))
+    return r, h
+
+
+#: Steps of :func:`fdp_rejects` between two drops of the lanes that stopped moving.
+_STEP_CHUNK = 16
 
 
 def fdp_mu(

@@ -25,6 +25,7 @@ torch tensors are accepted (converted with ``.detach().cpu().float()``) without 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
 from typing import Any, Literal
@@ -32,17 +33,17 @@ from typing import Any, Literal
 import numpy as np
 from scipy import stats
 from scipy.optimize import brentq
-from scipy.special import ndtri
+from scipy.special import nctdtr, ndtri
 
 from ..validation import check_alpha, check_dim, check_real, check_seed
-from .canary_epsilon import estimate_epsilon_from_cosines
+from .canary_epsilon import estimate_epsilon_from_cosines, share_resamples
 from .cosine_null import logsf_unchecked
 from .gaussian import gaussian_epsilon_array, log_sub
 from .intervals import beta_upper_quantile
 from .one_run import SRC_MAHLOUJIFAR, SRC_STEINKE, fdp_mu, guess_counts, one_run_epsilon
 from .result import AuditResult
 
-__all__ = ["GOF_LEVEL", "CanaryScoreAuditor"]
+__all__ = ["GOF_LEVEL", "CanaryScoreAuditor", "share_bootstrap"]
 
 SRC_ANDREW = (
     "Andrew, Kairouz, Oh, Oprea, McMahan, Suriyakumar (2024), One-shot Empirical Privacy "
@@ -204,6 +205,7 @@ class CanaryScoreAuditor:
         self._out_sorted = np.sort(self.out_scores)
         self.k_in = int(self.in_scores.size)
         self.k_out = int(self.out_scores.size)
+        self._std: tuple[np.ndarray, np.ndarray | None, float, float] | None = None
 
     @classmethod
     def from_cosines(
@@ -256,19 +258,16 @@ class CanaryScoreAuditor:
         d = _check_delta(delta, allow_zero=False)
         if fit not in ("equal", "unequal"):
             raise ValueError(f"fit must be 'equal' or 'unequal', got {fit!r}")
+        obs, unobs, shift, scale = self._estimate_inputs()
         if self.dim is not None:
             est = estimate_epsilon_from_cosines(
-                self.in_scores, d, dim=self.dim, fit=fit, bootstrap=bootstrap,
+                obs, d, dim=self.dim, fit=fit, bootstrap=bootstrap,
                 confidence=confidence, seed=seed,
             )
-            shift, scale = 0.0, 1.0
         else:
-            both = np.concatenate([self.in_scores, self.out_scores])
-            shift = float(np.median(both))
-            scale = 2.0 * float(np.max(np.abs(both - shift)))
             est = estimate_epsilon_from_cosines(
-                (self.in_scores - shift) / scale, d, unobserved=(self.out_scores - shift) / scale,
-                fit=fit, bootstrap=bootstrap, confidence=confidence, seed=seed,
+                obs, d, unobserved=unobs, fit=fit, bootstrap=bootstrap, confidence=confidence,
+                seed=seed,
             )
         ex = est.details
         return AuditResult(
@@ -293,6 +292,23 @@ class CanaryScoreAuditor:
                 "confidence": None if est.alpha is None else 1.0 - est.alpha,
             },
         )
+
+    def _estimate_inputs(self) -> tuple[np.ndarray, np.ndarray | None, float, float]:
+        """``(observed, unobserved, shift, scale)`` for :func:`estimate_epsilon_from_cosines`:
+        with ``dim`` the in-scores (cosines) and None, 0, 1; else both groups mapped by
+        ``(s - shift) / scale`` (shift: the median of all scores, scale: twice the largest
+        distance from it) into [-1/2, 1/2]. Computed once per auditor (a report asks for
+        several estimates of the same scores)."""
+        if self._std is None:
+            if self.dim is not None:
+                self._std = (self.in_scores, None, 0.0, 1.0)
+            else:
+                both = np.concatenate([self.in_scores, self.out_scores])
+                shift = float(np.median(both))
+                scale = 2.0 * float(np.max(np.abs(both - shift)))
+                self._std = ((self.in_scores - shift) / scale, (self.out_scores - shift) / scale,
+                             shift, scale)
+        return self._std
 
     # ---------------------------------------------------------------- Clopper-Pearson
 
@@ -631,6 +647,22 @@ class CanaryScoreAuditor:
                                 source=SRC_AUC, counts=self._counts())
 
 
+def share_bootstrap(auditors: list[CanaryScoreAuditor], bootstrap: int, seed: int) -> None:
+    """Draw the bootstrap resamples of the auditors' :meth:`~CanaryScoreAuditor.epsilon_estimate`
+    (with this ``bootstrap`` and ``seed``) together: auditors with equal (k, k') share one
+    draw of the indices (:func:`~audit_callbacks.estimators.canary_epsilon.share_resamples`).
+    Their estimates are the same numbers as without it, at about half the resampling cost for
+    two auditors. Does nothing when ``bootstrap`` or ``seed`` is not valid (the estimates
+    then say why).
+
+    Args:
+        auditors: the auditors whose estimates follow. bootstrap: B. seed: their seed.
+    """
+    samples = [aud._estimate_inputs()[:2] for aud in auditors]
+    with contextlib.suppress(ValueError):  # the estimates themselves report a bad B or seed
+        share_resamples(samples, bootstrap, seed)
+
+
 # --------------------------------------------------------------------------------------------
 # helpers: ROC hull, p-values, the noncentral-t bound
 # --------------------------------------------------------------------------------------------
@@ -659,20 +691,49 @@ def _pvalue(test: Any, *args: Any, **kwargs: Any) -> float | None:
     return p if math.isfinite(p) else None
 
 
+#: scipy's noncentral-t cdf (``nctdtr``) is NaN in parts of its far tails: measured over df in
+#: [10, 1e6] and |t_obs| <= 300, only where the cdf is within ~1.2e-11 of 1 or below ~1.1e-7
+#: (a normal approximation). :func:`_nct_lower` takes the cdf there as 1 or 0 only while
+#: 1 - alpha stays this far from both: alpha in [1e-9, 1 - 1e-6].
+_NAN_TAIL_ALPHA = (1e-9, 1.0 - 1e-6)
+
+
+class _RootInNanTail(Exception):
+    """The noncentral-t root may lie where scipy's cdf is NaN."""
+
+
 def _nct_lower(t_obs: float, df: int, alpha: float) -> float:
     """lambda_lo with P[T <= t_obs; df, lambda_lo] = 1 - alpha (may be negative); -inf (a
-    valid, vacuous bound) when 1 - alpha rounds to 1 in floating point."""
+    valid, vacuous bound) when 1 - alpha rounds to 1 in floating point.
+
+    scipy's cdf is NaN in parts of its far tails (e.g. df = 8190, t_obs = 3.5, lambda <
+    -4.7), which stopped brentq ("function value is NaN") and lost the bound at a small alpha
+    (a logged point's spent level). There the cdf is taken as its limit, 1 (lambda < t_obs) or
+    0 (lambda > t_obs): it differs from it by less than alpha and 1 - alpha for alpha in
+    :data:`_NAN_TAIL_ALPHA`, so the sign of cdf - (1 - alpha), and the root, are right; for an
+    alpha outside it a NaN gives -inf (vacuous, valid). Where the cdf is a number every
+    evaluation, and so the root, is exactly as before."""
     if not math.isfinite(float(ndtri(1.0 - alpha))):
         return -math.inf
 
     def f(lam: float) -> float:
-        return float(stats.nct.cdf(t_obs, df, lam)) - (1.0 - alpha)
+        # scipy.special.nctdtr is what stats.nct.cdf evaluates for df > 0 and a finite
+        # lambda (the same numbers) without the distribution machinery around it (~50 us a call)
+        cdf = float(nctdtr(df, lam, t_obs))
+        if math.isnan(cdf):  # the far tails (see above)
+            if not _NAN_TAIL_ALPHA[0] <= alpha <= _NAN_TAIL_ALPHA[1]:
+                raise _RootInNanTail
+            cdf = 1.0 if lam < t_obs else 0.0
+        return cdf - (1.0 - alpha)
 
     z = float(ndtri(1.0 - alpha))
     spread = z * math.sqrt(1.0 + t_obs * t_obs / (2.0 * df)) + 1.0
     lo, hi = t_obs - 2.0 * spread - 1.0, t_obs + 1.0
-    while f(lo) <= 0.0:  # cdf decreases in lambda: f(lo) > 0 > f(hi) brackets the root
-        lo -= 2.0 * spread + 1.0
-    while f(hi) >= 0.0:
-        hi += spread
-    return float(brentq(f, lo, hi, xtol=1e-10, rtol=1e-12))
+    try:
+        while f(lo) <= 0.0:  # cdf decreases in lambda: f(lo) > 0 > f(hi) brackets the root
+            lo -= 2.0 * spread + 1.0
+        while f(hi) >= 0.0:
+            hi += spread
+        return float(brentq(f, lo, hi, xtol=1e-10, rtol=1e-12))
+    except _RootInNanTail:
+        return -math.inf

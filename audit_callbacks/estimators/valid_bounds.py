@@ -12,6 +12,8 @@ Three valid (1 - a) lower bounds on epsilon are computed from the same canary sc
 
 :func:`tightest_valid_lower_bound` runs each of the M methods at a / M; by the union bound all M
 bounds hold together with probability >= 1 - a, so their maximum is a valid (1 - a) bound.
+:func:`tightest_valid_lower_bounds` gives several such bounds (each the number it has alone)
+with one f-DP search for all of them, as a canary report needs for its two threat models.
 
 **Where the one-run bounds are valid.** Steinke et al. assume a pool of m canaries each
 included independently with probability 1/2. With ``inclusion="coins"`` the caller states that
@@ -61,8 +63,10 @@ __all__ = [
     "METHODS",
     "POOL_FAILURE",
     "one_run_pool_size",
+    "check_bound_arguments",
     "spent_alpha",
     "tightest_valid_lower_bound",
+    "tightest_valid_lower_bounds",
     "valid_bound_values",
     "watched_lower_bound",
 ]
@@ -179,21 +183,24 @@ def _pool(
 
 
 def _one_run_best(
-    pools: list[tuple[np.ndarray, np.ndarray]], level: float, delta: float, fdp: bool, seed: int
+    pools: list[tuple[np.ndarray, np.ndarray]], levels: Sequence[float], delta: float, fdp: bool,
+    seeds: Sequence[int],
 ) -> tuple[np.ndarray, list[dict[str, Any]]]:
     """Best one-run bound of each pool (the methods' computation, lanes of all pools at once):
-    candidate rules of :func:`guess_counts`, each at level / C; 0 for pools under 2 canaries."""
+    candidate rules of :func:`guess_counts` (ties ordered by the pool's seed), each at the
+    pool's level / C; 0 for pools under 2 canaries. Every pool's value is the one it has alone
+    (the lanes are independent; :func:`fdp_mu` keeps each group's maximum and argmax)."""
     n_l, v_l, m_l, lv_l, owner, rules = [], [], [], [], [], []
     for i, (xi, yo) in enumerate(pools):
         m = xi.size + yo.size
         if m < 2:
             rules.append(None)
             continue
-        n, v, nt, nb = guess_counts(xi, yo, seed)
+        n, v, nt, nb = guess_counts(xi, yo, seeds[i])
         n_l.append(n)
         v_l.append(v)
         m_l.append(np.full(n.size, float(m)))
-        lv_l.append(np.full(n.size, level / n.size))
+        lv_l.append(np.full(n.size, levels[i] / n.size))
         owner.append(np.full(n.size, i))
         rules.append((n, v, nt, nb))
     best = np.zeros(len(pools))
@@ -248,26 +255,28 @@ def _one_run_pruned(
 
 
 def _evaluate(
-    auditors: list[CanaryScoreAuditor], a_each: float, delta: float, methods: tuple[str, ...],
-    seed: int, inclusion: str,
+    auditors: list[CanaryScoreAuditor], levels: Sequence[float], delta: float,
+    methods: tuple[str, ...], seeds: Sequence[int], inclusion: str,
 ) -> tuple[np.ndarray, list[dict[str, Any]]]:
-    """[N, M] values of every method at a_each, and per data set the details of each."""
+    """[N, M] values of every method, data set i at ``levels[i]`` (a / M) with ``seeds[i]``,
+    and per data set the details of each."""
     vals = np.zeros((len(auditors), len(methods)))
     info: list[dict[str, Any]] = [{} for _ in auditors]
     if "clopper_pearson" in methods:
         c = methods.index("clopper_pearson")
         for i, aud in enumerate(auditors):
-            r = aud.epsilon_lower_bound(a_each, delta, "bonferroni")
+            r = aud.epsilon_lower_bound(levels[i], delta, "bonferroni")
             vals[i, c] = r.value
             info[i]["clopper_pearson"] = {**r.counts, "threshold": r.details["threshold"]}
     one_run = [name for name in ("one_run", "one_run_fdp") if name in methods]
     if one_run:
-        pools = [_pool(a.in_scores, a.out_scores, seed, inclusion) for a in auditors]
+        pools = [_pool(a.in_scores, a.out_scores, s, inclusion)
+                 for a, s in zip(auditors, seeds, strict=True)]
         for i, p in enumerate(pools):
             info[i]["pool"] = p[2]
         for name in one_run:
-            best, extra = _one_run_best([p[:2] for p in pools], a_each, delta,
-                                        name == "one_run_fdp", seed)
+            best, extra = _one_run_best([p[:2] for p in pools], levels, delta,
+                                        name == "one_run_fdp", seeds)
             vals[:, methods.index(name)] = best
             for i, e in enumerate(extra):
                 info[i][name] = e
@@ -317,7 +326,8 @@ def valid_bound_values(
     if len(data_sets) == 0:
         raise ValueError("data_sets must hold at least one (in_scores, out_scores) pair")
     auditors = [CanaryScoreAuditor(x, y) for x, y in data_sets]
-    return _evaluate(auditors, a / len(meths), d, meths, s, inc)[0]
+    n = len(auditors)
+    return _evaluate(auditors, [a / len(meths)] * n, d, meths, [s] * n, inc)[0]
 
 
 def tightest_valid_lower_bound(
@@ -375,8 +385,16 @@ def tightest_valid_lower_bound(
     inc = check_choice(inclusion, "inclusion", _INCLUSION)
     aud = CanaryScoreAuditor(in_scores, out_scores)
     a_each = a / len(meths)
-    vals, info = _evaluate([aud], a_each, d, meths, s, inc)
-    row = vals[0]
+    vals, info = _evaluate([aud], [a_each], d, meths, [s], inc)
+    return _tightest_result(aud, vals[0], info[0], meths, a, d, s, inc)
+
+
+def _tightest_result(
+    aud: CanaryScoreAuditor, row: np.ndarray, info: dict[str, Any], meths: tuple[str, ...],
+    a: float, d: float, s: int, inc: str,
+) -> AuditResult:
+    """:func:`tightest_valid_lower_bound`'s result from its row of :func:`_evaluate`."""
+    a_each = a / len(meths)
     win = int(np.argmax(row))
     details: dict[str, Any] = {
         "winner": meths[win],
@@ -385,12 +403,104 @@ def tightest_valid_lower_bound(
         "methods": list(meths),
         "inclusion": inc,
         "seed": s,
-        **info[0],
+        **info,
     }
     return AuditResult(
         value=float(row[win]), alpha=a, delta=d, method="tightest_valid", source=SRC_TIGHTEST,
         counts={"k_in": aud.k_in, "k_out": aud.k_out}, details=details,
     )
+
+
+def check_bound_arguments(
+    alpha: float, delta: float, seed: int, index: int | None, methods: Sequence[str],
+    inclusion: str,
+) -> tuple[float, float, int, tuple[str, ...], str]:
+    """The arguments of one :func:`tightest_valid_lower_bound` (``index`` None) or
+    :func:`watched_lower_bound` call, checked in the order those calls check them:
+    ``(level, delta, seed, methods, inclusion)``, level the bound's own alpha (the spent one
+    with ``index``).
+
+    Raises:
+        ValueError: as those functions, naming the argument.
+    """
+    a = check_alpha(alpha) if index is None else spent_alpha(alpha, index)
+    meths = _check_methods(methods)
+    a = check_alpha(a)
+    d = _check_delta(delta, meths)
+    return a, d, check_seed(seed), meths, check_choice(inclusion, "inclusion", _INCLUSION)
+
+
+def tightest_valid_lower_bounds(
+    data_sets: Sequence[tuple[object, object] | CanaryScoreAuditor],
+    *,
+    alphas: Sequence[float],
+    delta: float,
+    seeds: Sequence[int],
+    index: int | None = None,
+    methods: Sequence[str] = METHODS,
+    inclusion: str = "fixed",
+) -> list[AuditResult]:
+    """Several :func:`tightest_valid_lower_bound` results (with ``index``:
+    :func:`watched_lower_bound` results) computed together.
+
+    Result i equals ``tightest_valid_lower_bound(*data_sets[i], alpha=alphas[i], delta=delta,
+    seed=seeds[i], methods=methods, inclusion=inclusion)`` (with ``index``: ``watched_lower_bound``
+    of the same arguments and that index), value and details alike; the one-run lanes of all
+    data sets share one search (:func:`~audit_callbacks.estimators.one_run.fdp_mu` with a
+    group per data set, whose maxima are each group's own), which makes N bounds cost about
+    one. A canary report asks for its two threat models' bounds this way.
+
+    Args:
+        data_sets: N pairs ``(in_scores, out_scores)`` as in :func:`tightest_valid_lower_bound`,
+            or :class:`CanaryScoreAuditor` instances without ``dim`` (their scores are used;
+            not sorted again). N = 0 returns ``[]`` after the other arguments are checked.
+        alphas: N levels in (0, 1) (1 - confidence of each bound; with ``index``, of each
+            series' maximum).
+        delta, methods, inclusion: as in :func:`tightest_valid_lower_bound`, for all.
+        seeds: N non-negative integer seeds.
+        index: None, or the 1-based position of these points in their series (alpha spent
+            as in :func:`spent_alpha`).
+
+    Returns:
+        N :class:`AuditResult`, in the order of ``data_sets``.
+
+    Raises:
+        ValueError: as :func:`tightest_valid_lower_bound` (and :func:`spent_alpha` with
+            ``index``); alphas or seeds not of length N; a data set given as an auditor with
+            ``dim``.
+    """
+    try:
+        data_sets = list(data_sets)
+        alphas, seeds = list(alphas), list(seeds)
+    except TypeError:
+        raise ValueError("data_sets, alphas and seeds must be sequences") from None
+    if len(alphas) != len(data_sets) or len(seeds) != len(data_sets):
+        raise ValueError(f"alphas and seeds must have one entry per data set ({len(data_sets)}), "
+                         f"got {len(alphas)} and {len(seeds)}")
+    if not data_sets:
+        meths = _check_methods(methods)
+        _check_delta(delta, meths)
+        check_choice(inclusion, "inclusion", _INCLUSION)
+        return []
+    levels, ss, auditors = [], [], []
+    for x, a, s in zip(data_sets, alphas, seeds, strict=True):  # in the order of the single calls
+        level, d, seed, meths, inc = check_bound_arguments(a, delta, s, index, methods, inclusion)
+        levels.append(level)
+        ss.append(seed)
+        if isinstance(x, CanaryScoreAuditor):
+            if x.dim is not None:
+                raise ValueError("data_sets: an auditor with dim uses the exact cosine null; "
+                                 "the valid bounds use the out-scores, pass the scores instead")
+            auditors.append(x)
+        else:
+            auditors.append(CanaryScoreAuditor(*x))
+    vals, info = _evaluate(auditors, [lv / len(meths) for lv in levels], d, meths, ss, inc)
+    out = [_tightest_result(aud, vals[i], info[i], meths, levels[i], d, ss[i], inc)
+           for i, aud in enumerate(auditors)]
+    if index is not None:
+        out = [_watched_result(r, lv, float(a), index, None)
+               for r, lv, a in zip(out, levels, alphas, strict=True)]
+    return out
 
 
 def spent_alpha(alpha: float, index: int, *, horizon: int | None = None) -> float:
@@ -468,6 +578,12 @@ def watched_lower_bound(
     spent = spent_alpha(alpha, index, horizon=horizon)
     r = tightest_valid_lower_bound(in_scores, out_scores, alpha=spent, delta=delta,
                                    methods=methods, seed=seed, inclusion=inclusion)
+    return _watched_result(r, spent, float(alpha), index, horizon)
+
+
+def _watched_result(r: AuditResult, spent: float, alpha: float, index: int,
+                    horizon: int | None) -> AuditResult:
+    """:func:`watched_lower_bound`'s result from the bound ``r`` at the spent level."""
     details = {**r.details, "index": int(index), "alpha_spent": spent,
                "series_alpha": float(alpha), "horizon": horizon}
     return AuditResult(

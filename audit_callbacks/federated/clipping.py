@@ -31,17 +31,17 @@ def clip_updates_(updates: torch.Tensor, clip_norm: float) -> torch.Tensor:
         entry, which the caller should reject: such a row is not clipped to a finite vector).
     """
     norms = torch.linalg.vector_norm(updates, 2.0, 1)
-    overflow = torch.isinf(norms)
-    if bool(overflow.any()):
-        overflow &= torch.isfinite(updates).all(1)
     factors = torch.clamp(float(clip_norm) / norms.clamp_min(1e-12), max=1.0)
-    if bool(overflow.any()):
-        rows = torch.nonzero(overflow).flatten()
-        block = updates[rows].to(torch.float64)
-        scale = block.abs().amax(1, keepdim=True)
-        exact = scale.squeeze(1) * torch.linalg.vector_norm(block / scale, 2.0, 1)
-        updates[rows] = block.mul_((float(clip_norm) / exact).clamp(max=1.0).unsqueeze(1)).to(updates.dtype)
-        factors[rows] = 1.0  # already clipped
-        norms[rows] = exact.clamp(max=torch.finfo(updates.dtype).max).to(norms.dtype)
+    overflow = torch.isinf(norms)  # a finite row with an overflowing norm, or a non-finite row
+    if bool(overflow.any()):  # rare: the common path reads one value back, not two
+        overflow &= torch.isfinite(updates).all(1)
+        if bool(overflow.any()):
+            rows = torch.nonzero(overflow).flatten()
+            block = updates[rows].to(torch.float64)
+            scale = block.abs().amax(1, keepdim=True)
+            exact = scale.squeeze(1) * torch.linalg.vector_norm(block / scale, 2.0, 1)
+            updates[rows] = block.mul_((float(clip_norm) / exact).clamp(max=1.0).unsqueeze(1)).to(updates.dtype)
+            factors[rows] = 1.0  # already clipped
+            norms[rows] = exact.clamp(max=torch.finfo(updates.dtype).max).to(norms.dtype)
     updates.mul_(factors.unsqueeze(1))
     return norms
