@@ -213,7 +213,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--batch-size", type=int, default=None, help="(1) expected batch (default: GPU 256, CPU 32)")
     parser.add_argument("--rounds", type=int, default=None, help="(2) rounds (default: GPU 50, CPU 12)")
     parser.add_argument("--real-per-round", type=int, default=None, help="(2) real clients a round (GPU 50, CPU 20)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (default 1, as the other benchmarks: on a shared host, several "
+                             "OpenMP threads wait for each other at every op whenever another process takes a core)")
     args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
     quiet()
     device = torch_device(args.accelerator)
     gpu = device.type == "cuda"
