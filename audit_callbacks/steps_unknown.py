@@ -366,8 +366,11 @@ class StepsUnknownScores:
         b = check_count(bootstrap, "bootstrap")
         s = check_seed(seed)
         f = check_choice(fit, "fit", ("equal", "unequal"))
-        if self.steps_seen == 0:
+        # the device counts are read back once each (on a GPU every read synchronises)
+        seen = self.steps_seen
+        if seen == 0:
             raise ValueError("estimate: no step has been scored yet (call update first)")
+        history = self.history
         observed, unobserved = self.scores()
         res = CanaryScoreAuditor(observed, unobserved).epsilon_estimate(
             d, fit=f, bootstrap=b, confidence=1.0 - a, seed=s)  # type: ignore[arg-type]
@@ -376,15 +379,15 @@ class StepsUnknownScores:
             method=f"steps_unknown_lr_{f}",
             source=SOURCE,
             alpha=a if b > 0 else None,
-            counts={**res.counts, "steps": self.steps_seen, "steps_skipped": self.steps_skipped},
+            counts={**res.counts, "steps": seen, "steps_skipped": self.steps_skipped},
             details={
                 **res.details,
                 "threat_model": "all_iterates_steps_unknown",
                 "statistic": "poisson_subsampled_gaussian_log_likelihood_ratio",
                 "fit": f,
                 "noise_multiplier": self.noise_multiplier,
-                "sample_rate": self.history[-1][1],
-                "history": [list(h) for h in self.history],
+                "sample_rate": history[-1][1],
+                "history": [list(h) for h in history],
             },
         )
 

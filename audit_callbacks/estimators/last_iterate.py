@@ -38,6 +38,7 @@ Thm 5 for the hockey-stick form). With one component this is the analytic Gaussi
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -260,7 +261,70 @@ def _trimmed(s: np.ndarray, log_w: np.ndarray, delta: float) -> _Mixture:
     return _Mixture(s, log_w)
 
 
+def _log_tail_p(mix: _Mixture, x: float, upper: bool) -> float:
+    """log P(X > x) (``upper``) or log P(X < x) of the mixture P = sum_i w_i N(s_i, 1)."""
+    return _logsumexp(mix.lw + log_ndtr(mix.s - x if upper else x - mix.s))
+
+
+def _root_increasing(g: Callable[[float], float], lo: float, hi: float, xtol: float) -> float:
+    """The root of an increasing ``g`` with ``g(lo) < 0 < g(hi)`` (brentq)."""
+    return float(brentq(g, lo, hi, xtol=xtol, rtol=4 * np.finfo(float).eps, maxiter=500))
+
+
+def _epsilon_nonnegative(mix: _Mixture, delta: float) -> float:
+    """:func:`_epsilon` for shifts >= 0, by one root finding per direction (issue 28).
+
+    With every shift >= 0 the privacy loss L is increasing, so ``{L > eps} = (b, inf)`` with
+    ``L(b) = eps`` and ``{L < -eps} = (-inf, a)`` with ``L(a) = -eps``. Parametrised by the
+    boundary instead of eps, each hockey-stick divergence is explicit,
+
+        H_eps(P||Q) = P(X > b) - e^L(b) Q(X > b),    H_eps(Q||P) = Q(X < a) - e^-L(a) P(X < a),
+
+    monotone in b (decreasing) and a (increasing), so each direction's epsilon is ``L`` at one
+    root (``max(L(b*), 0)`` and ``max(-L(a*), 0)``) and epsilon their maximum: the nested
+    root finding of the general case (eps outside, the boundary inside) becomes one root
+    finding per direction, about 10x fewer evaluations of L. The same epsilon up to root
+    finding: b and a to ``1e-12 / max(1, s_max)``, so epsilon to about 1e-12 (the general
+    case's ``xtol``); tests/test_estimate_round2_equivalence.py compares it with the nested
+    version within 1e-9 relative.
+
+    Brackets: L(0) <= 0 (each ``s x - s^2 / 2 <= 0`` at x = 0 and the weights sum to <= 1);
+    ``P(X > s_max + t) <= Q(X > t) <= delta / 2`` and ``Q(X < -t) <= delta / 2`` for
+    ``t = sqrt(-2 log delta)``; the Q||P root's upper end is searched (doubling steps).
+    """
+    if mix.s_max <= 0.0:  # every shift 0: P = Q
+        return 0.0
+    log_target = math.log(delta)
+    floor = log_target - 700.0
+    t = math.sqrt(-2.0 * log_target)
+    xtol = 1e-12 / max(1.0, mix.s_max)
+
+    def pq(b: float) -> float:  # log H(P||Q) at eps = L(b), minus log delta: decreasing in b
+        h = log_sub(_log_tail_p(mix, b, True), mix.loss(b) + float(log_ndtr(-b)))
+        return max(float(h), floor) - log_target
+
+    def qp(a: float) -> float:  # log H(Q||P) at eps = -L(a), minus log delta: increasing in a
+        h = log_sub(float(log_ndtr(a)), -mix.loss(a) + _log_tail_p(mix, a, False))
+        return max(float(h), floor) - log_target
+
+    eps_pq = 0.0
+    if pq(0.0) > 0.0:  # else H(P||Q) <= delta at some eps <= L(0) <= 0
+        eps_pq = max(mix.loss(_root_increasing(lambda b: -pq(b), 0.0, mix.s_max + t, xtol)), 0.0)
+    # Q||P: qp(-t) < 0; the upper end moves right until qp > 0, or until L >= 0 there (the
+    # root then lies where eps = -L <= 0: H(Q||P) <= delta at eps = 0). Past 2^200, L < 0
+    # only for shifts below ~1e-76: eps(Q||P) <= -L(hi) ~ 0, taken as 0.
+    hi, step = 1.0, 1.0
+    while qp(hi) <= 0.0:
+        if mix.loss(hi) >= 0.0 or step > 2.0 ** 200:
+            return eps_pq
+        hi, step = hi + step, 2.0 * step
+    return max(eps_pq, -mix.loss(_root_increasing(qp, -t, hi, xtol)))
+
+
 def _epsilon(mix: _Mixture, delta: float) -> float:
+    """Smallest eps >= 0 with max(H_eps(P||Q), H_eps(Q||P)) <= delta (module docstring)."""
+    if mix.s_min >= 0.0:
+        return _epsilon_nonnegative(mix, delta)
     log_target = math.log(delta)
     floor = log_target - 700.0
 
