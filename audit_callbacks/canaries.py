@@ -172,6 +172,12 @@ def _index_array(indices: np.ndarray, bound: int, device: torch.device) -> torch
     if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= bound):
         bad = int(arr[(arr < 0) | (arr >= bound)][0])
         raise IndexError(f"canary index {bad} out of range [0, {bound})")
+    return _host_index(arr, device)
+
+
+def _host_index(arr: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A 1-D contiguous int64 numpy array (checked by the caller) as a tensor on ``device``:
+    the array's own memory on the CPU, to CUDA as :func:`_index_tensor`."""
     t = torch.from_numpy(arr if arr.flags.writeable else arr.copy())  # a cohort's ids are read-only
     if device.type == "cuda":
         return t.pin_memory().to(device, non_blocking=True)
@@ -500,10 +506,12 @@ class HadamardCanaries(CanarySet):
         self.signs = torch.from_numpy(rng.integers(0, 2, self.n).astype(np.float32) * 2 - 1)
         # pi: k distinct rows in random order (the first k of a uniform random permutation)
         pi = rng.choice(self.n, size=self.num_canaries, replace=False)
-        self.rows = torch.from_numpy(np.asarray(pi, dtype=np.int64))
+        self._rows_host = np.asarray(pi, dtype=np.int64)  # pi on the host: rows picked without a device op
+        self.rows = torch.from_numpy(self._rows_host)
         self.scale = 1.0 / math.sqrt(self.n)
         self._on: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._scaled_on: dict[torch.device, torch.Tensor] = {}
+        self._scaled_on: dict[tuple[torch.device, float], torch.Tensor] = {}
+        self._ones_on: dict[torch.device, torch.Tensor] = {}
 
     def _device_parts(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """(signs [n], rows [k]) on ``device`` (copied once per device)."""
@@ -512,13 +520,36 @@ class HadamardCanaries(CanarySet):
             parts = self._on[device] = (self.signs.to(device), self.rows.to(device))
         return parts
 
-    def _scaled_signs(self, device: torch.device) -> torch.Tensor:
-        """``signs / sqrt(n)`` ``[n]`` float32 on ``device`` (built once per device): each entry
-        is +-scale exactly, so ``v * (signs / sqrt(n))`` has the bits of ``(v * signs) * scale``."""
-        scaled = self._scaled_on.get(device)
+    def _scaled_signs(self, device: torch.device, scale: float = 1.0) -> torch.Tensor:
+        """``signs * (scale / sqrt(n))`` ``[n]`` float32 on ``device``, built once per device and
+        ``scale`` (a few scales at most are kept: a run uses one canary norm): each entry is
+        ``+-float32(scale / sqrt(n))`` exactly, so ``v * (signs / sqrt(n))`` has the bits of
+        ``(v * signs) * scale``. Shared, never modified."""
+        key = (device, float(scale))
+        scaled = self._scaled_on.get(key)
         if scaled is None:
-            scaled = self._scaled_on[device] = self._device_parts(device)[0] * self.scale
+            if len(self._scaled_on) >= 8:
+                self._scaled_on.clear()
+            scaled = self._scaled_on[key] = self._device_parts(device)[0] * (self.scale * float(scale))
         return scaled
+
+    def _ones(self, device: torch.device, count: int) -> torch.Tensor:
+        """``count`` ones, float32 on ``device``: a view of a cached ``[num_canaries]`` vector."""
+        ones = self._ones_on.get(device)
+        if ones is None:
+            ones = self._ones_on[device] = torch.ones(self.num_canaries, dtype=torch.float32, device=device)
+        return ones[:count]
+
+    def _host_rows(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
+        """``pi(j)`` for j in ``indices`` (a sequence or a numpy integer array), ``[b]`` int64 on
+        the host. ``IndexError`` for an index outside ``[0, num_canaries)``."""
+        if isinstance(indices, np.ndarray) and indices.dtype.kind in "iu":
+            arr = indices.reshape(-1)
+            if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= self.num_canaries):
+                bad = int(arr[(arr < 0) | (arr >= self.num_canaries)][0])
+                raise IndexError(f"canary index {bad} out of range [0, {self.num_canaries})")
+            return self._rows_host[arr]
+        return self._rows_host[np.asarray(self._check_indices(indices), dtype=np.int64)]
 
     def _selected_rows(self, indices: Sequence[int] | np.ndarray | None, device: torch.device) -> torch.Tensor:
         """``pi(j)`` for j in ``indices`` (default: all): ``[b]`` int64 on ``device``; a numpy
@@ -544,22 +575,31 @@ class HadamardCanaries(CanarySet):
         a row of ``H_L`` (each O(sqrt(n)), by parity), flattened: one O(k d) product.
         ``IndexError`` for an index outside ``[0, num_canaries)``."""
         dev = torch.device(device) if device is not None else torch.device("cpu")
-        signs = self._device_parts(dev)[0]
-        r = self._selected_rows(indices, dev)
-        b = r.numel()
+        rows = self._host_rows(indices)
+        b = rows.size
         low_bits = (self.n.bit_length() - 1) // 2
         width = 1 << low_bits  # divides n: coordinates 0 .. n - 1 are n / L whole blocks
-        low = _parity_signs(r & (width - 1), width)  # [b, L]
-        high = _parity_signs(r >> low_bits, self.n // width)  # [b, n / L]
-        scaled = signs * (self.scale * float(scale))  # D's diagonal times the scale
+        high_len = self.n // width
         if out is None:
             out = torch.empty(b, self.dim, dtype=torch.float32, device=dev)
         else:
             _check_out(out, b, self.dim, dev)
-        out[:, self.n:].zero_()  # the first n coordinates are written below
-        main = out[:, : self.n].view(b, self.n // width, width)
-        torch.mul(high[:, :, None], low[:, None, :], out=main)
-        main.mul_(scaled.view(self.n // width, width))
+        if self.dim > self.n:
+            out[:, self.n:].zero_()  # the first n coordinates are written below
+        main = out[:, : self.n].view(b, high_len, width)
+        if b == 1 and high_len <= _PARITY_TABLE_MAX:
+            # one row (the representative canary of a DP-FedAvg round): two rows of the cached
+            # Sylvester matrices, as views, picked on the host (the same +-1 values as below)
+            r = int(rows[0])
+            high1 = _hadamard_block(high_len, torch.float32, dev)[r >> low_bits]
+            low1 = _hadamard_block(width, torch.float32, dev)[r & (width - 1)]
+            torch.mul(high1.unsqueeze(1), low1, out=main[0])
+        else:
+            r_dev = _host_index(rows, dev)
+            low = _parity_signs(r_dev & (width - 1), width)  # [b, L]
+            high = _parity_signs(r_dev >> low_bits, high_len)  # [b, n / L]
+            torch.mul(high[:, :, None], low[:, None, :], out=main)
+        main.mul_(self._scaled_signs(dev, scale).view(high_len, width))  # D's diagonal times the scale
         return out
 
     def sum(
@@ -569,13 +609,17 @@ class HadamardCanaries(CanarySet):
         """``sum_j w_j c_j`` by one transform: ``D * FWHT(e)`` on the first n coordinates,
         ``e[pi(j)] = w_j`` (``indices``: a sequence or a numpy integer array)."""
         dev = torch.device(device) if device is not None else torch.device("cpu")
-        r = self._selected_rows(indices, dev)
+        if indices is None:
+            r = self._device_parts(dev)[1]
+        else:  # picked on the host: one index tensor, no gather on the device
+            r = _host_index(self._host_rows(indices), dev)
+        b = r.numel()
         e = torch.zeros(self.n, dtype=torch.float32, device=dev)
-        w = torch.ones(r.numel(), dtype=torch.float32, device=dev) if weights is None else (
-            weights[: r.numel()].to(device=dev, dtype=torch.float32))
+        w = self._ones(dev, b) if weights is None else weights[:b].to(device=dev, dtype=torch.float32)
         e.index_add_(0, r, w)
         out = torch.empty(self.dim, dtype=torch.float32, device=dev)
-        out[self.n:].zero_()
+        if self.dim > self.n:
+            out[self.n:].zero_()
         torch.mul(fwht(e), self._scaled_signs(dev), out=out[: self.n])
         return out
 
@@ -586,7 +630,8 @@ class HadamardCanaries(CanarySet):
         device = cols[0].device
         signs = self._device_parts(device)[0]
         if len(cols) == 1:  # one pass: D * v[:n] (the column of the general case, same values)
-            x = torch.mul(cols[0][: self.n].to(torch.float32), signs).unsqueeze(1)
+            head = cols[0][: self.n]
+            x = torch.mul(head if head.dtype == torch.float32 else head.to(torch.float32), signs).unsqueeze(1)
         else:
             x = torch.zeros(self.n, len(cols), dtype=torch.float32, device=device)
             for m, v in enumerate(cols):

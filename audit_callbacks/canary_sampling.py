@@ -167,17 +167,21 @@ class LoaderCanarySampling:
         return self.generation
 
     def _split(self, batch: Any) -> Any:
-        """The real indices of ``batch`` (same container type); queue its canaries ``[m]``."""
-        arr = torch.as_tensor(batch, dtype=torch.long).reshape(-1)
+        """The real indices of ``batch`` (same container type); queue its canaries ``[m]``.
+        A list (what Opacus' sampler yields) or an array is split in numpy (no torch op a
+        batch); a tensor in torch, on its device."""
+        if isinstance(batch, torch.Tensor):
+            t = batch.reshape(-1).long()
+            canary = t >= self.population
+            self.queue.append((t[canary] - self.population).cpu().numpy().astype(np.int64))
+            self.batches += 1
+            return t[~canary].to(batch.device)
+        arr = np.asarray(batch, dtype=np.int64).reshape(-1)
         canary = arr >= self.population
-        self.queue.append((arr[canary] - self.population).numpy().astype(np.int64))
+        self.queue.append(arr[canary] - self.population)
         self.batches += 1
         real = arr[~canary]
-        if isinstance(batch, torch.Tensor):
-            return real.to(batch.device)
-        if isinstance(batch, np.ndarray):
-            return real.numpy()
-        return real.tolist()
+        return real if isinstance(batch, np.ndarray) else real.tolist()
 
     def take(self, batches: int, step: int) -> np.ndarray:
         """The canaries of the next ``batches`` consumed batches (FIFO), concatenated: ``[m]``

@@ -38,6 +38,7 @@ from audit_callbacks.canaries import CanarySet
 from audit_callbacks.canary_sampling import LoaderCanarySampling
 
 __all__ = [
+    "FlatGather",
     "GradientCanaryInjector",
     "accountant_epsilon",
     "canary_placement",
@@ -133,6 +134,62 @@ def flat_parameters(params: Sequence[torch.Tensor]) -> torch.Tensor:
     stay there)."""
     device = params[0].device
     return torch.cat([p.detach().reshape(-1).to(device, torch.float32) for p in params])
+
+
+class FlatGather:
+    """Tensors of fixed shapes gathered into one persistent flat buffer, by one
+    ``torch._foreach_copy_`` a call (issue 28: a fresh ``torch.cat`` of per-tensor flattened
+    views cost three dispatched ops a tensor and a new ``[d]`` allocation every step; this is
+    one dispatched op, on CUDA multi-tensor kernels where the dtypes agree, and no allocation
+    after the first call).
+
+    The values are those of ``torch.cat([t.reshape(-1).to(device, dtype) for t in tensors])``
+    bit for bit (a copy, with the same casts). The buffer is rebuilt when the tensors' shapes,
+    dtypes or devices change (a per-call check on their metadata, no device work).
+
+    Args:
+        dtype: the buffer's dtype, or None (default): the promoted dtype of the tensors
+            gathered, as ``torch.cat`` would give.
+
+    Attributes:
+        flat: the last buffer ``[d]`` on the first tensor's device (None before the first
+            :meth:`gather`).
+    """
+
+    def __init__(self, dtype: torch.dtype | None = None) -> None:
+        self.dtype = dtype
+        self.flat: torch.Tensor | None = None
+        self._views: list[torch.Tensor] = []
+        self._key: tuple[Any, ...] | None = None
+
+    def gather(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Copy ``tensors`` (in order) into the buffer and return it: ``[sum of numels]`` on the
+        first tensor's device. The buffer is overwritten by the next call: copy it to keep it.
+        Autograd does not record the copy.
+
+        Raises:
+            ValueError: no tensors.
+        """
+        if not len(tensors):
+            raise ValueError("tensors: none given")
+        key = tuple((t.shape, t.dtype, t.device) for t in tensors)
+        if key != self._key:
+            self._build(tensors, key)
+        with torch.no_grad():
+            torch._foreach_copy_(self._views, list(tensors))
+        assert self.flat is not None
+        return self.flat
+
+    def _build(self, tensors: Sequence[torch.Tensor], key: tuple[Any, ...]) -> None:
+        dtype = self.dtype
+        if dtype is None:
+            dtype = functools.reduce(torch.promote_types, [t.dtype for t in tensors])
+        flat = torch.empty(sum(t.numel() for t in tensors), dtype=dtype, device=tensors[0].device)
+        views, offset = [], 0
+        for t in tensors:
+            views.append(flat[offset:offset + t.numel()].view(t.shape))
+            offset += t.numel()
+        self.flat, self._views, self._key = flat, views, key
 
 
 @functools.lru_cache(maxsize=64)
@@ -377,7 +434,8 @@ class GradientCanaryInjector:
     set), with the all-reduced gradient multiplied back by what Opacus divided it by
     (``expected_batch_size * accumulated_iterations * world_size`` for ``loss_reduction="mean"``,
     1 for ``"sum"``), so every rank sees the same global noisy sum. With no observer nothing is
-    wrapped or computed beyond the canaries.
+    wrapped or computed beyond the canaries. ``noisy_sum`` is a buffer the injector reuses from
+    step to step (one copy a step, issue 28): an observer that keeps it must copy it.
 
     Args:
         optimizer: the run's ``DPOptimizer``; its ``add_noise`` (and ``clip_and_accumulate``)
@@ -439,6 +497,10 @@ class GradientCanaryInjector:
         self._rate = 0.0
         self._placed = False  # the current step's rows are in (or there were none to put in)
         self._rows_buffer: torch.Tensor | None = None  # the canary rows, reused across steps
+        # per number of rows m: (the buffer's first m rows, each parameter's [m, *p.shape] view
+        # of them), made once per m and buffer (issue 28: no view ops per step)
+        self._row_views: dict[int, tuple[torch.Tensor, list[torch.Tensor]]] = {}
+        self._noisy = FlatGather()  # the noisy sum given to the observer, reused across steps
         # instance attributes (the class is untouched); an instance's own are put back at detach
         self._own = {name: optimizer.__dict__.get(name) for name in ("add_noise", "clip_and_accumulate")}
         self._original = optimizer.add_noise
@@ -468,8 +530,9 @@ class GradientCanaryInjector:
             self._reduce_original, self._awaiting = None, None
 
     def _noisy_sum(self) -> torch.Tensor:
-        """``p.grad`` over ``optimizer.params``, flattened and concatenated (a new tensor)."""
-        return torch.cat([p.grad.detach().reshape(-1) for p in self.optimizer.params])
+        """``p.grad`` over ``optimizer.params``, flattened and concatenated into a buffer reused
+        from step to step (:class:`FlatGather`: one op; the values and dtype of ``torch.cat``)."""
+        return self._noisy.gather([p.grad for p in self.optimizer.params])
 
     def _reduce_gradients(self) -> None:
         assert self._reduce_original is not None
@@ -557,24 +620,41 @@ class GradientCanaryInjector:
             # costs its page faults on the CPU at every step
             buf = self._rows_buffer = torch.empty(-(-m // 8) * 8, self.canaries.dim, dtype=torch.float32,
                                                   device=first_device)
-        rows = self.canaries.batch(joined.tolist(), device=first_device, out=buf[:m],
-                                   scale=self.norm_multiplier * float(opt.max_grad_norm) * self.scale)
-        saved, offset = [], 0
-        for p, device, dtype in layout:
-            n = p.numel()
-            block = rows[:, offset:offset + n]
-            try:  # a view: the columns of one parameter are contiguous within each row
-                block = block.view(m, *p.shape)
-            except RuntimeError:
-                block = block.reshape(m, *p.shape)
-            offset += n
+            self._row_views = {}
+        views = self._row_views.get(m)
+        if views is None:
+            views = self._row_views[m] = (buf[:m], self._parameter_views(buf[:m], layout))
+        rows, blocks = views
+        # the indices as the numpy array they are (no Python list, no per-element checks)
+        self.canaries.batch(joined, device=first_device, out=rows,
+                            scale=self.norm_multiplier * float(opt.max_grad_norm) * self.scale)
+        saved = []
+        for (p, device, dtype), block in zip(layout, blocks, strict=True):
             saved.append((p, p.grad_sample))
-            p.grad_sample = block.to(device, dtype)
+            # a parameter whose per-example gradients are of another dtype or device (mixed
+            # precision, a model over devices): the rows converted, as Opacus would see them
+            p.grad_sample = block if block.device == device and block.dtype == dtype else block.to(device, dtype)
         try:
             self._clip_original()
         finally:
-            for p, original in saved:
+            for (p, original), block in zip(saved, blocks, strict=True):
                 p.grad_sample = original
+                # Opacus marks what it clipped as processed (a second use raises): the views are
+                # this injector's own, used again at a later step with new rows
+                block.__dict__.pop("_processed", None)
+
+    @staticmethod
+    def _parameter_views(rows: torch.Tensor, layout: list[tuple[torch.Tensor, torch.device, torch.dtype]]
+                         ) -> list[torch.Tensor]:
+        """Each parameter's columns of ``rows`` ``[m, d]`` (contiguous) as ``[m, *p.shape]``
+        views: the columns of one parameter are contiguous within each row, so the view always
+        exists, and refilling ``rows`` refills them."""
+        m, out, offset = rows.shape[0], [], 0
+        for p, _, _ in layout:
+            n = p.numel()
+            out.append(rows[:, offset:offset + n].view(m, *p.shape))
+            offset += n
+        return out
 
     def _fall_back(self, reason: str) -> None:
         """From now on insert after clipping (``insertion`` says why)."""
@@ -589,14 +669,12 @@ class GradientCanaryInjector:
         if not self._placed:  # after clipping: into the clipped sum
             if self.before_clipping:  # clip_and_accumulate never ran for this step
                 self._fall_back("the optimizer took a step without calling clip_and_accumulate")
-            params = opt.params
-            device = params[0].summed_grad.device
-            total = self.canaries.sum(idx.tolist(), device=device).mul_(float(opt.max_grad_norm) * self.scale)
-            offset = 0
-            for p in params:
-                n = p.numel()
-                p.summed_grad.add_(total[offset:offset + n].view_as(p.summed_grad).to(p.summed_grad.dtype))
-                offset += n
+            if idx.size:  # (with no canary in this step nothing is added: not even zeros)
+                summed = [p.summed_grad for p in opt.params]
+                total = self.canaries.sum(idx, device=summed[0].device).mul_(float(opt.max_grad_norm) * self.scale)
+                parts = [part.view_as(g) if part.dtype == g.dtype else part.view_as(g).to(g.dtype)
+                         for part, g in zip(total.split([g.numel() for g in summed]), summed, strict=True)]
+                torch._foreach_add_(summed, parts)  # one op, not one a parameter
         if idx.size:
             np.add.at(self.participations, idx, 1)
         self.steps += 1
@@ -621,5 +699,6 @@ class GradientCanaryInjector:
                     del opt.__dict__[name]
                 else:
                     opt.__dict__[name] = self._own[name]
-        self._joined, self._placed, self._rows_buffer = None, False, None
+        self._joined, self._placed, self._rows_buffer, self._row_views = None, False, None, {}
+        self._noisy = FlatGather()
         self.set_observer(None)

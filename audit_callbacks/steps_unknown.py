@@ -95,6 +95,19 @@ def steps_unknown_increment(y: torch.Tensor, rate: float, noise_multiplier: floa
     return torch.logaddexp(a + math.log(rate), a.new_full((), math.log1p(-rate)))
 
 
+def _all_finite(x: torch.Tensor) -> torch.Tensor:
+    """``torch.isfinite(x).all()`` (0-dim bool on x's device, no host synchronisation) in three
+    ops with no ``[d]`` temporaries (``isfinite`` is four elementwise kernels and a reduction):
+    for float32, float16 and bfloat16, ``s = x.sum(dtype=float64)`` is finite exactly when every
+    entry is (no finite sum of fewer than 10^269 such entries overflows float64; a NaN, or infs
+    of both signs, give NaN, infs of one sign inf), and ``s - s == 0`` exactly when s is finite.
+    Other dtypes (float64: a finite sum could overflow) go through ``isfinite``."""
+    if x.dtype in (torch.float32, torch.float16, torch.bfloat16):
+        s = torch.sum(x, dtype=torch.float64)
+        return torch.sub(s, s).eq(0)
+    return torch.isfinite(x).all()
+
+
 class StepsUnknownScores:
     """Running Neyman-Pearson scores of every canary against DP-SGD's noisy gradients.
 
@@ -149,9 +162,10 @@ class StepsUnknownScores:
         self._skipped_base = 0  # steps skipped before this object's (a checkpoint's)
         self._history_base: list[list[Any]] = []  # a checkpoint's history, as runs
         self._offset = 0  # Gaussian blocks: the row position of this object's first step
-        # the steps given, in runs of equal q: [q, steps, device int64 count of non-finite ones]
+        # the steps given, in runs of equal q: [q, steps, device int64 count of the finite ones]
+        # (the history and the counts of seen and skipped steps are derived from these runs)
         self._runs: list[list[Any]] = []
-        self._bad: torch.Tensor | None = None  # device int64: non-finite steps since the checkpoint
+        self._constants: dict[tuple[float, torch.device], torch.Tensor] = {}  # see _constant
         # Gaussian canaries: complete blocks waiting for a pass, (block [group, d], rates, first
         # row not yet folded); the block being filled, its rates and its first unfolded row
         self._full: list[tuple[torch.Tensor, list[float], torch.Tensor, int]] = []
@@ -197,17 +211,18 @@ class StepsUnknownScores:
         if not noisy_sum.is_floating_point():
             raise ValueError(f"noisy_sum must be floating, got {noisy_sum.dtype}")
         q = check_real(rate, "rate", low=0.0, high=1.0, low_inclusive=False)
-        g = noisy_sum.detach()
+        g = noisy_sum.detach() if noisy_sum.requires_grad else noisy_sum
         # no host synchronisation (issue 28): a non-finite step is masked out on the device and
         # counted there; the counts and the history are read back at estimate time
-        ok = torch.isfinite(g).all()
+        ok = _all_finite(g)
         if self._sums.device != g.device:  # once: the running sums live on the vectors' device
             self._sums = self._sums.to(g.device)
         self._record(q, ok)
         self._arrivals += 1
         if self.exact_per_step:
-            y = self.canaries.dots(g) / self.max_grad_norm  # [k + k'] float64, one transform
-            self._add(steps_unknown_increment(y, q, self.noise_multiplier), 0, y.numel(), ok)
+            # [k + k'] float64 by one transform, folded by a few in-place ops on the device with
+            # the bits of steps_unknown_increment(dots / C, q, sigma) (see _fold_dots)
+            self._fold_dots(self.canaries.dots(g), q, ok)
             return ok
         row = (self._offset + self._arrivals - 1) % self.group
         if self._block is None:
@@ -227,28 +242,62 @@ class StepsUnknownScores:
             self.flush()
         return ok
 
+    def _fold_dots(self, dots: torch.Tensor, q: float, ok: torch.Tensor) -> None:
+        """``sums += where(ok, steps_unknown_increment(dots / C, q, sigma), 0)``, bit for bit,
+        in fewer ops (issue 28: 7 where there were 13): ``(2 y - 1) / (2 sigma^2)`` is
+        computed as ``(y - 0.5) / sigma^2`` (the same float64 value: the factors of 2 are exact),
+        in place on one new tensor; ``y = dots / C`` is ``dots`` itself when C = 1; the constant
+        ``log1p(-q)`` and the zero are 0-dim device tensors made once per q and device; the sums
+        are updated in place (no slice, no copy back). ``tests/test_opacus_step_ops.py`` checks
+        the bits against the reference over clip norms, rates and noise multipliers."""
+        y = dots / self.max_grad_norm if self.max_grad_norm != 1.0 else dots  # x / 1.0 is x
+        if y.dtype != torch.float64:  # (CanarySet.dots gives float64)
+            y = y.to(torch.float64)
+        a = y.sub_(0.5) if y is not dots else y.sub(0.5)  # dots is the caller's: not written
+        a.div_(self.noise_multiplier * self.noise_multiplier)
+        if q < 1.0:
+            a.add_(math.log(q))
+            a = torch.logaddexp(a, self._constant(math.log1p(-q), a.device), out=a)
+        self._sums.add_(torch.where(ok, a, self._constant(0.0, a.device), out=a))
+
+    def _constant(self, value: float, device: torch.device) -> torch.Tensor:
+        """A 0-dim float64 tensor holding ``value`` on ``device`` (made once; a few are kept)."""
+        key = (value, device)
+        t = self._constants.get(key)
+        if t is None:
+            if len(self._constants) > 64:  # rates that change every step: keep the cache small
+                self._constants.clear()
+            t = self._constants[key] = torch.full((), value, dtype=torch.float64, device=device)
+        return t
+
     def _record(self, q: float, ok: torch.Tensor) -> None:
-        """Count the step in its run of equal q, its non-finiteness on the device."""
-        if self._bad is None or self._bad.device != ok.device:
-            self._bad = torch.zeros((), dtype=torch.int64, device=ok.device) if self._bad is None \
-                else self._bad.to(ok.device)
-        self._bad += ~ok
-        if self._runs and self._runs[-1][0] == q:
+        """Count the step in its run of equal q: on the host, and its finiteness on the device
+        (one op: the run's count of finite steps)."""
+        if self._runs and self._runs[-1][0] == q and self._runs[-1][2].device == ok.device:
             self._runs[-1][1] += 1
-            self._runs[-1][2] += ~ok
+            self._runs[-1][2].add_(ok)
         else:
-            self._runs.append([q, 1, (~ok).to(torch.int64)])
+            self._runs.append([q, 1, ok.to(torch.int64)])
+
+    def _run_counts(self) -> list[tuple[float, int, int]]:
+        """``[(q, steps, non-finite steps), ...]``: the checkpoint's runs, then this object's,
+        whose device counts are read back in one transfer (on a GPU: one synchronisation)."""
+        good: list[int] = []
+        if self._runs:
+            good = torch.stack([r[2].to(self._runs[0][2].device) for r in self._runs]).tolist()
+        mine = [(q, n, n - int(g)) for (q, n, _), g in zip(self._runs, good, strict=True)]
+        return [*[(q, n, bad) for q, n, bad in self._history_base], *mine]
 
     @property
     def steps_skipped(self) -> int:
-        """Steps whose noisy sum held a NaN or inf entry (not scored); reads the device count
+        """Steps whose noisy sum held a NaN or inf entry (not scored); reads the device counts
         back (call it at estimate time)."""
-        return self._skipped_base + (0 if self._bad is None else int(self._bad))
+        return self._skipped_base + sum(bad for _, _, bad in self._run_counts()[len(self._history_base):])
 
     @property
     def steps_seen(self) -> int:
-        """Steps folded (or buffered) so far; reads the device count back."""
-        return self._seen_base + self._arrivals - (0 if self._bad is None else int(self._bad))
+        """Steps folded (or buffered) so far; reads the device counts back."""
+        return self._seen_base + sum(n - bad for _, n, bad in self._run_counts()[len(self._history_base):])
 
     @property
     def history(self) -> list[tuple[float, float, int]]:
@@ -256,7 +305,7 @@ class StepsUnknownScores:
         format (runs of equal q merged; the non-finite steps left out), e.g. for
         :func:`audit_callbacks.dpsgd.analytic_epsilons`. Reads the device counts back."""
         out: list[tuple[float, float, int]] = []
-        for q, n, bad in [*self._history_base, *self._runs]:
+        for q, n, bad in self._run_counts():
             steps = int(n) - int(bad)
             if steps <= 0:
                 continue
@@ -269,8 +318,9 @@ class StepsUnknownScores:
     def _add(self, inc: torch.Tensor, start: int, end: int, ok: torch.Tensor) -> None:
         if self._sums.device != inc.device:
             self._sums = self._sums.to(inc.device)
-        # torch.where, not a product: a non-finite step's increments are NaN
-        self._sums[start:end] += torch.where(ok, inc, 0.0)
+        # torch.where, not a product: a non-finite step's increments are NaN; added in place
+        # into the slice (a view), with no copy back
+        self._sums[start:end].add_(torch.where(ok, inc, 0.0))
 
     def flush(self) -> None:
         """Fold the buffered steps (Gaussian canaries) into the running sums."""
@@ -436,7 +486,7 @@ class StepsUnknownScores:
         self._seen_base = int(state["steps_seen"])
         self._skipped_base = int(state["steps_skipped"])
         self._history_base = [[float(q), int(n), 0] for _, q, n in state.get("history", [])]
-        self._arrivals, self._runs, self._bad = 0, [], None
+        self._arrivals, self._runs = 0, []
         # Gaussian blocks: the row of the next step is the steps given so far (older
         # checkpoints: the steps seen, as they had no row for a skipped step)
         self._offset = int(state.get("steps_given", self._seen_base))

@@ -133,8 +133,9 @@ class CanaryAuditor:
         self.report_paths: tuple[str, str] | None = None  # (html, markdown) once written
         #: (step, epsilon_all_iterates, epsilon_analytic, epsilon_final_model) per logged report
         self.history: list[tuple[int, float | None, float | None, float | None]] = []
-        self._unchecked: list[str] = []  # ``what`` of the releases since the last check
-        self._first_bad: torch.Tensor | None = None  # device: the first of them not folded, or -1
+        #: the releases since the last check: ``what`` and whether it was folded (a 0-dim bool
+        #: tensor on the delta's device, read back at the check)
+        self._unchecked: list[tuple[str, torch.Tensor]] = []
         self._nan_warned = False
         backend.attach(self)
 
@@ -181,27 +182,23 @@ class CanaryAuditor:
             self._check_non_finite()
             if self._nan_warned:
                 return
-        index = len(self._unchecked)
-        self._unchecked.append(what)
-        if self._first_bad is None or self._first_bad.device != folded.device:
-            self._first_bad = torch.full((), -1, dtype=torch.int64, device=folded.device)
-        # the index of the first release not folded since the last check (-1: none), on the device
-        self._first_bad = torch.where(folded | (self._first_bad >= 0), self._first_bad, index)
+        # kept as it is (no device operation per release): read back at the next check
+        self._unchecked.append((what, folded))
 
     def _check_non_finite(self) -> None:
         """At estimate time: warn (once) about the first release whose delta had NaN or inf
-        entries (read back from the device now, never per release)."""
-        if self._nan_warned or self._first_bad is None:
+        entries (the releases' flags read back from the device now, in one copy, never per
+        release)."""
+        if self._nan_warned or not self._unchecked:
             return
-        first = int(self._first_bad)
-        if first >= 0:
+        device = self._unchecked[-1][1].device
+        flags = torch.stack([folded.to(device) for _, folded in self._unchecked]).cpu().numpy()
+        bad = np.flatnonzero(~flags)
+        if bad.size:
             self._nan_warned = True
-            self.warn("nan", f"{self.name}: {self._unchecked[first]} produced a model delta with NaN "
-                      "or inf; it is skipped by the all-iterates statistic")
-            self._unchecked, self._first_bad = [], None
-        else:
-            self._unchecked = []
-            self._first_bad.fill_(-1)
+            self.warn("nan", f"{self.name}: {self._unchecked[int(bad[0])][0]} produced a model delta "
+                      "with NaN or inf; it is skipped by the all-iterates statistic")
+        self._unchecked = []
 
     def skip_release(self, what: str) -> None:
         """A release the audit cannot read (e.g. a model of another layout): counted as

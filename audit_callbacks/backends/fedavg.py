@@ -196,12 +196,15 @@ class FedAvgBackend(CanaryBackend):
         """The sum ``[d]`` of the canary clients' updates ``canary_norm_multiplier * clip_norm *
         c_j``, each clipped by the module's clip stage (``DPFedAvg.clip_virtual_updates``).
 
-        Hadamard canaries: one transform. Every canary has the same norm (entries
-        +-1/sqrt(n) on the first n = 2^floor(log2 d) coordinates, 0 on the rest), so one representative row goes through the module's clipping each round
-        (no cache: a clipping that changes from round to round shows) and its factor
-        ``<clipped, raw> / <raw, raw>`` scales the sum; a clipping that does not merely scale
-        that row (the result not parallel to it, or not 0 outside the first n coordinates)
-        sends every canary's row through the clipping, chunk by chunk, instead. The device and
+        Hadamard canaries: one transform. Every canary has the same norm (entries +-s, s =
+        canary_norm_multiplier * clip_norm / sqrt(n), on the first n = 2^floor(log2 d)
+        coordinates, 0 on the rest), so one representative row goes through the module's
+        clipping each round (no cache: a clipping that changes from round to round shows).
+        When the clipping merely scaled it (``clipped_i * raw_0 == raw_i * clipped_0`` for every
+        coordinate i), the sum of the unit canaries is scaled by the float64 ratio ``clipped_0 /
+        raw_0`` times the canary norm (rounded to the dtype; the previous float64 least squares
+        gave the same multiplier in every draw tested, tests/test_per_round_ops.py); otherwise
+        every canary's row goes through the clipping, chunk by chunk, instead. The device and
         dtype are those of the round's ``theta``. Gaussian canaries: chunk by chunk, each row
         clipped by the module.
         """
@@ -210,26 +213,22 @@ class FedAvgBackend(CanaryBackend):
         canaries, idx = self.auditor.canaries, np.asarray(indices, dtype=np.int64).reshape(-1)
         scale = self._scale(clip_norm)
         if canaries.kind == "hadamard":
-            # The raw row is 0 beyond the first n coordinates, so a scaling leaves those 0 and
-            # the least squares run over the first n in float64 (issue 28: float64 copies of
-            # whole [d] rows, and a copy of the row kept from the clipping, were a third of the
-            # round's canary time at d = 125,626); <raw, raw> is taken before the clipping,
-            # which works in place.
-            n = canaries.n
-            raw = canaries.batch(idx[:1], scale=scale, device=device).to(dtype)
-            raw64 = raw.reshape(-1)[:n].to(torch.float64, copy=True)
-            clipped = self._clip(fl_round, idx[:1], raw).reshape(-1)
-            head64 = clipped[:n].to(torch.float64)
-            rr, rc, cc = raw64 @ raw64, raw64 @ head64, head64 @ head64
-            factor = rc / rr.clamp(min=1e-300)
-            # |clipped - factor raw|^2 = cc - rc^2 / rr (least squares), within 1e-5 of |clipped|,
-            # and nothing outside the first n coordinates
-            residual2 = (cc - factor * rc).clamp(min=0.0)
-            scaling = (residual2 <= 1e-10 * cc.clamp(min=1e-60)) & ~clipped[n:].any()
-            # the one value read back to the host in a round (which code runs next depends on
-            # it); the module reads the sum back right after (DPFedAvg checks it is finite)
-            if bool(scaling):
-                return canaries.sum(idx, device=device).to(dtype).mul_((factor * scale).to(dtype))
+            raw = canaries.batch(idx[:1], scale=scale, device=device)
+            if raw.dtype != dtype:
+                raw = raw.to(dtype)
+            kept = raw[0].clone()  # the clipping works in place
+            clipped = self._clip(fl_round, idx[:1], raw)[0]
+            # a scaling by f gives clipped_i = fl(raw_i f) with |raw_i| = s for every i < n (and
+            # 0 beyond), so clipped_i * raw_0 and raw_i * clipped_0 are the same product: one
+            # comparison of the whole row (issue 28: a float64 least squares, within ~1e-5
+            # relative, cost a third of the round's canary work). The one value read back to
+            # the host in a round (which code runs next depends on it); the module reads the
+            # sum back right after (DPFedAvg checks it is finite)
+            if bool(torch.eq(clipped * kept[0], kept * clipped[0]).all()):
+                # q / s in float64 (float32 / float64 promotes: the bits of both converted)
+                factor = torch.div(clipped[:1], kept[:1].to(torch.float64)).mul_(scale).to(dtype)
+                total = canaries.sum(idx, device=device)
+                return total.mul_(factor) if total.dtype == dtype else total.to(dtype).mul_(factor)
             total = torch.zeros(canaries.dim, device=device, dtype=dtype)
             for start in range(0, len(idx), 64):  # not a scaling: every row through the clipping
                 part = idx[start:start + 64]

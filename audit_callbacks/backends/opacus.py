@@ -27,6 +27,7 @@ from opacus.accountants import PRVAccountant, RDPAccountant
 from audit_callbacks.backends.base import CanaryBackend, num_batches, num_examples
 from audit_callbacks.canary_sampling import LoaderCanarySampling, find_poisson_sampler
 from audit_callbacks.dpsgd import (
+    FlatGather,
     GradientCanaryInjector,
     accountant_epsilon,
     analytic_epsilons,
@@ -91,6 +92,9 @@ class OpacusBackend(CanaryBackend):
         self.accountant: Any = None
         self._history: list[tuple[float, float, int]] = []  # carried into a new accountant
         self._sampling_state: dict[str, Any] | None = None
+        # the release (issue 28): theta_{t-1} and theta_t gathered into two persistent float32
+        # buffers, the delta written over theta_{t-1}'s, the two swapped: two ops a step
+        self._theta_prev, self._theta_next = FlatGather(torch.float32), FlatGather(torch.float32)
 
     def attach(self, auditor: Any) -> None:
         super().attach(auditor)
@@ -164,7 +168,7 @@ class OpacusBackend(CanaryBackend):
             self.injector.set_observer(self.matched.update)
         self.accountant = accountant
         self._carry_history()
-        self._theta_prev = self.flat_parameters()
+        self._restart_deltas()
         self._steps_seen = steps
 
     def _bind_sampling(self, trainer: Any, world_size: int) -> None:
@@ -235,7 +239,23 @@ class OpacusBackend(CanaryBackend):
                   "its epsilon covers the whole training")
 
     def flat_parameters(self) -> torch.Tensor:
+        """The model now, ``[d]`` float32 on the model's device (a new tensor)."""
         return flat_parameters(self.injector.optimizer.params)
+
+    def _restart_deltas(self) -> None:
+        """The next release's delta is taken against the parameters as they are now."""
+        self._theta_prev.gather(self.injector.optimizer.params)
+
+    def _step_delta(self) -> torch.Tensor:
+        """``theta_t - theta_{t-1}`` ``[d]`` float32 (the bits of ``flat_parameters() - previous``)
+        written over theta_{t-1}'s buffer, which the next step gathers its parameters into (two
+        buffers in all); theta_t becomes the next step's previous."""
+        theta = self._theta_next.gather(self.injector.optimizer.params)
+        prev = self._theta_prev.flat
+        assert prev is not None
+        delta = torch.sub(theta, prev, out=prev)  # theta_{t-1} is not needed again
+        self._theta_prev, self._theta_next = self._theta_next, self._theta_prev
+        return delta
 
     def progress(self) -> int:
         return int(self.injector.steps)
@@ -250,9 +270,10 @@ class OpacusBackend(CanaryBackend):
         if steps == self._steps_seen:
             return
         self._warn_insertion()
-        theta = self.flat_parameters()
-        self.auditor.release(theta - self._theta_prev, what=f"step {steps}")
-        self._theta_prev, self._steps_seen = theta, steps
+        # a buffer overwritten at the next step: the auditor folds it now (the all-iterates
+        # statistic keeps no reference it would read later)
+        self.auditor.release(self._step_delta(), what=f"step {steps}")
+        self._steps_seen = steps
 
     def analytic(self, delta: float) -> dict[str, float | None]:
         """The run's accountant's epsilon and Opacus' RDP and PRV epsilons of its history
@@ -337,7 +358,7 @@ class OpacusBackend(CanaryBackend):
         if self.sampling is not None and self._sampling_state is not None:
             self.sampling.load_state_dict(self._sampling_state)
         self._carry_history()
-        self._theta_prev = self.flat_parameters()
+        self._restart_deltas()
 
 
 def _dp_optimizer(trainer: Any) -> Any:

@@ -9,6 +9,8 @@ so that a subclass's clipping, or a bug in it, acts on canaries exactly as on re
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 __all__ = ["clip_updates_"]
@@ -32,9 +34,12 @@ def clip_updates_(updates: torch.Tensor, clip_norm: float) -> torch.Tensor:
     """
     norms = torch.linalg.vector_norm(updates, 2.0, 1)
     factors = torch.clamp(float(clip_norm) / norms.clamp_min(1e-12), max=1.0)
-    overflow = torch.isinf(norms)  # a finite row with an overflowing norm, or a non-finite row
-    if bool(overflow.any()):  # rare: the common path reads one value back, not two
-        overflow &= torch.isfinite(updates).all(1)
+    # the common path reads one value back: the sum of the norms is finite when every norm is
+    # (issue 28: 2 operations, isfinite().all() is 5); an infinite norm is a finite row whose
+    # norm overflows, or a non-finite row. Rare: several huge norms whose sum overflows also
+    # come here, and nothing is changed for them
+    if not math.isfinite(float(norms.sum())):
+        overflow = torch.isinf(norms) & torch.isfinite(updates).all(1)
         if bool(overflow.any()):
             rows = torch.nonzero(overflow).flatten()
             block = updates[rows].to(torch.float64)

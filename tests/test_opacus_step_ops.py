@@ -1,0 +1,317 @@
+"""The Opacus canary audit's per-step work in few ops (issue 28), with the bits of before.
+
+* :class:`~audit_callbacks.dpsgd.FlatGather` gathers tensors into one reused buffer by one op,
+  equal bit for bit to the ``torch.cat`` of flattened casts it replaces;
+* the steps-unknown statistic's per-step fold (Hadamard canaries) equals the reference
+  ``sums += where(ok, steps_unknown_increment(dots / C, q, sigma), 0)`` bit for bit over
+  random dots, clip norms, rates and noise multipliers, non-finite steps included; its
+  finiteness check equals ``isfinite(x).all()`` on planted NaN / inf / huge entries;
+* an Opacus run: the release's deltas are ``flat_parameters`` differences bit for bit, a
+  persistent injector (its canary-row views cached per number of rows, reused across steps)
+  trains bit-identically to fresh injectors (no cache) at every step;
+* op counts (``torch.profiler``): the noisy sum is one op, the release's delta two, the canary
+  rows' split into parameters none once their number has been seen, the fold of a step at most
+  11 beyond the canaries' own transform (before issue 28's change: 25, 38, 37 and 19).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from opacus import PrivacyEngine
+from torch import nn
+from torch.profiler import ProfilerActivity, profile
+from torch.utils.data import DataLoader, TensorDataset
+
+from audit_callbacks.backends.opacus import OpacusBackend
+from audit_callbacks.canaries import CanarySet
+from audit_callbacks.dpsgd import FlatGather, GradientCanaryInjector, flat_parameters
+from audit_callbacks.steps_unknown import StepsUnknownScores, _all_finite, steps_unknown_increment
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:.*(backward hook|secure RNG|does not have many workers|Optimal order|fewer than 2|too few).*")
+
+
+def _aten_ops(fn) -> tuple[int, list[str]]:
+    """The top-level aten ops ``fn()`` dispatches (those not inside another aten op)."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    names = []
+    for e in prof.events():
+        if not e.name.startswith("aten::"):
+            continue
+        parent = e.cpu_parent
+        while parent is not None and not parent.name.startswith("aten::"):
+            parent = parent.cpu_parent
+        if parent is None:
+            names.append(e.name)
+    return len(names), names
+
+
+# ------------------------------------------------------------------ FlatGather
+
+
+def test_flat_gather_is_the_concatenation_bit_for_bit_in_one_op():
+    gen = torch.Generator().manual_seed(0)
+    parts = [torch.randn(3, 4, generator=gen), torch.randn(5, generator=gen, dtype=torch.float64),
+             torch.randn(2, 1, 2, generator=gen).half(), torch.randn(0)]
+    promoted = FlatGather()
+    flat = promoted.gather(parts)
+    assert flat.dtype == torch.float64 and torch.equal(flat, torch.cat([p.reshape(-1) for p in parts]))
+    as32 = FlatGather(torch.float32)
+    ref = torch.cat([p.reshape(-1).to(torch.float32) for p in parts])
+    assert torch.equal(as32.gather(parts), ref)
+    # the same buffer next time, refilled; one op
+    params = [nn.Parameter(torch.randn(4, 3, generator=gen)), nn.Parameter(torch.randn(3, generator=gen))]
+    g = FlatGather(torch.float32)
+    first = g.gather(params)
+    assert not first.requires_grad
+    with torch.no_grad():
+        params[0].mul_(2.0)
+    n, names = _aten_ops(lambda: g.gather(params))
+    assert n == 1 and names == ["aten::_foreach_copy_"]
+    assert g.flat is first and torch.equal(first, flat_parameters(params))
+    # a new layout: a new buffer
+    other = g.gather([torch.ones(2, 2)])
+    assert other is not first and torch.equal(other, torch.ones(4))
+    with pytest.raises(ValueError, match="tensors"):
+        g.gather([])
+
+
+# ------------------------------------------------------------------ the steps-unknown fold
+
+
+def _reference_sums(cs: CanarySet, vecs, rates, clip: float, sigma: float) -> torch.Tensor:
+    """The per-step fold as it was before issue 28's change (torch.isfinite, the increment
+    function, torch.where, a slice added back)."""
+    total = torch.zeros(len(cs), dtype=torch.float64)
+    for g, q in zip(vecs, rates, strict=True):
+        ok = torch.isfinite(g).all()
+        y = cs.dots(g) / clip
+        total[0:len(cs)] += torch.where(ok, steps_unknown_increment(y, q, sigma), 0.0)
+    return total
+
+
+@pytest.mark.parametrize("clip,sigma", [(1.0, 1.0), (0.7, 1.3), (3.0, 0.55), (1.0, 2.7), (0.25, 0.1)])
+def test_hadamard_fold_is_the_reference_bit_for_bit(clip, sigma):
+    dim, k, kk = 300, 20, 30
+    cs = CanarySet(5, dim, k + kk, kind="hadamard")
+    gen = torch.Generator().manual_seed(1)
+    vecs = [torch.randn(dim, generator=gen) * s for s in (0.1, 1.0, 10.0, 100.0) for _ in range(4)]
+    rates = [0.013, 0.25, 0.5, 1.0] * 4
+    bad = vecs[5].clone()
+    bad[7] = float("nan")
+    vecs[5] = bad
+    inf = vecs[9].clone()
+    inf[299] = -float("inf")  # outside the Hadamard coordinates (n = 256): still a skipped step
+    vecs[9] = inf
+    s = StepsUnknownScores(cs, k, kk, max_grad_norm=clip, noise_multiplier=sigma)
+    for g, q in zip(vecs, rates, strict=True):
+        s.update(g, q)
+    ref = _reference_sums(cs, vecs, rates, clip, sigma)
+    assert torch.equal(s._sums, ref)
+    assert s.steps_skipped == 2 and s.steps_seen == 14
+    # steps 5 and 9 (q = 0.25) left out; no two neighbouring runs share a q
+    assert s.history == [(sigma, q, 1) for q in (0.013, 0.25, 0.5, 1.0, 0.013, 0.5, 1.0, 0.013, 0.5, 1.0,
+                                                  0.013, 0.25, 0.5, 1.0)]
+    # a checkpoint taken now and restored gives the same sums, counts and history
+    other = StepsUnknownScores(cs, k, kk, max_grad_norm=clip, noise_multiplier=sigma)
+    other.load_state_dict(s.state_dict())
+    assert torch.equal(other._sums, s._sums) and other.history == s.history
+    assert other.steps_skipped == 2 and other.steps_seen == 14
+
+
+def test_fold_ops_per_step_and_constants_made_once():
+    cs = CanarySet(2, 4096, 64, kind="hadamard")
+    s = StepsUnknownScores(cs, 32, 32, max_grad_norm=0.9, noise_multiplier=1.1)
+    g = torch.randn(4096)
+    s.update(g, 0.1)
+    dots = cs.dots(g)
+    cs.dots = lambda v: dots  # count the fold's own ops, not the transform's
+    n, names = _aten_ops(lambda: s.update(g, 0.1))
+    # sum, sub, eq (finite?), add_ (the run's count), div (/ C), sub_, div_, add_, logaddexp,
+    # where, add_ (the sums); before: 19 (isfinite + all, four count updates, a slice copied back, ...)
+    assert n <= 11, names
+    assert "aten::isfinite" not in names and "aten::copy_" not in names
+    assert len(s._constants) == 2  # log1p(-q) and 0, on the CPU
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_all_finite_is_isfinite_all(dtype):
+    big = torch.finfo(dtype).max
+    cases = [torch.zeros(10, dtype=dtype), torch.full((1000,), big, dtype=dtype),
+             torch.full((1000,), -big, dtype=dtype)]
+    for value in (math.nan, math.inf, -math.inf):
+        x = torch.randn(50, dtype=torch.float64)
+        x[17] = value
+        cases.append(x)
+    both = torch.randn(50, dtype=torch.float64)
+    both[1], both[2] = math.inf, -math.inf
+    cases.append(both)
+    for x in cases:
+        x = x.to(dtype)
+        got = _all_finite(x)
+        assert got.dtype == torch.bool and got.dim() == 0
+        assert bool(got) == bool(torch.isfinite(x).all()), (dtype, x[:3])
+
+
+# ------------------------------------------------------------------ an Opacus run
+
+
+def _private(seed: int = 0, noise: float = 0.0):
+    torch.manual_seed(seed)
+    x, y = torch.randn(48, 6) * 3, torch.randint(0, 3, (48,))
+    net = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, opt, _ = PrivacyEngine().make_private(
+            module=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.2, momentum=0.5),
+            data_loader=DataLoader(TensorDataset(x, y), batch_size=12), noise_multiplier=noise,
+            max_grad_norm=0.7, poisson_sampling=False)
+    return model, opt, net, x, y
+
+
+def _step(model, opt, x, y, t: int) -> None:
+    part = slice(12 * (t % 4), 12 * (t % 4) + 12)
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(x[part]), y[part]).backward()
+    opt.step()
+
+
+@pytest.mark.parametrize("kind", ["hadamard", "gaussian"])
+def test_cached_canary_rows_train_as_fresh_injectors(kind):
+    """A persistent injector reuses its [m, *p.shape] views of the canary rows whenever m
+    repeats; fresh injectors (one a step, no cache) give the same parameters bit for bit,
+    and so does Opacus' processed-flag check (a view marked processed would raise)."""
+    dim = 6 * 5 + 5 + 5 * 3 + 3
+    cs = CanarySet(3, dim, 12, kind=kind)
+    model, opt, net, x, y = _private()
+    inj = GradientCanaryInjector(opt, cs, 12, sample_rate=0.3, seed=2)
+    sizes = []
+    for t in range(10):
+        sizes.append(len(inj.joined(t, 0.3)))
+        _step(model, opt, x, y, t)
+    assert inj.steps == 10 and inj.insertion == "before clipping"
+    assert len(set(sizes)) < len(sizes)  # some m repeated: cached views were reused
+    assert len(inj._row_views) == len(set(sizes) - {0})
+    cached = [p.detach().clone() for p in net.parameters()]
+    model2, opt2, net2, x2, y2 = _private()
+    for t in range(10):
+        fresh = GradientCanaryInjector(opt2, cs, 12, sample_rate=0.3, seed=2)
+        fresh.steps = t
+        _step(model2, opt2, x2, y2, t)
+        fresh.detach()
+    assert all(torch.equal(a, b) for a, b in zip(cached, net2.parameters(), strict=True))
+    # and the canaries moved the model: without them it ends elsewhere
+    model3, opt3, net3, x3, y3 = _private()
+    for t in range(10):
+        _step(model3, opt3, x3, y3, t)
+    assert not all(torch.equal(a, b) for a, b in zip(cached, net3.parameters(), strict=True))
+
+
+class _Trainer:
+    def __init__(self, opt):
+        self.optimizers, self.train_dataloader, self.world_size = [opt], None, 1
+
+
+class _Auditor:
+    """What OpacusBackend needs of the auditor; records the released deltas (copies)."""
+
+    def __init__(self, cs: CanarySet, k: int) -> None:
+        self.canaries, self.num_canaries, self.num_unobserved = cs, k, len(cs) - k
+        self.participations = np.zeros(k, dtype=np.int64)
+        self.released: list[torch.Tensor] = []
+        self.given: list[torch.Tensor] = []
+
+    def release(self, delta, participants=None, *, what=""):
+        self.given.append(delta)  # copied by the test, after the hook (not counted)
+
+
+def test_release_deltas_are_flat_parameter_differences_in_two_ops():
+    model, opt, net, x, y = _private(noise=1.0)
+    dim = sum(p.numel() for p in net.parameters())
+    cs = CanarySet(1, dim, 16, kind="hadamard")
+    backend = OpacusBackend(_Trainer(opt), lambda key, msg: None, sample_rate=0.25, seed=3)
+    auditor = _Auditor(cs, 8)
+    backend.attach(auditor)
+    backend._sampling_settled = True
+    thetas = [flat_parameters(opt.params)]
+    counts = []
+    for t in range(6):
+        _step(model, opt, x, y, t)
+        thetas.append(flat_parameters(opt.params))
+        n, names = _aten_ops(backend.on_train_batch_end)
+        counts.append(n)
+        auditor.released.append(auditor.given[-1].clone())
+    assert len(auditor.released) == 6
+    for t, delta in enumerate(auditor.released):
+        assert torch.equal(delta, thetas[t + 1] - thetas[t])
+    # the first call builds its second buffer; then two ops (before: 38, a cat of 12 flattened
+    # casts and a fresh subtraction)
+    assert counts[1:] == [2] * 5, counts
+    assert len({d.data_ptr() for d in auditor.given}) == 2  # two buffers in turn, no allocation
+    # a resume: the next delta is taken against the parameters at load time
+    state = backend.state_dict()
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(1.0)
+    backend.load_state_dict(state)
+    at_load = flat_parameters(opt.params)
+    _step(model, opt, x, y, 6)
+    backend.on_train_batch_end()
+    assert torch.equal(auditor.given[-1], flat_parameters(opt.params) - at_load)
+    backend.detach()
+
+
+def test_noisy_sum_and_canary_rows_in_few_ops():
+    """The observer's noisy sum is one op into a reused buffer (the values of the
+    concatenation of p.grad); once a number of rows has been seen, splitting the canary rows
+    into the parameters' shapes costs no op (the rows themselves are the canary set's)."""
+    model, opt, net, x, y = _private(noise=1.0)
+    dim = sum(p.numel() for p in net.parameters())
+    cs = CanarySet(1, dim, 16, kind="hadamard")
+    seen: list[tuple[torch.Tensor, int]] = []
+    inj = GradientCanaryInjector(opt, cs, 16, sample_rate=0.5, seed=3,
+                                 observer=lambda g, q: seen.append((g.clone(), g.data_ptr())))
+    ops: dict[str, list[int]] = {"noisy_sum": [], "split": []}
+    buffers: list[torch.Tensor] = []  # the rows' buffer of each call (grown by 8 rows when m outgrows it)
+    refs: list[torch.Tensor] = []
+    noisy, clip, original, batch = inj._noisy_sum, inj._clip_canaries, inj._clip_original, cs.batch
+
+    def counted_noisy():
+        out = []
+        ops["noisy_sum"].append(_aten_ops(lambda: out.append(noisy()))[0])
+        refs.append(torch.cat([p.grad.reshape(-1) for p in opt.params]))
+        return out[0]
+
+    def counted_clip(joined, layout):
+        # the split of the rows into parameters: everything but the rows and Opacus' clipping
+        inj._clip_original, cs.batch = (lambda: None), (lambda *a, **k: None)
+        try:
+            ops["split"].append(_aten_ops(lambda: clip(joined, layout))[0])
+        finally:
+            inj._clip_original, cs.batch = original, batch
+        clip(joined, layout)
+        buffers.append(inj._rows_buffer)  # kept alive: ids are not reused
+
+    inj._noisy_sum, inj._clip_canaries = counted_noisy, counted_clip
+    sizes = []
+    for t in range(12):
+        sizes.append(len(inj.joined(t, 0.5)))
+        _step(model, opt, x, y, t)
+    # the first call builds the buffer; then one op (before: 25, a cat of 12 flattened grads)
+    assert len(seen) == 12 and ops["noisy_sum"][1:] == [1] * 11, ops["noisy_sum"]
+    assert all(torch.equal(g, r) for (g, _), r in zip(seen, refs, strict=True))
+    assert len({ptr for _, ptr in seen}) == 1  # one buffer, reused
+    seen_m: set[tuple[int, int]] = set()
+    ms = [s for s in sizes if s]
+    assert len(ms) == len(ops["split"]) == len(buffers) and len(set(ms)) < len(ms)
+    for m, n, buf in zip(ms, ops["split"], buffers, strict=True):
+        assert (n == 0) == ((m, id(buf)) in seen_m), (m, n)  # before: 37 a step
+        seen_m.add((m, id(buf)))
+    assert any(n == 0 for n in ops["split"])
+    inj.detach()
