@@ -534,10 +534,13 @@ class HadamardCanaries(CanarySet):
         return scaled
 
     def _ones(self, device: torch.device, count: int) -> torch.Tensor:
-        """``count`` ones, float32 on ``device``: a view of a cached ``[num_canaries]`` vector."""
+        """``count`` ones, float32 on ``device``: a view of a cached vector, grown when a call
+        has more indices than any before (repeated indices are allowed: a canary drawn in two
+        accumulated batches appears twice)."""
         ones = self._ones_on.get(device)
-        if ones is None:
-            ones = self._ones_on[device] = torch.ones(self.num_canaries, dtype=torch.float32, device=device)
+        if ones is None or ones.numel() < count:
+            size = max(count, self.num_canaries)
+            ones = self._ones_on[device] = torch.ones(size, dtype=torch.float32, device=device)
         return ones[:count]
 
     def _host_rows(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:

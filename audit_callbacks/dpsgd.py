@@ -623,6 +623,8 @@ class GradientCanaryInjector:
             self._row_views = {}
         views = self._row_views.get(m)
         if views is None:
+            if len(self._row_views) >= 64:  # Poisson batches vary m: keep the cache bounded
+                self._row_views.clear()
             views = self._row_views[m] = (buf[:m], self._parameter_views(buf[:m], layout))
         rows, blocks = views
         # the indices as the numpy array they are (no Python list, no per-element checks)

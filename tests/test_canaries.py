@@ -279,3 +279,13 @@ def test_cosines_without_the_finite_check_give_nan_columns_and_read_nothing_back
     assert torch.allclose(both[:, 0], cs.cosines(good))
     with pytest.raises(ValueError, match="NaN or inf"):
         cs.cosines([good, bad])
+
+
+def test_hadamard_sum_takes_more_indices_than_canaries() -> None:
+    # repeated indices are allowed (a canary drawn in two accumulated batches appears twice):
+    # more of them than there are canaries must sum, not fail on the cached vector of ones
+    cs = CanarySet(0, 64, 3, kind="hadamard")
+    idx = [0, 1, 0, 1, 0, 2, 2]
+    rows = cs.batch(idx)
+    assert torch.allclose(cs.sum(idx), rows.sum(0), atol=1e-6)
+    assert torch.allclose(cs.sum([0, 1]), rows[:2].sum(0), atol=1e-6)  # the grown cache serves short calls

@@ -590,3 +590,13 @@ def test_gdp_bound_at_a_logged_point_is_no_longer_skipped() -> None:
         r = CanaryScoreAuditor(x, y).epsilon_gdp_lower_bound(0.05 / 12, 1e-5)
         assert math.isfinite(r.value) and r.value >= 0.0
         assert r.details["mu_lower"] is not None and math.isfinite(r.details["mu_lower"])
+
+
+def test_nct_lower_keeps_the_nan_tail_rule_to_the_measured_df_and_t_range(monkeypatch) -> None:
+    # the NaN-tail substitution was measured for df >= 10 and |t_obs| <= 300 only: outside that
+    # range a NaN cdf gives the vacuous -inf, never a substituted 1 or 0 that could move the root
+    monkeypatch.setattr(score_auditor, "nctdtr", lambda df, lam, t: math.nan if lam < t - 3.0 else nctdtr(df, lam, t))
+    assert _nct_lower(2.0, 5, 0.05) == -math.inf  # df below the measured range
+    assert _nct_lower(400.0, 8190, 0.05) == -math.inf  # t_obs beyond it
+    assert math.isfinite(_nct_lower(3.5, 8190, 0.05))  # inside it: substituted, the root found
+

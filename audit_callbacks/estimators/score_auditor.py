@@ -696,6 +696,8 @@ def _pvalue(test: Any, *args: Any, **kwargs: Any) -> float | None:
 #: (a normal approximation). :func:`_nct_lower` takes the cdf there as 1 or 0 only while
 #: 1 - alpha stays this far from both: alpha in [1e-9, 1 - 1e-6].
 _NAN_TAIL_ALPHA = (1e-9, 1.0 - 1e-6)
+#: The (df, |t_obs|) range that measurement covered: outside it a NaN gives the vacuous -inf.
+_NAN_TAIL_DF_MIN, _NAN_TAIL_T_MAX = 10, 300.0
 
 
 class _RootInNanTail(Exception):
@@ -711,7 +713,8 @@ def _nct_lower(t_obs: float, df: int, alpha: float) -> float:
     (a logged point's spent level). There the cdf is taken as its limit, 1 (lambda < t_obs) or
     0 (lambda > t_obs): it differs from it by less than alpha and 1 - alpha for alpha in
     :data:`_NAN_TAIL_ALPHA`, so the sign of cdf - (1 - alpha), and the root, are right; for an
-    alpha outside it a NaN gives -inf (vacuous, valid). Where the cdf is a number every
+    alpha outside it, or df and t_obs outside the measured range (df >= 10, |t_obs| <= 300), a
+    NaN gives -inf (vacuous, valid). Where the cdf is a number every
     evaluation, and so the root, is exactly as before."""
     if not math.isfinite(float(ndtri(1.0 - alpha))):
         return -math.inf
@@ -721,7 +724,8 @@ def _nct_lower(t_obs: float, df: int, alpha: float) -> float:
         # lambda (the same numbers) without the distribution machinery around it (~50 us a call)
         cdf = float(nctdtr(df, lam, t_obs))
         if math.isnan(cdf):  # the far tails (see above)
-            if not _NAN_TAIL_ALPHA[0] <= alpha <= _NAN_TAIL_ALPHA[1]:
+            if not (_NAN_TAIL_ALPHA[0] <= alpha <= _NAN_TAIL_ALPHA[1] and df >= _NAN_TAIL_DF_MIN
+                    and abs(t_obs) <= _NAN_TAIL_T_MAX):
                 raise _RootInNanTail
             cdf = 1.0 if lam < t_obs else 0.0
         return cdf - (1.0 - alpha)
