@@ -283,11 +283,16 @@ def _bootstrap_before_issue_28(obs, dim, unobs, fit, b, seed):
     [(1000, 100_000, "equal", 0.0), (1000, 100_000, "unequal", 3e-3), (50, 0, "unequal", 0.0),
      (4, 7, "unequal", 0.0), (3, 3, "equal", 1.0)],
 )
-def test_vectorised_bootstrap_reproduces_the_resample_loop(k, kk, fit, offset) -> None:
+def test_vectorised_bootstrap_reproduces_the_resample_loop(k, kk, fit, offset, monkeypatch) -> None:
     # same seed, same draws: every replicate equal to 1e-9 relative, the same replicates dropped
     # (k = 3 or 4: many resamples repeat one value; an offset of 1 on values of size 1e-3 makes
-    # a one-pass variance lose 6 digits, so the degenerate check must stay exact)
+    # a one-pass variance lose 6 digits, so the degenerate check must stay exact); k' = 100,000
+    # is past the unobserved scores' normal limit, so the index-by-index path is forced there
+    import audit_callbacks.estimators.canary_epsilon as ce
     from audit_callbacks.estimators.canary_epsilon import _bootstrap_standardized
+
+    monkeypatch.setattr(ce, "EXACT_UNOBSERVED_DRAWS", 1 << 40)
+    ce._LAST_RESAMPLES.clear()
 
     rng = np.random.default_rng(k + kk)
     dim = 10**6
@@ -306,10 +311,14 @@ def test_vectorised_bootstrap_reproduces_the_resample_loop(k, kk, fit, offset) -
         assert dropped > 0  # the degenerate branch was exercised
 
 
-def test_bootstrap_interval_at_k_prime_100000_is_unchanged() -> None:
-    # the estimate's interval for a fixed seed is the loop's, at the size the callbacks log
+def test_bootstrap_interval_at_k_prime_100000_is_unchanged_on_the_index_path(monkeypatch) -> None:
+    # the estimate's interval for a fixed seed is the loop's, at the size the callbacks log,
+    # when the unobserved scores are resampled index by index (forced: past the normal limit)
+    import audit_callbacks.estimators.canary_epsilon as ce
     from audit_callbacks.estimators.canary_epsilon import _epsilon_standardized_array
 
+    monkeypatch.setattr(ce, "EXACT_UNOBSERVED_DRAWS", 1 << 40)
+    ce._LAST_RESAMPLES.clear()
     rng = np.random.default_rng(0)
     obs, unobs = rng.normal(1e-3, 1e-3, 1000), rng.normal(0.0, 1e-3, 100_000)
     e = estimate_epsilon_from_cosines(obs, DELTA, unobserved=unobs, fit="unequal", bootstrap=200, seed=3)
@@ -340,3 +349,59 @@ def test_the_kept_resamples_are_keyed_by_the_scores_not_the_array() -> None:
     assert moved.upper != first.upper
     other_seed = estimate_epsilon_from_cosines(obs, DELTA, fit="unequal", **{**kw, "seed": 3})
     assert other_seed.upper != moved.upper
+
+
+def _replicate_moments(obs, unobs, b, seed):
+    from audit_callbacks.estimators.canary_epsilon import _draw_moments
+
+    return _draw_moments([(obs, unobs)], b, seed)[0]
+
+
+def test_normal_limit_of_the_unobserved_moments_matches_index_resampling(monkeypatch) -> None:
+    # past EXACT_UNOBSERVED_DRAWS the unobserved scores' resampled (mean, sd) come from their
+    # joint normal limit: on skewed scores (m3, m4 matter) the replicates' spread, the mean of
+    # the sd replicates and the mean/sd correlation match index-by-index resampling; a limit
+    # that ignored m3 (no correlation) or drew the sd at its sample value (no spread) would not
+    import audit_callbacks.estimators.canary_epsilon as ce
+
+    rng = np.random.default_rng(4)
+    obs = rng.normal(0.0, 1.0, 200)
+    unobs = rng.gamma(2.0, 1.0, 20_000)  # skewness 1.41, excess kurtosis 3
+    b = 2000
+    assert b * unobs.size > ce.EXACT_UNOBSERVED_DRAWS
+    _, _, mu_lim, sd_lim = _replicate_moments(obs, unobs, b, 0)
+    monkeypatch.setattr(ce, "EXACT_UNOBSERVED_DRAWS", 1 << 40)
+    _, _, mu_ex, sd_ex = _replicate_moments(obs, unobs, b, 1)
+    for lim, ex in ((mu_lim, mu_ex), (sd_lim, sd_ex)):
+        assert np.std(lim) == pytest.approx(np.std(ex), rel=0.1)
+        assert abs(np.mean(lim) - np.mean(ex)) < 0.15 * np.std(ex)
+    corr_lim, corr_ex = np.corrcoef(mu_lim, sd_lim)[0, 1], np.corrcoef(mu_ex, sd_ex)[0, 1]
+    assert corr_ex > 0.4 and abs(corr_lim - corr_ex) < 0.1
+
+
+def test_normal_limit_interval_covers_like_index_resampling(monkeypatch) -> None:
+    # the estimate's percentile interval with the limit is as wide as with index resampling
+    # where the unobserved scores carry half of its variance (k = k'); without their term it
+    # would be ~1/sqrt(2) as wide
+    import audit_callbacks.estimators.canary_epsilon as ce
+
+    rng = np.random.default_rng(5)
+    obs, unobs = rng.normal(5e-4, 1e-3, 6000), rng.normal(0.0, 1e-3, 6000)
+    kw = dict(unobserved=unobs, fit="equal", bootstrap=1000, seed=2)
+    assert 1000 * unobs.size > ce.EXACT_UNOBSERVED_DRAWS
+    ce._LAST_RESAMPLES.clear()
+    lim = estimate_epsilon_from_cosines(obs, DELTA, **kw)
+    monkeypatch.setattr(ce, "EXACT_UNOBSERVED_DRAWS", 1 << 40)
+    ce._LAST_RESAMPLES.clear()
+    ex = estimate_epsilon_from_cosines(obs, DELTA, **kw)
+    assert lim.value == ex.value  # the point estimate does not resample
+    width_lim, width_ex = lim.upper - lim.lower, ex.upper - ex.lower
+    assert width_lim == pytest.approx(width_ex, rel=0.12)
+    assert abs((lim.lower + lim.upper) - (ex.lower + ex.upper)) / 2 < 0.15 * width_ex
+
+
+def test_normal_limit_of_a_sample_without_spread_is_degenerate() -> None:
+    from audit_callbacks.estimators.canary_epsilon import _Centred, _normal_limit_mean_sd
+
+    mu, sd = _normal_limit_mean_sd(_Centred(np.full(50_000, 0.25)), np.random.default_rng(0).standard_normal((7, 2)))
+    assert np.all(mu == 0.25) and np.all(sd == 0.0)
