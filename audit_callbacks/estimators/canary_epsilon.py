@@ -379,9 +379,8 @@ def _normal_limit_mean_sd(x: _Centred, z: np.ndarray) -> tuple[np.ndarray, np.nd
     covariance and sd = sqrt(max(V, 0)). A sample without spread gives exactly its mean and
     sd 0, as every index-by-index resample would."""
     n = x.c.size
-    m2 = float(np.mean(x.c * x.c))
-    m3 = float(np.mean(x.c ** 3))
-    m4 = float(np.mean(x.c ** 4))
+    c2 = x.c * x.c  # products, not powers: ``c ** 3`` calls pow per element (~20x slower)
+    m2, m3, m4 = float(np.mean(c2)), float(np.dot(c2, x.c)) / n, float(np.dot(c2, c2)) / n
     if m2 <= 0.0:
         return np.full(z.shape[0], x.centre), np.zeros(z.shape[0])
     sd_mean = math.sqrt(m2 / n)
