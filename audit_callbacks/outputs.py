@@ -8,7 +8,9 @@ took at once is detected (:func:`claim_dir`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
 import json
 import math
 import os
@@ -241,30 +243,56 @@ def claim_dir(path: str) -> bool:
     process on another host did."""
     os.makedirs(path, exist_ok=True)
     marker = os.path.join(path, CLAIM_FILENAME)
-    for attempt in range(2):
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
         try:
-            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            try:
-                with open(marker, encoding="utf-8") as fh:
-                    owner = fh.read().strip()
-            except OSError:
+            with open(marker, encoding="utf-8") as fh:
+                owner = fh.read().strip()
+        except OSError:
+            return False
+        if owner == RUN_TOKEN:
+            return True
+        # an empty marker is a claim being written an instant ago: not stale, another run's
+        return _stale(owner) and _take_over(marker, owner)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(RUN_TOKEN)
+    return True
+
+
+def _take_over(marker: str, owner: str) -> bool:
+    """Take over the claim ``owner`` (a gone process's token) of ``marker``: of several
+    processes that read the same stale token, exactly one wins. A taker holds the takeover
+    lock named after that token (created with ``O_EXCL``), checks under it that the marker
+    still holds ``owner`` (a slower taker finds the winner's token there and steps aside),
+    replaces the marker with this process's token atomically (a temporary file renamed over
+    it), then removes the lock. A rename of the marker itself would not do: a slower process
+    could rename away the claim the winner had just written and win as well (seen as two
+    winners of four in CI). A taker that dies holding the lock leaves the folder to nobody
+    (later runs take a fresh version folder), never to two."""
+    lock = f"{marker}.takeover-{hashlib.sha256(owner.encode('utf-8')).hexdigest()[:16]}"
+    try:
+        os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except OSError:  # FileExistsError: another process is taking this claim over
+        return False
+    tmp = f"{marker}.tmp-{uuid.uuid4().hex}"
+    try:
+        with open(marker, encoding="utf-8") as fh:
+            if fh.read().strip() != owner:  # taken over already
                 return False
-            if owner == RUN_TOKEN:
-                return True
-            if attempt or not _stale(owner):
-                return False
-            moved = f"{marker}.stale-{uuid.uuid4().hex}"
-            try:  # atomic: of several processes taking over a stale claim, one renames it
-                os.rename(marker, moved)
-                os.remove(moved)
-            except OSError:
-                pass  # another one did: the exclusive create decides
-            continue
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        with open(tmp, "w", encoding="utf-8") as fh:
             fh.write(RUN_TOKEN)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, marker)
         return True
-    return False
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        return False
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(lock)
 
 
 def fresh_version_dir(root: str) -> str:
