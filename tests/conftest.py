@@ -14,3 +14,19 @@ def _quiet_lightning():
         warnings.filterwarnings("ignore", ".*does not have many workers.*")
         warnings.filterwarnings("ignore", ".*LeafSpec.*")
         yield
+
+
+@pytest.fixture
+def draws(monkeypatch):
+    """Agg drawings per matplotlib figure (id -> count): the tests that a figure is drawn once."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    counts: dict[int, int] = {}
+    real = FigureCanvasAgg.draw
+
+    def counting(self):
+        counts[id(self.figure)] = counts.get(id(self.figure), 0) + 1
+        real(self)
+
+    monkeypatch.setattr(FigureCanvasAgg, "draw", counting)
+    return counts

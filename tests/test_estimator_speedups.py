@@ -291,22 +291,6 @@ def _statistics(k: int = 300, k_out: int = 3000) -> dict[str, np.ndarray]:
             "all_observed": rng.normal(2, 1, k) / 100, "all_unobserved": rng.normal(0, 1, k_out) / 100}
 
 
-@pytest.fixture
-def draws(monkeypatch: pytest.MonkeyPatch) -> dict[int, int]:
-    """Counts Agg drawings per figure (id -> count)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    counts: dict[int, int] = {}
-    real = FigureCanvasAgg.draw
-
-    def counting(self: Any) -> None:
-        counts[id(self.figure)] = counts.get(id(self.figure), 0) + 1
-        real(self)
-
-    monkeypatch.setattr(FigureCanvasAgg, "draw", counting)
-    return counts
-
-
 def test_render_is_cached_until_the_figure_changes(draws: dict[int, int]) -> None:
     fig = roc_figure(np.arange(5.0), np.arange(5.0) - 1.5)
     first = render_figure(fig)

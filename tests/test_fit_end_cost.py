@@ -53,20 +53,6 @@ def _rgb(png: bytes) -> np.ndarray:
     return np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
 
 
-@pytest.fixture
-def draws(monkeypatch: pytest.MonkeyPatch) -> dict[int, int]:
-    """Agg drawings per figure (id -> count)."""
-    counts: dict[int, int] = {}
-    real = FigureCanvasAgg.draw
-
-    def counting(self: Any) -> None:
-        counts[id(self.figure)] = counts.get(id(self.figure), 0) + 1
-        real(self)
-
-    monkeypatch.setattr(FigureCanvasAgg, "draw", counting)
-    return counts
-
-
 def _no_add_image(monkeypatch: pytest.MonkeyPatch) -> None:
     from torch.utils.tensorboard import SummaryWriter
 
