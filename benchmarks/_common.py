@@ -38,6 +38,92 @@ def synchronize() -> None:
         torch.cuda.synchronize()
 
 
+#: the hooks a callback may override: Lightning's (``setup``, ``teardown``, ``on_*``) and the
+#: federated round hooks of ``audit_callbacks.federated`` (``FederatedCallbackHooks``)
+FEDERATED_HOOKS = ("on_federated_round_start", "on_federated_round_end")
+
+
+class HookTimer:
+    """Wall (``perf_counter``) and CPU (``thread_time``) seconds and calls, per name, of methods
+    wrapped on instances (the library is not modified). A call made inside another timed call
+    is not counted twice.
+
+    With ``sync`` the CUDA device is synchronised before and after each outermost call, so a
+    call's wall time covers the kernels it launched and none queued before it: for a
+    profiling fit only, never inside a timed pair (the synchronisations are the timer's).
+    """
+
+    def __init__(self, sync: bool = False) -> None:
+        self.sync = sync
+        self.wall: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+        self._depth = 0
+
+    def wrap(self, obj: Any, attr: str, name: str | None = None, after: Any = None) -> None:
+        """Time ``obj.attr`` under ``name`` (default ``attr``); ``after()`` runs after each call."""
+        fn = getattr(obj, attr, None)
+        if not callable(fn) or getattr(fn, "_timed", False):
+            return
+        key = name or attr
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if self._depth:
+                return fn(*args, **kwargs)
+            self._depth += 1
+            if self.sync:
+                synchronize()
+            w0, c0 = time.perf_counter(), time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                if self.sync:
+                    synchronize()
+                self.wall[key] = self.wall.get(key, 0.0) + time.perf_counter() - w0
+                self.cpu[key] = self.cpu.get(key, 0.0) + time.thread_time() - c0
+                self.calls[key] = self.calls.get(key, 0) + 1
+                self._depth -= 1
+                if after is not None:
+                    after()
+
+        timed._timed = True  # type: ignore[attr-defined]
+        setattr(obj, attr, timed)
+
+    def attach_hooks(self, callback: Any, prefix: str = "") -> list[str]:
+        """Time every hook ``callback``'s class overrides (``prefix + hook`` names); returns them."""
+        from lightning.pytorch import Callback
+
+        hooks = sorted({n for n in dir(Callback) if n.startswith("on_") or n in ("setup", "teardown")}
+                       | set(FEDERATED_HOOKS))
+        mine = [h for h in hooks if callable(getattr(type(callback), h, None))
+                and getattr(type(callback), h) is not getattr(Callback, h, None)]
+        for h in mine:
+            self.wrap(callback, h, prefix + h)
+        return mine
+
+    def attach_audit(self, audit: Any, backend_calls: tuple[str, ...] = ("client_update_sum", "client_updates",
+                                                                          "on_round_released")) -> None:
+        """Time a ``CanaryAudit``'s hooks and, once its ``setup`` has bound a backend, the
+        backend's ``backend_calls`` (DP-FedAvg's canary updates and release, which the module
+        calls outside any callback hook)."""
+
+        def wrap_backend() -> None:
+            if audit.backend is not None:
+                for name in backend_calls:
+                    self.wrap(audit.backend, name)
+
+        self.wrap(audit, "setup", after=wrap_backend)  # first: attach_hooks skips a timed method
+        self.attach_hooks(audit)
+
+    def totals(self) -> dict[str, float]:
+        return {"wall_s": sum(self.wall.values()), "cpu_s": sum(self.cpu.values())}
+
+    def by_name(self) -> dict[str, dict[str, float]]:
+        """``{name: {"wall_s", "cpu_s", "calls"}}``, the largest wall first."""
+        return {k: {"wall_s": self.wall[k], "cpu_s": self.cpu[k], "calls": self.calls[k]}
+                for k in sorted(self.wall, key=lambda k: -self.wall[k])}
+
+
 def peak_rss_mb() -> float:
     """Peak resident set size of this process so far, in MiB (``ru_maxrss``).
 

@@ -51,13 +51,13 @@ import sys
 import tempfile
 import time
 import warnings
-from collections import defaultdict
 from typing import Any
 
 import lightning.pytorch as pl
 import numpy as np
 import torch
 from _common import (
+    HookTimer,
     add_accelerator_argument,
     device_name,
     git_state,
@@ -82,16 +82,6 @@ from datamodules import FederatedDataModule
 from models import MLP, build_model
 
 KINDS = ("hadamard", "gaussian")
-_CALLBACK_HOOKS = (
-    "setup", "on_fit_start", "on_train_batch_end", "on_federated_round_start",
-    "on_federated_round_end", "on_validation_epoch_end", "on_train_epoch_end", "on_fit_end",
-    "teardown",
-)
-# on_round_released: the round's release (the all-iterates statistics' update), called by the
-# module at the round's commit, before any callback hook
-_BACKEND_CALLS = ("client_update_sum", "client_updates", "on_round_released")
-
-
 def quiet() -> None:
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     logging.getLogger("lightning.fabric").setLevel(logging.ERROR)
@@ -99,54 +89,6 @@ def quiet() -> None:
     warnings.filterwarnings("ignore", message=".*GPU available.*")
     warnings.filterwarnings("ignore", message=".*canary clients.*")  # crowding: compensated
     warnings.filterwarnings("ignore", message=".*LeafSpec.*")
-
-
-# ---------------------------------------------------------------------------------- timing
-class AuditTimer:
-    """Wraps the callback's hooks and its backend's protocol calls on the instances (the
-    library is not modified): wall (``perf_counter``) and CPU (``thread_time``) seconds per
-    name. A call made inside another timed call is not counted twice."""
-
-    def __init__(self) -> None:
-        self.wall: dict[str, float] = defaultdict(float)
-        self.cpu: dict[str, float] = defaultdict(float)
-        self.calls: dict[str, int] = defaultdict(int)
-        self._depth = 0
-
-    def wrap(self, obj: Any, name: str, after: Any = None) -> None:
-        fn = getattr(obj, name, None)
-        if not callable(fn) or getattr(fn, "_timed", False):
-            return
-
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            if self._depth:
-                return fn(*args, **kwargs)
-            self._depth += 1
-            w0, c0 = time.perf_counter(), time.thread_time()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.wall[name] += time.perf_counter() - w0
-                self.cpu[name] += time.thread_time() - c0
-                self.calls[name] += 1
-                self._depth -= 1
-                if after is not None:
-                    after()
-
-        timed._timed = True  # type: ignore[attr-defined]
-        setattr(obj, name, timed)
-
-    def attach(self, audit: CanaryAudit) -> None:
-        def wrap_backend() -> None:
-            if audit.backend is not None:
-                for name in _BACKEND_CALLS:
-                    self.wrap(audit.backend, name)
-
-        for name in _CALLBACK_HOOKS:
-            self.wrap(audit, name, after=wrap_backend if name == "setup" else None)
-
-    def totals(self) -> dict[str, float]:
-        return {"wall_s": sum(self.wall.values()), "cpu_s": sum(self.cpu.values())}
 
 
 # ---------------------------------------------------------------------------------- one fit
@@ -167,8 +109,8 @@ def fit_once(
     per_round = cfg["clients_per_round"]
     if audit_kwargs is not None:
         audit = CanaryAudit(**audit_kwargs)
-        timer = AuditTimer()
-        timer.attach(audit)
+        timer = HookTimer()
+        timer.attach_audit(audit)
         per_round = audited_per_round(cfg, audit_kwargs["num_canaries"])
     module = DPFedAvg(
         make_model(dm, cfg), clients_per_round=per_round, noise_multiplier=cfg["noise_multiplier"],

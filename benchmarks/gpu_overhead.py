@@ -52,6 +52,7 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 from _common import (
+    HookTimer,
     add_accelerator_argument,
     device_name,
     git_state,
@@ -127,8 +128,20 @@ class RandomImages(pl.LightningDataModule):
         return DataLoader(self.val_set, batch_size=500)
 
 
+def attach_timer(timer: HookTimer | None, callbacks: list[Any]) -> None:
+    """Time ``callbacks``' hooks on ``timer`` (a ``CanaryAudit`` with its backend's calls too;
+    the other callbacks' hooks under ``ClassName.hook``)."""
+    if timer is None:
+        return
+    for cb in callbacks:
+        if isinstance(cb, CanaryAudit):
+            timer.attach_audit(cb)
+        else:
+            timer.attach_hooks(cb, prefix=f"{type(cb).__name__}.")
+
+
 def opacus_fit(dm: RandomImages, epochs: int, variant: str, device: torch.device, log_root: str,
-               name: str) -> dict[str, Any]:
+               name: str, timer: HookTimer | None = None) -> dict[str, Any]:
     pl.seed_everything(0, verbose=False)
     model = build_model("cnn", (3, 32, 32), 10, **OPACUS_CNN)
     module = DPSGDClassifier(model, lr=0.1, noise_multiplier=1.0, max_grad_norm=1.0, delta=1e-5, noise_seed=0)
@@ -137,6 +150,7 @@ def opacus_fit(dm: RandomImages, epochs: int, variant: str, device: torch.device
         callbacks.append(CanaryAudit())
     if variant == "all_three":
         callbacks += [LabelReconstructionAttack(), LabelDPLowerBound()]
+    attach_timer(timer, callbacks)
     trainer = make_trainer(device, log_root, name, callbacks, max_epochs=epochs)
     fit_s = timed_fit(trainer, module, dm)
     out: dict[str, Any] = {"fit_s": fit_s, "steps": int(trainer.global_step), "num_parameters": num_parameters(model)}
@@ -166,7 +180,7 @@ def emnist_shaped(clients: int, per_client: int, val_examples: int, rounds_per_e
 
 
 def fedavg_fit(dm: FederatedDataModule, rounds: int, real_per_round: int, variant: str,
-               device: torch.device, log_root: str, name: str) -> dict[str, Any]:
+               device: torch.device, log_root: str, name: str, timer: HookTimer | None = None) -> dict[str, Any]:
     pl.seed_everything(0, verbose=False)
     model = build_model("cnn", (1, 28, 28), 62, **FEDAVG_CNN)
     clients = len(dm.client_datasets)
@@ -179,6 +193,7 @@ def fedavg_fit(dm: FederatedDataModule, rounds: int, real_per_round: int, varian
     module = DPFedAvg(model, clients_per_round=per_round, noise_multiplier=1.0, clip_norm=1.0,
                       local_epochs=1, local_lr=0.05, local_batch_size=10, server_lr=1.0,
                       server_momentum=0.9, seed=0)
+    attach_timer(timer, callbacks)
     trainer = make_trainer(device, log_root, name, callbacks, max_steps=rounds, max_epochs=-1)
     fit_s = timed_fit(trainer, module, dm)
     out: dict[str, Any] = {"fit_s": fit_s, "rounds": int(trainer.global_step), "clients_per_round": per_round,
@@ -214,6 +229,24 @@ def interleaved(fit: Any, variants: list[str], reps: int, warmup: bool, label: s
     return out
 
 
+def breakdown(fit: Any, variants: list[str], label: str) -> dict[str, Any]:
+    """One more audited fit per variant, outside the pairs, with every callback hook (and
+    DP-FedAvg's canary update and release calls) timed by a ``HookTimer(sync=True)``:
+    ``{variant: {"fit_s", "hooks_wall_s", "hooks": {name: {"wall_s", "cpu_s", "calls"}}}}``.
+    Its synchronisations are the timer's, so its ``fit_s`` is not a measurement of the ratio.
+    Opacus' per-step canary work inside ``optimizer.step`` is in no hook
+    (``per_step_profile.py`` times it)."""
+    out: dict[str, Any] = {}
+    for v in variants:
+        timer = HookTimer(sync=True)
+        res = fit(v, f"{label}_{v}_breakdown", timer)
+        out[v] = {"fit_s": res["fit_s"], "hooks_wall_s": timer.totals()["wall_s"], "hooks": timer.by_name()}
+        top = ", ".join(f"{k} {d['wall_s']:.3f} s/{d['calls']}" for k, d in list(timer.by_name().items())[:6])
+        print(f"  {label} {v:9s} breakdown: fit {res['fit_s']:.2f} s, hooks {out[v]['hooks_wall_s']:.3f} s: {top}",
+              flush=True)
+    return out
+
+
 def print_table(title: str, res: dict[str, Any]) -> None:
     print(f"\n{title}")
     for v, r in res["variants"].items():
@@ -232,6 +265,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--opacus-epochs", type=int, default=None)
     parser.add_argument("--opacus-examples", type=int, default=None)
     parser.add_argument("--fedavg-rounds", type=int, default=None)
+    parser.add_argument("--no-breakdown", dest="breakdown", action="store_false",
+                        help="skip the extra per-hook timed fit of each audited variant")
     args = parser.parse_args(argv)
     quiet()
     device = torch_device(args.accelerator)  # ValueError for gpu without CUDA
@@ -257,6 +292,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                   f"{cfg['batch_size']}, {cfg['epochs']} epochs, {cfg['reps']} pairs", flush=True)
             res = interleaved(lambda v, name: opacus_fit(dm, cfg["epochs"], v, device, log_root, name),
                               ["canary", "all_three"], cfg["reps"], not args.quick, "opacus")
+            if args.breakdown:
+                res["breakdown"] = breakdown(
+                    lambda v, name, timer: opacus_fit(dm, cfg["epochs"], v, device, log_root, name, timer),
+                    ["canary", "all_three"], "opacus")
             payload["opacus"] = {"config": {**cfg, "model": OPACUS_CNN}, **res}
             print_table("Opacus DP-SGD: audited / baseline fit time", res)
         if "fedavg" in scenarios:
@@ -271,6 +310,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             res = interleaved(
                 lambda v, name: fedavg_fit(dm_f, cfg["rounds"], cfg["real_per_round"], v, device, log_root, name),
                 ["canary"], cfg["reps"], not args.quick, "fedavg")
+            if args.breakdown:
+                res["breakdown"] = breakdown(
+                    lambda v, name, timer: fedavg_fit(dm_f, cfg["rounds"], cfg["real_per_round"], v, device,
+                                                      log_root, name, timer),
+                    ["canary"], "fedavg")
             payload["fedavg"] = {"config": {**cfg, "model": FEDAVG_CNN}, **res}
             print_table("DP-FedAvg: audited / baseline fit time", res)
     name = f"gpu_overhead_{device.type}{'_quick' if args.quick else ''}.json"

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The device checks of issue 28 as one prepared call on a lent GPU (about 6 minutes on an H200):
+#
+#   bash benchmarks/gpu_check.sh          # on the device machine, from the repository root
+#
+# 1. per_step_profile.py: where the per-step (per-round) canary work goes at d ~ 10^6
+#    (target <= 0.5 ms a step);
+# 2. fwht_speed.py: the Walsh-Hadamard transform against the butterfly loop (target >= 4x at 2^21);
+# 3. gpu_overhead.py: what a user pays, audited / baseline fit time by interleaved pairs (targets
+#    Opacus CNN <= 1.05x with CanaryAudit, <= 1.08x with all three callbacks; DP-FedAvg <= 1.03x
+#    at 100 rounds), then one more fit per audited variant with every hook timed.
+#
+# Each step has its own time limit. The results are written to benchmarks/results/ as usual and,
+# when $OUT is set (the device machine sets it), copied there as soon as each is written, so a
+# call cut short keeps what finished.
+# Opacus is installed from .whl/ (pip download --no-deps -d .whl opacus==1.6.0; carry .whl) when
+# the machine's Python lacks it. ACCEL=cpu QUICK=1 runs every step's smoke test on a CPU.
+set -uo pipefail
+
+OUT=${OUT:-}  # set by the device machine; empty: the results stay in benchmarks/results only
+ACCEL=${ACCEL:-gpu}
+PY=${PYTHON:-python}
+QUICK_FLAG=()
+if [[ -n "${QUICK:-}" ]]; then QUICK_FLAG=(--quick); fi
+export PYTHONPATH=.
+if [[ -n "$OUT" ]]; then mkdir -p "$OUT"; fi
+STAMP=$(mktemp)
+
+if ! "$PY" -c "import opacus" 2>/dev/null; then
+    "$PY" -m pip install --no-deps --quiet .whl/opacus-*.whl || { echo "no Opacus and no .whl/opacus-*.whl"; exit 2; }
+fi
+"$PY" - <<'EOF' | tee "${OUT:-/tmp}/gpu_check_device.txt"
+import torch, opacus, lightning
+print("torch", torch.__version__, "cuda", torch.version.cuda, "opacus", opacus.__version__,
+      "lightning", lightning.__version__)
+print("device", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu")
+EOF
+
+status=0
+step() {  # step SECONDS SCRIPT ARGS...: run under a time limit, then copy what it wrote to $OUT
+    local limit=$1 rc
+    shift
+    touch "$STAMP"
+    echo "== $(date +%T) $*"
+    timeout "$limit" "$PY" "$@" "${QUICK_FLAG[@]}" 2>&1 | grep -v -E "Warning: |warnings\.warn\(|rank_zero_warn\("
+    rc=${PIPESTATUS[0]}
+    if [[ $rc -ne 0 ]]; then echo "!! $1 stopped (exit $rc)"; status=1; fi
+    if [[ -n "$OUT" ]]; then
+        find benchmarks/results -maxdepth 1 -name '*.json' -newer "$STAMP" -exec cp {} "$OUT/" \;
+    fi
+}
+
+step 150 benchmarks/per_step_profile.py --accelerator "$ACCEL"
+step 60 benchmarks/fwht_speed.py --accelerator "$ACCEL" --threads 0 --reps 9
+step 330 benchmarks/gpu_overhead.py --accelerator "$ACCEL"
+echo "== $(date +%T) done"
+rm -f "$STAMP"
+if [[ -n "$OUT" ]]; then ls -l "$OUT"; fi
+exit $status
