@@ -13,21 +13,23 @@
 # Each step has its own time limit. The results are written to benchmarks/results/ as usual and,
 # when $OUT is set (the device machine sets it), copied there as soon as each is written, so a
 # call cut short keeps what finished.
-# Opacus is installed from .whl/ (pip download --no-deps -d .whl opacus==1.6.0; carry .whl) when
-# the machine's Python lacks it. ACCEL=cpu QUICK=1 runs every step's smoke test on a CPU.
+# Opacus is installed from .whl/ into /tmp/site when the machine's Python lacks it (here, first:
+# pip download --no-deps --only-binary=:all: -d .whl opacus==1.6.0; then carry .whl). ACCEL=cpu QUICK=1 runs every step's smoke test on a CPU.
 set -uo pipefail
 
 OUT=${OUT:-}  # set by the device machine; empty: the results stay in benchmarks/results only
 ACCEL=${ACCEL:-gpu}
-PY=${PYTHON:-python}
+PY=${PYTHON:-python3}
 QUICK_FLAG=()
 if [[ -n "${QUICK:-}" ]]; then QUICK_FLAG=(--quick); fi
-export PYTHONPATH=.
+export PYTHONPATH=. PYTHONUNBUFFERED=1
 if [[ -n "$OUT" ]]; then mkdir -p "$OUT"; fi
 STAMP=$(mktemp)
 
-if ! "$PY" -c "import opacus" 2>/dev/null; then
-    "$PY" -m pip install --no-deps --quiet .whl/opacus-*.whl || { echo "no Opacus and no .whl/opacus-*.whl"; exit 2; }
+if ! "$PY" -c "import opacus" 2>/dev/null; then  # the device image has no Opacus: the carried wheel
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        .whl/opacus-*.whl || { echo "no Opacus and no .whl/opacus-*.whl"; exit 2; }
+    export PYTHONPATH=.:/tmp/site
 fi
 "$PY" - <<'EOF' | tee "${OUT:-/tmp}/gpu_check_device.txt"
 import torch, opacus, lightning
