@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -32,6 +33,7 @@ import numpy as np
 import torch
 from opacus.accountants import IAccountant, PRVAccountant, RDPAccountant
 from opacus.accountants.analysis import rdp as rdp_analysis
+from opacus.accountants.analysis.prv import domain as prv_domain
 from opacus.optimizers import DPOptimizer
 
 from audit_callbacks.canaries import CanarySet
@@ -222,14 +224,47 @@ def rdp_epsilon(history: Sequence[tuple[float, float, int]], delta: float) -> fl
     return float(eps)
 
 
+class _CachedRDPAccountant(RDPAccountant):
+    """Opacus' ``RDPAccountant`` whose ``get_epsilon`` at the default orders goes through the
+    cached :func:`rdp_epsilon` (the same number, bit for bit); other orders: Opacus' own."""
+
+    def get_epsilon(self, delta: float, alphas: Any = None, **kwargs: Any) -> float:
+        if alphas is None:
+            return rdp_epsilon(self.history, delta)
+        return super().get_epsilon(delta, alphas, **kwargs)
+
+
+_PRV_DOMAIN_LOCK = threading.Lock()
+
+
+def _prv_epsilon(accountant: IAccountant, delta: float) -> float:
+    """``accountant.get_epsilon(delta=delta)`` of a ``PRVAccountant``, unchanged, except that
+    the two RDP epsilons Opacus' ``compute_safe_domain_size`` takes to size the PRV's domain
+    (Gopi et al. 2021, Remark 5.6) go through the cached :func:`rdp_epsilon`: equal bit for
+    bit, ~55 ms less an estimate (the per-step RDP over Opacus' 63 default orders is a series
+    sum for the fractional ones, recomputed by Opacus at every call). The domain module's
+    ``RDPAccountant`` name is swapped for the duration of the call, under a lock, and put
+    back even when the accountant raises."""
+    with _PRV_DOMAIN_LOCK:
+        own = prv_domain.RDPAccountant
+        prv_domain.RDPAccountant = _CachedRDPAccountant
+        try:
+            return float(accountant.get_epsilon(delta=delta))
+        finally:
+            prv_domain.RDPAccountant = own
+
+
 def accountant_epsilon(accountant: IAccountant | None, delta: float) -> float | None:
     """The accountant's epsilon at ``delta`` (None if unknown or not finite); RDP accountants
-    go through the cached :func:`rdp_epsilon`, others through ``get_epsilon``."""
+    go through the cached :func:`rdp_epsilon`, Opacus' PRV accountant through
+    :func:`_prv_epsilon` (its domain's RDP bound cached), others through ``get_epsilon``."""
     if accountant is None or not getattr(accountant, "history", None):
         return None
     try:
         if type(accountant) is RDPAccountant:
             eps = rdp_epsilon(accountant.history, delta)
+        elif type(accountant) is PRVAccountant:
+            eps = _prv_epsilon(accountant, delta)
         else:
             eps = float(accountant.get_epsilon(delta=delta))
     except (ValueError, RuntimeError, OverflowError, ZeroDivisionError, FloatingPointError):

@@ -250,6 +250,43 @@ def test_cached_rdp_epsilon_equals_the_opacus_accountant():
     assert accountant_epsilon(RDPAccountant(), 1e-5) is None and rdp_epsilon([], 1e-5) == 0.0
 
 
+def test_prv_epsilon_with_the_cached_domain_bound_equals_opacus_and_restores_the_module(monkeypatch):
+    """The PRV accountant's epsilon through ``accountant_epsilon`` (its domain's RDP bound
+    cached) is Opacus' own, bit for bit; Opacus' domain module gets its ``RDPAccountant`` back,
+    even when the accountant raises."""
+    from opacus.accountants import PRVAccountant, RDPAccountant
+    from opacus.accountants import prv as prv_module
+    from opacus.accountants.analysis.prv import domain
+
+    from audit_callbacks.dpsgd import accountant_epsilon
+
+    seen = []
+    real = domain.compute_safe_domain_size
+
+    def spy(*args, **kwargs):
+        seen.append(domain.RDPAccountant)
+        return real(*args, **kwargs)
+
+    for history in ([(1.0, 256 / 18000, 213)], [(0.8, 0.01, 500), (1.2, 0.02, 100)], [(2.0, 0.2, 7)]):
+        acc = PRVAccountant()
+        acc.history = list(history)
+        expected = acc.get_epsilon(delta=1e-5)  # Opacus as it is
+        monkeypatch.setattr(prv_module, "compute_safe_domain_size", spy)  # the name prv.py calls
+        assert accountant_epsilon(acc, 1e-5) == expected
+        monkeypatch.setattr(prv_module, "compute_safe_domain_size", real)
+        assert domain.RDPAccountant is RDPAccountant
+    assert len(seen) == 3 and all(c is not RDPAccountant and issubclass(c, RDPAccountant) for c in seen)
+
+    def broken(self, *args, **kwargs):
+        raise RuntimeError("planted")
+
+    monkeypatch.setattr(PRVAccountant, "_get_dprv", broken)
+    acc = PRVAccountant()
+    acc.history = [(1.0, 0.01, 10)]
+    assert accountant_epsilon(acc, 1e-5) is None  # the accountant's failure: no epsilon, nothing raised
+    assert domain.RDPAccountant is RDPAccountant
+
+
 def test_lightning_gradient_accumulation_charges_canaries_like_the_accountant(tmp_path):
     # accumulate_grad_batches=2: one logical step per two batches; the accountant is charged
     # q * accumulated_iterations, and so are the canaries' joins.
