@@ -1,4 +1,5 @@
-"""``benchmarks/_common.HookTimer``: which hooks it times and how it counts (not how long)."""
+"""Benchmark helpers that decide what is measured: ``_common.HookTimer`` (which hooks it times
+and how it counts, not how long) and ``canary_overhead.matched_baseline`` (the baseline's step)."""
 
 from __future__ import annotations
 
@@ -68,3 +69,18 @@ def test_attach_audit_wraps_the_backend_once_setup_has_bound_it() -> None:
     assert audit.backend.seen.count("sum") == 4
     assert list(timer.by_name()) == sorted(timer.wall, key=lambda k: -timer.wall[k])
     assert timer.totals()["wall_s"] == sum(d["wall_s"] for d in timer.by_name().values())
+
+
+def test_the_matched_baseline_takes_the_audited_runs_step_on_the_same_real_updates() -> None:
+    import canary_overhead as co
+
+    cfg = co.train_config(clients=500, clients_per_round=50, server_lr=0.9)
+    base = co.matched_baseline(cfg, {"hadamard": {"num_canaries": 1000}, "gaussian": {"num_canaries": 1000}})
+    audited = co.audited_per_round(cfg, 1000)
+    assert audited == 150
+    # the real updates' step: server_lr / clients_per_round, equal in both runs
+    assert base["server_lr"] / base["clients_per_round"] == cfg["server_lr"] / audited
+    assert {k: v for k, v in base.items() if k != "server_lr"} == {k: v for k, v in cfg.items() if k != "server_lr"}
+    assert cfg["server_lr"] == 0.9  # not modified
+    # variants of different k have no one matched baseline: the configuration as it is
+    assert co.matched_baseline(cfg, {"a": {"num_canaries": 1000}, "b": {"num_canaries": 300}}) == cfg
