@@ -82,6 +82,8 @@ from datamodules import FederatedDataModule
 from models import MLP, build_model
 
 KINDS = ("hadamard", "gaussian")
+
+
 def quiet() -> None:
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     logging.getLogger("lightning.fabric").setLevel(logging.ERROR)
