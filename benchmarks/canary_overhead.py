@@ -75,8 +75,8 @@ from _common import (
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from audit_callbacks.callbacks import CanaryAudit
-from audit_callbacks.canaries import CanarySet
-from audit_callbacks.canary_stats import CanaryStatistics
+from audit_callbacks.canary.statistics import CanaryStatistics
+from audit_callbacks.canary.vectors import CanarySet
 from audit_callbacks.federated import DPFedAvg
 from datamodules import FederatedDataModule
 from models import MLP, build_model

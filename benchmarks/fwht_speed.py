@@ -1,4 +1,4 @@
-"""Speed of ``audit_callbacks.canaries.fwht`` against the butterfly loop it replaced (issue 28).
+"""Speed of ``audit_callbacks.canary.vectors.fwht`` against the butterfly loop it replaced (issue 28).
 
     PYTHONPATH=. .venv/bin/python benchmarks/fwht_speed.py              # CPU or CUDA (auto)
     PYTHONPATH=. .venv/bin/python benchmarks/fwht_speed.py --quick      # smoke test, seconds
@@ -33,7 +33,7 @@ from _common import (
     write_json,
 )
 
-from audit_callbacks.canaries import fwht
+from audit_callbacks.canary.vectors import fwht
 
 
 def fwht_old(x: torch.Tensor) -> torch.Tensor:

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from _common import machine_info, peak_rss_mb, write_json
 
-from audit_callbacks.canaries import CanarySet
+from audit_callbacks.canary.vectors import CanarySet
 from audit_callbacks.estimators import estimate_epsilon_from_cosines, gaussian_epsilon
 
 SIGMAS = (4.22, 1.54, 0.541)  # analytic epsilon 1, 3, 10 at delta = 1e-6 (Andrew et al. 2024 Table 2)

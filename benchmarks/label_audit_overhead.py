@@ -107,7 +107,8 @@ MEASURED_FILES = (
     "audit_callbacks/estimators/label_dp/extrapolation.py",
     "audit_callbacks/attacks/label_reconstruction.py",
     "audit_callbacks/estimators/gaussian.py",
-    "audit_callbacks/dpsgd.py",
+    "audit_callbacks/backends/opacus/optimizer.py",
+    "audit_callbacks/backends/opacus/accounting.py",
     "models/dpsgd.py",
 )
 

@@ -3,7 +3,7 @@ clipping at 2C, noise at sigma / 2, a training loader sampling at 2q, each again
 of the correct run, and the correct run itself.
 
 One case is one plain-PyTorch Opacus run on scikit-learn's breast cancer (569 examples, z-scored)
-with :class:`~audit_callbacks.opacus_audit.OpacusCanaryAudit` (Hadamard canaries) on one CPU
+with :class:`~audit_callbacks.plain.opacus_audit.OpacusCanaryAudit` (Hadamard canaries) on one CPU
 thread: an MLP 30-255-1 (d = 8,161), ``make_private(poisson_sampling=True)`` with a loader of batch
 64 (q = 64 / 569), sigma = SIGMA, C = 1, SGD, EPOCHS epochs, K observed canaries and the default
 unobserved ones. The canaries enter before Opacus' per-example clipping and are drawn by the
@@ -44,7 +44,7 @@ from opacus.data_loader import DPDataLoader  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
-from audit_callbacks.opacus_audit import OpacusCanaryAudit  # noqa: E402
+from audit_callbacks.plain.opacus_audit import OpacusCanaryAudit  # noqa: E402
 from datamodules.breast_cancer import load_breast_cancer_tensors  # noqa: E402
 from models import MLP  # noqa: E402
 

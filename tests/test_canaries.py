@@ -3,8 +3,8 @@ import pytest
 import torch
 from scipy import stats
 
-from audit_callbacks.canaries import CanarySet, canary_seed
-from audit_callbacks.canary_stats import CanaryStatistics, group_rounds
+from audit_callbacks.canary.statistics import CanaryStatistics, group_rounds
+from audit_callbacks.canary.vectors import CanarySet, canary_seed
 from audit_callbacks.estimators import cosine_null_cdf
 
 

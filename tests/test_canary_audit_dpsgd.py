@@ -18,14 +18,14 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from audit_callbacks import names
-from audit_callbacks.callbacks import CanaryAudit
-from audit_callbacks.canaries import CanarySet
-from audit_callbacks.dpsgd import (
-    GradientCanaryInjector,
+from audit_callbacks.backends.opacus.injector import GradientCanaryInjector
+from audit_callbacks.backends.opacus.optimizer import (
     chain_step_hook,
     find_accountant,
     unchain_step_hook,
 )
+from audit_callbacks.callbacks import CanaryAudit
+from audit_callbacks.canary.vectors import CanarySet
 from datamodules.breast_cancer import load_breast_cancer_tensors
 from datamodules.central import CentralDataModule
 from models import MLP
@@ -240,7 +240,7 @@ def test_no_dp_optimizer_is_a_type_error(tmp_path):
 def test_cached_rdp_epsilon_equals_the_opacus_accountant():
     from opacus.accountants import RDPAccountant
 
-    from audit_callbacks.dpsgd import accountant_epsilon, rdp_epsilon
+    from audit_callbacks.backends.opacus.accounting import accountant_epsilon, rdp_epsilon
 
     for history in ([(1.0, 64 / 455, 32)], [(0.5, 0.01, 1000), (2.0, 0.2, 7)], [(30.0, 0.5, 3)]):
         acc = RDPAccountant()
@@ -258,7 +258,7 @@ def test_prv_epsilon_with_the_cached_domain_bound_equals_opacus_and_restores_the
     from opacus.accountants import prv as prv_module
     from opacus.accountants.analysis.prv import domain
 
-    from audit_callbacks.dpsgd import accountant_epsilon
+    from audit_callbacks.backends.opacus.accounting import accountant_epsilon
 
     seen = []
     real = domain.compute_safe_domain_size

@@ -25,8 +25,9 @@ import pytest
 import torch
 
 from audit_callbacks.backends.fedavg import FedAvgBackend
-from audit_callbacks.canaries import CanarySet
-from audit_callbacks.dpsgd import GradientCanaryInjector, canary_placement
+from audit_callbacks.backends.opacus.injector import GradientCanaryInjector
+from audit_callbacks.backends.opacus.placement import canary_placement
+from audit_callbacks.canary.vectors import CanarySet
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*(backward hook|does not have many workers|secure RNG).*")
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from audit_callbacks.dpsgd import chain_step_hook, unchain_step_hook
+from audit_callbacks.backends.opacus.optimizer import chain_step_hook, unchain_step_hook
 
 
 @pytest.mark.parametrize("remove", [("a",), ("b",), ("a", "b"), ("b", "a")])

@@ -21,11 +21,11 @@ import pytest
 import torch
 from scipy.optimize import brentq
 
-from audit_callbacks.canaries import CanarySet
+from audit_callbacks.canary.known_rounds import KnownRoundScores
+from audit_callbacks.canary.steps_unknown import StepsUnknownScores
+from audit_callbacks.canary.vectors import CanarySet
 from audit_callbacks.estimators import gaussian_epsilon_array
 from audit_callbacks.estimators import last_iterate as li
-from audit_callbacks.known_rounds import KnownRoundScores
-from audit_callbacks.steps_unknown import StepsUnknownScores
 
 # ---------------------------------------------------------------------------------------------
 # the code before round 2, verbatim (audit_callbacks/estimators/last_iterate.py, _epsilon)
@@ -54,7 +54,7 @@ def _old_epsilon(mix, delta: float) -> float:
     return eps
 
 
-# (audit_callbacks/known_rounds.py, KnownRoundScores.per_round_shift and .estimate's bootstrap)
+# (audit_callbacks/canary/known_rounds.py, KnownRoundScores.per_round_shift and .estimate's bootstrap)
 
 
 def _old_per_round_shift(self, obs_idx=None, un_idx=None) -> float:

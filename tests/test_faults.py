@@ -33,8 +33,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from audit_callbacks import outputs
 from audit_callbacks.auditing import CanaryAuditConfig, CanaryAuditor
+from audit_callbacks.auditing import files as outputs
 from audit_callbacks.auditing.sinks import WriterSink
 from audit_callbacks.callbacks import CanaryAudit
 from audit_callbacks.callbacks.summary import run_dir

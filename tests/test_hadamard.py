@@ -7,7 +7,8 @@ import pytest
 import torch
 from scipy.linalg import hadamard
 
-from audit_callbacks.canaries import (
+from audit_callbacks.canary.statistics import CanaryStatistics
+from audit_callbacks.canary.vectors import (
     CanarySet,
     HadamardCanaries,
     _butterflies,
@@ -17,7 +18,6 @@ from audit_callbacks.canaries import (
     _matmul_is_exact,
     fwht,
 )
-from audit_callbacks.canary_stats import CanaryStatistics
 from audit_callbacks.estimators import gaussian_epsilon
 from audit_callbacks.estimators.canary_epsilon import estimate_epsilon_from_cosines
 from audit_callbacks.estimators.canary_report import canary_report

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from audit_callbacks.canaries import CanarySet
+from audit_callbacks.canary.known_rounds import KnownRoundScores
+from audit_callbacks.canary.vectors import CanarySet
 from audit_callbacks.estimators import gaussian_epsilon
-from audit_callbacks.known_rounds import KnownRoundScores
 
 DIM = 4096
 

@@ -52,9 +52,9 @@ _MODULE_CODE = os.path.join("audit_callbacks", "federated", "")  # the DP-FedAvg
 PER_STEP = {
     ("audit_callbacks/callbacks/canary_audit.py", "on_train_batch_end"),
     ("audit_callbacks/callbacks/canary_audit.py", "on_federated_round_end"),
-    ("audit_callbacks/dpsgd.py", "_clip_and_accumulate"),
-    ("audit_callbacks/dpsgd.py", "_add_noise"),
-    ("audit_callbacks/dpsgd.py", "_reduce_gradients"),
+    ("audit_callbacks/backends/opacus/injector.py", "_clip_and_accumulate"),
+    ("audit_callbacks/backends/opacus/injector.py", "_add_noise"),
+    ("audit_callbacks/backends/opacus/injector.py", "_reduce_gradients"),
     ("audit_callbacks/backends/fedavg.py", "client_updates"),
     ("audit_callbacks/backends/fedavg.py", "client_update_sum"),
     ("audit_callbacks/backends/fedavg.py", "on_round_released"),
@@ -148,7 +148,7 @@ def test_opacus_steps_read_nothing_back():
 def test_the_stand_in_sees_a_host_read():
     # the counter is not blind: a per-step read of the audit's own (the pre-issue-28 finiteness
     # check of a release, bool(torch.isfinite(delta).all())) is recorded against it
-    from audit_callbacks import canary_stats
+    from audit_callbacks.canary import statistics as canary_stats
 
     original = canary_stats.CanaryStatistics.add_delta
 
@@ -161,7 +161,7 @@ def test_the_stand_in_sees_a_host_read():
         mode, _ = _fedavg_fit("hadamard", rounds=3)
     finally:
         canary_stats.CanaryStatistics.add_delta = original
-    assert mode.reads["canary_stats.py:_finite:__bool__"] == 3
+    assert mode.reads["canary/statistics.py:_finite:__bool__"] == 3
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -171,11 +171,12 @@ def test_cuda_steps_and_rounds_do_not_synchronise():
 
     from audit_callbacks.auditing.auditor import CanaryAuditor
     from audit_callbacks.auditing.config import CanaryAuditConfig
-    from audit_callbacks.canaries import CanarySet
-    from audit_callbacks.canary_stats import CanaryStatistics
-    from audit_callbacks.dpsgd import GradientCanaryInjector, flat_parameters
-    from audit_callbacks.known_rounds import KnownRoundScores
-    from audit_callbacks.steps_unknown import StepsUnknownScores
+    from audit_callbacks.backends.opacus.buffers import flat_parameters
+    from audit_callbacks.backends.opacus.injector import GradientCanaryInjector
+    from audit_callbacks.canary.known_rounds import KnownRoundScores
+    from audit_callbacks.canary.statistics import CanaryStatistics
+    from audit_callbacks.canary.steps_unknown import StepsUnknownScores
+    from audit_callbacks.canary.vectors import CanarySet
 
     dev = torch.device("cuda")
     torch.manual_seed(0)

@@ -1,6 +1,6 @@
 """The Opacus canary audit's per-step work in few ops (issue 28), with the bits of before.
 
-* :class:`~audit_callbacks.dpsgd.FlatGather` gathers tensors into one reused buffer by one op,
+* :class:`~audit_callbacks.backends.opacus.buffers.FlatGather` gathers tensors into one reused buffer by one op,
   equal bit for bit to the ``torch.cat`` of flattened casts it replaces;
 * the steps-unknown statistic's per-step fold (Hadamard canaries) equals the reference
   ``sums += where(ok, steps_unknown_increment(dots / C, q, sigma), 0)`` bit for bit over
@@ -27,10 +27,15 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile
 from torch.utils.data import DataLoader, TensorDataset
 
-from audit_callbacks.backends.opacus import OpacusBackend
-from audit_callbacks.canaries import CanarySet
-from audit_callbacks.dpsgd import FlatGather, GradientCanaryInjector, flat_parameters
-from audit_callbacks.steps_unknown import StepsUnknownScores, _all_finite, steps_unknown_increment
+from audit_callbacks.backends.opacus.backend import OpacusBackend
+from audit_callbacks.backends.opacus.buffers import FlatGather, flat_parameters
+from audit_callbacks.backends.opacus.injector import GradientCanaryInjector
+from audit_callbacks.canary.steps_unknown import (
+    StepsUnknownScores,
+    _all_finite,
+    steps_unknown_increment,
+)
+from audit_callbacks.canary.vectors import CanarySet
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:.*(backward hook|secure RNG|does not have many workers|Optimal order|fewer than 2|too few).*")

@@ -27,10 +27,10 @@ import pytest
 import scipy.linalg
 import torch
 
-from audit_callbacks import canaries as canaries_mod
-from audit_callbacks.canaries import CanarySet, _parity_signs, fwht
-from audit_callbacks.canary_stats import CanaryStatistics
-from audit_callbacks.known_rounds import KnownRoundScores
+from audit_callbacks.canary import vectors as canaries_mod
+from audit_callbacks.canary.known_rounds import KnownRoundScores
+from audit_callbacks.canary.statistics import CanaryStatistics
+from audit_callbacks.canary.vectors import CanarySet, _parity_signs, fwht
 
 
 # ----------------------------------------------------------------------------- fwht

@@ -32,8 +32,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from audit_callbacks.canaries import CanarySet, _parity_signs, fwht
-from audit_callbacks.canary_stats import CanaryStatistics
+from audit_callbacks.canary.statistics import CanaryStatistics
+from audit_callbacks.canary.vectors import CanarySet, _parity_signs, fwht
 from audit_callbacks.federated.clipping import clip_updates_
 
 
@@ -161,7 +161,7 @@ def test_sums_and_dots_have_the_previous_bits():
 
 # ----------------------------------------------------------------------------- all-iterates maxima
 def test_the_divisor_of_tiny_and_non_finite_deltas_gives_the_previous_maxima():
-    from audit_callbacks.canaries import cosines_from_dots
+    from audit_callbacks.canary.vectors import cosines_from_dots
 
     dim = 3000
     cs = CanarySet(0, dim, 2048, kind="hadamard")
@@ -443,7 +443,7 @@ def test_a_round_costs_at_most_the_measured_number_of_operations(monkeypatch):
     """client_update_sum and on_round_released, counted at the dispatcher (views included) in
     a fit at a demo-like size (d = 1,923, n = 1,024, 64 observed and 960 unobserved canaries),
     from the second round on: issue 28's second pass measured 61 and 74 (the first pass's code:
-    81 and 90; 45 of the 74 are the known-rounds update's, audit_callbacks/known_rounds.py)."""
+    81 and 90; 45 of the 74 are the known-rounds update's, audit_callbacks/canary/known_rounds.py)."""
     from audit_callbacks.backends.fedavg import FedAvgBackend
     from audit_callbacks.callbacks import CanaryAudit
     from audit_callbacks.federated import DPFedAvg

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from opacus import PrivacyEngine
 from torch.utils.data import DataLoader, TensorDataset
 
-from audit_callbacks.opacus_audit import OpacusCanaryAudit
+from audit_callbacks.plain.opacus_audit import OpacusCanaryAudit
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:.*(backward hook|secure RNG|Optimal order|pin_memory|fewer than 2 canaries).*")

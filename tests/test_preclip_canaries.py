@@ -25,10 +25,11 @@ from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from audit_callbacks.canaries import CanarySet
-from audit_callbacks.canary_sampling import LoaderCanarySampling, find_poisson_sampler
-from audit_callbacks.dpsgd import GradientCanaryInjector, preclip_unsupported
-from audit_callbacks.opacus_audit import OpacusCanaryAudit
+from audit_callbacks.backends.opacus.injector import GradientCanaryInjector
+from audit_callbacks.backends.opacus.placement import preclip_unsupported
+from audit_callbacks.backends.opacus.sampling import LoaderCanarySampling, find_poisson_sampler
+from audit_callbacks.canary.vectors import CanarySet
+from audit_callbacks.plain.opacus_audit import OpacusCanaryAudit
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:.*(backward hook|secure RNG|does not have many workers|Optimal order|fewer than 2|too few).*")

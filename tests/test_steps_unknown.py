@@ -1,5 +1,5 @@
-"""The DP-SGD all-iterates statistic with the steps unknown (audit_callbacks.steps_unknown) and
-the injector's observer of the noisy sums (audit_callbacks.dpsgd.GradientCanaryInjector).
+"""The DP-SGD all-iterates statistic with the steps unknown (audit_callbacks.canary.steps_unknown) and
+the injector's observer of the noisy sums (audit_callbacks.backends.opacus.injector.GradientCanaryInjector).
 
 The simulated mechanism uses Hadamard canaries with d = n a power of 2: the canaries are then
 orthonormal, so ``<c_j, g_t> / C`` is exactly ``B_jt + N(0, sigma^2)`` with independent noise
@@ -27,9 +27,9 @@ from scipy import integrate, stats
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from audit_callbacks.canaries import CanarySet
-from audit_callbacks.dpsgd import GradientCanaryInjector
-from audit_callbacks.steps_unknown import StepsUnknownScores, steps_unknown_increment
+from audit_callbacks.backends.opacus.injector import GradientCanaryInjector
+from audit_callbacks.canary.steps_unknown import StepsUnknownScores, steps_unknown_increment
+from audit_callbacks.canary.vectors import CanarySet
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*(backward hook|does not have many workers|secure RNG).*")
 
@@ -363,8 +363,8 @@ _DDP_WORKER = textwrap.dedent("""
     from torch.utils.data import DataLoader, TensorDataset
     from opacus import PrivacyEngine
     from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
-    from audit_callbacks.canaries import CanarySet
-    from audit_callbacks.dpsgd import GradientCanaryInjector
+    from audit_callbacks.canary.vectors import CanarySet
+    from audit_callbacks.backends.opacus.injector import GradientCanaryInjector
     rank, out, reduction = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)

@@ -83,7 +83,7 @@ def test_opacus_script_of_either_namespace_gets_every_tensorboard_extra(tmp_path
 
 
 def test_federated_script_on_pytorch_lightning_uses_its_own_validation_step(tmp_path):
-    from audit_callbacks.pytorch_lightning import DPFedAvg
+    from audit_callbacks.compat.pytorch_lightning import DPFedAvg
 
     class AutoEncoder(pl.LightningModule):  # no labels, no accuracy: an MSE validation
         def __init__(self):
@@ -146,7 +146,7 @@ def test_resume_restores_the_accountant(tmp_path):
 
 
 def test_the_callbacks_accept_a_pytorch_lightning_tensorboard_logger():
-    from audit_callbacks._lightning import is_lightning_module, is_tensorboard_logger
+    from audit_callbacks.compat.namespaces import is_lightning_module, is_tensorboard_logger
 
     assert is_tensorboard_logger(pl.loggers.TensorBoardLogger(os.devnull))
     assert is_tensorboard_logger(TensorBoardLogger(os.devnull))
@@ -200,8 +200,8 @@ def test_other_opacus_entry_points_give_the_accountants_epsilon(tmp_path, how):
 
 def test_ldp_audit_with_dpfedavg_on_pytorch_lightning(tmp_path):
     from audit_callbacks.callbacks import LDPAudit
+    from audit_callbacks.compat.pytorch_lightning import DPFedAvg
     from audit_callbacks.mechanisms import LDPSGD
-    from audit_callbacks.pytorch_lightning import DPFedAvg
     from models import MLP
 
     dm = FederatedDataModule("digits", num_clients=20, rounds_per_epoch=4, seed=0)
@@ -220,7 +220,7 @@ def test_federated_label_attack_with_dpfedavg_on_pytorch_lightning(tmp_path):
     """FedSGD on the pytorch_lightning namespace: every label without noise, the per-client
     bound (exact clip factors) in TensorBoard."""
     from audit_callbacks.callbacks import FederatedLabelAttack
-    from audit_callbacks.pytorch_lightning import DPFedAvg
+    from audit_callbacks.compat.pytorch_lightning import DPFedAvg
     from models import MLP
 
     dm = FederatedDataModule("digits", num_clients=40, rounds_per_epoch=3, seed=0)

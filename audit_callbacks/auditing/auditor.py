@@ -30,11 +30,11 @@ import torch
 from audit_callbacks import names
 from audit_callbacks.auditing.checksum import CHECKSUM_KEY, field_digests, verify
 from audit_callbacks.auditing.config import CanaryAuditConfig
+from audit_callbacks.auditing.files import write_summary
 from audit_callbacks.auditing.report import REFERENCES, CanaryReport, summary_json
-from audit_callbacks.canaries import CanarySet, hadamard_length
-from audit_callbacks.canary_stats import CanaryStatistics
+from audit_callbacks.canary.statistics import CanaryStatistics
+from audit_callbacks.canary.vectors import CanarySet, hadamard_length
 from audit_callbacks.estimators.canary_report import canary_report
-from audit_callbacks.outputs import write_summary
 
 __all__ = ["CanaryAuditor", "NoEstimateYet", "ReportSink", "Warn"]
 

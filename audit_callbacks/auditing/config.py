@@ -21,7 +21,7 @@ from audit_callbacks.validation import (
 
 __all__ = ["CANARY_KINDS", "CanaryAuditConfig"]
 
-#: The canary constructions of :mod:`audit_callbacks.canaries`.
+#: The canary constructions of :mod:`audit_callbacks.canary.vectors`.
 CANARY_KINDS = ("hadamard", "gaussian")
 
 
@@ -35,7 +35,7 @@ class CanaryAuditConfig:
         num_unobserved: k' canaries never inserted, >= 0 (None: k for Gaussian canaries,
             min(n - k, 100,000) for Hadamard canaries, n = 2^floor(log2 d); 0 disables the
             all-iterates estimate).
-        canaries: ``"hadamard"`` or ``"gaussian"`` (see :mod:`audit_callbacks.canaries`).
+        canaries: ``"hadamard"`` or ``"gaussian"`` (see :mod:`audit_callbacks.canary.vectors`).
         seed: the canaries' seed, a non-negative integer: canary j is a function of (seed, j).
             Canaries are public by design; the seed may be logged (it regenerates no DP noise).
         delta: the delta of every epsilon in (0, 1) (None: the training's own, see the backend).

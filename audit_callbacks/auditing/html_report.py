@@ -29,8 +29,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from audit_callbacks import names
+from audit_callbacks.auditing.files import write_text
 from audit_callbacks.auditing.report import REFERENCES, fmt, verdict
-from audit_callbacks.outputs import write_text
 
 __all__ = ["HTML_FILENAME", "MARKDOWN_FILENAME", "fmt", "history_figure", "interval", "render_html",
            "render_markdown", "verdict", "write_report"]
@@ -272,7 +272,7 @@ def write_report(summary: Mapping[str, Any], directory: str, *,
                  history: Sequence[Sequence[Any]] | None = None) -> tuple[str, str]:
     """Write ``audit_report.html`` (self-contained) and ``audit_report.md`` into ``directory``,
     each atomically and never over another run's file
-    (:func:`audit_callbacks.outputs.write_text`); returns their paths ``(html, markdown)``.
+    (:func:`audit_callbacks.auditing.files.write_text`); returns their paths ``(html, markdown)``.
 
     Args:
         summary: the summary JSON's content (:meth:`CanaryAuditor.summary`).

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from audit_callbacks.outputs import check_writable, fresh_version_dir
+from audit_callbacks.auditing.files import check_writable, fresh_version_dir
 
 __all__ = ["WriterSink", "clean_scalars"]
 

@@ -6,7 +6,7 @@ it (:class:`~audit_callbacks.callbacks.CanaryAudit`, ``audit_callbacks.flower.Ca
 
 * :class:`~audit_callbacks.backends.fedavg.FedAvgBackend` - :class:`~audit_callbacks.federated.
   DPFedAvg`: canary clients join the population and are sampled like real clients.
-* :class:`~audit_callbacks.backends.opacus.OpacusBackend` - Opacus' ``DPOptimizer``: gradient
+* :class:`~audit_callbacks.backends.opacus.backend.OpacusBackend` - Opacus' ``DPOptimizer``: gradient
   canaries join every logical step with a real example's sampling rate, before the noise.
 * ``audit_callbacks.flower.backend.FlowerBackend`` - canary clients inside a Flower strategy.
 

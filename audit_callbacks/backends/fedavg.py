@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from audit_callbacks.backends.base import CanaryBackend, total_rounds
-from audit_callbacks.known_rounds import GAUSSIAN_REASON, KnownRoundScores
+from audit_callbacks.canary.known_rounds import GAUSSIAN_REASON, KnownRoundScores
 
 __all__ = ["FedAvgBackend", "crowding_warning"]
 

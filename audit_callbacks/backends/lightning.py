@@ -29,6 +29,6 @@ def lightning_backend(config: CanaryAuditConfig, trainer: Any, pl_module: Any, w
         return None
     if config.repeats is not None:
         raise ValueError("CanaryAudit(repeats=...) is for DP-FedAvg; DP-SGD canaries are sampled")
-    from audit_callbacks.backends.opacus import OpacusBackend
+    from audit_callbacks.backends.opacus.backend import OpacusBackend
 
     return OpacusBackend(trainer, warn, sample_rate=config.sample_rate, seed=config.seed, module=pl_module)

@@ -15,7 +15,6 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 
-from audit_callbacks._lightning import overrides
 from audit_callbacks.auditing import CanaryAuditConfig
 from audit_callbacks.auditing.auditor import check_identity
 from audit_callbacks.auditing.frontend import AuditFrontEnd
@@ -23,6 +22,7 @@ from audit_callbacks.backends.lightning import lightning_backend
 from audit_callbacks.callbacks.interrupt import on_interrupt
 from audit_callbacks.callbacks.summary import publish_report, report_sections, summary_dir
 from audit_callbacks.callbacks.tensorboard import LightningSink
+from audit_callbacks.compat.namespaces import overrides
 from audit_callbacks.federated.protocol import FederatedAuditHooks, FederatedRound
 from audit_callbacks.validation import check_count, check_flag
 

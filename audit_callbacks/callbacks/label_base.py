@@ -44,9 +44,13 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
 from audit_callbacks import names
+from audit_callbacks.backends.opacus.optimizer import (
+    chain_step_hook,
+    find_dp_optimizer,
+    unchain_step_hook,
+)
 from audit_callbacks.callbacks import tensorboard as tb
 from audit_callbacks.callbacks.label_step import LabelStepObserver, LayerTap
-from audit_callbacks.dpsgd import chain_step_hook, find_dp_optimizer, unchain_step_hook
 from audit_callbacks.validation import check_optional_count
 
 __all__ = ["SKIP_REASONS", "default_labels", "linear_layers"]

@@ -23,12 +23,13 @@ from audit_callbacks.attacks.label_gradients import (
     gradient_scale,
 )
 from audit_callbacks.attacks.label_reconstruction import factorize_layer
+from audit_callbacks.backends.opacus.accounting import accountant_epsilon
+from audit_callbacks.backends.opacus.optimizer import find_accountant
 from audit_callbacks.callbacks import tensorboard as tb
 from audit_callbacks.callbacks.interrupt import on_interrupt
 from audit_callbacks.callbacks.label_base import CannotAudit, StepAuditCallback, linear_layers
 from audit_callbacks.callbacks.label_step import LabelStepObserver
 from audit_callbacks.callbacks.summary import write_summary
-from audit_callbacks.dpsgd import accountant_epsilon, find_accountant
 from audit_callbacks.estimators.gaussian import gaussian_epsilon
 from audit_callbacks.estimators.label_dp import extrapolation_factor, label_dp_lower_bound
 from audit_callbacks.validation import check_delta, check_flag, check_optional_count

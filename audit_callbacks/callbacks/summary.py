@@ -1,6 +1,6 @@
 """The run's own folder of a Lightning run, where a callback writes its summary at fit end.
 
-The JSON itself is written atomically by :func:`audit_callbacks.outputs.write_summary`.
+The JSON itself is written atomically by :func:`audit_callbacks.auditing.files.write_summary`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import warnings
 import weakref
 from typing import Any
 
-from audit_callbacks.outputs import (
+from audit_callbacks.auditing.files import (
     check_writable,
     claim_dir,
     fresh_version_dir,
@@ -31,7 +31,7 @@ def run_dir(trainer: Any) -> str:
     else a fresh ``default_root_dir/audit/version_N`` (N one more than the largest there),
     chosen once per Trainer so that every callback of the run shares it.
 
-    The folder is claimed for this process (:func:`~audit_callbacks.outputs.claim_dir`). Where
+    The folder is claimed for this process (:func:`~audit_callbacks.auditing.files.claim_dir`). Where
     another process claimed it first (two runs that took the same automatic version, two
     processes resuming one checkpoint), the run's summaries go to a fresh sibling
     ``version_N`` instead, with a warning: no run overwrites another's. Only rank zero claims

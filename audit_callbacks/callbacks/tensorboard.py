@@ -15,8 +15,8 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from audit_callbacks._lightning import is_tensorboard_logger
 from audit_callbacks.auditing.sinks import WriterSink, clean_scalars
+from audit_callbacks.compat.namespaces import is_tensorboard_logger
 
 __all__ = ["LightningSink", "add_custom_scalars_layout", "log_dir", "log_scalars", "tensorboard_writer"]
 

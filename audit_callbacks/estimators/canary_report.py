@@ -15,8 +15,8 @@ All iterates (the adversary sees every release; reference: the analytic epsilon)
 
 * ``epsilon_all_iterates_matched`` - the statistic matched to the reference's adversary
   (DP-FedAvg and Flower: the aligned sum over the known rounds,
-  :mod:`audit_callbacks.known_rounds`; DP-SGD: the Neyman-Pearson statistic of the
-  Poisson-subsampled Gaussian with the steps unknown, :mod:`audit_callbacks.steps_unknown`);
+  :mod:`audit_callbacks.canary.known_rounds`; DP-SGD: the Neyman-Pearson statistic of the
+  Poisson-subsampled Gaussian with the steps unknown, :mod:`audit_callbacks.canary.steps_unknown`);
 * ``epsilon_all_iterates`` - the headline: the larger of the matched and the final-model
   estimates (that adversary can compute the final model too);
 * ``epsilon_all_iterates_max_cosine`` - Andrew et al.'s ``max_t cos(c_j, Delta_t)``

@@ -47,7 +47,7 @@ from torch import nn
 from torch.nn.utils import parameters_to_vector
 from torchmetrics.classification import MulticlassAccuracy
 
-from audit_callbacks._lightning import is_lightning_module, overrides
+from audit_callbacks.compat.namespaces import is_lightning_module, overrides
 from audit_callbacks.estimators import gaussian_epsilon
 from audit_callbacks.federated.clipping import clip_updates_
 from audit_callbacks.federated.protocol import (
@@ -115,7 +115,7 @@ def _clients_of(block: _VirtualBlock, local: np.ndarray) -> str:
 class DPFedAvgMixin:
     """DP-FedAvg over a user model, one round per ``training_step``.
 
-    :class:`DPFedAvg` is this on ``lightning.pytorch``; ``audit_callbacks.pytorch_lightning.
+    :class:`DPFedAvg` is this on ``lightning.pytorch``; ``audit_callbacks.compat.pytorch_lightning.
     DPFedAvg`` is the same on the standalone ``pytorch_lightning`` namespace, for scripts whose
     ``Trainer`` comes from there.
 

@@ -50,6 +50,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.exception import InconsistentMessageReplies
 
 from audit_callbacks.backends.base import CanaryBackend
+from audit_callbacks.canary.known_rounds import GAUSSIAN_REASON, KnownRoundScores
 from audit_callbacks.estimators import gaussian_epsilon
 from audit_callbacks.flower.records import LOGGER, Layout
 from audit_callbacks.flower.replies import (
@@ -58,7 +59,6 @@ from audit_callbacks.flower.replies import (
     clipping_path,
     reply_weight,
 )
-from audit_callbacks.known_rounds import GAUSSIAN_REASON, KnownRoundScores
 from audit_callbacks.validation import check_real
 
 __all__ = ["BAD_REPLY_CODE", "FlowerBackend", "find_attribute"]

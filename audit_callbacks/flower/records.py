@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord
 
-from audit_callbacks.outputs import versions
+from audit_callbacks.auditing.files import versions
 
 __all__ = ["LOGGER", "Layout", "flower_versions", "numeric_metrics"]
 

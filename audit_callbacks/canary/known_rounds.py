@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from audit_callbacks.canaries import CanarySet, _index_array
+from audit_callbacks.canary.vectors import CanarySet, _index_array
 from audit_callbacks.estimators import AuditResult, gaussian_epsilon_array
 from audit_callbacks.validation import check_alpha, check_count, check_delta, check_seed
 

@@ -7,7 +7,7 @@
 ``sign`` is +1 for DP-FedAvg (canaries are client updates, the model moves along them) and -1
 for DP-SGD (canaries are gradients, the model moves against them).
 
-Hadamard canaries (:class:`~audit_callbacks.canaries.HadamardCanaries`) score every canary
+Hadamard canaries (:class:`~audit_callbacks.canary.vectors.HadamardCanaries`) score every canary
 against a delta in one transform, so every round is folded into the running maxima when it
 arrives. Gaussian canaries are regenerated for every pass, so deltas are buffered and folded
 in one pass over the canaries when ``max_buffered`` rounds are pending or an estimate is asked
@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from audit_callbacks.canaries import CanarySet
+from audit_callbacks.canary.vectors import CanarySet
 
 __all__ = ["CanaryStatistics", "group_rounds"]
 

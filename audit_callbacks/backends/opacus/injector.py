@@ -16,401 +16,28 @@ replaced that Opacus relies on:
   ``add_noise`` instead; under data-parallel training (Opacus' ``DistributedDPOptimizer``) on
   rank 0 only, so that each canary enters the all-reduced gradient once
   (:func:`canary_placement`). Which canaries join a step is drawn by the training loader's own
-  Poisson sampler where it is Opacus' (:mod:`audit_callbacks.canary_sampling`), else by the
+  Poisson sampler where it is Opacus' (:mod:`audit_callbacks.backends.opacus.sampling`), else by the
   audit at the accountant's rate.
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
 import math
-import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
-from opacus.accountants import IAccountant, PRVAccountant, RDPAccountant
-from opacus.accountants.analysis import rdp as rdp_analysis
-from opacus.accountants.analysis.prv import domain as prv_domain
 from opacus.optimizers import DPOptimizer
 
-from audit_callbacks.canaries import CanarySet
-from audit_callbacks.canary_sampling import LoaderCanarySampling
-
-__all__ = [
-    "FlatGather",
-    "GradientCanaryInjector",
-    "accountant_epsilon",
-    "canary_placement",
-    "analytic_epsilons",
-    "chain_step_hook",
-    "find_accountant",
-    "find_dp_optimizer",
-    "flat_parameters",
-    "preclip_unsupported",
-    "rdp_epsilon",
-    "unchain_step_hook",
-]
-
-
-def find_dp_optimizer(optimizers: Iterable[Any]) -> DPOptimizer | None:
-    """The first Opacus ``DPOptimizer`` among ``optimizers`` (e.g. ``trainer.optimizers``)."""
-    for opt in optimizers:
-        inner = getattr(opt, "optimizer", opt)  # LightningOptimizer wraps the real one
-        for candidate in (opt, inner):
-            if isinstance(candidate, DPOptimizer):
-                return candidate
-    return None
-
-
-def _hook_closure(hook: Callable[..., Any] | None) -> dict[str, Any]:
-    if hook is None:
-        return {}
-    try:
-        return dict(inspect.getclosurevars(hook).nonlocals)
-    except (TypeError, ValueError):  # builtins, partials: nothing to read
-        return {}
-
-
-def find_accountant(optimizer: DPOptimizer) -> tuple[IAccountant | None, float | None]:
-    """The accountant and the sampling rate the optimizer's step hook reports to.
-
-    ``PrivacyEngine.make_private`` attaches ``accountant.get_optimizer_hook_fn(sample_rate)``, a
-    closure over the accountant (``self``) and ``sample_rate`` (Opacus 1.x). Hooks chained by
-    :func:`chain_step_hook` are followed through their ``previous`` hook.
-
-    Returns:
-        ``(accountant, sample_rate)``; either is None when the hook does not reveal it.
-    """
-    hook = optimizer.step_hook
-    for _ in range(32):  # chained hooks, each holding the previous one
-        if hook is None:
-            break
-        cells = _hook_closure(hook)
-        acc = next((v for v in cells.values() if isinstance(v, IAccountant)), None)
-        if acc is not None:
-            rate = cells.get("sample_rate")
-            return acc, (float(rate) if isinstance(rate, (int, float)) else None)
-        hook = getattr(hook, "previous", None)
-    return None, None
-
-
-def chain_step_hook(optimizer: DPOptimizer, fn: Callable[[DPOptimizer], None]) -> Callable[[DPOptimizer], None]:
-    """Install ``fn`` in the optimizer's single ``step_hook`` slot, after the existing hook.
-
-    The installed hook calls the previous hook (the accountant's, usually) and then ``fn``; it
-    runs after clipping, noise and scaling, before the parameters move, so ``p.grad`` is the
-    privatized gradient. Returns the installed hook (pass it to :func:`unchain_step_hook`).
-    """
-    def hook(optim: DPOptimizer) -> None:
-        previous = hook.previous  # type: ignore[attr-defined]  # read at call time: unchaining
-        if previous is not None:  # a hook below this one replaces this attribute
-            previous(optim)
-        fn(optim)
-
-    hook.previous = optimizer.step_hook  # type: ignore[attr-defined]
-    hook.audit_fn = fn  # type: ignore[attr-defined]
-    optimizer.step_hook = hook
-    return hook
-
-
-def unchain_step_hook(optimizer: DPOptimizer, installed: Callable[[DPOptimizer], None]) -> None:
-    """Remove a hook installed by :func:`chain_step_hook`, keeping every other hook in place."""
-    parent, hook = None, optimizer.step_hook
-    while hook is not None:
-        if hook is installed:
-            prev = getattr(hook, "previous", None)
-            if parent is None:
-                optimizer.step_hook = prev
-            else:
-                parent.previous = prev  # type: ignore[attr-defined]
-            return
-        parent, hook = hook, getattr(hook, "previous", None)
-
-
-def flat_parameters(params: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The optimizer's parameters, flattened and concatenated: ``[d]`` float32 on the first
-    parameter's device (the model's; no copy to the host: the release deltas and the statistics
-    stay there)."""
-    device = params[0].device
-    return torch.cat([p.detach().reshape(-1).to(device, torch.float32) for p in params])
-
-
-class FlatGather:
-    """Tensors of fixed shapes gathered into one persistent flat buffer, by one
-    ``torch._foreach_copy_`` a call (issue 28: a fresh ``torch.cat`` of per-tensor flattened
-    views cost three dispatched ops a tensor and a new ``[d]`` allocation every step; this is
-    one dispatched op, on CUDA multi-tensor kernels where the dtypes agree, and no allocation
-    after the first call).
-
-    The values are those of ``torch.cat([t.reshape(-1).to(device, dtype) for t in tensors])``
-    bit for bit (a copy, with the same casts). The buffer is rebuilt when the tensors' shapes,
-    dtypes or devices change (a per-call check on their metadata, no device work).
-
-    Args:
-        dtype: the buffer's dtype, or None (default): the promoted dtype of the tensors
-            gathered, as ``torch.cat`` would give.
-
-    Attributes:
-        flat: the last buffer ``[d]`` on the first tensor's device (None before the first
-            :meth:`gather`).
-    """
-
-    def __init__(self, dtype: torch.dtype | None = None) -> None:
-        self.dtype = dtype
-        self.flat: torch.Tensor | None = None
-        self._views: list[torch.Tensor] = []
-        self._key: tuple[Any, ...] | None = None
-
-    def gather(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-        """Copy ``tensors`` (in order) into the buffer and return it: ``[sum of numels]`` on the
-        first tensor's device. The buffer is overwritten by the next call: copy it to keep it.
-        Autograd does not record the copy.
-
-        Raises:
-            ValueError: no tensors.
-        """
-        if not len(tensors):
-            raise ValueError("tensors: none given")
-        key = tuple((t.shape, t.dtype, t.device) for t in tensors)
-        if key != self._key:
-            self._build(tensors, key)
-        with torch.no_grad():
-            torch._foreach_copy_(self._views, list(tensors))
-        assert self.flat is not None
-        return self.flat
-
-    def _build(self, tensors: Sequence[torch.Tensor], key: tuple[Any, ...]) -> None:
-        dtype = self.dtype
-        if dtype is None:
-            dtype = functools.reduce(torch.promote_types, [t.dtype for t in tensors])
-        flat = torch.empty(sum(t.numel() for t in tensors), dtype=dtype, device=tensors[0].device)
-        views, offset = [], 0
-        for t in tensors:
-            views.append(flat[offset:offset + t.numel()].view(t.shape))
-            offset += t.numel()
-        self.flat, self._views, self._key = flat, views, key
-
-
-@functools.lru_cache(maxsize=64)
-def _rdp_one_step(sample_rate: float, noise_multiplier: float, orders: tuple[float, ...]) -> np.ndarray:
-    out = rdp_analysis.compute_rdp(q=sample_rate, noise_multiplier=noise_multiplier, steps=1, orders=list(orders))
-    out.setflags(write=False)
-    return out
-
-
-def rdp_epsilon(history: Sequence[tuple[float, float, int]], delta: float) -> float:
-    """Opacus ``RDPAccountant(history).get_epsilon(delta)``, bit for bit, at a fraction of the cost.
-
-    RDP composes additively and Opacus computes ``compute_rdp(q, sigma, steps) = steps *
-    rdp(q, sigma)``; the per-step vector over the accountant's default orders (the expensive
-    part: fractional orders are series sums, ~0.3 s) is cached per ``(q, sigma)``, so logging
-    the accountant's epsilon every epoch costs microseconds after the first call.
-
-    Args:
-        history: ``[(noise_multiplier, sample_rate, num_steps), ...]`` (Opacus' ``history``).
-        delta: target delta in (0, 1).
-
-    Returns:
-        epsilon (0.0 for an empty history, as Opacus).
-    """
-    if not history:
-        return 0.0
-    orders = tuple(RDPAccountant.DEFAULT_ALPHAS)
-    rdp = sum([_rdp_one_step(float(q), float(nm), orders) * steps for nm, q, steps in history])
-    eps, _ = rdp_analysis.get_privacy_spent(orders=list(orders), rdp=rdp, delta=delta)
-    return float(eps)
-
-
-class _CachedRDPAccountant(RDPAccountant):
-    """Opacus' ``RDPAccountant`` whose ``get_epsilon`` at the default orders goes through the
-    cached :func:`rdp_epsilon` (the same number, bit for bit); other orders: Opacus' own."""
-
-    def get_epsilon(self, delta: float, alphas: Any = None, **kwargs: Any) -> float:
-        if alphas is None:
-            return rdp_epsilon(self.history, delta)
-        return super().get_epsilon(delta, alphas, **kwargs)
-
-
-_PRV_DOMAIN_LOCK = threading.RLock()
-
-
-def _prv_epsilon(accountant: IAccountant, delta: float) -> float:
-    """``accountant.get_epsilon(delta=delta)`` of a ``PRVAccountant``, unchanged, except that
-    the two RDP epsilons Opacus' ``compute_safe_domain_size`` takes to size the PRV's domain
-    (Gopi et al. 2021, Remark 5.6) go through the cached :func:`rdp_epsilon`: equal bit for
-    bit, and 43-52 -> 17-26 ms at the histories of a 1-3 epoch CIFAR-sized run (the per-step
-    RDP over Opacus' default orders is a series sum for the fractional ones, which Opacus
-    recomputes at every call). The domain module's ``RDPAccountant`` name is swapped for the
-    duration of the call, under a (re-entrant) lock, and put back even when the accountant
-    raises; a concurrent PRV computation elsewhere would see the cached subclass, whose
-    answers are Opacus' own."""
-    with _PRV_DOMAIN_LOCK:
-        own = prv_domain.RDPAccountant
-        prv_domain.RDPAccountant = _CachedRDPAccountant
-        try:
-            return float(accountant.get_epsilon(delta=delta))
-        finally:
-            prv_domain.RDPAccountant = own
-
-
-def accountant_epsilon(accountant: IAccountant | None, delta: float) -> float | None:
-    """The accountant's epsilon at ``delta`` (None if unknown or not finite); RDP accountants
-    go through the cached :func:`rdp_epsilon`, Opacus' PRV accountant through
-    :func:`_prv_epsilon` (its domain's RDP bound cached), others through ``get_epsilon``."""
-    if accountant is None or not getattr(accountant, "history", None):
-        return None
-    try:
-        if type(accountant) is RDPAccountant:
-            eps = rdp_epsilon(accountant.history, delta)
-        elif type(accountant) is PRVAccountant:
-            eps = _prv_epsilon(accountant, delta)
-        else:
-            eps = float(accountant.get_epsilon(delta=delta))
-    except (ValueError, RuntimeError, OverflowError, ZeroDivisionError, FloatingPointError):
-        return None
-    return eps if np.isfinite(eps) else None
-
-
-def analytic_epsilons(history: Sequence[tuple[float, float, int]], delta: float) -> dict[str, float | None]:
-    """Epsilon of a DP-SGD run from its accountant history, with Opacus' RDP and PRV accountants.
-
-    Args:
-        history: ``[(noise_multiplier, sample_rate, num_steps), ...]`` as kept by Opacus'
-            accountants (``accountant.history``).
-        delta: target delta in (0, 1).
-
-    Returns:
-        ``{"rdp": eps, "prv": eps}``; None where the accountant cannot answer (no steps yet, or
-        the PRV accountant's numerical domain is exceeded).
-
-    Source: Opacus' ``RDPAccountant`` and ``PRVAccountant`` (epsilon(delta) after t steps at rate q).
-    """
-    if not history:
-        return {"rdp": None, "prv": None}
-    rdp, prv = _analytic_epsilons(tuple(tuple(h) for h in history), float(delta))
-    return {"rdp": rdp, "prv": prv}
-
-
-@functools.lru_cache(maxsize=32)
-def _analytic_epsilons(history: tuple[tuple[float, float, int], ...], delta: float
-                       ) -> tuple[float | None, float | None]:
-    """(RDP, PRV) epsilons of ``history`` at ``delta``, cached: the PRV accountant's epsilon
-    costs ~0.2-0.4 s, and a report and the summary at fit end ask for the same history."""
-    out = []
-    for cls in (RDPAccountant, PRVAccountant):
-        acc = cls()
-        acc.history = list(history)
-        out.append(accountant_epsilon(acc, delta))
-    return out[0], out[1]
-
-
-_DISTRIBUTED_FIX = (
-    "wrap the network in opacus.distributed.DifferentiallyPrivateDistributedDataParallel "
-    "(DPDDP) before PrivacyEngine.make_private, so that Opacus returns a DistributedDPOptimizer "
-    "(noise on rank 0 only, privatized gradients averaged across ranks), and give make_private "
-    "the whole training set's loader (Trainer(use_distributed_sampler=False) with "
-    "poisson_sampling=True lets Opacus' DistributedUniformWithReplacementSampler shard it)"
+from audit_callbacks.backends.opacus.buffers import FlatGather
+from audit_callbacks.backends.opacus.placement import (
+    _supported_distributed,
+    canary_placement,
+    preclip_unsupported,
 )
-
-
-def _supported_distributed() -> tuple[type, ...]:
-    """Opacus' distributed optimizers whose ``add_noise`` adds noise on rank 0 only and whose
-    ``step`` all-reduces ``p.grad`` afterwards (the flat-clipping ones)."""
-    from opacus.optimizers import DistributedDPOptimizer, DistributedDPOptimizerFastGradientClipping
-
-    return (DistributedDPOptimizer, DistributedDPOptimizerFastGradientClipping)
-
-
-def _unsupported_distributed() -> tuple[type, ...]:
-    """Opacus' distributed optimizers the canaries cannot enter through ``add_noise``: the
-    per-layer one adds noise in backward hooks; the FSDP one holds parameter shards."""
-    from opacus.optimizers import FSDPOptimizerFastGradientClipping
-    from opacus.optimizers.ddp_perlayeroptimizer import DistributedPerLayerOptimizer
-
-    return (DistributedPerLayerOptimizer, FSDPOptimizerFastGradientClipping)
-
-
-def canary_placement(optimizer: DPOptimizer, world_size: int = 1) -> tuple[bool, float]:
-    """Where and with what weight a canary enters the clipped sum of ``optimizer``.
-
-    Opacus' data-parallel DP-SGD (``DistributedDPOptimizer``): every rank clips and sums its own
-    examples' gradients into ``p.summed_grad``; ``add_noise`` adds the noise on rank 0 only (the
-    other ranks set ``p.grad = p.summed_grad``); ``scale_grad`` divides by
-    ``expected_batch_size * accumulated_iterations``, where ``make_private`` has set
-    ``expected_batch_size`` to the *per-rank* expected batch ``B / world_size`` (B the global
-    expected batch); ``reduce_gradients`` then all-reduces ``p.grad`` (SUM) and divides by
-    ``world_size`` (``loss_reduction="mean"``). A real example's clipped gradient ``g`` on any rank
-    thus reaches the global gradient as ``g / (B / W) / W = g / B``, exactly as in one process
-    with expected batch B, and a canary added to rank 0's ``summed_grad`` alone with weight
-    ``max_grad_norm`` reaches it as ``max_grad_norm * c / B``: the weight of one example, so the
-    scale is 1 (with ``loss_reduction="sum"`` nothing is divided and the same holds). Adding it
-    on every rank, as a one-process injector would, counts it ``world_size`` times.
-
-    Args:
-        optimizer: the run's ``DPOptimizer``.
-        world_size: the number of training processes (``trainer.world_size``).
-
-    Returns:
-        ``(insert_here, scale)``: whether this process adds the canaries, and their weight in
-        units of ``max_grad_norm`` (1.0).
-
-    Raises:
-        RuntimeError: ``world_size > 1`` with a non-distributed ``DPOptimizer`` (each rank would
-            add its own full noise to its own gradient, and Lightning's DDP averages the raw
-            gradients during backward, before Opacus overwrites ``p.grad``, so the ranks' models
-            drift apart and the accountant is charged each rank's own rate; the message names the
-            fix), with Opacus' per-layer or FSDP distributed optimizers, or a distributed
-            optimizer whose world size differs from ``world_size``.
-    """
-    if isinstance(optimizer, _unsupported_distributed()):
-        raise RuntimeError(
-            f"CanaryAudit: gradient canaries support Opacus' flat-clipping data-parallel "
-            f"optimizers (DistributedDPOptimizer), not {type(optimizer).__name__} (its noise is "
-            "added per layer in backward hooks or on parameter shards); use clipping='flat' "
-            "with DPDDP"
-        )
-    if isinstance(optimizer, _supported_distributed()):
-        opt_world = int(getattr(optimizer, "world_size", 1))
-        if world_size not in (1, opt_world):
-            raise RuntimeError(f"CanaryAudit: the trainer runs {world_size} processes, Opacus' "
-                               f"{type(optimizer).__name__} {opt_world}")
-        return int(getattr(optimizer, "rank", 0)) == 0, 1.0
-    if world_size > 1:
-        raise RuntimeError(
-            f"CanaryAudit: the trainer runs {world_size} processes (DDP) but the optimizer is a "
-            f"one-process Opacus {type(optimizer).__name__}: every rank adds its own noise and "
-            "steps with its own privatized gradient (Lightning's DDP averages the gradients before "
-            "Opacus replaces them), the accountant is charged each rank's own sampling rate, and "
-            f"the audit would not describe the run. Fix: {_DISTRIBUTED_FIX}"
-        )
-    return True, 1.0
-
-
-def preclip_unsupported(optimizer: Any) -> str | None:
-    """Why canaries cannot enter ``optimizer`` as per-example gradients before clipping (None
-    when they can: Opacus' flat-clipping ``DPOptimizer``, ``DistributedDPOptimizer`` and their
-    subclasses, whose ``clip_and_accumulate`` clips the rows of ``p.grad_sample``)."""
-    from opacus.optimizers import (
-        AdaClipDPOptimizer,
-        DPOptimizerFastGradientClipping,
-        DPPerLayerOptimizer,
-    )
-    from opacus.optimizers.ddp_perlayeroptimizer import DistributedPerLayerOptimizer
-
-    if isinstance(optimizer, DPOptimizerFastGradientClipping):
-        return (f"{type(optimizer).__name__} (ghost clipping) keeps no per-example gradients to "
-                "extend: the clipping runs in the backward pass")
-    if isinstance(optimizer, (DPPerLayerOptimizer, DistributedPerLayerOptimizer)):
-        return f"{type(optimizer).__name__} clips each layer to its own norm"
-    if isinstance(optimizer, AdaClipDPOptimizer):
-        return ("AdaClipDPOptimizer adapts its clipping norm to the fraction of clipped examples, "
-                "which canary examples would bias")
-    if not isinstance(optimizer, DPOptimizer) or not callable(getattr(optimizer, "clip_and_accumulate", None)):
-        return f"{type(optimizer).__name__} is not an Opacus DPOptimizer with clip_and_accumulate"
-    return None
+from audit_callbacks.backends.opacus.sampling import LoaderCanarySampling
+from audit_callbacks.canary.vectors import CanarySet
 
 
 def _tensors(grad_sample: Any) -> list[torch.Tensor] | None:
@@ -449,7 +76,7 @@ class GradientCanaryInjector:
     Who joins a logical step. Without ``sampling``, each observed canary ``j < num_observed``
     joins independently with probability ``q = min(1, sample_rate * accumulated_iterations)``,
     the rate the accountant is charged for, drawn from ``numpy.random.default_rng([seed, 0xA7,
-    t])`` at step ``t``. With ``sampling`` (:class:`~audit_callbacks.canary_sampling.
+    t])`` at step ``t``. With ``sampling`` (:class:`~audit_callbacks.backends.opacus.sampling.
     LoaderCanarySampling`) the training loader's own Poisson sampler draws them, and the step
     takes the draws of its ``accumulated_iterations`` batches (a canary drawn in two accumulated
     batches enters twice, as a real example would). Participations are counted when the step is
@@ -461,7 +88,7 @@ class GradientCanaryInjector:
     canary has the weight of one real example's clipped gradient (:func:`canary_placement`).
     ``sample_rate`` is then the rate of one example in the *global* logical batch.
 
-    Observer (e.g. :meth:`audit_callbacks.steps_unknown.StepsUnknownScores.update`): called once
+    Observer (e.g. :meth:`audit_callbacks.canary.steps_unknown.StepsUnknownScores.update`): called once
     per logical step as ``observer(noisy_sum, rate)``, where ``noisy_sum`` ``[d]`` is the
     concatenation of ``p.grad`` over ``optimizer.params`` (in order) right after Opacus' own
     ``add_noise``: the summed clipped gradients, canaries included, plus ``N(0, sigma^2 C^2)``

@@ -12,7 +12,7 @@ the place of a training example; ``docs/methods/canaries.md``), for scripts such
     audit.write()                                  # summary JSON + TensorBoard in log_dir
     print(audit.report())                          # a CanaryReport (None before an estimate)
 
-A thin front end: :class:`~audit_callbacks.backends.opacus.OpacusBackend` adds the canaries to
+A thin front end: :class:`~audit_callbacks.backends.opacus.backend.OpacusBackend` adds the canaries to
 the ``DPOptimizer``'s noisy sum and releases the model delta of every logical step, and the one
 :class:`~audit_callbacks.auditing.CanaryAuditor` owns statistics, report and summary. The
 analytic epsilon is the run's own Opacus accountant's (found on the optimizer's step hook).
@@ -30,8 +30,8 @@ import torch
 from audit_callbacks.auditing import CanaryAuditConfig, CanaryReport
 from audit_callbacks.auditing.frontend import AuditFrontEnd
 from audit_callbacks.auditing.sinks import WriterSink
-from audit_callbacks.backends.opacus import OpacusBackend
-from audit_callbacks.dpsgd import find_dp_optimizer
+from audit_callbacks.backends.opacus.backend import OpacusBackend
+from audit_callbacks.backends.opacus.optimizer import find_dp_optimizer
 from audit_callbacks.validation import check_count, check_flag, check_optional_count
 
 __all__ = ["OpacusCanaryAudit"]

@@ -4,10 +4,10 @@ et al., ICLR 2024, Alg. 2, with a canary in the place of a training example).
 Each canary is an example whose per-example gradient is ``canary_norm_multiplier *
 max_grad_norm * c_j``, put among the real examples' before Opacus clips them, so that a correct
 clipping makes it ``max_grad_norm * c_j`` and a clipping bug shows
-(:class:`~audit_callbacks.dpsgd.GradientCanaryInjector`; after clipping, with the reason in the
+(:class:`~audit_callbacks.backends.opacus.injector.GradientCanaryInjector`; after clipping, with the reason in the
 summary's ``canary_insertion``, where the optimizer keeps no per-example gradients). Which
 canaries join a step is drawn by the training loader's own Poisson sampler where it is Opacus'
-``UniformWithReplacementSampler`` (:mod:`audit_callbacks.canary_sampling`), so a loader that
+``UniformWithReplacementSampler`` (:mod:`audit_callbacks.backends.opacus.sampling`), so a loader that
 samples more often than the accountant is told shows too; else by the audit at the rate the
 accountant is charged (``canary_sampling`` says why). The model moves against gradients, so
 the statistics are ``cos(c_j, theta_0 - theta_t)`` and ``max_t cos(c_j, theta_{t-1} - theta_t)``.
@@ -25,21 +25,16 @@ import torch
 from opacus.accountants import PRVAccountant, RDPAccountant
 
 from audit_callbacks.backends.base import CanaryBackend, num_batches, num_examples
-from audit_callbacks.canary_sampling import LoaderCanarySampling, find_poisson_sampler
-from audit_callbacks.dpsgd import (
-    FlatGather,
-    GradientCanaryInjector,
-    accountant_epsilon,
-    analytic_epsilons,
-    find_accountant,
-    find_dp_optimizer,
-    flat_parameters,
-)
+from audit_callbacks.backends.opacus.accounting import accountant_epsilon, analytic_epsilons
+from audit_callbacks.backends.opacus.buffers import FlatGather, flat_parameters
+from audit_callbacks.backends.opacus.injector import GradientCanaryInjector
+from audit_callbacks.backends.opacus.optimizer import find_accountant, find_dp_optimizer
+from audit_callbacks.backends.opacus.sampling import LoaderCanarySampling, find_poisson_sampler
+from audit_callbacks.canary.steps_unknown import StepsUnknownScores
 from audit_callbacks.estimators.last_iterate import (
     dpsgd_last_iterate_epsilon,
     dpsgd_last_iterate_epsilon_history,
 )
-from audit_callbacks.steps_unknown import StepsUnknownScores
 
 __all__ = ["OpacusBackend"]
 
@@ -51,7 +46,7 @@ class OpacusBackend(CanaryBackend):
         trainer: the Trainer: its optimizers, and its training set's size (which caps the
             default k) and loader's length (the fallback rate). Any object with
             ``optimizers``, ``train_dataloader`` (or None) and ``world_size`` will do
-            (:class:`~audit_callbacks.opacus_audit.OpacusCanaryAudit` passes one).
+            (:class:`~audit_callbacks.plain.opacus_audit.OpacusCanaryAudit` passes one).
         warn: ``warn(key, message)``, once per key.
         sample_rate: the canaries' rate per logical step (None: the training loader's own
             Poisson sampler draws them where it is Opacus', else the rate the accountant is

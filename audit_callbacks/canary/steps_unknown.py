@@ -6,7 +6,7 @@ step's noisy gradient ``g_t`` (the sum of the clipped per-example gradients plus
 sampling rate ``q_t`` and the noise multiplier ``sigma``, but not in which steps a given example
 (here: a canary) was drawn by Poisson sampling. A canary ``c_j`` (unit vector) that is inserted
 joins each step independently with probability ``q_t`` as the clipped "gradient" ``C c_j``
-(:class:`~audit_callbacks.dpsgd.GradientCanaryInjector`).
+(:class:`~audit_callbacks.backends.opacus.injector.GradientCanaryInjector`).
 
 In units of one clipped contribution, ``y_jt = <c_j, g_t> / C`` is, per step,
 
@@ -33,7 +33,7 @@ Only running sums are kept: ``l`` for the k + k' canaries (float64, O(k + k')), 
 array. Hadamard canaries score all canaries against ``g_t`` in one transform, folded on arrival;
 Gaussian canaries are regenerated chunk by chunk for every pass, so steps are buffered (at most
 ``max_buffered`` vectors of d floats) and folded in one pass over the canaries, in fixed blocks
-of :func:`~audit_callbacks.canary_stats.group_rounds` steps so that a step's scores have the same
+of :func:`~audit_callbacks.canary.statistics.group_rounds` steps so that a step's scores have the same
 bits whenever the pass runs (a resumed run equals an uninterrupted one).
 
 The estimate fits two Gaussians to the scores of the k observed and k' unobserved canaries
@@ -52,8 +52,8 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from audit_callbacks.canaries import CanarySet
-from audit_callbacks.canary_stats import group_rounds
+from audit_callbacks.canary.statistics import group_rounds
+from audit_callbacks.canary.vectors import CanarySet
 from audit_callbacks.estimators import AuditResult, CanaryScoreAuditor
 from audit_callbacks.validation import (
     check_alpha,
@@ -112,7 +112,7 @@ class StepsUnknownScores:
     """Running Neyman-Pearson scores of every canary against DP-SGD's noisy gradients.
 
     Feed :meth:`update` with each logical step's noisy clipped sum (the injector's observer,
-    :class:`~audit_callbacks.dpsgd.GradientCanaryInjector`), then read :meth:`scores` or
+    :class:`~audit_callbacks.backends.opacus.injector.GradientCanaryInjector`), then read :meth:`scores` or
     :meth:`estimate`. The sums live on the device of the vectors given (the model's), in float64.
 
     Args:
@@ -133,7 +133,7 @@ class StepsUnknownScores:
         steps_seen: steps folded (or buffered) so far.
         steps_skipped: steps whose noisy sum held a NaN or inf entry (not scored).
         history: ``[(noise_multiplier, q, steps), ...]`` in Opacus' accountant format (runs of
-            equal q merged), e.g. for :func:`audit_callbacks.dpsgd.analytic_epsilons`.
+            equal q merged), e.g. for :func:`audit_callbacks.backends.opacus.accounting.analytic_epsilons`.
     """
 
     name = "steps_unknown"
@@ -303,7 +303,7 @@ class StepsUnknownScores:
     def history(self) -> list[tuple[float, float, int]]:
         """``[(noise_multiplier, q, steps), ...]`` of the scored steps in Opacus' accountant
         format (runs of equal q merged; the non-finite steps left out), e.g. for
-        :func:`audit_callbacks.dpsgd.analytic_epsilons`. Reads the device counts back."""
+        :func:`audit_callbacks.backends.opacus.accounting.analytic_epsilons`. Reads the device counts back."""
         out: list[tuple[float, float, int]] = []
         for q, n, bad in self._run_counts():
             steps = int(n) - int(bad)

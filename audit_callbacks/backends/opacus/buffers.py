@@ -1,0 +1,73 @@
+"""Flat views of a model's parameters: one reused buffer gathered by one op a step."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+
+def flat_parameters(params: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The optimizer's parameters, flattened and concatenated: ``[d]`` float32 on the first
+    parameter's device (the model's; no copy to the host: the release deltas and the statistics
+    stay there)."""
+    device = params[0].device
+    return torch.cat([p.detach().reshape(-1).to(device, torch.float32) for p in params])
+
+
+class FlatGather:
+    """Tensors of fixed shapes gathered into one persistent flat buffer, by one
+    ``torch._foreach_copy_`` a call (issue 28: a fresh ``torch.cat`` of per-tensor flattened
+    views cost three dispatched ops a tensor and a new ``[d]`` allocation every step; this is
+    one dispatched op, on CUDA multi-tensor kernels where the dtypes agree, and no allocation
+    after the first call).
+
+    The values are those of ``torch.cat([t.reshape(-1).to(device, dtype) for t in tensors])``
+    bit for bit (a copy, with the same casts). The buffer is rebuilt when the tensors' shapes,
+    dtypes or devices change (a per-call check on their metadata, no device work).
+
+    Args:
+        dtype: the buffer's dtype, or None (default): the promoted dtype of the tensors
+            gathered, as ``torch.cat`` would give.
+
+    Attributes:
+        flat: the last buffer ``[d]`` on the first tensor's device (None before the first
+            :meth:`gather`).
+    """
+
+    def __init__(self, dtype: torch.dtype | None = None) -> None:
+        self.dtype = dtype
+        self.flat: torch.Tensor | None = None
+        self._views: list[torch.Tensor] = []
+        self._key: tuple[Any, ...] | None = None
+
+    def gather(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Copy ``tensors`` (in order) into the buffer and return it: ``[sum of numels]`` on the
+        first tensor's device. The buffer is overwritten by the next call: copy it to keep it.
+        Autograd does not record the copy.
+
+        Raises:
+            ValueError: no tensors.
+        """
+        if not len(tensors):
+            raise ValueError("tensors: none given")
+        key = tuple((t.shape, t.dtype, t.device) for t in tensors)
+        if key != self._key:
+            self._build(tensors, key)
+        with torch.no_grad():
+            torch._foreach_copy_(self._views, list(tensors))
+        assert self.flat is not None
+        return self.flat
+
+    def _build(self, tensors: Sequence[torch.Tensor], key: tuple[Any, ...]) -> None:
+        dtype = self.dtype
+        if dtype is None:
+            dtype = functools.reduce(torch.promote_types, [t.dtype for t in tensors])
+        flat = torch.empty(sum(t.numel() for t in tensors), dtype=dtype, device=tensors[0].device)
+        views, offset = [], 0
+        for t in tensors:
+            views.append(flat[offset:offset + t.numel()].view(t.shape))
+            offset += t.numel()
+        self.flat, self._views, self._key = flat, views, key
