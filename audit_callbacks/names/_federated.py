@@ -10,33 +10,46 @@ loggers as ``train/client_loss_step`` and ``train/client_loss_epoch``.
 
 from __future__ import annotations
 
+from ._keys import (
+    ACCURACY,
+    CLIENT_LOSS,
+    COHORT_SIZE,
+    EPSILON_ANALYTIC,
+    FAMILY_FL,
+    FAMILY_PRIVACY,
+    FAMILY_TEST,
+    FAMILY_TRAIN,
+    FAMILY_VAL,
+    LOSS,
+    ROUND,
+)
 from ._quantity import Quantity
 
 __all__ = ["QUANTITIES", "SECTIONS"]
 
 #: family -> its section title in the Custom Scalars tab.
 SECTIONS: dict[str, str] = {
-    "fl": "federated training",
-    "privacy": "privacy (analytic)",
-    "train": "training",
-    "val": "validation",
-    "test": "test",
+    FAMILY_FL: "federated training",
+    FAMILY_PRIVACY: "privacy (analytic)",
+    FAMILY_TRAIN: "training",
+    FAMILY_VAL: "validation",
+    FAMILY_TEST: "test",
 }
 
 QUANTITIES: list[Quantity] = [
-    Quantity("fl", "round", None, "the federated round just completed, 1-based"),
-    Quantity("fl", "cohort_size", None,
+    Quantity(FAMILY_FL, ROUND, None, "the federated round just completed, 1-based"),
+    Quantity(FAMILY_FL, COHORT_SIZE, None,
              "clients in the round, real and virtual (varies under Poisson sampling or scheduled "
              "canaries; the noisy sum is always divided by clients_per_round)"),
-    Quantity("train", "client_loss", None,
+    Quantity(FAMILY_TRAIN, CLIENT_LOSS, None,
              "the real clients' mean local training loss in the round (over their local steps)"),
-    Quantity("privacy", "epsilon_analytic", None,
+    Quantity(FAMILY_PRIVACY, EPSILON_ANALYTIC, None,
              "epsilon at delta of the Gaussian mechanism composed over the rounds of the "
              "most-sampled real client, if the adversary knows the rounds (inf without noise)"),
-    Quantity("val", "loss", None,
+    Quantity(FAMILY_VAL, LOSS, None,
              "the loss (loss_fn, default cross-entropy) of the global model on the validation set"),
-    Quantity("val", "accuracy", None, "accuracy of the global model on the validation set"),
-    Quantity("test", "loss", None,
+    Quantity(FAMILY_VAL, ACCURACY, None, "accuracy of the global model on the validation set"),
+    Quantity(FAMILY_TEST, LOSS, None,
              "the loss (loss_fn, default cross-entropy) of the global model on the test set"),
-    Quantity("test", "accuracy", None, "accuracy of the global model on the test set"),
+    Quantity(FAMILY_TEST, ACCURACY, None, "accuracy of the global model on the test set"),
 ]

@@ -10,15 +10,40 @@ records and summary JSON.
 
 from __future__ import annotations
 
+from ._keys import (
+    ACCURACY,
+    ACCURACY_NOISED,
+    ATTACKED_CLIENTS,
+    ATTACKED_FRACTION,
+    COUNT_ACCURACY,
+    EPSILON_ACCOUNTANT,
+    EPSILON_LOWER_BOUND,
+    EPSILON_LOWER_BOUND_EXTRAPOLATED,
+    EPSILON_LOWER_BOUND_MAX,
+    EPSILON_LOWER_BOUND_SECOND_LAST,
+    EPSILON_LOWER_BOUND_SECOND_LAST_MAX,
+    EPSILON_PAIR_ALL_PARAMS,
+    EPSILON_PAIR_LAYER,
+    EPSILON_PAIR_OPTIMAL_TEST,
+    EPSILON_SINGLE_ROUND,
+    EPSILON_SINGLE_STEP,
+    EXPECTED_ACCURACY_NOISED,
+    EXPECTED_ATTACK_ACCURACY,
+    FAMILY_FL_LABEL_ATTACK,
+    FAMILY_LABEL_ATTACK,
+    FAMILY_LABEL_DP,
+    SKIP_REASON,
+    WARNINGS,
+)
 from ._quantity import Quantity
 
 __all__ = ["QUANTITIES", "SECTIONS"]
 
 #: family -> its section title in the Custom Scalars tab.
 SECTIONS: dict[str, str] = {
-    "label_attack": "label attack (Yuan et al. 2022)",
-    "label_dp": "label privacy (Yuan et al. 2022)",
-    "fl_label_attack": "label attack on FedSGD clients (Yuan et al. 2022)",
+    FAMILY_LABEL_ATTACK: "label attack (Yuan et al. 2022)",
+    FAMILY_LABEL_DP: "label privacy (Yuan et al. 2022)",
+    FAMILY_FL_LABEL_ATTACK: "label attack on FedSGD clients (Yuan et al. 2022)",
 }
 
 _ACCURACY = "reconstruction accuracy"
@@ -32,12 +57,12 @@ def _coverage(family: str) -> list[Quantity]:
     """The coverage quantities every step-auditing label callback logs
     (:mod:`audit_callbacks.callbacks.label_base`)."""
     return [
-        Quantity(family, "attacked_fraction", _COVERAGE,
+        Quantity(family, ATTACKED_FRACTION, _COVERAGE,
                  "steps attacked / steps considered so far (the rest were skipped with a reason)"),
-        Quantity(family, "skip_reason", None,
+        Quantity(family, SKIP_REASON, None,
                  "reason code of the latest considered step (0 = attacked; the summary JSON names "
                  "every code)"),
-        Quantity(family, "warnings", None,
+        Quantity(family, WARNINGS, None,
                  "text, written once per reason: why a step was skipped or the callback disabled"),
     ]
 
@@ -46,64 +71,64 @@ QUANTITIES: list[Quantity] = [
     # LabelReconstructionAttack (Yuan et al. 2022 §3 eq. (1), Alg. 1 and 3)
     # no per-step accuracy: with the batch size it is a label oracle (issue 26); aggregates over
     # blocks of at least min_examples attacked examples only
-    Quantity("label_attack", "accuracy", _ACCURACY,
+    Quantity(FAMILY_LABEL_ATTACK, ACCURACY, _ACCURACY,
              "reconstruction accuracy over every attacked example up to the latest complete block of "
              "min_examples (default 100) attacked examples"),
-    Quantity("label_attack", "count_accuracy", _ACCURACY,
+    Quantity(FAMILY_LABEL_ATTACK, COUNT_ACCURACY, _ACCURACY,
              "batch wider than the layer: sum_k min(recovered n_k, true n_k) / sum N of the label "
              "counts recovered from the bias gradient (1 = every count right), over blocks of at "
              "least min_examples attacked examples"),
-    *_coverage("label_attack"),
+    *_coverage(FAMILY_LABEL_ATTACK),
     # LabelDPLowerBound (Yuan et al. 2022 Alg. 2, App. A.3.1; K classes: label_dp_multiclass.md)
-    Quantity("label_dp", "epsilon_lower_bound", _BOUNDS,
+    Quantity(FAMILY_LABEL_DP, EPSILON_LOWER_BOUND, _BOUNDS,
              "label-DP lower bound of the step's batch: the attack's event test, max(0, max_r LB[r]) "
              "(binary: Yuan et al. Alg. 2; K classes: docs/methods/label_dp_multiclass.md eq. (5))"),
-    Quantity("label_dp", "epsilon_lower_bound_max", _BOUNDS,
+    Quantity(FAMILY_LABEL_DP, EPSILON_LOWER_BOUND_MAX, _BOUNDS,
              "running maximum of epsilon_lower_bound over the attacked steps"),
-    Quantity("label_dp", "epsilon_lower_bound_extrapolated", _BOUNDS,
+    Quantity(FAMILY_LABEL_DP, EPSILON_LOWER_BOUND_EXTRAPOLATED, _BOUNDS,
              "mean batch bound times 1 + log M / log N (M attacked steps, N the expected batch "
              "size; Yuan et al. App. A.3.1): a prediction, not a bound"),
-    Quantity("label_dp", "epsilon_lower_bound_second_last", _BOUNDS,
+    Quantity(FAMILY_LABEL_DP, EPSILON_LOWER_BOUND_SECOND_LAST, _BOUNDS,
              "binary models with second_last=True: the bound from the second-last layer's attack "
              "(Yuan et al. Alg. 4)"),
-    Quantity("label_dp", "epsilon_lower_bound_second_last_max", _BOUNDS,
+    Quantity(FAMILY_LABEL_DP, EPSILON_LOWER_BOUND_SECOND_LAST_MAX, _BOUNDS,
              "running maximum of epsilon_lower_bound_second_last"),
-    Quantity("label_dp", "epsilon_pair_optimal_test", _PAIRS,
+    Quantity(FAMILY_LABEL_DP, EPSILON_PAIR_OPTIMAL_TEST, _PAIRS,
              "epsilon of the Gaussian pair of the attack's statistic under D0 and D1 (the best test "
              "on it, Balle & Wang 2018), max over the batch; >= epsilon_lower_bound"),
-    Quantity("label_dp", "epsilon_pair_layer", _PAIRS,
+    Quantity(FAMILY_LABEL_DP, EPSILON_PAIR_LAYER, _PAIRS,
              "epsilon of the exact Gaussian pair of the attacked layer's released gradient, max over "
              "the batch; >= epsilon_pair_optimal_test"),
-    Quantity("label_dp", "epsilon_pair_all_params", _PAIRS,
+    Quantity(FAMILY_LABEL_DP, EPSILON_PAIR_ALL_PARAMS, _PAIRS,
              "epsilon of the Gaussian pair of the whole released gradient (exact for a sigmoid; K "
              "classes: its triangle-inequality upper bound), max over the batch"),
-    Quantity("label_dp", "epsilon_single_step", _BOUNDS,
+    Quantity(FAMILY_LABEL_DP, EPSILON_SINGLE_STEP, _BOUNDS,
              "upper bound of one step for replacing one label: the Gaussian mechanism with "
              "sensitivity 2C, mu = 2 / noise_multiplier (no amplification)"),
-    Quantity("label_dp", "epsilon_accountant", _BOUNDS,
+    Quantity(FAMILY_LABEL_DP, EPSILON_ACCOUNTANT, _BOUNDS,
              "the run's Opacus accountant (Poisson sampling, composed over the run), every epoch"),
-    Quantity("label_dp", "expected_attack_accuracy", None,
+    Quantity(FAMILY_LABEL_DP, EXPECTED_ATTACK_ACCURACY, None,
              "mean over the batch of P0[r], the probability that the attack recovers label r at "
              "this noise (what label_attack/accuracy averages to)"),
-    *_coverage("label_dp"),
+    *_coverage(FAMILY_LABEL_DP),
     # FederatedLabelAttack (FedSGD clients of DPFedAvg)
-    Quantity("fl_label_attack", "accuracy", _ACCURACY,
+    Quantity(FAMILY_FL_LABEL_ATTACK, ACCURACY, _ACCURACY,
              "mean over the round's attacked clients of the share of labels recovered from the "
              "client's clipped update (the server's view)"),
-    Quantity("fl_label_attack", "accuracy_noised", _ACCURACY,
+    Quantity(FAMILY_FL_LABEL_ATTACK, ACCURACY_NOISED, _ACCURACY,
              "the same attack on the update plus the release's central noise N(0, (z C)^2 I)"),
-    Quantity("fl_label_attack", "expected_accuracy_noised", _ACCURACY,
+    Quantity(FAMILY_FL_LABEL_ATTACK, EXPECTED_ACCURACY_NOISED, _ACCURACY,
              "mean over the clients' examples of P0[r], the noised attack's success probability"),
-    Quantity("fl_label_attack", "attacked_clients", None,
+    Quantity(FAMILY_FL_LABEL_ATTACK, ATTACKED_CLIENTS, None,
              "clients attacked in the round (the summary: over the run)"),
-    Quantity("fl_label_attack", "epsilon_lower_bound", _CLIENT,
+    Quantity(FAMILY_FL_LABEL_ATTACK, EPSILON_LOWER_BOUND, _CLIENT,
              "label-DP lower bound of one client's update in the release, max over the round's "
              "attacked clients (docs/methods/label_dp_multiclass.md eq. (5)-(7))"),
-    Quantity("fl_label_attack", "epsilon_lower_bound_max", _CLIENT,
+    Quantity(FAMILY_FL_LABEL_ATTACK, EPSILON_LOWER_BOUND_MAX, _CLIENT,
              "running maximum of epsilon_lower_bound over the rounds"),
-    Quantity("fl_label_attack", "epsilon_single_round", _CLIENT,
+    Quantity(FAMILY_FL_LABEL_ATTACK, EPSILON_SINGLE_ROUND, _CLIENT,
              "upper bound of one round for one label of one client: the Gaussian mechanism with "
              "sensitivity 2C, mu = 2 / z (no amplification)"),
-    Quantity("fl_label_attack", "warnings", None,
+    Quantity(FAMILY_FL_LABEL_ATTACK, WARNINGS, None,
              "text, written once per reason: why a client or round was skipped"),
 ]

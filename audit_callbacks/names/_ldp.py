@@ -21,14 +21,32 @@ unregistered one fails at :func:`audit_callbacks.names.tag`).
 
 from __future__ import annotations
 
+from ._keys import (
+    CLIENT_UPDATES_AT_CLIP,
+    CLIP_NORM,
+    CONFIDENCE_STEM,
+    EPSILON0_CEILING,
+    EPSILON0_CLAIMED,
+    EPSILON0_LOWER_BOUND_STEM,
+    EPSILON0_STEM,
+    EPSILON_CLAIMED_PER_COORDINATE,
+    EPSILON_EXACT_PER_COORDINATE,
+    ERROR_MAX_STEM,
+    ERROR_MEDIAN_STEM,
+    ERROR_STEM,
+    FAMILY_LDP,
+    FAMILY_LDP_INFERENCE,
+    NORM_G1_STEM,
+    qualified,
+)
 from ._quantity import Quantity
 
 __all__ = ["QUANTITIES", "SECTIONS"]
 
 #: family -> its section title in the Custom Scalars tab.
 SECTIONS: dict[str, str] = {
-    "ldp": "LDP audit",
-    "ldp_inference": "LDP-FL inference attack",
+    FAMILY_LDP: "LDP audit",
+    FAMILY_LDP_INFERENCE: "LDP-FL inference attack",
 }
 
 # The crafting adversaries of Matsumoto et al. Table 2, weakest first; those whose pair is the
@@ -49,41 +67,38 @@ _CONFIDENCE = "confidence score"
 def _ldp() -> list[Quantity]:
     out: list[Quantity] = []
     for adv in _ADVERSARIES:
-        out.append(Quantity(
-            "ldp", f"epsilon0_{adv}", _EPSILON0,
+        out.append(Quantity(FAMILY_LDP, qualified(EPSILON0_STEM, adv), _EPSILON0,
             f"empirical epsilon0 of the run's randomizer against the {adv} adversary: the eq.-3 "
             "point estimate of the distinguishing game (capped at the ceiling of its group sizes "
             "when an error rate is 0)"))
     for adv in _ADVERSARIES:
-        out.append(Quantity(
-            "ldp", f"epsilon0_lower_bound_{adv}", _EPSILON0,
+        out.append(Quantity(FAMILY_LDP, qualified(EPSILON0_LOWER_BOUND_STEM, adv), _EPSILON0,
             f"one-sided (1 - alpha) lower bound on epsilon0, {adv} adversary: Clopper-Pearson "
             "upper bounds on FPR and FNR at alpha/2 each (a per-test bound; the broken-randomizer "
             "flag uses a family-wise one)"))
     out += [
-        Quantity("ldp", "epsilon0_claimed", _EPSILON0,
+        Quantity(FAMILY_LDP, EPSILON0_CLAIMED, _EPSILON0,
                  "the epsilon the randomizer claims for one release of a whole d-dim row "
                  "(epsilon_for_dim(d): eps0 for LDP-SGD, d * eps for per-coordinate mechanisms)"),
-        Quantity("ldp", "epsilon0_ceiling", _EPSILON0,
+        Quantity(FAMILY_LDP, EPSILON0_CEILING, _EPSILON0,
                  "the largest lower bound the callback's number of trials can show "
                  "(measurable_ceiling(trials, alpha)); no estimate above it is measurable"),
     ]
     for adv in _GRADIENT_ADVERSARIES:
-        out.append(Quantity(
-            "ldp", f"norm_g1_{adv}", _NORMS,
+        out.append(Quantity(FAMILY_LDP, qualified(NORM_G1_STEM, adv), _NORMS,
             f"|g1| of the {adv} adversary's crafted pair (gradient flip reaches epsilon0 only if "
             "|g1| >= L)"))
     out += [
-        Quantity("ldp", "clip_norm", _NORMS,
+        Quantity(FAMILY_LDP, CLIP_NORM, _NORMS,
                  "L: the randomizer's clip norm (else DP-FedAvg's)"),
-        Quantity("ldp", "client_updates_at_clip", None,
+        Quantity(FAMILY_LDP, CLIENT_UPDATES_AT_CLIP, None,
                  "share of the real clients' updates so far that DP-FedAvg clipped to its clip "
                  "norm (raw norm >= the clip norm)"),
-        Quantity("ldp", "epsilon_exact_per_coordinate", None,
+        Quantity(FAMILY_LDP, EPSILON_EXACT_PER_COORDINATE, None,
                  "discrete per-coordinate randomizers, once at fit start: the exact epsilon of "
                  "one coordinate, max over inputs x, x' and outputs y of log P(y|x) - "
                  "log P(y|x') by enumeration (+inf when an output is impossible under one input)"),
-        Quantity("ldp", "epsilon_claimed_per_coordinate", None,
+        Quantity(FAMILY_LDP, EPSILON_CLAIMED_PER_COORDINATE, None,
                  "the per-coordinate epsilon the discrete randomizer claims (beside the exact one)"),
     ]
     return out
@@ -93,14 +108,14 @@ def _ldp_inference() -> list[Quantity]:
     out: list[Quantity] = []
     for mode, how in _MODES.items():
         out += [
-            Quantity("ldp_inference", f"error_{mode}", _ERROR,
+            Quantity(FAMILY_LDP_INFERENCE, qualified(ERROR_STEM, mode), _ERROR,
                      f"mean over the attacked coordinates of |w_hat - w_mean| / (2r) ({how}); "
                      "w_mean: the mean projected input over every released row so far"),
-            Quantity("ldp_inference", f"error_median_{mode}", _ERROR,
+            Quantity(FAMILY_LDP_INFERENCE, qualified(ERROR_MEDIAN_STEM, mode), _ERROR,
                      f"median over the attacked coordinates of |w_hat - w_mean| / (2r) ({how})"),
-            Quantity("ldp_inference", f"error_max_{mode}", None,
+            Quantity(FAMILY_LDP_INFERENCE, qualified(ERROR_MAX_STEM, mode), None,
                      f"largest |w_hat - w_mean| / (2r) over the attacked coordinates ({how})"),
-            Quantity("ldp_inference", f"confidence_{mode}", _CONFIDENCE,
+            Quantity(FAMILY_LDP_INFERENCE, qualified(CONFIDENCE_STEM, mode), _CONFIDENCE,
                      f"mean over the coordinates of eq. 10's confidence score "
                      f"1 / (0.01 + |w_hat_2 - w_hat_1| / (2r)) of two random halves of the "
                      f"history, in (0, 100] ({how}; from the second round on)"),
