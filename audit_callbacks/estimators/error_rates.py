@@ -61,6 +61,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy.special import betaincinv
 
+from ..names import EPSILON_LOWER_BOUND
 from ..validation import as_float_array, check_alpha, check_count, check_real_finite
 from .result import AuditResult
 
@@ -288,7 +289,7 @@ class GameStatistics:
         more = {
             k: v
             for k, v in asdict(self).items()
-            if k not in ("epsilon", "epsilon_lower_bound", "trials")
+            if k not in ("epsilon", EPSILON_LOWER_BOUND, "trials")
         }
         more["epsilon_upper_bound"] = upper
         more["lower_confidence"] = 1.0 - alpha

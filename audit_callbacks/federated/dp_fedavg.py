@@ -57,7 +57,20 @@ from audit_callbacks.federated.protocol import (
 )
 from audit_callbacks.federated.round import REAL_CLIENT, Cohort, FederatedRound
 from audit_callbacks.federated.sampling import SAMPLING_RULES, CohortSampler
-from audit_callbacks.names import tag
+from audit_callbacks.names import (
+    ACCURACY,
+    CLIENT_LOSS,
+    COHORT_SIZE,
+    EPSILON_ANALYTIC,
+    FAMILY_FL,
+    FAMILY_PRIVACY,
+    FAMILY_TEST,
+    FAMILY_TRAIN,
+    FAMILY_VAL,
+    LOSS,
+    ROUND,
+    tag,
+)
 from audit_callbacks.validation import (
     check_choice,
     check_count,
@@ -695,11 +708,11 @@ class DPFedAvgMixin:
     def _log_round(self, fl_round: FederatedRound) -> None:
         """``fl/round``, ``fl/cohort_size``, ``train/client_loss`` and
         ``privacy/epsilon_analytic`` (:mod:`audit_callbacks.names`), at the round's step."""
-        self.log(tag("fl", "round"), float(fl_round.index), on_step=True, on_epoch=False, batch_size=1)
-        self.log(tag("fl", "cohort_size"), float(fl_round.cohort.size), on_step=True, on_epoch=False,
+        self.log(tag(FAMILY_FL, ROUND), float(fl_round.index), on_step=True, on_epoch=False, batch_size=1)
+        self.log(tag(FAMILY_FL, COHORT_SIZE), float(fl_round.cohort.size), on_step=True, on_epoch=False,
                  batch_size=1)
         if math.isfinite(fl_round.client_loss):
-            self.log(tag("train", "client_loss"), fl_round.client_loss, on_step=True, on_epoch=True,
+            self.log(tag(FAMILY_TRAIN, CLIENT_LOSS), fl_round.client_loss, on_step=True, on_epoch=True,
                      batch_size=1)
         eps = self.analytic_epsilon()
         if eps == math.inf and not self._warned_no_noise:
@@ -707,7 +720,7 @@ class DPFedAvgMixin:
             rank_zero_warn("DPFedAvg: noise_multiplier = 0: no DP noise, the analytic epsilon "
                            "is infinite (logged as inf)", category=UserWarning)
         if eps is not None:
-            self.log(tag("privacy", "epsilon_analytic"), eps, on_step=True, on_epoch=False, batch_size=1)
+            self.log(tag(FAMILY_PRIVACY, EPSILON_ANALYTIC), eps, on_step=True, on_epoch=False, batch_size=1)
 
     def _noise(self, d: int, like: torch.Tensor) -> torch.Tensor:
         if self._noise_gen is None or self._noise_gen.device != like.device:
@@ -757,10 +770,10 @@ class DPFedAvgMixin:
         x, y = batch[0], batch[1]
         logits = self.model(x)
         loss = self.loss_fn(logits, y)
-        self.log(tag(prefix, "loss"), loss, on_step=False, on_epoch=True, prog_bar=prefix == "val")
+        self.log(tag(prefix, LOSS), loss, on_step=False, on_epoch=True, prog_bar=prefix == FAMILY_VAL)
         if metric is not None:
             metric.update(logits.argmax(-1), y)
-            self.log(tag(prefix, "accuracy"), metric, on_step=False, on_epoch=True, prog_bar=True)
+            self.log(tag(prefix, ACCURACY), metric, on_step=False, on_epoch=True, prog_bar=True)
         return loss
 
     def _user_step(self, name: str, batch: Any, batch_idx: int) -> Any:
@@ -777,12 +790,12 @@ class DPFedAvgMixin:
     def validation_step(self, batch: Any, batch_idx: int) -> Any:
         if is_lightning_module(self.model) and overrides(self.model, "validation_step"):
             return self._user_step("validation_step", batch, batch_idx)
-        return self._eval_step(batch, "val", self.val_accuracy)
+        return self._eval_step(batch, FAMILY_VAL, self.val_accuracy)
 
     def test_step(self, batch: Any, batch_idx: int) -> Any:
         if is_lightning_module(self.model) and overrides(self.model, "test_step"):
             return self._user_step("test_step", batch, batch_idx)
-        return self._eval_step(batch, "test", self.test_accuracy)
+        return self._eval_step(batch, FAMILY_TEST, self.test_accuracy)
 
     # ------------------------------------------------------------------ checkpointing
     def _state(self) -> dict[str, Any]:

@@ -76,6 +76,14 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
+from audit_callbacks.names import (
+    EPSILON_LOWER_BOUND,
+    EPSILON_PAIR_ALL_PARAMS,
+    EPSILON_PAIR_LAYER,
+    EPSILON_PAIR_OPTIMAL_TEST,
+    EPSILON_SINGLE_STEP,
+    EXPECTED_ATTACK_ACCURACY,
+)
 from audit_callbacks.validation import (
     check_delta,
     check_flag,
@@ -223,14 +231,14 @@ class LabelDPBounds:
     def results(self) -> dict[str, AuditResult]:
         """The step's numbers by name (the names of ``audit_callbacks.names``, family ``label_dp``)."""
         out = {
-            "epsilon_lower_bound": self.epsilon_lower_bound,
-            "epsilon_pair_optimal_test": self.epsilon_pair_optimal_test,
-            "epsilon_pair_layer": self.epsilon_pair_layer,
-            "epsilon_pair_all_params": self.epsilon_pair_all_params,
-            "epsilon_single_step": self.epsilon_single_step,
+            EPSILON_LOWER_BOUND: self.epsilon_lower_bound,
+            EPSILON_PAIR_OPTIMAL_TEST: self.epsilon_pair_optimal_test,
+            EPSILON_PAIR_LAYER: self.epsilon_pair_layer,
+            EPSILON_PAIR_ALL_PARAMS: self.epsilon_pair_all_params,
+            EPSILON_SINGLE_STEP: self.epsilon_single_step,
         }
         if self.expected_attack_accuracy is not None:
-            out["expected_attack_accuracy"] = self.expected_attack_accuracy
+            out[EXPECTED_ATTACK_ACCURACY] = self.expected_attack_accuracy
         return out
 
 
