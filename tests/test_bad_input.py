@@ -96,14 +96,13 @@ call("cosine_null_cdf", "dim", ERR, "float", 100.0, t=COS)
 call("cosine_null_sample", "rng", ERR, "str", "seed", dim=10, size=5)
 call("cosine_null_sample", "size", ERR, "neg", -1, rng=0, dim=10)
 call("cosine_null_sample", "rng", FIN, "none", None, dim=10, size=5)
-for nm in ("epsilon_from_cosines", "estimate_epsilon_from_cosines",
-           "epsilon_lower_bound_from_cosines", "estimate_epsilon_lower_bound_from_cosines"):
+for nm in ("estimate_epsilon_from_cosines", "estimate_epsilon_lower_bound_from_cosines"):
     call(nm, "delta", ERR, "one", 1.0, observed=COS, dim=10**4)
     call(nm, "observed", ERR, "bool", COS > 0, delta=1e-5, dim=10**4)
     call(nm, "unobserved", ERR, "nan", NAN3, observed=COS, delta=1e-5)
-call("epsilon_from_cosines", "observed", FIN, "grad", torch.tensor(COS, requires_grad=True),
+call("estimate_epsilon_from_cosines", "observed", FIN, "grad", torch.tensor(COS, requires_grad=True),
      delta=1e-5, dim=10**4)
-call("epsilon_from_cosines", "dim", ERR, "one", 1, observed=COS, delta=1e-5)
+call("estimate_epsilon_from_cosines", "dim", ERR, "one", 1, observed=COS, delta=1e-5)
 call("estimate_epsilon_from_cosines", "bootstrap", ERR, "float", 20.0, observed=COS, delta=1e-5,
      dim=100)
 call("estimate_epsilon_from_cosines", "seed", ERR, "bool", True, observed=COS, delta=1e-5,
@@ -112,7 +111,7 @@ call("estimate_epsilon_from_cosines", "confidence", ERR, "one", 1.0, observed=CO
      dim=100, bootstrap=20)
 call("estimate_epsilon_from_cosines", "fit", ERR, "str", "same", observed=COS, delta=1e-5,
      dim=100)
-call("epsilon_lower_bound_from_cosines", "alpha", ERR, "zero", 0.0, observed=COS, delta=1e-5,
+call("estimate_epsilon_lower_bound_from_cosines", "alpha", ERR, "zero", 0.0, observed=COS, delta=1e-5,
      dim=100)
 call("estimate_epsilon_lower_bound_from_cosines", "threshold", ERR, "str", "min", observed=COS,
      delta=1e-5, dim=100)
@@ -407,27 +406,27 @@ def test_the_ldp_callbacks_check_their_arguments() -> None:
 
 # ------------------------------------------------------------ the cases issue 16 listed
 def test_issue16_tensor_cosines_are_converted() -> None:
-    want = estimators.epsilon_from_cosines(COS, 1e-5, dim=10**4)
+    want = estimators.estimate_epsilon_from_cosines(COS, 1e-5, dim=10**4).value
     grad = torch.tensor(COS, requires_grad=True)
-    assert estimators.epsilon_from_cosines(grad, 1e-5, dim=10**4) == want
+    assert estimators.estimate_epsilon_from_cosines(grad, 1e-5, dim=10**4).value == want
     bf16 = torch.tensor(COS).to(torch.bfloat16)
     rounded = torch.tensor(COS).to(torch.bfloat16).double().numpy()
-    assert estimators.epsilon_from_cosines(bf16, 1e-5, dim=10**4) == (
-        estimators.epsilon_from_cosines(rounded, 1e-5, dim=10**4)
+    assert estimators.estimate_epsilon_from_cosines(bf16, 1e-5, dim=10**4).value == (
+        estimators.estimate_epsilon_from_cosines(rounded, 1e-5, dim=10**4).value
     )
     assert estimators.estimate_epsilon_lower_bound_from_cosines(
         grad, 1e-5, dim=10**4
-    ).value == estimators.epsilon_lower_bound_from_cosines(COS, 1e-5, dim=10**4)
+    ).value == estimators.estimate_epsilon_lower_bound_from_cosines(COS, 1e-5, dim=10**4).value
 
 
 def test_issue16_boolean_cosines_are_rejected() -> None:
     with pytest.raises(ValueError, match="observed must hold floating-point numbers"):
-        estimators.epsilon_from_cosines(COS > 0, 1e-5, dim=10**4)  # was epsilon 35028
+        estimators.estimate_epsilon_from_cosines(COS > 0, 1e-5, dim=10**4)  # was epsilon 35028
 
 
 def test_issue16_tiny_delta_converges_or_names_the_input() -> None:
-    eps = estimators.epsilon_from_cosines(COS, 1e-300, dim=10**4)
-    assert math.isfinite(eps) and eps > estimators.epsilon_from_cosines(COS, 1e-5, dim=10**4)
+    eps = estimators.estimate_epsilon_from_cosines(COS, 1e-300, dim=10**4).value
+    assert math.isfinite(eps) and eps > estimators.estimate_epsilon_from_cosines(COS, 1e-5, dim=10**4).value
     m, s = float(COS.mean()), float(COS.std(ddof=1))
     assert math.isfinite(estimators.epsilon_two_gaussians(m, s, 0.0, 0.01, 1e-300))
     assert estimators.gaussian_epsilon(1.0, 1e-300) == pytest.approx(37.4488479, rel=1e-8)

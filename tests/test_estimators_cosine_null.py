@@ -1,4 +1,4 @@
-"""Tests of the exact cosine null (paper 003 Thm 3.1; METHODS A1)."""
+"""Tests of the exact cosine null (Andrew et al. 2024 Thm 3.1; METHODS A1)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests of the Gaussian-pair epsilons (METHODS A2, A3, D; Balle & Wang 2018; paper 003 §3.2)."""
+"""Tests of the Gaussian-pair epsilons (METHODS A2, A3, D; Balle & Wang 2018; Andrew et al. 2024 §3.2)."""
 
 from __future__ import annotations
 

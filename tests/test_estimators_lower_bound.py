@@ -1,4 +1,4 @@
-"""eps_lo (paper 003 §5.1, METHODS A6): exactness, coverage by repetition, non-vacuity.
+"""eps_lo (Andrew et al. 2024 §5.1, METHODS A6): exactness, coverage by repetition, non-vacuity.
 
 The mechanism is simulated exactly (see test_estimators_canary_epsilon.py): one canary per
 release of the Gaussian mechanism with noise multiplier sigma, whose true epsilon at delta is
@@ -34,7 +34,6 @@ from audit_callbacks.estimators import (
     cosine_null_sample,
     cosine_null_sf,
     epsilon_from_error_rates,
-    epsilon_lower_bound_from_cosines,
     estimate_epsilon_lower_bound_from_cosines,
     gaussian_epsilon,
     jeffreys_upper,
@@ -68,13 +67,13 @@ def _violation_rates(eps_true: float, k: int, runs: int, seed: int) -> dict[str,
     for i in range(runs):
         x = simulate_canary_cosines(rng, sigma, DIM, k)
         u = cosine_null_sample(rng, DIM, k)
-        bounds["max_final"].append(epsilon_lower_bound_from_cosines(x, DELTA, dim=DIM))
+        bounds["max_final"].append(estimate_epsilon_lower_bound_from_cosines(x, DELTA, dim=DIM).value)
         bounds["held_final"].append(
             estimate_epsilon_lower_bound_from_cosines(
                 x, DELTA, dim=DIM, threshold="heldout", seed=i
             ).value
         )
-        bounds["max_all"].append(epsilon_lower_bound_from_cosines(x, DELTA, unobserved=u))
+        bounds["max_all"].append(estimate_epsilon_lower_bound_from_cosines(x, DELTA, unobserved=u).value)
         bounds["held_all"].append(
             estimate_epsilon_lower_bound_from_cosines(
                 x, DELTA, unobserved=u, threshold="heldout", seed=i
@@ -112,13 +111,13 @@ def test_not_vacuous_at_eps_4() -> None:
     for i in range(40):
         x = simulate_canary_cosines(rng, sigma, DIM, 1000)
         u = cosine_null_sample(rng, DIM, 1000)
-        mx.append(epsilon_lower_bound_from_cosines(x, DELTA, dim=DIM))
+        mx.append(estimate_epsilon_lower_bound_from_cosines(x, DELTA, dim=DIM).value)
         held.append(
             estimate_epsilon_lower_bound_from_cosines(
                 x, DELTA, dim=DIM, threshold="heldout", seed=i
             ).value
         )
-        mx_all.append(epsilon_lower_bound_from_cosines(x, DELTA, unobserved=u))
+        mx_all.append(estimate_epsilon_lower_bound_from_cosines(x, DELTA, unobserved=u).value)
     assert np.mean(mx) > 1.5
     assert np.mean(held) > 0.8
     assert np.mean(mx_all) > 1.0
@@ -147,9 +146,9 @@ def test_vectorised_bound_equals_brute_force(seed: int) -> None:
     rng = np.random.default_rng(seed)
     x = simulate_canary_cosines(rng, 1.0, 1000, 40)
     u = cosine_null_sample(rng, 1000, 30)
-    got = epsilon_lower_bound_from_cosines(x, 1e-4, dim=1000, alpha=0.1)
+    got = estimate_epsilon_lower_bound_from_cosines(x, 1e-4, dim=1000, alpha=0.1).value
     assert got == pytest.approx(_brute_force(list(x), 1e-4, 0.1, dim=1000), rel=1e-10)
-    got = epsilon_lower_bound_from_cosines(x, 1e-4, unobserved=u, alpha=0.1)
+    got = estimate_epsilon_lower_bound_from_cosines(x, 1e-4, unobserved=u, alpha=0.1).value
     assert got == pytest.approx(_brute_force(list(x), 1e-4, 0.1, unobs=list(u)), rel=1e-10)
 
 
@@ -157,7 +156,6 @@ def test_estimate_fields() -> None:
     rng = np.random.default_rng(4)
     x = simulate_canary_cosines(rng, sigma_for(3.0), DIM, 400)
     e = estimate_epsilon_lower_bound_from_cosines(x, DELTA, dim=DIM)
-    assert e.value == epsilon_lower_bound_from_cosines(x, DELTA, dim=DIM)
     assert e.method == "eps_lo_max" and e.details["threat_model"] == "final_model"
     assert e.lower == e.value and e.upper is None and e.confidence == pytest.approx(0.95)
     assert e.counts["n"] == 400 and e.details["n_thresholds"] == 400
@@ -178,11 +176,11 @@ def test_estimate_fields() -> None:
 def test_finite_for_perfect_separation() -> None:
     rng = np.random.default_rng(6)
     x = 0.5 + 0.01 * rng.random(200)  # 50 null sds out at d = 1e4: sf underflows
-    v = epsilon_lower_bound_from_cosines(x, DELTA, dim=DIM)
+    v = estimate_epsilon_lower_bound_from_cosines(x, DELTA, dim=DIM).value
     assert math.isfinite(v) and v > 1000  # exact null: no log(k) cap on this side
-    assert math.isfinite(epsilon_lower_bound_from_cosines(np.ones(10), DELTA, dim=DIM))
+    assert math.isfinite(estimate_epsilon_lower_bound_from_cosines(np.ones(10), DELTA, dim=DIM).value)
     u = cosine_null_sample(rng, DIM, 200)
-    v_all = epsilon_lower_bound_from_cosines(x, DELTA, unobserved=u)
+    v_all = estimate_epsilon_lower_bound_from_cosines(x, DELTA, unobserved=u).value
     # empirical null: capped by about log k
     assert 0 < v_all < math.log(200) + 1
 
@@ -190,9 +188,9 @@ def test_finite_for_perfect_separation() -> None:
 def test_no_signal_gives_small_bounds() -> None:
     rng = np.random.default_rng(7)
     x = cosine_null_sample(rng, DIM, 500)
-    assert epsilon_lower_bound_from_cosines(x, DELTA, dim=DIM) < 1.0
+    assert estimate_epsilon_lower_bound_from_cosines(x, DELTA, dim=DIM).value < 1.0
     below = -np.abs(x)  # observed below the null: a "t > tau" test finds nothing
-    assert epsilon_lower_bound_from_cosines(below, DELTA, dim=DIM) == 0.0
+    assert estimate_epsilon_lower_bound_from_cosines(below, DELTA, dim=DIM).value == 0.0
 
 
 @pytest.mark.parametrize(
@@ -213,8 +211,6 @@ def test_no_signal_gives_small_bounds() -> None:
 )
 def test_bad_input_raises(kwargs) -> None:
     with pytest.raises(ValueError):
-        epsilon_lower_bound_from_cosines(**kwargs)
-    with pytest.raises(ValueError):
         estimate_epsilon_lower_bound_from_cosines(**kwargs)
 
 
@@ -231,7 +227,7 @@ def test_bad_threshold_and_too_few_to_split() -> None:
 
 @pytest.mark.parametrize("threat", ["final_model", "all_iterates"])
 def test_pruned_maximum_is_the_full_evaluation(threat: str) -> None:
-    # issue 16: the Jeffreys quantiles (and the null's tail) are evaluated only at a grid of
+    # the Jeffreys quantiles (and the null's tail) are evaluated only at a grid of
     # thresholds and where their bound can reach the grid's best; same index and value as the
     # evaluation over every threshold
     from audit_callbacks.estimators.lower_bound import _Side

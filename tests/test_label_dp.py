@@ -1,10 +1,10 @@
-"""Label-DP lower bounds (paper 004 Alg. 2, App. A.3; METHODS B7-B10).
+"""Label-DP lower bounds (Yuan et al. 2022 Alg. 2, App. A.3; METHODS B7-B10).
 
 Every closed form is checked against something independent: autograd per-example gradients of
 a real model on sklearn's breast cancer data (flipped-label norms, clip factors, layer and
 all-parameter gradient changes), a seeded Monte Carlo of the DP-SGD noise that runs the actual
 attack (P_0, P_1), numpy's explicit inverse (the Gram diagonal), scipy's normal CDF, the
-two-Gaussian epsilon of paper 003 and the Opacus RDP accountant (the single-step bound), and a
+two-Gaussian epsilon of Andrew et al. (2024) and the Opacus RDP accountant (the single-step bound), and a
 Monte Carlo of exponential maxima (the extrapolation theorem).
 """
 
@@ -494,7 +494,7 @@ def test_invalid_inputs_raise(change, match):
 
 
 # --------------------------------------------------------------------------------------------
-# Extrapolation (METHODS B10, paper 004 A.3.1 / A.4.2)
+# Extrapolation (METHODS B10, Yuan et al. 2022 A.3.1 / A.4.2)
 # --------------------------------------------------------------------------------------------
 
 

@@ -1,4 +1,4 @@
-"""Empirical eps0 test of paper 000 (Alg. 2, METHODS C2-C3) and the five crafting adversaries."""
+"""Empirical eps0 test of Matsumoto et al. (Alg. 2, METHODS C2-C3) and the five crafting adversaries."""
 
 from __future__ import annotations
 
@@ -113,12 +113,12 @@ def _sd_eps(eps0: float, trials: int) -> float:
 
 
 # --------------------------------------------------------------------------------------------
-# Ceiling (METHODS C2; paper 000 §4.1)
+# Ceiling (METHODS C2; Matsumoto et al. §4.1)
 # --------------------------------------------------------------------------------------------
 
 
 def test_paper_ceiling_numbers():
-    # paper 000 §4.1: "the lower confidence limit of p is 0.99632 ... eps0 5.6"; 10^6 -> 12.5
+    # Matsumoto et al. §4.1: "the lower confidence limit of p is 0.99632 ... eps0 5.6"; 10^6 -> 12.5
     assert round(paper_measurable_ceiling(1000), 1) == 5.6
     assert round(paper_measurable_ceiling(10**6), 1) == 12.5
     p_lo = 0.025 ** (1 / 1000)
@@ -156,7 +156,7 @@ def test_perfect_mechanism_is_capped_at_ceiling():
 
 
 # --------------------------------------------------------------------------------------------
-# Dummy adversary reaches eps0 (paper 000 Fig. 4; 001 Table 1)
+# Dummy adversary reaches eps0 (Matsumoto et al. Fig. 4; their workshop version, Table 1)
 # --------------------------------------------------------------------------------------------
 
 
@@ -433,7 +433,7 @@ def test_numpy_inputs_and_mechanism_shape_check():
 
 
 # --------------------------------------------------------------------------------------------
-# Adversaries (paper 000 Table 2)
+# Adversaries (Matsumoto et al. Table 2)
 # --------------------------------------------------------------------------------------------
 
 
@@ -472,7 +472,7 @@ def test_adversaries_shapes_and_norms():
     assert pairs["benign"].details["index1"] != pairs["benign"].details["index2"]
     col = pairs["collusion"].details
     assert col["label"] != 0 and col["train_loss_end"] < col["train_loss_start"]
-    # the server's single-label model makes the client's gradient large (paper 000 §4.4)
+    # the server's single-label model makes the client's gradient large (Matsumoto et al. §4.4)
     assert pairs["collusion"].norm_g1 > pairs["gradient_flip"].norm_g1
     # the model is untouched
     for p, q in zip(model.parameters(), before, strict=True):
@@ -506,7 +506,7 @@ def test_craft_pair_and_registry():
 
 
 def test_adversaries_end_to_end_ordering():
-    # against LDP-SGD at eps0 = 4 the flipped pairs beat the benign one (paper 000 Fig. 4);
+    # against LDP-SGD at eps0 = 4 the flipped pairs beat the benign one (Matsumoto et al. Fig. 4);
     # each test is compared with its closed form
     model, loss, x, y, _ = _toy()
     eps0 = 4.0

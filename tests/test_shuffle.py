@@ -1,4 +1,4 @@
-"""Shuffle-model references (METHODS C4, paper 000 §5 / Table 3) and the error-count epsilon."""
+"""Shuffle-model references (METHODS C4, Matsumoto et al. §5 / Table 3) and the error-count epsilon."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from audit_callbacks.estimators.shuffle import (
 )
 
 DELTA = 1e-6
-# (eps0, n) -> METHODS C4 / paper 000 Table 3 "Theoretical eps"
+# (eps0, n) -> METHODS C4 / Matsumoto et al. Table 3 "Theoretical eps"
 TABLE3 = {
     (1, 432): 0.67,
     (1, 1000): 0.48,
@@ -53,7 +53,7 @@ def _two_sig(x: float) -> float:
 def test_feldman_bound_reproduces_table3(eps0, n):
     b = shuffle_amplification_bound(eps0, n, DELTA)
     if (eps0, n) == (1, 1000):
-        # the formula gives 0.48759, which rounds to 0.49; paper 000 / METHODS print 0.48
+        # the formula gives 0.48759, which rounds to 0.49; Matsumoto et al. and METHODS print 0.48
         assert b == pytest.approx(0.48759, abs=1e-5)
         assert abs(b - TABLE3[(eps0, n)]) < 0.01
     else:
@@ -134,7 +134,7 @@ def test_shuffle_test_matches_population_and_stays_below_exact(eps0, n):
 
 
 def test_exact_epsilon_exceeds_empirical_on_average():
-    # paper 000 Table 3 setting: 1000 trials per measurement, averaged over repetitions
+    # Matsumoto et al. Table 3 setting: 1000 trials per measurement, averaged over repetitions
     for eps0, n in [(1, 432), (2, 974), (4, 6454)]:
         pts = [shuffle_test(eps0, n, 1000, seed=s).epsilon for s in range(200)]
         mean = float(np.mean(pts))
@@ -184,7 +184,7 @@ def test_bad_inputs(call):
 
 
 def test_epsilon_from_counts_conventions_and_bounds():
-    # FPR = FP/(FP + TN) = 0.1, FNR = FN/(FN + TP) = 0.2 -> paper 000 §4.1 example, ~2.0
+    # FPR = FP/(FP + TN) = 0.1, FNR = FN/(FN + TP) = 0.2 -> Matsumoto et al. §4.1 example, ~2.0
     ce = epsilon_from_counts(tp=400, fn=100, fp=50, tn=450)
     assert ce.fpr == 0.1 and ce.fnr == 0.2
     assert ce.epsilon == pytest.approx(max(math.log(0.9 / 0.2), math.log(0.8 / 0.1)))
@@ -264,7 +264,7 @@ def test_game_results_share_the_count_statistics():
     assert est.details["tau"] == res.tau and "trials" not in est.details
 
 
-# ------------------------------------------ issue 26: overflowing epsilon0, delta = 5e-324
+# ------------------------------------------------------ overflowing epsilon0, delta = 5e-324
 def test_min_clients_for_an_overflowing_epsilon0_is_the_rounded_up_integer():
     import decimal
 

@@ -36,7 +36,7 @@ __all__ = ["InferencePrediction", "LDPFLInferenceAttack", "two_point_prediction"
 
 
 def two_point_prediction(p: ArrayLike, epsilon: float, center: float, radius: float) -> np.ndarray:
-    """Paper 002 eq. 2: the weight predicted from the share ``p`` of high outputs.
+    """Varun et al. (2024) eq. 2: the weight predicted from the share ``p`` of high outputs.
 
     ``c + r (2p - 1) / tanh(eps/2)`` (= eq. 2's ``(e^eps + 1)/(e^eps - 1)``, without overflow).
 

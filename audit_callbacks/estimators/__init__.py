@@ -13,7 +13,7 @@ Sources: Andrew et al. (ICLR 2024) and docs/methods.md
 sections A and D; Balle & Wang (2018) for the analytic Gaussian mechanism.
 """
 
-from .canary_epsilon import epsilon_from_cosines, estimate_epsilon_from_cosines
+from .canary_epsilon import estimate_epsilon_from_cosines
 from .cosine_null import (
     cosine_null_cdf,
     cosine_null_logcdf,
@@ -60,7 +60,6 @@ from .last_iterate import (
     mixture_gaussian_epsilon,
 )
 from .lower_bound import (
-    epsilon_lower_bound_from_cosines,
     estimate_epsilon_lower_bound_from_cosines,
 )
 from .result import AuditResult
@@ -95,10 +94,8 @@ __all__ = [
     "cosine_null_logsf",
     "cosine_null_sample",
     "cosine_null_sf",
-    "epsilon_from_cosines",
     "epsilon_from_error_rates",
     "epsilon_from_error_rates_array",
-    "epsilon_lower_bound_from_cosines",
     "epsilon_two_gaussians",
     "estimate_epsilon_from_cosines",
     "estimate_epsilon_lower_bound_from_cosines",

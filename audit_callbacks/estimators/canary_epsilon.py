@@ -43,7 +43,7 @@ from .result import AuditResult
 SOURCE = ("Andrew, Kairouz, Oh, Oprea, McMahan, Suriyakumar (2024), One-shot Empirical Privacy "
           "Estimation for Federated Learning, ICLR 2024, §3.2, Alg. 1-3, Thm 3.3")
 
-__all__ = ["epsilon_from_cosines", "estimate_epsilon_from_cosines", "share_resamples"]
+__all__ = ["estimate_epsilon_from_cosines", "share_resamples"]
 
 Fit = Literal["unequal", "equal"]
 
@@ -94,44 +94,6 @@ def _fit_pair(
     return mu1, s1, mu0, s0
 
 
-def epsilon_from_cosines(
-    observed: ArrayLike,
-    delta: float,
-    *,
-    dim: int | None = None,
-    unobserved: ArrayLike | None = None,
-) -> float:
-    """Paper 003's one-shot epsilon estimate from canary cosines (unequal-variance fit).
-
-    Final model (``dim`` given): eps(N(mean, var) || N(0, 1/dim); delta) where mean, var are the
-    sample mean and variance (ddof=1) of ``observed``. All iterates (``unobserved`` given): the
-    null is N(mean', var') fitted the same way to ``unobserved``.
-
-    Args:
-        observed: shape (k,), k >= 2, cosines in [-1, 1] of the inserted canaries
-            (max-over-rounds cosines for all iterates).
-        delta: target delta in (0, 1).
-        dim: model dimension d >= 2 (final-model threat model; exact null of docs/methods/canaries.md, A1).
-        unobserved: shape (k',), k' >= 2, statistics of never-inserted canaries (all iterates).
-
-    Returns:
-        eps >= 0 (nats), always finite.
-
-    Raises:
-        ValueError: both or neither of dim / unobserved; NaN/inf, |cos| > 1, fewer than 2
-            values, not 1-D, or not floating-point (booleans, integers, complex numbers and
-            objects are rejected; tensors of any float dtype, with requires_grad, on any
-            device, are converted); a sample with zero variance; delta not in (0, 1); dim < 2.
-
-    Source: Andrew et al. 2024 Alg. 1-3, §3.2; docs/methods/canaries.md, A2, A3, A4, A5.
-    """
-    obs, d, unobs = _threat_inputs(observed, dim, unobserved, 2)
-    dl = check_delta(delta)
-    mu1, s1, mu0, s0 = _fit_pair(obs, d, unobs, "unequal")
-    m, r = _standardize(mu1, s1, mu0, s0)
-    return _epsilon_standardized_scalar(m, r, dl)
-
-
 def estimate_epsilon_from_cosines(
     observed: ArrayLike,
     delta: float,
@@ -145,10 +107,14 @@ def estimate_epsilon_from_cosines(
 ) -> AuditResult:
     """One-shot epsilon estimate from canary cosines, with an optional bootstrap interval.
 
-    fit="unequal": observed ~ N(mean, var) (ddof=1), as :func:`epsilon_from_cosines`.
+    Final model (``dim`` given): eps(N(mean, var) || N(0, 1/dim); delta) where mean, var are the
+    sample mean and variance (ddof=1) of ``observed``. All iterates (``unobserved`` given): the
+    null is N(mean', var') fitted the same way to ``unobserved``.
+
+    fit="unequal" (Andrew et al. 2024 Alg. 1-3): observed ~ N(mean, var) (ddof=1).
     fit="equal": the observed sd is fixed to the null's sd (1/sqrt(dim), or the sample sd of
     ``unobserved``); only the mean shift is estimated, i.e. the analytic Gaussian mechanism with
-    Delta = |mean - null mean| / null sd. Paper 003 Thm 3.3 (d * var -> 1) justifies this; it is
+    Delta = |mean - null mean| / null sd. Andrew et al. (2024) Thm 3.3 (d * var -> 1) justifies this; it is
     much less variable than the unequal fit, whose small sd mismatches are amplified at small
     delta. With bootstrap = B > 0, the percentile interval of B resamples (observed, and
     unobserved when given, resampled with replacement by ``numpy.random.default_rng(seed)``;
@@ -163,10 +129,12 @@ def estimate_epsilon_from_cosines(
     fits only the observed mean, and k = 2 resamples do vary: it is allowed.)
 
     Args:
-        observed: shape (k,), k >= 2, cosines in [-1, 1].
+        observed: shape (k,), k >= 2, cosines in [-1, 1] of the inserted canaries
+            (max-over-rounds cosines for all iterates).
         delta: target delta in (0, 1).
-        dim: model dimension d >= 2 (final model) -- exactly one of dim / unobserved.
-        unobserved: shape (k',), k' >= 2 (all iterates).
+        dim: model dimension d >= 2 (final model: the exact null of docs/methods/canaries.md,
+            A1) -- exactly one of dim / unobserved.
+        unobserved: shape (k',), k' >= 2, statistics of never-inserted canaries (all iterates).
         fit: "unequal" (Andrew et al. 2024 Alg. 1-3) or "equal".
         bootstrap: number of bootstrap resamples B >= 0 (0: no interval).
         confidence: level of the percentile interval, in (0, 1).
@@ -181,7 +149,11 @@ def estimate_epsilon_from_cosines(
         dim, bootstrap, bootstrap_dropped.
 
     Raises:
-        ValueError: as :func:`epsilon_from_cosines`; fit not in {"unequal", "equal"};
+        ValueError: both or neither of dim / unobserved; NaN/inf, |cos| > 1, fewer than 2
+            values, not 1-D, or not floating-point (booleans, integers, complex numbers and
+            objects are rejected; tensors of any float dtype, with requires_grad, on any
+            device, are converted); a sample with zero variance; delta not in (0, 1); dim < 2;
+            fit not in {"unequal", "equal"};
             bootstrap not an integer >= 0; confidence not in (0, 1); seed not a non-negative
             integer; every bootstrap replicate degenerate;
             bootstrap > 0 with fewer than 3 values in a sample whose sd is fitted (see above).
@@ -364,7 +336,7 @@ def share_resamples(
 #: Above this many unobserved-score draws (resamples x k'), the resampled mean and sd of the
 #: unobserved scores come from their joint normal limit (:func:`_normal_limit_mean_sd`) instead
 #: of index by index: k' = 100,000 and 200 resamples is 20M draws, ~90 ms of a report's
-#: ~130 ms (issue 28), for a term that carries about k / k' of the interval's variance.
+#: ~130 ms, for a term that carries about k / k' of the interval's variance.
 EXACT_UNOBSERVED_DRAWS = 1 << 22
 
 

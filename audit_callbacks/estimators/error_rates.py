@@ -34,7 +34,7 @@ the point estimate is eq. 3, eps_hat = max(log((1 - FPR)/FNR), log((1 - FNR)/FPR
 * When a rate is 0 the point estimate is infinite; it is then reported as the ceiling with
   ``epsilon_capped = True`` (never inf, never NaN).
 
-Paper 000 §4.1 quotes a different ceiling, 5.6 for 1000 trials and 12.5 for 10^6
+Matsumoto et al. (§4.1) quote a different ceiling, 5.6 for 1000 trials and 12.5 for 10^6
 (docs/methods/ldp.md, C2): it pools all K trials into one success count, takes the lower end of the
 TWO-sided 95% Clopper-Pearson interval at K successes out of K, p_lo = (alpha/2)^(1/K)
 (0.99632 for K = 1000), and reads epsilon off p = e^eps/(1 + e^eps):

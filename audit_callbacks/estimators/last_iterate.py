@@ -272,7 +272,7 @@ def _root_increasing(g: Callable[[float], float], lo: float, hi: float, xtol: fl
 
 
 def _epsilon_nonnegative(mix: _Mixture, delta: float) -> float:
-    """:func:`_epsilon` for shifts >= 0, by one root finding per direction (issue 28).
+    """:func:`_epsilon` for shifts >= 0, by one root finding per direction.
 
     With every shift >= 0 the privacy loss L is increasing, so ``{L > eps} = (b, inf)`` with
     ``L(b) = eps`` and ``{L < -eps} = (-inf, a)`` with ``L(a) = -eps``. Parametrised by the

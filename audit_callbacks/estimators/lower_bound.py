@@ -60,7 +60,7 @@ SOURCE = ("Andrew, Kairouz, Oh, Oprea, McMahan, Suriyakumar (2024), One-shot Emp
           "Estimation for Federated Learning, ICLR 2024, §5.1 (Clopper-Pearson intervals on "
           "FPR and FNR)")
 
-__all__ = ["epsilon_lower_bound_from_cosines", "estimate_epsilon_lower_bound_from_cosines"]
+__all__ = ["estimate_epsilon_lower_bound_from_cosines"]
 
 Threshold = Literal["max", "heldout"]
 
@@ -195,41 +195,6 @@ def _pick(res: dict[str, np.ndarray], i: int) -> dict[str, float | int | None]:
     }
 
 
-def epsilon_lower_bound_from_cosines(
-    observed: ArrayLike,
-    delta: float,
-    *,
-    dim: int | None = None,
-    unobserved: ArrayLike | None = None,
-    alpha: float = 0.05,
-) -> float:
-    """eps_lo of Andrew et al. 2024 §5.1 / docs/methods/canaries.md, A6: max over thresholds (see the module docstring).
-
-    Args:
-        observed: shape (k,), k >= 1, cosines in [-1, 1] of inserted canaries.
-        delta: delta in (0, 1).
-        dim: model dimension d >= 2 (final model: FPR from the exact null).
-        unobserved: shape (k',), k' >= 1 (all iterates: FPR from a Jeffreys bound).
-        alpha: 1 - confidence of each per-threshold bound, in (0, 1).
-
-    Returns:
-        eps_lo >= 0 (nats), finite.
-
-    Raises:
-        ValueError: both or neither of dim / unobserved; empty input, NaN/inf, |cos| > 1, not
-            1-D or not floating-point (as :func:`epsilon_from_cosines`);
-            delta or alpha not in (0, 1); dim < 2.
-
-    Source: Andrew et al. 2024 §5.1; docs/methods/canaries.md, A6; Jagielski et al. (2020); Zanella-Beguelin et al. (2022).
-    """
-    obs, d, unobs = _threat_inputs(observed, dim, unobserved, 1)
-    dl = check_delta(delta)
-    a = check_alpha(alpha)
-    side = _Side(obs, d, unobs, a)
-    _, res = side.best(side.candidates(), dl)
-    return float(res["eps"][0])
-
-
 def estimate_epsilon_lower_bound_from_cosines(
     observed: ArrayLike,
     delta: float,
@@ -240,14 +205,18 @@ def estimate_epsilon_lower_bound_from_cosines(
     threshold: Threshold = "max",
     seed: int = 0,
 ) -> AuditResult:
-    """eps_lo as an :class:`~audit_callbacks.estimators.AuditResult`, choosing the threshold by "max" (paper) or "heldout".
+    """eps_lo (Andrew et al. 2024 §5.1; see the module docstring), the threshold chosen by
+    "max" (the paper's maximum over thresholds) or "heldout".
 
     Args:
-        observed: shape (k,), cosines in [-1, 1]; k >= 1 ("max") or k >= 2 ("heldout").
+        observed: shape (k,), cosines in [-1, 1] of the inserted canaries; k >= 1 ("max") or
+            k >= 2 ("heldout").
         delta: delta in (0, 1).
-        dim: model dimension d >= 2 (final model) -- exactly one of dim / unobserved.
-        unobserved: shape (k',), k' >= 1 ("max") or >= 2 ("heldout") (all iterates).
-        alpha: 1 - confidence, in (0, 1).
+        dim: model dimension d >= 2 (final model: FPR from the exact null) -- exactly one of
+            dim / unobserved.
+        unobserved: shape (k',), k' >= 1 ("max") or >= 2 ("heldout") (all iterates: FPR from a
+            Jeffreys bound).
+        alpha: 1 - confidence of each per-threshold bound, in (0, 1).
         threshold: "max" (max over all candidate thresholds, Andrew et al. 2024 §5.1) or "heldout"
             (tau chosen on a random half, bound computed on the other half).
         seed: seed of the split (heldout only).
@@ -260,7 +229,9 @@ def estimate_epsilon_lower_bound_from_cosines(
         the sizes of the two halves and the bound on the selection half.
 
     Raises:
-        ValueError: as :func:`epsilon_lower_bound_from_cosines`; threshold not in
+        ValueError: both or neither of dim / unobserved; empty input, NaN/inf, |cos| > 1, not
+            1-D or not floating-point (as :func:`estimate_epsilon_from_cosines`);
+            delta or alpha not in (0, 1); dim < 2; threshold not in
             {"max", "heldout"}; seed not a non-negative integer; too few values to split.
 
     Source: Andrew et al. 2024 §5.1; docs/methods/canaries.md, A6.

@@ -1,6 +1,7 @@
 """Shuffle-model references and the empirical shuffle test (numpy/scipy).
 
-Paper 000 (§2.3 eq. 1, §5 eqs. 5-6, Table 3) and docs/methods/ldp.md, C2 / C4.
+Matsumoto, Takahashi, Liew & Oguchi, "Measuring Local and Shuffled Privacy of Gradient Randomized
+Response" (§2.3 eq. 1, §5 eqs. 5-6, Table 3), and docs/methods/ldp.md, C2 / C4.
 
 The error-count statistics of a distinguishing game (:class:`CountEpsilon`,
 :func:`epsilon_from_counts`, :func:`measurable_ceiling`, :func:`paper_measurable_ceiling`) live

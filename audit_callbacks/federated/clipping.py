@@ -35,7 +35,7 @@ def clip_updates_(updates: torch.Tensor, clip_norm: float) -> torch.Tensor:
     norms = torch.linalg.vector_norm(updates, 2.0, 1)
     factors = torch.clamp(float(clip_norm) / norms.clamp_min(1e-12), max=1.0)
     # the common path reads one value back: the sum of the norms is finite when every norm is
-    # (issue 28: 2 operations, isfinite().all() is 5); an infinite norm is a finite row whose
+    # (2 operations, isfinite().all() is 5); an infinite norm is a finite row whose
     # norm overflows, or a non-finite row. Rare: several huge norms whose sum overflows also
     # come here, and nothing is changed for them
     if not math.isfinite(float(norms.sum())):

@@ -103,7 +103,7 @@ class _VirtualBlock:
 def _sub_round(fl_round: FederatedRound, rows: torch.Tensor, ids: np.ndarray, owner: int) -> FederatedRound:
     """``dataclasses.replace(fl_round, updates=rows, row_ids=ids, row_owner=[owner] * m,
     summed=(), released=None, average=None, model_delta=None)`` without running the record's
-    validation again (a third of the cost of clipping one canary row; issue 28): ``rows``
+    validation again (a third of the cost of clipping one canary row): ``rows``
     ``[m, d]`` and ``ids`` ``[m]`` int64 are checked by the caller, and the id arrays are made
     read-only copies, as :class:`FederatedRound` makes them."""
     row_ids = np.array(ids, dtype=np.int64, copy=True)

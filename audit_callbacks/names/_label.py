@@ -69,7 +69,7 @@ def _coverage(family: str) -> list[Quantity]:
 
 QUANTITIES: list[Quantity] = [
     # LabelReconstructionAttack (Yuan et al. 2022 §3 eq. (1), Alg. 1 and 3)
-    # no per-step accuracy: with the batch size it is a label oracle (issue 26); aggregates over
+    # no per-step accuracy: with the batch size it is a label oracle; aggregates over
     # blocks of at least min_examples attacked examples only
     Quantity(FAMILY_LABEL_ATTACK, ACCURACY, _ACCURACY,
              "reconstruction accuracy over every attacked example up to the latest complete block of "
