@@ -140,3 +140,18 @@ def test_constants_cover_the_table() -> None:
     for const in names.CONSTANTS:
         assert getattr(names, const) == names.CONSTANTS[const]
         assert const in names.__all__
+
+
+def test_docs_tags_md_is_current() -> None:
+    path = PACKAGE.parent / "docs" / "tags.md"
+    assert path.exists(), f"docs/tags.md is missing: run `{names.REGENERATE}`"
+    assert path.read_text(encoding="utf-8") == names.markdown_table(), (
+        f"docs/tags.md is stale (the name table changed): run `{names.REGENERATE}`")
+
+
+def test_docs_tags_md_lists_every_quantity() -> None:
+    table = names.markdown_table()
+    for q in names.QUANTITIES:
+        assert f"| `{q.tag}` | `{q.name}` |" in table
+    for fam in names.SECTIONS:
+        assert fam in names.SOURCES, f"family {fam!r} has no source"

@@ -10,6 +10,12 @@ The table is assembled from one file per kind of audit (split by concept): ``_ca
 (family ``audit``), ``_label`` (``label_attack``, ``label_dp``, ``fl_label_attack``), ``_ldp``
 (``ldp``, ``ldp_inference``) and ``_federated`` (``DPFedAvg``'s own ``fl``, ``privacy`` and
 ``train`` metrics).
+
+Every name and family is a constant defined once (``_keys``, re-exported here:
+``EPSILON_ALL_ITERATES``, ``FAMILY_AUDIT``...); the rows above are built from them, and code
+outside this package imports them instead of spelling a name (``tests/test_names.py`` walks the
+package for literals). :func:`markdown_table` renders the table as ``docs/tags.md``
+(:data:`REGENERATE` rewrites it; a test checks that it is current).
 """
 
 from __future__ import annotations
@@ -92,8 +98,8 @@ from ._keys import (
 from ._quantity import Quantity
 
 __all__ = [
-    "CONSTANTS", "QUANTITIES", "SECTIONS", "Quantity", "chart_layout", "family", "names", "qualified",
-    "tag",
+    "CONSTANTS", "QUANTITIES", "SECTIONS", "SOURCES", "Quantity", "chart_layout", "family",
+    "REGENERATE", "markdown_table", "names", "qualified", "tag",
     "FAMILY_AUDIT",
     "FAMILY_LABEL_ATTACK",
     "FAMILY_LABEL_DP",
@@ -170,6 +176,9 @@ QUANTITIES: tuple[Quantity, ...] = tuple(q for part in _PARTS for q in part.QUAN
 #: The section title of each family in TensorBoard's Custom Scalars tab.
 SECTIONS: dict[str, str] = {fam: title for part in _PARTS for fam, title in part.SECTIONS.items()}
 
+#: The work each family's quantities come from.
+SOURCES: dict[str, str] = {fam: src for part in _PARTS for fam, src in part.SOURCES.items()}
+
 _BY_TAG: dict[str, Quantity] = {q.tag: q for q in QUANTITIES}
 if len(_BY_TAG) != len(QUANTITIES):  # pragma: no cover - a table error
     raise RuntimeError("audit_callbacks.names: a tag is registered twice")
@@ -227,3 +236,34 @@ def chart_layout(
     for section, charts in (extra or {}).items():
         layout.setdefault(section, {}).update({t: ["Multiline", list(p)] for t, p in charts.items()})
     return layout
+
+
+#: How docs/tags.md is made (the test that it is current prints it).
+REGENERATE = "python -m audit_callbacks.names docs/tags.md"
+
+
+def _cell(text: str | None) -> str:
+    return "" if text is None else text.replace("|", "\\|")
+
+
+def markdown_table() -> str:
+    """docs/tags.md: every quantity of the table, a section per family, with its TensorBoard tag,
+    its summary-JSON key, its Custom Scalars chart, its description and the family's source."""
+    lines = [
+        "# TensorBoard tags and summary keys",
+        "",
+        "Generated from the name table, `audit_callbacks.names`, by",
+        f"`{REGENERATE}`: do not edit by hand (a test checks that it is current).",
+        "A quantity's JSON key (in `audit_summary.json` and the callbacks' records) is its name,",
+        "the field of its result; its TensorBoard tag is `<family>/<name>`; its chart is the",
+        "Custom Scalars chart that draws it (none: a plain scalar). Code imports the names as",
+        "constants: `from audit_callbacks.names import EPSILON_ALL_ITERATES`.",
+    ]
+    for fam in dict.fromkeys(q.family for q in QUANTITIES):
+        lines += ["", f"## `{fam}`: {SECTIONS.get(fam, fam)}", ""]
+        if fam in SOURCES:
+            lines += [f"Source: {SOURCES[fam]}.", ""]
+        lines += ["| TensorBoard tag | JSON key | chart | description |", "|---|---|---|---|"]
+        lines += [f"| `{q.tag}` | `{q.name}` | {_cell(q.chart or 'none')} | {_cell(q.description)} |"
+                  for q in family(fam)]
+    return "\n".join(lines) + "\n"

@@ -28,10 +28,16 @@ from ._keys import (
 )
 from ._quantity import Quantity
 
-__all__ = ["QUANTITIES", "SECTIONS"]
+__all__ = ["QUANTITIES", "SECTIONS", "SOURCES"]
 
 #: family -> its section title in the Custom Scalars tab.
 SECTIONS: dict[str, str] = {FAMILY_AUDIT: "privacy audit (canaries)"}
+
+#: family -> the work its quantities come from (the table in docs/tags.md cites it).
+SOURCES: dict[str, str] = {
+    FAMILY_AUDIT: "Andrew, Kairouz, Oh, Oprea, McMahan & Suriyakumar, \"One-shot Empirical Privacy "
+                  "Estimation for Federated Learning\", ICLR 2024 (§3-5); docs/methods/canaries.md",
+}
 
 def _quantities() -> list[Quantity]:
     final, allit, ratio = "final model: estimate, bound, reference", \

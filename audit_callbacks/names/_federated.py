@@ -25,7 +25,7 @@ from ._keys import (
 )
 from ._quantity import Quantity
 
-__all__ = ["QUANTITIES", "SECTIONS"]
+__all__ = ["QUANTITIES", "SECTIONS", "SOURCES"]
 
 #: family -> its section title in the Custom Scalars tab.
 SECTIONS: dict[str, str] = {
@@ -34,6 +34,18 @@ SECTIONS: dict[str, str] = {
     FAMILY_TRAIN: "training",
     FAMILY_VAL: "validation",
     FAMILY_TEST: "test",
+}
+
+_DPFEDAVG = "audit_callbacks.federated.DPFedAvg (McMahan, Ramage, Talwar & Zhang, ICLR 2018)"
+
+#: family -> the work its quantities come from (the table in docs/tags.md cites it).
+SOURCES: dict[str, str] = {
+    FAMILY_FL: _DPFEDAVG,
+    FAMILY_PRIVACY: "the Gaussian mechanism composed over rounds: Balle & Wang, ICML 2018 (analytic "
+                    "Gaussian mechanism); Dong, Roth & Su, JRSS B 2022 (Gaussian DP composition)",
+    FAMILY_TRAIN: _DPFEDAVG,
+    FAMILY_VAL: _DPFEDAVG,
+    FAMILY_TEST: _DPFEDAVG,
 }
 
 QUANTITIES: list[Quantity] = [

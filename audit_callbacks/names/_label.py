@@ -37,13 +37,23 @@ from ._keys import (
 )
 from ._quantity import Quantity
 
-__all__ = ["QUANTITIES", "SECTIONS"]
+__all__ = ["QUANTITIES", "SECTIONS", "SOURCES"]
 
 #: family -> its section title in the Custom Scalars tab.
 SECTIONS: dict[str, str] = {
     FAMILY_LABEL_ATTACK: "label attack (Yuan et al. 2022)",
     FAMILY_LABEL_DP: "label privacy (Yuan et al. 2022)",
     FAMILY_FL_LABEL_ATTACK: "label attack on FedSGD clients (Yuan et al. 2022)",
+}
+
+_YUAN = ("Yuan, Xue, Wang & Shen (2022), \"Deep Gradient Attacks with Strong DP-SGD Lower Bounds "
+         "for Label Privacy\"")
+
+#: family -> the work its quantities come from (the table in docs/tags.md cites it).
+SOURCES: dict[str, str] = {
+    FAMILY_LABEL_ATTACK: f"{_YUAN}, §3 eq. (1), Alg. 1 and 3",
+    FAMILY_LABEL_DP: f"{_YUAN}, Alg. 2 and App. A.3.1; K classes: docs/methods/label_dp_multiclass.md",
+    FAMILY_FL_LABEL_ATTACK: f"{_YUAN}, applied to FedSGD clients: docs/methods/label_dp_multiclass.md",
 }
 
 _ACCURACY = "reconstruction accuracy"

@@ -41,12 +41,21 @@ from ._keys import (
 )
 from ._quantity import Quantity
 
-__all__ = ["QUANTITIES", "SECTIONS"]
+__all__ = ["QUANTITIES", "SECTIONS", "SOURCES"]
 
 #: family -> its section title in the Custom Scalars tab.
 SECTIONS: dict[str, str] = {
     FAMILY_LDP: "LDP audit",
     FAMILY_LDP_INFERENCE: "LDP-FL inference attack",
+}
+
+#: family -> the work its quantities come from (the table in docs/tags.md cites it).
+SOURCES: dict[str, str] = {
+    FAMILY_LDP: "Matsumoto, Takahashi, Liew & Oguchi, \"Measuring Local and Shuffled Privacy of "
+                "Gradient Randomized Response\", Alg. 2, eq. 3 and Table 2; docs/methods/ldp.md, C1-C3",
+    FAMILY_LDP_INFERENCE: "Varun, Feng, Wang, Sural, Hong, \"Towards Accurate and Stronger LDP for FL "
+                          "with Staircase Randomized Response\", CODASPY 2024, §3.1, eq. 2 and eq. 10; "
+                          "docs/methods/ldp.md, C5",
 }
 
 # The crafting adversaries of Matsumoto et al. Table 2, weakest first; those whose pair is the
