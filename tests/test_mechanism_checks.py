@@ -1,0 +1,215 @@
+"""The mechanism checks' estimators: false-alarm rate on correct mechanisms (by repetition, at
+the boundary of the null where the law is exact), power against the closed form, the planted
+bug classes (missing, short and reused noise; fixed-size batches; a wrong rate), bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from audit_callbacks.estimators.mechanism_checks import (
+    noise_energy_check,
+    noise_energy_power,
+    sampler_check,
+)
+
+SEGMENTS = [(0, 200), (200, 210), (210, 400)]  # three "parameter tensors", one tiny
+NAMES = ["conv.weight", "fc.bias", "fc.weight"]
+
+
+def _energies(r: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per segment: sums of squares of the releases (F1) and of their differences (F2), and
+    their degrees of freedom."""
+    d = np.diff(r, axis=0)
+    e1 = np.array([(r[:, a:b] ** 2).sum() for a, b in SEGMENTS])
+    e2 = np.array([(d[:, a:b] ** 2).sum() for a, b in SEGMENTS])
+    k1 = np.array([(b - a) * r.shape[0] for a, b in SEGMENTS])
+    k2 = np.array([(b - a) * d.shape[0] for a, b in SEGMENTS])
+    return e1, k1, e2, k2
+
+
+def _training(rng, steps, s, *, reuse=False, missing=None, scale=1.0, momentum=0.0):
+    """Releases g_t + n_t of a toy training: gradients that follow the previous release (a
+    model that moves with its noise, with momentum) plus Gaussian noise."""
+    dim = SEGMENTS[-1][1]
+    g = rng.normal(scale=0.3 * s, size=dim)
+    fixed = rng.normal(scale=s * scale, size=dim)
+    out, prev = [], np.zeros(dim)
+    for _ in range(steps):
+        g = 0.9 * g + momentum * prev + rng.normal(scale=0.05 * s, size=dim)
+        n = fixed.copy() if reuse else rng.normal(scale=s * scale, size=dim)
+        if missing is not None:
+            n[missing[0]:missing[1]] = 0.0
+        prev = g + n
+        out.append(prev)
+    return np.array(out)
+
+
+def _rejected(result) -> bool:
+    return bool(result.details["rejected"])
+
+
+def test_noise_scale_false_alarm_rate_at_the_boundary():
+    """Pure noise (no gradient: the boundary of H0, where chi2 is exact): rejected in about
+    alpha of the runs (Bonferroni over 3 groups: 1 - (1 - alpha/3)^3), within binomial limits."""
+    rng = np.random.default_rng(1)
+    s, alpha, runs = 1.7, 0.1, 600
+    hits = 0
+    for _ in range(runs):
+        e1, k1, _, _ = _energies(rng.normal(scale=s, size=(5, 400)))
+        hits += _rejected(noise_energy_check(e1, k1, s, alpha=alpha, groups=NAMES))
+    expected = 1 - (1 - alpha / 3) ** 3
+    lo, hi = stats.binom.ppf([0.0005, 0.9995], runs, expected)
+    assert lo <= hits <= hi, (hits, expected * runs)
+
+
+def test_fresh_noise_false_alarm_rate_at_the_boundary():
+    """The fresh-noise law is exact when the change of the gradient cancels the previous
+    release (r_t = r_{t-1} + n_t, a random walk): rejected in about alpha of the runs."""
+    rng = np.random.default_rng(2)
+    s, alpha, runs = 0.8, 0.1, 600
+    hits = 0
+    for _ in range(runs):
+        r = np.cumsum(rng.normal(scale=s, size=(6, 400)), axis=0)
+        _, _, e2, k2 = _energies(r)
+        hits += _rejected(noise_energy_check(e2, k2, s, alpha=alpha, check="fresh_noise"))
+    expected = 1 - (1 - alpha / 3) ** 3
+    lo, hi = stats.binom.ppf([0.0005, 0.9995], runs, expected)
+    assert lo <= hits <= hi, (hits, expected * runs)
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.5])
+def test_correct_trainings_are_not_flagged(momentum):
+    """Gradients (correlated across steps, with momentum) only add energy: 0 rejections in 200
+    runs at alpha = 0.05 for both checks (a rate above alpha would give ~10)."""
+    rng = np.random.default_rng(3)
+    s = 1.0
+    hits = [0, 0]
+    for _ in range(200):
+        e1, k1, e2, k2 = _energies(_training(rng, 8, s, momentum=momentum))
+        hits[0] += _rejected(noise_energy_check(e1, k1, s, groups=NAMES))
+        hits[1] += _rejected(noise_energy_check(e2, k2, s, check="fresh_noise", groups=NAMES))
+    assert hits[0] <= stats.binom.ppf(0.999, 200, 0.05) and hits[1] <= stats.binom.ppf(0.999, 200, 0.05)
+    assert hits[1] <= 2  # the differences carry ~2 s^2 against a bound of s^2: far from it
+
+
+def test_reused_noise_is_caught_by_fresh_noise():
+    """The same noise vector every release: its scale is the claimed one (F1 is not built to
+    see it), the differences hold only the gradients' change (F2 ratio far below 1, rejected
+    in 20/20 seeds)."""
+    caught = 0
+    for seed in range(20):
+        rng = np.random.default_rng(100 + seed)
+        e1, k1, e2, k2 = _energies(_training(rng, 8, 1.0, reuse=True))
+        res = noise_energy_check(e2, k2, 1.0, check="fresh_noise", groups=NAMES)
+        caught += _rejected(res)
+        assert res.value < 0.1
+    assert caught == 20
+
+
+def test_a_tensor_without_noise_is_named():
+    """Noise missing on the 10 coordinates of ``fc.bias`` only: both checks reject and name it
+    (the other 390 coordinates have their noise)."""
+    for seed in range(20):
+        rng = np.random.default_rng(200 + seed)
+        e1, k1, e2, k2 = _energies(_training(rng, 8, 1.0, missing=SEGMENTS[1]))
+        for res in (noise_energy_check(e1, k1, 1.0, groups=NAMES),
+                    noise_energy_check(e2, k2, 1.0, check="fresh_noise", groups=NAMES)):
+            assert _rejected(res) and res.details["group"] == "fc.bias", res.details
+
+
+def test_short_noise_is_caught_by_noise_scale():
+    """Noise at sigma/2 (variance a quarter of the claim): F1 rejects in 20/20 seeds."""
+    for seed in range(20):
+        rng = np.random.default_rng(300 + seed)
+        e1, k1, _, _ = _energies(_training(rng, 8, 1.0, scale=0.5))
+        assert _rejected(noise_energy_check(e1, k1, 1.0, groups=NAMES))
+
+
+def test_power_matches_its_closed_form():
+    """Noise with a variance of 0.9 of the claim and no gradient, 2,000 coordinates: the
+    rejection rate over 800 runs matches noise_energy_power within binomial limits."""
+    rng = np.random.default_rng(4)
+    dof, ratio, alpha, runs = 2000, 0.9, 0.05, 800
+    power = noise_energy_power(dof, ratio, alpha=alpha)
+    assert 0.5 < power < 0.999
+    hits = sum(_rejected(noise_energy_check((rng.normal(scale=np.sqrt(ratio), size=dof) ** 2).sum(),
+                                            dof, 1.0, alpha=alpha)) for _ in range(runs))
+    lo, hi = stats.binom.ppf([0.0005, 0.9995], runs, power)
+    assert lo <= hits <= hi, (hits, power * runs)
+    assert noise_energy_power(dof, 1.0, alpha=alpha) == pytest.approx(alpha)
+    assert noise_energy_power(dof, 0.5, alpha=alpha, groups=10) > 0.9999
+
+
+def test_the_result_reports_its_numbers():
+    res = noise_energy_check([200.0, 5.0], [200, 10], 1.0, groups=["a", "b"])
+    assert res.value == pytest.approx(0.5)
+    assert res.details["group"] == "b"
+    assert res.details["ratios"] == {"a": 1.0, "b": 0.5}
+    p = 2 * stats.chi2.cdf(5.0, 10)
+    assert res.details["p_value"] == pytest.approx(p)
+    assert res.details["threshold"] == pytest.approx(stats.chi2.ppf(0.025, 10) / 10)
+    assert res.counts == {"dof": 210, "groups": 2}
+
+
+# ------------------------------------------------------------------------------ the sampler
+@pytest.mark.parametrize("population, rate", [(60_000, 256 / 60_000), (50, 0.04)])
+def test_sampler_false_alarm_rate_on_poisson_batches(population, rate):
+    """Binomial(N, q) batch sizes (Opacus' Poisson sampler) rejected in at most alpha of 600
+    runs of 40 steps (N q = 256 and N q = 2: the dispersion's chi2 approximation holds)."""
+    rng = np.random.default_rng(5)
+    alpha, runs = 0.1, 600
+    hits = sum(_rejected(sampler_check(rng.binomial(population, rate, size=40), population, rate,
+                                       alpha=alpha)) for _ in range(runs))
+    assert hits <= stats.binom.ppf(0.9995, runs, alpha), hits
+
+
+def test_sampler_catches_fixed_size_shuffled_batches():
+    """DataLoader(shuffle=True, batch_size=64) over 1,000 examples under a Poisson accountant
+    at q = 0.064: 15 batches of 64 and one of 40 each epoch, rejected within one epoch."""
+    sizes = [64] * 15 + [40]
+    res = sampler_check(sizes, 1000, 0.064)
+    assert _rejected(res)
+    assert res.details["sampling"] == "fixed-size batches of 64"
+    assert res.details["p_value_repeats"] < 1e-10
+    # the short last batch alone makes the spread look plausible: the repeats test catches it
+    assert res.details["p_value_dispersion"] > 0.05
+    # within 4 steps of a second configuration (batch 256 of 60,000 at q = 256/60,000)
+    assert _rejected(sampler_check([256] * 4, 60_000, 256 / 60_000))
+
+
+def test_sampler_catches_a_doubled_rate():
+    rng = np.random.default_rng(6)
+    for _ in range(20):
+        assert _rejected(sampler_check(rng.binomial(5000, 0.02, size=30), 5000, 0.01))
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    ({"energy": [1.0, -1.0], "dof": [1, 1]}, "energy"),
+    ({"energy": [1.0], "dof": [1, 2]}, "dof"),
+    ({"energy": [1.0], "dof": [0.5]}, "dof"),
+    ({"energy": [np.nan], "dof": [1]}, "energy"),
+    ({"energy": [1.0], "dof": [1], "noise_std": 0.0}, "noise_std"),
+    ({"energy": [1.0], "dof": [1], "alpha": 1.5}, "alpha"),
+    ({"energy": [1.0], "dof": [1], "check": "scale"}, "check"),
+    ({"energy": [1.0, 2.0], "dof": [1, 1], "groups": ["a"]}, "groups"),
+])
+def test_noise_check_bad_input(kwargs, name):
+    kwargs = {"noise_std": 1.0, **kwargs}
+    with pytest.raises(ValueError, match=name):
+        noise_energy_check(kwargs.pop("energy"), kwargs.pop("dof"), kwargs.pop("noise_std"), **kwargs)
+
+
+@pytest.mark.parametrize("args, name", [
+    (([3], 10, 0.1), "batch_sizes"),
+    (([3, -1], 10, 0.1), "batch_sizes"),
+    (([3, 2.5], 10, 0.1), "batch_sizes"),
+    (([3, 11], 10, 0.1), "batch_sizes"),
+    (([3, 4], 0, 0.1), "population"),
+    (([3, 4], 10, 1.0), "sample_rate"),
+    (([3, 4], 10, float("nan")), "sample_rate"),
+])
+def test_sampler_bad_input(args, name):
+    with pytest.raises(ValueError, match=name):
+        sampler_check(*args)
