@@ -56,7 +56,6 @@ def test_every_public_name_the_readme_imports_exists():
                 assert hasattr(mod, name), f"{module}.{name}"
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("line,code", SNIPPETS, ids=[f"README.md:{line}" for line, _ in SNIPPETS])
 def test_readme_snippet_runs_as_written(line, code, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
