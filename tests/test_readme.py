@@ -5,6 +5,8 @@ the guide stays short and its links lead somewhere."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -54,6 +56,15 @@ def test_every_public_name_the_readme_imports_exists():
             mod = importlib.import_module(module)
             for name in (n.strip() for n in names.split("#")[0].split(",")):
                 assert hasattr(mod, name), f"{module}.{name}"
+
+
+@pytest.mark.parametrize("line,code", SNIPPETS, ids=[f"README.md:{line}" for line, _ in SNIPPETS])
+def test_readme_snippet_has_no_undefined_or_unused_name(line, code):
+    out = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--isolated", "--select", "F,B,E9",
+         "--line-length", "100", "--stdin-filename", f"README_{line}.py", "-"],
+        input=code, capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
 
 
 @pytest.mark.parametrize("line,code", SNIPPETS, ids=[f"README.md:{line}" for line, _ in SNIPPETS])
