@@ -39,13 +39,37 @@ def test_the_readme_is_a_short_guide():
     assert len(SNIPPETS) >= 6  # one per kind of training: DP-SGD, plain loop, FedAvg, Flower, label, LDP
 
 
-def test_every_relative_link_of_the_readme_exists():
-    text = README.read_text(encoding="utf-8")
-    targets = {t.split("#")[0] for t in re.findall(r"\]\(([^)]+)\)", text)}
-    local = {t for t in targets if t and "://" not in t}
-    assert local, "the README links to its docs"
-    missing = sorted(t for t in local - GENERATED if not (ROOT / t).exists())
-    assert not missing
+DOCS = [README, ROOT / "benchmarks" / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def _anchors(path: Path) -> set[str]:
+    text = path.read_text(encoding="utf-8")
+    text = re.sub(r"^```.*?^```$", "", text, flags=re.S | re.M)  # no headings inside code
+    return {_slug(h) for h in re.findall(r"^#+ (.+)$", text, re.M)}
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=[str(d.relative_to(ROOT)) for d in DOCS])
+def test_every_relative_link_leads_somewhere(doc):
+    text = re.sub(r"^```.*?^```$", "", doc.read_text(encoding="utf-8"), flags=re.S | re.M)
+    broken = []
+    for link in re.findall(r"\]\(([^)\s]+)\)", text):
+        if "://" in link or link.startswith("mailto:"):
+            continue
+        target, _, anchor = link.partition("#")
+        path = (doc.parent / target).resolve() if target else doc
+        if str(path.relative_to(ROOT)) in GENERATED:
+            continue
+        if not path.exists():
+            broken.append(link)
+        elif anchor and path.suffix == ".md" and anchor not in _anchors(path):
+            broken.append(link)
+    assert not broken
 
 
 def test_every_public_name_the_readme_imports_exists():
