@@ -15,14 +15,14 @@ import torch
 
 from audit_callbacks import names
 from audit_callbacks.auditing import CanaryAuditConfig, CanaryAuditor, NoEstimateYet
-from audit_callbacks.backends.base import CanaryBackend
+from audit_callbacks.backends.base import BackendBase
 from audit_callbacks.callbacks import CanaryAudit
 from audit_callbacks.estimators import gaussian_epsilon
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "audit_callbacks"
 
 
-class SimulatedBackend(CanaryBackend):
+class SimulatedBackend(BackendBase):
     """A Gaussian mechanism in d dimensions: each release is C * (sum of the canaries that
     took part) + N(0, (z C)^2 I), exactly DP-FedAvg's noisy sum of a round without real
     clients (Andrew et al., ICLR 2024, Alg. 2)."""

@@ -126,7 +126,7 @@ def test_resume_gives_the_same_estimate(tmp_path, kind):
     fit(dm, module, [full], 8, tmp_path / "a", logger=False)
     expected = full.last_report.estimates
     if kind == "gaussian":  # no known-rounds statistic: it would regenerate every canary a round
-        assert full.backend.matched is None
+        assert full.auditor.matched is None
         assert full.last_report.skipped["epsilon_all_iterates_matched"].startswith("Gaussian canaries")
 
     dm, module = make(seed=3)

@@ -39,7 +39,7 @@ from scipy.special import nctdtr, ndtr, ndtri
 from audit_callbacks.estimators import canary_epsilon, one_run, score_auditor
 from audit_callbacks.estimators.canary_report import (
     BOUND_METHODS,
-    canary_report,
+    canary_estimates,
     estimate_names,
 )
 from audit_callbacks.estimators.one_run import fdp_mu, fdp_rejects, guess_counts
@@ -450,7 +450,7 @@ def _assert_same_report(new: tuple[dict, dict], old: tuple[dict, dict]) -> None:
 def test_report_equals_the_report_before(monkeypatch, k, kk, index, bootstrap, shift) -> None:
     final, maxc = _scores(k, kk, seed=k + kk, shift=shift)
     kw = dict(max_cosine=maxc, bootstrap=bootstrap, seed=3, index=index)
-    new = canary_report(final, 1e-6, **kw)
+    new = canary_estimates(final, 1e-6, **kw)
     old = _report_before(monkeypatch, final, 1e-6, **kw)
     _assert_same_report(new, old)
     assert "epsilon_lower_bound_all_iterates" in new[0]
@@ -458,7 +458,7 @@ def test_report_equals_the_report_before(monkeypatch, k, kk, index, bootstrap, s
 
 def test_report_at_the_issue_size_equals_the_report_before(monkeypatch) -> None:
     final, maxc = _scores(1000, 100_000, seed=11)
-    new = canary_report(final, 1e-6, max_cosine=maxc, bootstrap=20, seed=0)
+    new = canary_estimates(final, 1e-6, max_cosine=maxc, bootstrap=20, seed=0)
     old = _report_before(monkeypatch, final, 1e-6, max_cosine=maxc, bootstrap=20, seed=0)
     _assert_same_report(new, old)
 
@@ -480,13 +480,13 @@ def test_report_with_matched_gaussian_canaries_and_edge_cases(monkeypatch) -> No
     ]
     for kw in cases:
         kw = {"delta": 1e-5, **kw}
-        new = canary_report(final, seed=1, **kw)
+        new = canary_estimates(final, seed=1, **kw)
         old = _report_before(monkeypatch, final, seed=1, **kw)
         _assert_same_report(new, old)
     # degenerate max cosines raise in both
     flat = (np.full(150, 0.1), maxc[1])
     with pytest.raises(ValueError) as a:
-        canary_report(final, 1e-5, max_cosine=flat)
+        canary_estimates(final, 1e-5, max_cosine=flat)
     with pytest.raises(ValueError) as b:
         _report_before(monkeypatch, final, 1e-5, max_cosine=flat)
     assert str(a.value) == str(b.value)
@@ -497,7 +497,7 @@ def test_report_with_flat_final_scores_matches(monkeypatch) -> None:
     _, maxc = _scores(100, 300, seed=3)
     final = (maxc[0] - 0.03, np.zeros(300))
     with pytest.raises(ValueError) as a:
-        canary_report(final, 1e-5, max_cosine=maxc)
+        canary_estimates(final, 1e-5, max_cosine=maxc)
     with pytest.raises(ValueError) as b:
         _report_before(monkeypatch, final, 1e-5, max_cosine=maxc)
     assert str(a.value) == str(b.value)

@@ -218,11 +218,6 @@ def test_cached_canary_rows_train_as_fresh_injectors(kind):
     assert not all(torch.equal(a, b) for a, b in zip(cached, net3.parameters(), strict=True))
 
 
-class _Trainer:
-    def __init__(self, opt):
-        self.optimizers, self.train_dataloader, self.world_size = [opt], None, 1
-
-
 class _Auditor:
     """What OpacusBackend needs of the auditor; records the released deltas (copies)."""
 
@@ -232,15 +227,16 @@ class _Auditor:
         self.released: list[torch.Tensor] = []
         self.given: list[torch.Tensor] = []
 
-    def release(self, delta, participants=None, *, what=""):
-        self.given.append(delta)  # copied by the test, after the hook (not counted)
+    def release(self, delta, participants=None, *, noisy_sum=None, rate=None, what=""):
+        if delta is not None:  # the model delta (the noisy sums are released at the step)
+            self.given.append(delta)  # copied by the test, after the hook (not counted)
 
 
 def test_release_deltas_are_flat_parameter_differences_in_two_ops():
     model, opt, net, x, y = _private(noise=1.0)
     dim = sum(p.numel() for p in net.parameters())
     cs = CanarySet(1, dim, 16, kind="hadamard")
-    backend = OpacusBackend(_Trainer(opt), lambda key, msg: None, sample_rate=0.25, seed=3)
+    backend = OpacusBackend(opt, None, lambda key, msg: None, sample_rate=0.25, seed=3)
     auditor = _Auditor(cs, 8)
     backend.attach(auditor)
     backend._sampling_settled = True
