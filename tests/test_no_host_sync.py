@@ -153,9 +153,9 @@ def test_the_stand_in_sees_a_host_read():
 
     original = canary_stats.CanaryStatistics.add_delta
 
-    def add_delta(self, delta):
+    def add_delta(self, delta, **kwargs):
         canary_stats._finite(delta)
-        return original(self, delta)
+        return original(self, delta, **kwargs)
 
     canary_stats.CanaryStatistics.add_delta = add_delta
     try:
