@@ -41,7 +41,12 @@ from audit_callbacks.auditing.checksum import CHECKSUM_KEY, field_digests, verif
 from audit_callbacks.auditing.config import CanaryAuditConfig
 from audit_callbacks.auditing.files import write_summary
 from audit_callbacks.auditing.report import REFERENCES, CanaryReport, summary_json
-from audit_callbacks.canary.base import CanaryStatistic, Release, matched_statistic
+from audit_callbacks.canary.base import (
+    CanaryStatistic,
+    Release,
+    further_statistics,
+    matched_statistic,
+)
 from audit_callbacks.canary.projection import Projection
 from audit_callbacks.canary.statistics import CanaryStatistics
 from audit_callbacks.canary.vectors import CanarySet, hadamard_length
@@ -139,12 +144,14 @@ class CanaryAuditor:
         self.stats = CanaryStatistics(canaries, k, k_un, sign=float(backend.sign), max_buffered=buffered)
         #: the statistic matched to the analytic epsilon's adversary (None: ``matched_reason``)
         self.matched: CanaryStatistic | None
-        self.matched, self.matched_reason = matched_statistic(
-            backend.release_model(config.canaries), canaries, k, k_un, max_buffered=buffered)
+        model = backend.release_model(config.canaries)
+        self.matched, self.matched_reason = matched_statistic(model, canaries, k, k_un,
+                                                              max_buffered=buffered)
         #: every statistic, in the order each release is folded into them
         self.statistics: list[CanaryStatistic] = [self.stats]
         if self.matched is not None:
             self.statistics.append(self.matched)
+        self.statistics += further_statistics(model, canaries, k, k_un, max_buffered=buffered)
         self.participations = np.zeros(k, dtype=np.int64)
         self.last_report: CanaryReport | None = None
         self.skip_reason: str | None = None
@@ -535,8 +542,8 @@ class CanaryAuditor:
         state = {"stats": self.stats.state_dict(), "participations": self.participations.tolist(),
                  "backend": self.backend.state_dict(), "config": self.identity(),
                  "logged_points": self.logged_points}
-        if self.matched is not None:
-            state[self.matched.state_key] = self.matched.state_dict()
+        for stat in self.statistics[1:]:
+            state[stat.state_key] = stat.state_dict()
         state[CHECKSUM_KEY] = {"sha256": field_digests(state)}
         return state
 
@@ -564,11 +571,11 @@ class CanaryAuditor:
         # on from the next index, so no index is spent twice (skipping one only spends less)
         self.logged_points = int(state.get("logged_points", 0)) + 1
         backend = state.get("backend") or {}
-        if self.matched is not None:
-            key = self.matched.state_key  # older checkpoints kept it in the backend's state
-            saved_matched = state.get(key, backend.get(key))
-            if saved_matched is not None:
-                self.matched.load_state_dict(saved_matched)
+        for stat in self.statistics[1:]:
+            key = stat.state_key  # older checkpoints kept the matched one in the backend's state
+            saved = state.get(key, backend.get(key))
+            if saved is not None:
+                stat.load_state_dict(saved)
         self.backend.load_state_dict(backend)
 
 

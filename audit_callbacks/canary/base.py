@@ -9,7 +9,8 @@ that description (:func:`matched_statistic`), projects each released vector once
 :class:`Release` into each statistic that reads it.
 
 A new statistic is a class that implements :class:`CanaryStatistic` and one entry of
-:data:`MATCHED` (or of the auditor's list of statistics every release gets).
+:data:`MATCHED` (the statistic matched to the analytic epsilon's adversary) or of
+:data:`CHECKS` (further statistics of the same releases, e.g. checks of the mechanism).
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ import torch
 from audit_callbacks.canary.projection import Projection
 from audit_callbacks.canary.vectors import CanarySet
 
-__all__ = ["MATCHED", "CanaryStatistic", "NoMatchedStatistic", "NoisyAverageDelta", "NoisySum",
-           "Release", "ReleaseModel", "matched_statistic"]
+__all__ = ["CHECKS", "MATCHED", "CanaryStatistic", "NoMatchedStatistic", "NoisyAverageDelta", "NoisySum",
+           "Release", "ReleaseModel", "further_statistics", "matched_statistic"]
 
 #: Which vector of a release a statistic reads.
 Reads = Literal["model_delta", "noisy_sum"]
@@ -154,6 +155,20 @@ MATCHED: dict[type, Callable[..., CanaryStatistic]] = {
     NoisyAverageDelta: _known_rounds,
     NoisySum: _steps_unknown,
 }
+
+
+#: Further statistics every audit gets beside the matched one, each built from the release
+#: model, the canaries, k, k' and ``max_buffered`` (None where it does not apply); the auditor
+#: folds every release into them and keeps their state under their ``state_key``.
+CHECKS: list[Callable[..., CanaryStatistic | None]] = []
+
+
+def further_statistics(model: ReleaseModel, canaries: CanarySet, num_observed: int,
+                       num_unobserved: int, *, max_buffered: int = 32) -> list[CanaryStatistic]:
+    """The statistics of :data:`CHECKS` that apply to releases described by ``model``."""
+    built = (build(model, canaries, int(num_observed), int(num_unobserved), int(max_buffered))
+             for build in CHECKS)
+    return [stat for stat in built if stat is not None]
 
 
 def matched_statistic(model: ReleaseModel, canaries: CanarySet, num_observed: int,
