@@ -91,3 +91,64 @@ def test_every_matched_statistic_implements_the_interface():
         assert stat.reads in ("model_delta", "noisy_sum")
     assert len({s.state_key for s in built}) == len(built)
     assert set(MATCHED) and all(callable(b) for b in MATCHED.values())
+
+
+class _KnownRoundsBackend:
+    """A DP-FedAvg-like release: model deltas of a noisy average (the auditor builds the
+    known-rounds statistic from this description)."""
+
+    dim, population, sign, training, default_delta = 1024, 100, 1.0, "sim", 1e-5
+    analytic_names = ("epsilon_analytic",)
+
+    def attach(self, auditor):
+        pass
+
+    def release_model(self, kind):
+        from audit_callbacks.canary.base import NoisyAverageDelta
+
+        return NoisyAverageDelta(clip_norm=1.0, divisor=10, noise_multiplier=1.0, server_momentum=0.5)
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        pass
+
+
+def _known_rounds_auditor(rounds):
+    import numpy as np
+    import torch
+
+    from audit_callbacks.auditing.auditor import CanaryAuditor
+    from audit_callbacks.auditing.config import CanaryAuditConfig
+
+    auditor = CanaryAuditor(CanaryAuditConfig(20, 100, seed=0, delta=1e-5), _KnownRoundsBackend(),
+                            lambda key, msg: None)
+    auditor.start(torch.zeros(1024))
+    g = torch.Generator().manual_seed(1)
+    for t in range(rounds):
+        auditor.release(torch.randn(1024, generator=g), np.array([t % 20, (t + 3) % 20]))
+    return auditor
+
+
+def test_the_auditor_builds_feeds_and_checkpoints_the_matched_statistic():
+    import numpy as np
+
+    from audit_callbacks.auditing.checksum import CHECKSUM_KEY, field_digests
+    from audit_callbacks.canary.known_rounds import KnownRoundScores
+
+    auditor = _known_rounds_auditor(6)
+    assert isinstance(auditor.matched, KnownRoundScores) and auditor.matched.rounds == 6
+    assert auditor.statistics == [auditor.stats, auditor.matched]
+    state = auditor.state_dict()
+    assert "known_rounds" in state and "known_rounds" not in state["backend"]
+    # a checkpoint of the older layout (the statistic in the backend's state) still loads
+    old = {key: value for key, value in state.items() if key not in ("known_rounds", CHECKSUM_KEY)}
+    old["backend"] = {"known_rounds": state["known_rounds"]}
+    old[CHECKSUM_KEY] = {"sha256": field_digests(old)}
+    for saved in (state, old):
+        resumed = _known_rounds_auditor(0)
+        resumed.load_state_dict(saved)
+        for key in ("sums", "counts", "momentum_sums"):
+            np.testing.assert_array_equal(getattr(resumed.matched, key), getattr(auditor.matched, key))
+        assert resumed.matched.rounds == 6
