@@ -152,3 +152,25 @@ def test_the_auditor_builds_feeds_and_checkpoints_the_matched_statistic():
         for key in ("sums", "counts", "momentum_sums"):
             np.testing.assert_array_equal(getattr(resumed.matched, key), getattr(auditor.matched, key))
         assert resumed.matched.rounds == 6
+
+
+def test_every_backend_answers_what_the_auditor_needs():
+    import typing
+
+    from audit_callbacks.backends.base import CanaryBackend, LightningHooks
+    from audit_callbacks.backends.fedavg import FedAvgBackend
+    from audit_callbacks.backends.opacus.backend import OpacusBackend
+    from audit_callbacks.backends.opacus.lightning import LightningOpacusBackend
+    from audit_callbacks.flower.backend import FlowerBackend
+
+    members = typing.get_protocol_members(CanaryBackend) if hasattr(typing, "get_protocol_members") else {
+        name for name in vars(CanaryBackend) if not name.startswith("_")}
+    methods = {name for name in members if callable(getattr(CanaryBackend, name, None))}
+    assert {"release_model", "analytic", "flat_parameters", "attach"} <= methods
+    for cls in (FedAvgBackend, OpacusBackend, LightningOpacusBackend, FlowerBackend):
+        missing = {name for name in methods if not callable(getattr(cls, name, None))}
+        assert not missing, f"{cls.__name__} lacks {sorted(missing)}"
+    # the Lightning hooks are a mixin of the Lightning backends only
+    hooks = {"on_setup", "on_fit_start", "on_federated_round_end"}
+    assert not hooks & set(dir(OpacusBackend)) and not hooks & set(dir(FlowerBackend))
+    assert issubclass(FedAvgBackend, LightningHooks) and issubclass(LightningOpacusBackend, LightningHooks)
