@@ -1,4 +1,4 @@
-"""The one canary auditor (issue 23): its event interface on a simulated Gaussian mechanism,
+"""The one canary auditor: its event interface on a simulated Gaussian mechanism,
 the shared validating configuration, the name table, and the package's import structure."""
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def test_non_finite_release_is_skipped_and_counted():
     auditor.release(torch.full((backend.dim,), math.nan), np.array([0, 1]), what="round 1")
     assert auditor.stats.rounds_skipped == 1
     assert auditor.participations[:2].tolist() == [1, 1]  # the release happened
-    # nothing is read back per release (issue 28): the warning comes with the next estimate or
+    # nothing is read back per release: the warning comes with the next estimate or
     # summary, naming the release
     assert not any(key == "nan" for key, _ in warnings)
     assert auditor.summary()["inputs"]["rounds_skipped_non_finite"] == 1
@@ -199,7 +199,7 @@ def test_canary_audit_checks_its_own_arguments(kwargs, name):
 
 
 def test_the_front_ends_are_thin_adapters():
-    """No backend type switches and under 150 lines each (issue 23)."""
+    """No backend type switches and under 150 lines each."""
     for path in (PACKAGE / "callbacks" / "canary_audit.py", PACKAGE / "flower" / "strategy.py"):
         text = path.read_text()
         assert len(text.splitlines()) < 150, path

@@ -243,7 +243,7 @@ def test_nan_delta_is_skipped_with_a_warning(tmp_path):
     nobody = Cohort(real_ids=[], virtual_ids={}, population_ids=[], divisor=5)
     fl_round = FederatedRound(5, nobody, theta=module.flat_parameters(), clip_norm=module.clip_norm,
                               model_delta=bad)
-    audit.on_federated_round_end(None, module, fl_round)  # no host read per round (issue 28)
+    audit.on_federated_round_end(None, module, fl_round)  # no host read per round
     assert audit.auditor.stats.rounds_skipped == 1 and audit.auditor.stats.rounds_seen == seen
     with pytest.warns(UserWarning, match="round 5 produced a model delta with NaN or inf"):
         report = audit.compute()  # the warning comes at estimate time

@@ -502,7 +502,7 @@ def test_a_non_finite_row_names_its_client():
 
 
 def test_without_num_classes_it_warns_once_and_says_how_to_fix_it():
-    """Issue 27 item 5: no silent gap when accuracy cannot be computed."""
+    """No silent gap when accuracy cannot be computed."""
     class NoClasses(Ticks):
         def __init__(self, clients):
             super().__init__(clients)

@@ -1,4 +1,4 @@
-"""The known-rounds all-iterates statistic of DP-FedAvg (issue 24) on a simulated mechanism:
+"""The known-rounds all-iterates statistic of DP-FedAvg on a simulated mechanism:
 the recovered aggregate, the scores' laws under both hypotheses, the estimate against the
 analytic epsilon, and the last-iterate shifts against their closed form."""
 

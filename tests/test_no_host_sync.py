@@ -1,5 +1,5 @@
 """The canary audit's per-step (DP-SGD) and per-round (DP-FedAvg) work reads nothing back to the
-host (issue 28): no ``.item()``, ``bool``/``float``/``int`` of a tensor, ``.tolist()``,
+host: no ``.item()``, ``bool``/``float``/``int`` of a tensor, ``.tolist()``,
 ``.numpy()`` or ``.cpu()`` between estimates; the counts, the finiteness checks and the
 statistics are read at estimate time.
 
@@ -147,7 +147,7 @@ def test_opacus_steps_read_nothing_back():
 
 
 def test_the_stand_in_sees_a_host_read():
-    # the counter is not blind: a per-step read of the audit's own (the pre-issue-28 finiteness
+    # the counter is not blind: a per-step read of the audit's own (an older finiteness
     # check of a release, bool(torch.isfinite(delta).all())) is recorded against it
     from audit_callbacks.canary import statistics as canary_stats
 

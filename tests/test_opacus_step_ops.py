@@ -1,4 +1,4 @@
-"""The Opacus canary audit's per-step work in few ops (issue 28), with the bits of before.
+"""The Opacus canary audit's per-step work in few ops, with the bits of before.
 
 * :class:`~audit_callbacks.backends.opacus.buffers.FlatGather` gathers tensors into one reused buffer by one op,
   equal bit for bit to the ``torch.cat`` of flattened casts it replaces;
@@ -11,7 +11,7 @@
   trains bit-identically to fresh injectors (no cache) at every step;
 * op counts (``torch.profiler``): the noisy sum is one op, the release's delta two, the canary
   rows' split into parameters none once their number has been seen, the fold of a step at most
-  11 beyond the canaries' own transform (before issue 28's change: 25, 38, 37 and 19).
+  11 beyond the canaries' own transform (the code before: 25, 38, 37 and 19).
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def test_flat_gather_is_the_concatenation_bit_for_bit_in_one_op():
 
 
 def _reference_sums(cs: CanarySet, vecs, rates, clip: float, sigma: float) -> torch.Tensor:
-    """The per-step fold as it was before issue 28's change (torch.isfinite, the increment
+    """The per-step fold as it was before the change (torch.isfinite, the increment
     function, torch.where, a slice added back)."""
     total = torch.zeros(len(cs), dtype=torch.float64)
     for g, q in zip(vecs, rates, strict=True):

@@ -1,4 +1,4 @@
-"""The per-round fast paths of DP-FedAvg's canary audit (issue 28): the same numbers as the
+"""The per-round fast paths of DP-FedAvg's canary audit: the same numbers as the
 definitions they replace, bit for bit where the arithmetic is unchanged, within a stated float
 tolerance where it is not.
 

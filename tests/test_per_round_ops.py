@@ -1,4 +1,4 @@
-"""DP-FedAvg's per-round canary work in fewer operations (issue 28, second pass): each shortcut
+"""DP-FedAvg's per-round canary work in fewer operations (a second pass): each shortcut
 against the code it replaced, kept here.
 
 * ``HadamardCanaries.batch`` of one row (two rows of the cached Sylvester blocks, picked on the
@@ -17,7 +17,7 @@ against the code it replaced, kept here.
   below over 400 draws), a planted non-scaling clipping is sent row by row as before, and a
   whole DP-FedAvg fit with the previous code gives the same statistics bit for bit;
 * the number of aten operations a round costs (a TorchDispatchMode count, no timing): at most
-  the bounds measured for issue 28's second pass (61 and 74 operations; the code before it: 81
+  the bounds measured for the second pass (61 and 74 operations; the code before it: 81
   and 90).
 """
 
@@ -446,7 +446,7 @@ class _CountOps(TorchDispatchMode):
 def test_a_round_costs_at_most_the_measured_number_of_operations(monkeypatch):
     """client_update_sum and on_round_released, counted at the dispatcher (views included) in
     a fit at a demo-like size (d = 1,923, n = 1,024, 64 observed and 960 unobserved canaries),
-    from the second round on: issue 28's second pass measured 61 and 74 (the first pass's code:
+    from the second round on: the second pass measured 61 and 74 (the first pass's code:
     81 and 90; 45 of the 74 are the known-rounds update's, audit_callbacks/canary/known_rounds.py)."""
     from audit_callbacks.backends.fedavg import FedAvgBackend
     from audit_callbacks.callbacks import CanaryAudit
