@@ -9,7 +9,7 @@ What changed, and what each test here holds it to:
 * ``valid_bounds.tightest_valid_lower_bounds`` computes several valid bounds with one f-DP
   search: each result equals (``==``, value and details) the single
   ``tightest_valid_lower_bound`` / ``watched_lower_bound`` call.
-* ``canary_report`` asks for both threat models' valid bounds at once, reuses its auditors
+* ``canary_estimates`` asks for both threat models' valid bounds at once, reuses its auditors
   (no re-sorting) and draws the bootstrap resamples of the final-model and max-cosine
   estimates once (``canary_epsilon.share_resamples``); ``score_auditor._nct_lower`` calls
   ``scipy.special.nctdtr`` (what ``stats.nct.cdf`` evaluates). The whole report equals the
@@ -198,7 +198,7 @@ def _canary_report_before(
     alpha: float = 0.05, bootstrap: int = 0, seed: int = 0, index: int | None = None,
     gof_level: float = 0.01,
 ) -> tuple[dict[str, AuditResult], dict[str, str]]:
-    """``canary_report`` before this change (verbatim body)."""
+    """``canary_estimates`` before this change (verbatim body)."""
     _valid_bound = _valid_bound_before
     estimates: dict[str, AuditResult] = {}
     skipped: dict[str, str] = {}
