@@ -11,7 +11,7 @@ N(0, z^2)``. Both threat models' statistics follow exactly:
   1); the truth is epsilon_GDP(r_max / (z sqrt T)).
 
 Every data set is audited at J checkpoints (rounds T/J, 2T/J, ..., T) through
-:func:`audit_callbacks.estimators.canary_report.canary_report` with the point's index, as
+:func:`audit_callbacks.estimators.canary_report.canary_estimates` with the point's index, as
 ``CanaryAudit`` logs them. Reported: how often any point of each logged lower-bound series
 exceeds its checkpoint's truth (the maximum of the series is then above the truth), and how
 often the plain-alpha (summary) bound does; both must stay within 5% plus binomial slack.
@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import machine_info, write_json  # noqa: E402
 
 from audit_callbacks.estimators import AuditResult, gaussian_epsilon_array  # noqa: E402
-from audit_callbacks.estimators.canary_report import canary_report  # noqa: E402
+from audit_callbacks.estimators.canary_report import canary_estimates  # noqa: E402
 
 TAGS = ("epsilon_lower_bound_all_iterates", "epsilon_lower_bound_final_model",
         "epsilon_gdp_lower_bound_all_iterates", "epsilon_gdp_lower_bound_final_model")
@@ -66,7 +66,7 @@ def simulate(rng: np.random.Generator, *, k: int, k_un: int, rounds: int, q: flo
         point = {"truth_all": truth_all, "truth_final": truth_final}
         dummy = AuditResult(value=0.0)
         for index in (i, None):
-            est, _ = canary_report((final_in, final_out), delta, max_cosine=None,
+            est, _ = canary_estimates((final_in, final_out), delta, max_cosine=None,
                                    matched=((aligned_in, aligned_out), dummy), index=index)
             suffix = "" if index is not None else "_plain"
             for tag in TAGS:

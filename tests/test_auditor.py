@@ -1,4 +1,4 @@
-"""The one canary auditor (issue 23): its event interface on a simulated Gaussian mechanism,
+"""The one canary auditor: its event interface on a simulated Gaussian mechanism,
 the shared validating configuration, the name table, and the package's import structure."""
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ import torch
 
 from audit_callbacks import names
 from audit_callbacks.auditing import CanaryAuditConfig, CanaryAuditor, NoEstimateYet
-from audit_callbacks.backends.base import CanaryBackend
+from audit_callbacks.backends.base import BackendBase
 from audit_callbacks.callbacks import CanaryAudit
 from audit_callbacks.estimators import gaussian_epsilon
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "audit_callbacks"
 
 
-class SimulatedBackend(CanaryBackend):
+class SimulatedBackend(BackendBase):
     """A Gaussian mechanism in d dimensions: each release is C * (sum of the canaries that
     took part) + N(0, (z C)^2 I), exactly DP-FedAvg's noisy sum of a round without real
     clients (Andrew et al., ICLR 2024, Alg. 2)."""
@@ -111,7 +111,7 @@ def test_non_finite_release_is_skipped_and_counted():
     auditor.release(torch.full((backend.dim,), math.nan), np.array([0, 1]), what="round 1")
     assert auditor.stats.rounds_skipped == 1
     assert auditor.participations[:2].tolist() == [1, 1]  # the release happened
-    # nothing is read back per release (issue 28): the warning comes with the next estimate or
+    # nothing is read back per release: the warning comes with the next estimate or
     # summary, naming the release
     assert not any(key == "nan" for key, _ in warnings)
     assert auditor.summary()["inputs"]["rounds_skipped_non_finite"] == 1
@@ -199,7 +199,7 @@ def test_canary_audit_checks_its_own_arguments(kwargs, name):
 
 
 def test_the_front_ends_are_thin_adapters():
-    """No backend type switches and under 150 lines each (issue 23)."""
+    """No backend type switches and under 150 lines each."""
     for path in (PACKAGE / "callbacks" / "canary_audit.py", PACKAGE / "flower" / "strategy.py"):
         text = path.read_text()
         assert len(text.splitlines()) < 150, path

@@ -126,7 +126,7 @@ def test_resume_gives_the_same_estimate(tmp_path, kind):
     fit(dm, module, [full], 8, tmp_path / "a", logger=False)
     expected = full.last_report.estimates
     if kind == "gaussian":  # no known-rounds statistic: it would regenerate every canary a round
-        assert full.backend.matched is None
+        assert full.auditor.matched is None
         assert full.last_report.skipped["epsilon_all_iterates_matched"].startswith("Gaussian canaries")
 
     dm, module = make(seed=3)
@@ -243,7 +243,7 @@ def test_nan_delta_is_skipped_with_a_warning(tmp_path):
     nobody = Cohort(real_ids=[], virtual_ids={}, population_ids=[], divisor=5)
     fl_round = FederatedRound(5, nobody, theta=module.flat_parameters(), clip_norm=module.clip_norm,
                               model_delta=bad)
-    audit.on_federated_round_end(None, module, fl_round)  # no host read per round (issue 28)
+    audit.on_federated_round_end(None, module, fl_round)  # no host read per round
     assert audit.auditor.stats.rounds_skipped == 1 and audit.auditor.stats.rounds_seen == seen
     with pytest.warns(UserWarning, match="round 5 produced a model delta with NaN or inf"):
         report = audit.compute()  # the warning comes at estimate time

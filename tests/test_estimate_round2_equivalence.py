@@ -1,11 +1,11 @@
-"""Issue 28, item 3, round 2: the per-report estimates outside ``canary_report`` made cheap with
+"""The per-report estimates outside ``canary_estimates`` made cheap with
 the same values.
 
 * ``fedavg_last_iterate_epsilon`` (and every mixture with shifts >= 0): one root finding per
   direction instead of the nested one; compared with the nested version, kept verbatim below
   (``_old_epsilon``), within 1e-9 relative (measured: 3e-13).
 * ``KnownRoundScores.estimate``: the point estimate and, up to ``exact_bootstrap_draws``, the
-  bootstrap interval bit for bit against the loop before issue 28 (kept verbatim below:
+  bootstrap interval bit for bit against the loop of before (kept verbatim below:
   ``_old_per_round_shift``, ``_old_estimate``); above it the unobserved canaries' resampled mean
   comes from its normal limit: its interval is compared with the index-by-index bootstrap's
   (endpoints, width, coverage by Monte Carlo), and a planted fault (that term dropped) fails.

@@ -9,7 +9,7 @@ What changed, and what each test here holds it to:
 * ``valid_bounds.tightest_valid_lower_bounds`` computes several valid bounds with one f-DP
   search: each result equals (``==``, value and details) the single
   ``tightest_valid_lower_bound`` / ``watched_lower_bound`` call.
-* ``canary_report`` asks for both threat models' valid bounds at once, reuses its auditors
+* ``canary_estimates`` asks for both threat models' valid bounds at once, reuses its auditors
   (no re-sorting) and draws the bootstrap resamples of the final-model and max-cosine
   estimates once (``canary_epsilon.share_resamples``); ``score_auditor._nct_lower`` calls
   ``scipy.special.nctdtr`` (what ``stats.nct.cdf`` evaluates). The whole report equals the
@@ -39,7 +39,7 @@ from scipy.special import nctdtr, ndtr, ndtri
 from audit_callbacks.estimators import canary_epsilon, one_run, score_auditor
 from audit_callbacks.estimators.canary_report import (
     BOUND_METHODS,
-    canary_report,
+    canary_estimates,
     estimate_names,
 )
 from audit_callbacks.estimators.one_run import fdp_mu, fdp_rejects, guess_counts
@@ -198,7 +198,7 @@ def _canary_report_before(
     alpha: float = 0.05, bootstrap: int = 0, seed: int = 0, index: int | None = None,
     gof_level: float = 0.01,
 ) -> tuple[dict[str, AuditResult], dict[str, str]]:
-    """``canary_report`` before this change (verbatim body)."""
+    """``canary_estimates`` before this change (verbatim body)."""
     _valid_bound = _valid_bound_before
     estimates: dict[str, AuditResult] = {}
     skipped: dict[str, str] = {}
@@ -450,7 +450,7 @@ def _assert_same_report(new: tuple[dict, dict], old: tuple[dict, dict]) -> None:
 def test_report_equals_the_report_before(monkeypatch, k, kk, index, bootstrap, shift) -> None:
     final, maxc = _scores(k, kk, seed=k + kk, shift=shift)
     kw = dict(max_cosine=maxc, bootstrap=bootstrap, seed=3, index=index)
-    new = canary_report(final, 1e-6, **kw)
+    new = canary_estimates(final, 1e-6, **kw)
     old = _report_before(monkeypatch, final, 1e-6, **kw)
     _assert_same_report(new, old)
     assert "epsilon_lower_bound_all_iterates" in new[0]
@@ -458,7 +458,7 @@ def test_report_equals_the_report_before(monkeypatch, k, kk, index, bootstrap, s
 
 def test_report_at_the_issue_size_equals_the_report_before(monkeypatch) -> None:
     final, maxc = _scores(1000, 100_000, seed=11)
-    new = canary_report(final, 1e-6, max_cosine=maxc, bootstrap=20, seed=0)
+    new = canary_estimates(final, 1e-6, max_cosine=maxc, bootstrap=20, seed=0)
     old = _report_before(monkeypatch, final, 1e-6, max_cosine=maxc, bootstrap=20, seed=0)
     _assert_same_report(new, old)
 
@@ -480,13 +480,13 @@ def test_report_with_matched_gaussian_canaries_and_edge_cases(monkeypatch) -> No
     ]
     for kw in cases:
         kw = {"delta": 1e-5, **kw}
-        new = canary_report(final, seed=1, **kw)
+        new = canary_estimates(final, seed=1, **kw)
         old = _report_before(monkeypatch, final, seed=1, **kw)
         _assert_same_report(new, old)
     # degenerate max cosines raise in both
     flat = (np.full(150, 0.1), maxc[1])
     with pytest.raises(ValueError) as a:
-        canary_report(final, 1e-5, max_cosine=flat)
+        canary_estimates(final, 1e-5, max_cosine=flat)
     with pytest.raises(ValueError) as b:
         _report_before(monkeypatch, final, 1e-5, max_cosine=flat)
     assert str(a.value) == str(b.value)
@@ -497,7 +497,7 @@ def test_report_with_flat_final_scores_matches(monkeypatch) -> None:
     _, maxc = _scores(100, 300, seed=3)
     final = (maxc[0] - 0.03, np.zeros(300))
     with pytest.raises(ValueError) as a:
-        canary_report(final, 1e-5, max_cosine=maxc)
+        canary_estimates(final, 1e-5, max_cosine=maxc)
     with pytest.raises(ValueError) as b:
         _report_before(monkeypatch, final, 1e-5, max_cosine=maxc)
     assert str(a.value) == str(b.value)

@@ -460,7 +460,7 @@ def test_other_fedavg_style_strategies(tmp_path, name):
 
 
 def test_two_runs_into_one_log_dir_keep_both_summaries(tmp_path):
-    """Issue 27 item 6 (and 26 item 5): runs are versioned like Lightning's, never mixed."""
+    """Runs are versioned like Lightning's, never mixed."""
     import os
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

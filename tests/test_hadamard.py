@@ -20,7 +20,7 @@ from audit_callbacks.canary.vectors import (
 )
 from audit_callbacks.estimators import gaussian_epsilon
 from audit_callbacks.estimators.canary_epsilon import estimate_epsilon_from_cosines
-from audit_callbacks.estimators.canary_report import canary_report
+from audit_callbacks.estimators.canary_report import canary_estimates
 from audit_callbacks.estimators.lower_bound import estimate_epsilon_lower_bound_from_cosines
 
 # every implementation of the transform: the public dispatch, and each path forced on CPU
@@ -337,13 +337,13 @@ def test_heavy_coordinates_are_handled_by_the_empirical_null():
     release = real + 0.01 * torch.randn(dim, generator=torch.Generator().manual_seed(0))
     cos = cs.cosines(release).numpy()
     obs, un = cos[:k], cos[k:]
-    estimates, _ = canary_report((obs, un), 1e-5, seed=0)
+    estimates, _ = canary_estimates((obs, un), 1e-5, seed=0)
     assert estimates["epsilon_final_model"].value < 0.3
     assert estimates["epsilon_lower_bound_final_model"].value < 0.1
     gdp = estimates.get("epsilon_gdp_lower_bound_final_model")  # given only if its fit passes
     assert gdp is None or gdp.value < 0.1
     # the Beta law is the wrong null for these scores: it reports a large epsilon
-    beta, _ = canary_report((obs, un), 1e-5, dim=dim, seed=0)
+    beta, _ = canary_estimates((obs, un), 1e-5, dim=dim, seed=0)
     assert beta["epsilon_final_model"].value > 2.0
 
 

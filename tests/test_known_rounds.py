@@ -1,4 +1,4 @@
-"""The known-rounds all-iterates statistic of DP-FedAvg (issue 24) on a simulated mechanism:
+"""The known-rounds all-iterates statistic of DP-FedAvg on a simulated mechanism:
 the recovered aggregate, the scores' laws under both hypotheses, the estimate against the
 analytic epsilon, and the last-iterate shifts against their closed form."""
 
@@ -152,7 +152,7 @@ def test_the_recovered_aggregate_is_dpfedavgs_noisy_average(tmp_path):
         delta, average = fl_round.model_delta, fl_round.average
         torch.testing.assert_close(stats.aggregate(delta), average.to(torch.float64), rtol=1e-4, atol=1e-6)
         stats.update(delta, None)
-    assert audit.backend.matched.rounds == 6
+    assert audit.auditor.matched.rounds == 6
     assert audit.last_report.value("epsilon_all_iterates_matched") is not None
 
 
@@ -164,7 +164,7 @@ def test_a_repeated_fit_restarts_the_momentum_recovery(tmp_path):
     dm, module, capture, audit = _momentum_run()
     fit(dm, module, [capture, audit], 4, tmp_path / "a", logger=False)
     fit(dm, module, [capture, audit], 4, tmp_path / "b", logger=False)
-    stats = audit.backend.matched
+    stats = audit.auditor.matched
     assert stats.rounds == len(capture.rounds) == 8
     direct = np.zeros_like(stats.sums)
     for fl_round in capture.rounds:

@@ -1,4 +1,4 @@
-"""The Opacus canary audit's per-step work in few ops (issue 28), with the bits of before.
+"""The Opacus canary audit's per-step work in few ops, with the bits of before.
 
 * :class:`~audit_callbacks.backends.opacus.buffers.FlatGather` gathers tensors into one reused buffer by one op,
   equal bit for bit to the ``torch.cat`` of flattened casts it replaces;
@@ -11,7 +11,7 @@
   trains bit-identically to fresh injectors (no cache) at every step;
 * op counts (``torch.profiler``): the noisy sum is one op, the release's delta two, the canary
   rows' split into parameters none once their number has been seen, the fold of a step at most
-  11 beyond the canaries' own transform (before issue 28's change: 25, 38, 37 and 19).
+  11 beyond the canaries' own transform (the code before: 25, 38, 37 and 19).
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def test_flat_gather_is_the_concatenation_bit_for_bit_in_one_op():
 
 
 def _reference_sums(cs: CanarySet, vecs, rates, clip: float, sigma: float) -> torch.Tensor:
-    """The per-step fold as it was before issue 28's change (torch.isfinite, the increment
+    """The per-step fold as it was before the change (torch.isfinite, the increment
     function, torch.where, a slice added back)."""
     total = torch.zeros(len(cs), dtype=torch.float64)
     for g, q in zip(vecs, rates, strict=True):
@@ -218,11 +218,6 @@ def test_cached_canary_rows_train_as_fresh_injectors(kind):
     assert not all(torch.equal(a, b) for a, b in zip(cached, net3.parameters(), strict=True))
 
 
-class _Trainer:
-    def __init__(self, opt):
-        self.optimizers, self.train_dataloader, self.world_size = [opt], None, 1
-
-
 class _Auditor:
     """What OpacusBackend needs of the auditor; records the released deltas (copies)."""
 
@@ -232,15 +227,16 @@ class _Auditor:
         self.released: list[torch.Tensor] = []
         self.given: list[torch.Tensor] = []
 
-    def release(self, delta, participants=None, *, what=""):
-        self.given.append(delta)  # copied by the test, after the hook (not counted)
+    def release(self, delta, participants=None, *, noisy_sum=None, rate=None, what=""):
+        if delta is not None:  # the model delta (the noisy sums are released at the step)
+            self.given.append(delta)  # copied by the test, after the hook (not counted)
 
 
 def test_release_deltas_are_flat_parameter_differences_in_two_ops():
     model, opt, net, x, y = _private(noise=1.0)
     dim = sum(p.numel() for p in net.parameters())
     cs = CanarySet(1, dim, 16, kind="hadamard")
-    backend = OpacusBackend(_Trainer(opt), lambda key, msg: None, sample_rate=0.25, seed=3)
+    backend = OpacusBackend(opt, None, lambda key, msg: None, sample_rate=0.25, seed=3)
     auditor = _Auditor(cs, 8)
     backend.attach(auditor)
     backend._sampling_settled = True

@@ -1,4 +1,4 @@
-"""The per-round fast paths of DP-FedAvg's canary audit (issue 28): the same numbers as the
+"""The per-round fast paths of DP-FedAvg's canary audit: the same numbers as the
 definitions they replace, bit for bit where the arithmetic is unchanged, within a stated float
 tolerance where it is not.
 
@@ -28,7 +28,9 @@ import scipy.linalg
 import torch
 
 from audit_callbacks.canary import vectors as canaries_mod
+from audit_callbacks.canary.base import Release
 from audit_callbacks.canary.known_rounds import KnownRoundScores
+from audit_callbacks.canary.projection import Projection
 from audit_callbacks.canary.statistics import CanaryStatistics
 from audit_callbacks.canary.vectors import CanarySet, _parity_signs, fwht
 
@@ -149,15 +151,15 @@ def test_the_shared_projection_is_of_that_very_delta():
     cs = CanarySet(1, dim, 200, kind="hadamard")
     st = CanaryStatistics(cs, 100, 100)
     delta = torch.randn(dim, generator=torch.Generator().manual_seed(5))
-    st.add_delta(delta)
-    dots, norm = st.projection(delta)
+    projection = Projection(cs, delta)
+    st.fold(Release(projection))
+    dots, norm = projection.dots, projection.norm
     assert torch.equal(dots, cs.dots(delta))
     assert torch.equal(norm, torch.linalg.vector_norm(delta, dtype=torch.float64))
-    assert st.projection(delta.clone()) is None  # equal values, another tensor
-    delta.mul_(2.0)  # modified in place since: its version moved on
-    assert st.projection(delta) is None
-    st.load_state_dict(st.state_dict())
-    assert st.projection(delta) is None
+    assert projection.dots is dots and projection.norm is norm  # computed once, shared
+    alone = CanaryStatistics(cs, 100, 100)
+    alone.add_delta(delta)  # the projection made inside: the same maxima
+    assert torch.equal(alone.max_cos, st.max_cos)
 
 
 # ----------------------------------------------------------------------------- known rounds
@@ -185,8 +187,9 @@ def _known_rounds_run(dim, beta, lr, *, rounds=10, share=False, reload_at=None, 
             delta[3] = math.nan
         projection = None
         if share:
-            stats.add_delta(delta)
-            projection = stats.projection(delta)
+            shared = Projection(cs, delta)
+            stats.fold(Release(shared))
+            projection = (shared.dots, shared.norm)
         before = st.sums.copy()
         folded = bool(st.update(delta, joined, projection=projection))
         d64 = delta.double()
@@ -318,7 +321,7 @@ def test_the_representative_row_is_clipped_by_the_module_every_round():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         quick_trainer(5, [audit]).fit(module, datamodule=tiny_federation(p=15))
-    assert audit.auditor.participations.sum() > 0 and audit.backend.matched.rounds == 5
+    assert audit.auditor.participations.sum() > 0 and audit.auditor.matched.rounds == 5
     by_round: dict[int, list[int]] = {}
     for index, n_rows in module.calls:
         by_round.setdefault(index, []).append(n_rows)

@@ -1,4 +1,4 @@
-"""``OpacusCanaryAudit``: the canary audit of plain-PyTorch Opacus loops (issue 27, item 4).
+"""``OpacusCanaryAudit``: the canary audit of plain-PyTorch Opacus loops.
 
 The port of Opacus' ``examples/mnist.py`` (``tests/fixtures/opacus_mnist.py``) audits with the
 lines marked ``# audit`` and nothing else; its analytic epsilon is the example's accountant's.

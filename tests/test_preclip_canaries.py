@@ -1,5 +1,5 @@
 """Opacus canaries enter before per-example clipping, and the training loader's own Poisson
-sampler decides when they join (issue 25, part 1).
+sampler decides when they join.
 
 * with correct clipping a canary adds ``max_grad_norm * c_j`` to the summed gradient; with a
   planted clipping at 2C it adds ``2 C c_j`` (after-clipping insertion cannot see that);

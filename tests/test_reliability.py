@@ -111,7 +111,7 @@ def test_every_estimate_in_the_summary_has_a_status(tmp_path):
         trainer = fit(dm, module, [audit], 8, tmp_path)
     with open(audit.summary_path, encoding="utf-8") as fh:
         summary = json.load(fh)
-    # 10 canaries: every estimate is given, but says it means little (issue 27, item 5)
+    # 10 canaries: every estimate is given, but says it means little
     took = summary["num_canaries_participated"]
     assert took <= 10 and {e["status"] for e in summary["estimates"].values()} == {
         f"too few canaries (k = {took})"}

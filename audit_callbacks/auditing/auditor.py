@@ -8,8 +8,17 @@ speaks one event interface to it:
 
 * :meth:`CanaryAuditor.start` - the model before training, ``theta_0``;
 * :meth:`CanaryAuditor.release` - each release: the model delta ``theta_t - theta_{t-1}`` and
-  the observed canaries that took part in it;
+  the observed canaries that took part in it (DP-SGD: also the noisy sum and its rate);
+* ``backend.release_model(kind)`` - what one release is (a
+  :class:`~audit_callbacks.canary.base.NoisyAverageDelta`, a
+  :class:`~audit_callbacks.canary.base.NoisySum`, or
+  :class:`~audit_callbacks.canary.base.NoMatchedStatistic` with the reason), from which the
+  auditor builds its statistics: the backend builds none;
 * ``backend.analytic(delta)`` - the analytic epsilon the estimates are compared with.
+
+The auditor owns every statistic (:mod:`audit_callbacks.canary`): it projects each released
+vector onto the canaries once (:class:`~audit_callbacks.canary.projection.Projection`) and folds
+the same release into each statistic that reads that vector.
 
 Front ends (``CanaryAudit`` for Lightning, ``CanaryStrategy`` for Flower) forward their
 framework's events to the backend and ask the auditor for :meth:`report`, :meth:`log` and
@@ -32,9 +41,16 @@ from audit_callbacks.auditing.checksum import CHECKSUM_KEY, field_digests, verif
 from audit_callbacks.auditing.config import CanaryAuditConfig
 from audit_callbacks.auditing.files import write_summary
 from audit_callbacks.auditing.report import REFERENCES, CanaryReport, summary_json
+from audit_callbacks.canary.base import (
+    CanaryStatistic,
+    Release,
+    further_statistics,
+    matched_statistic,
+)
+from audit_callbacks.canary.projection import Projection
 from audit_callbacks.canary.statistics import CanaryStatistics
 from audit_callbacks.canary.vectors import CanarySet, hadamard_length
-from audit_callbacks.estimators.canary_report import canary_report
+from audit_callbacks.estimators.canary_report import canary_estimates
 
 __all__ = ["CanaryAuditor", "NoEstimateYet", "ReportSink", "Warn"]
 
@@ -46,7 +62,7 @@ DEFAULT_HADAMARD_UNOBSERVED = 100_000
 #: holds statistics of other canary vectors).
 CANARY_CONSTRUCTIONS = {"hadamard": "hadamard rows of H_n on n = 2^floor(log2 d) coordinates",
                         "gaussian": "gaussian"}
-#: What a checkpoint without ``canary_construction`` (before issue 28) had built.
+#: What a checkpoint without ``canary_construction`` (an older version) had built.
 _BEFORE = {"hadamard": "hadamard rows of H_n cut to d of n = 2^ceil(log2 d) coordinates",
            "gaussian": "gaussian", None: None}
 _BUFFER_BYTES = 16 << 20  # Gaussian canaries: model deltas buffered between passes
@@ -92,8 +108,9 @@ class CanaryAuditor:
             ``dim`` (the model's trainable parameters), ``population`` (real clients or
             training examples, which cap the default k; None when unknown), ``sign`` (+1 when
             canaries are updates the model moves along, -1 for gradients), ``training`` (its
-            name), ``default_delta``, ``flat_parameters()``, ``progress()``,
-            ``analytic(delta)``, ``summary_inputs()`` and ``attach(auditor)``.
+            name), ``default_delta``, ``release_model(kind)``, ``flat_parameters()``,
+            ``progress()``, ``analytic(delta)``, ``summary_inputs()`` and ``attach(auditor)``
+            (:class:`~audit_callbacks.backends.base.CanaryBackend`).
         warn: ``warn(key, message)``, once per key.
         name: the front end's name in warnings and the summary (``"CanaryAudit"``...).
 
@@ -125,6 +142,16 @@ class CanaryAuditor:
         canaries = CanarySet(config.seed, dim, k + k_un, kind=config.canaries)
         buffered = config.max_buffered_rounds or max(1, _BUFFER_BYTES // (4 * dim))
         self.stats = CanaryStatistics(canaries, k, k_un, sign=float(backend.sign), max_buffered=buffered)
+        #: the statistic matched to the analytic epsilon's adversary (None: ``matched_reason``)
+        self.matched: CanaryStatistic | None
+        model = backend.release_model(config.canaries)
+        self.matched, self.matched_reason = matched_statistic(model, canaries, k, k_un,
+                                                              max_buffered=buffered)
+        #: every statistic, in the order each release is folded into them
+        self.statistics: list[CanaryStatistic] = [self.stats]
+        if self.matched is not None:
+            self.statistics.append(self.matched)
+        self.statistics += further_statistics(model, canaries, k, k_un, max_buffered=buffered)
         self.participations = np.zeros(k, dtype=np.int64)
         self.last_report: CanaryReport | None = None
         self.skip_reason: str | None = None
@@ -164,18 +191,41 @@ class CanaryAuditor:
         if self.stats.theta0 is None:
             self.stats.set_initial(self.backend.flat_parameters() if theta0 is None else theta0)
 
-    def release(self, model_delta: torch.Tensor, participants: np.ndarray | None = None, *,
+    def release(self, model_delta: torch.Tensor | None, participants: np.ndarray | None = None, *,
+                noisy_sum: torch.Tensor | None = None, rate: float | None = None,
                 what: str = "a release") -> None:
         """One release: count the observed canaries that took part (local indices ``[m]`` in
-        ``0..k-1``, repeats allowed) and fold ``model_delta`` ``[d]`` into the all-iterates
-        statistic, on its device with no host synchronisation (issue 28). A delta with NaN or
-        inf entries is skipped (counted in the summary's ``rounds_skipped_non_finite``); the
-        warning naming the first such release (``what``) is given when the counts are next read
-        (:meth:`report`, :meth:`summary`, or after 4096 unchecked releases: one read back from
-        the device per 4096 releases), not per release."""
+        ``0..k-1``, repeats allowed), project each released vector onto the canaries once and
+        fold it into every statistic that reads it, on its device with no host
+        synchronisation.
+
+        Args:
+            model_delta: ``[d]`` ``theta_t - theta_{t-1}`` (None: the release has none yet, e.g.
+                DP-SGD's noisy sum, whose model delta follows after the optimizer's update).
+            participants: the observed canaries that took part, or None.
+            noisy_sum: ``[d]`` DP-SGD's noisy sum of the step (before the division by the batch
+                size), read by the steps-unknown statistic; kept only while it is folded.
+            rate: the noisy sum's Poisson rate q in (0, 1].
+            what: the release's name in warnings.
+
+        A delta with NaN or inf entries is skipped (counted in the summary's
+        ``rounds_skipped_non_finite``); the warning naming the first such release (``what``) is
+        given when the counts are next read (:meth:`report`, :meth:`summary`, or after 4096
+        unchecked releases: one read back from the device per 4096 releases), not per release."""
         if participants is not None and len(participants):
             np.add.at(self.participations, np.asarray(participants, dtype=np.int64), 1)
-        folded = self.stats.add_delta(model_delta)
+        if noisy_sum is not None:
+            release = Release(Projection(self.canaries, noisy_sum), participants, rate)
+            for stat in self.statistics:
+                if stat.reads == "noisy_sum":
+                    stat.fold(release)
+        if model_delta is None:
+            return
+        release = Release(Projection(self.canaries, model_delta), participants, rate)
+        folded = self.stats.fold(release)  # first: its flag names a non-finite release
+        for stat in self.statistics[1:]:
+            if stat.reads == "model_delta":
+                stat.fold(release)
         if self._nan_warned:
             return
         if len(self._unchecked) >= _UNCHECKED_RELEASES:  # one read per 4096 releases bounds the list
@@ -199,6 +249,14 @@ class CanaryAuditor:
             self.warn("nan", f"{self.name}: {self._unchecked[int(bad[0])][0]} produced a model delta "
                       "with NaN or inf; it is skipped by the all-iterates statistic")
         self._unchecked = []
+
+    def new_fit(self) -> None:
+        """A new fit of the same training (the server optimizer is built anew, with an empty
+        momentum buffer): the statistics that follow its state restart it."""
+        for stat in self.statistics:
+            restart = getattr(stat, "restart", None)
+            if restart is not None:
+                restart()
 
     def skip_release(self, what: str) -> None:
         """A release the audit cannot read (e.g. a model of another layout): counted as
@@ -263,7 +321,7 @@ class CanaryAuditor:
         delta, alpha, seed = self.delta, self.config.alpha, self.config.seed
         matched, matched_skip = self._matched(delta, bootstrap)
         max_cos = (stats["all_observed"], stats["all_unobserved"]) if stats["all_observed"].size else None
-        estimates, skipped = canary_report(
+        estimates, skipped = canary_estimates(
             (stats["final_observed"], stats["final_unobserved"]), delta, max_cosine=max_cos,
             matched=matched, dim=self.stats.dim if exact_null else None, alpha=alpha,
             bootstrap=bootstrap, seed=seed, index=index,
@@ -278,25 +336,36 @@ class CanaryAuditor:
             estimates = {n: replace(e, status=status) for n, e in estimates.items()}
         return CanaryReport(
             estimates=estimates, skipped=skipped, **self.backend.analytic(delta),
-            epsilon_last_iterate_heuristic=self.backend.last_iterate(delta),
+            epsilon_last_iterate_heuristic=self._last_iterate(delta),
             max_participations=int(self.participations.max(initial=0)),
             num_canaries_participated=int(took.sum()), statistics=stats,
             progress=int(self.backend.progress()), step=int(step), index=index, alpha=alpha,
         )
 
     def _matched(self, delta: float, bootstrap: int) -> tuple[Any, str | None]:
-        """The backend's matched all-iterates statistic: ``((scores), estimate)``, or None
-        with the reason."""
-        matched = self.backend.matched
+        """The matched all-iterates statistic's ``(scores, estimate)``, its scores as their
+        one score auditor (as ``(observed, unobserved)`` where they cannot be audited: the
+        estimators then say why), or None with the reason."""
+        matched = self.matched
         if matched is None:
-            return None, self.backend.matched_reason
+            return None, self.matched_reason
         try:
             est = matched.estimate(delta, alpha=self.config.alpha, bootstrap=bootstrap,
                                    seed=self.config.seed)
-            scores = matched.scores()
+            try:
+                scores: Any = matched.score_auditor()  # type: ignore[attr-defined]
+            except ValueError:
+                scores = matched.scores()
         except ValueError as err:
             return None, str(err)
         return (scores, est), None
+
+    def _last_iterate(self, delta: float) -> float | None:
+        """The final-model reference at ``delta``: the matched statistic's last-iterate
+        heuristic where it gives one, else the backend's."""
+        own = getattr(self.matched, "last_iterate", None)
+        value = None if own is None else own(delta)
+        return self.backend.last_iterate(delta) if value is None else value
 
     def try_report(self, *, bootstrap: int = 0, step: int = 0, index: int | None = None
                    ) -> CanaryReport | None:
@@ -473,6 +542,8 @@ class CanaryAuditor:
         state = {"stats": self.stats.state_dict(), "participations": self.participations.tolist(),
                  "backend": self.backend.state_dict(), "config": self.identity(),
                  "logged_points": self.logged_points}
+        for stat in self.statistics[1:]:
+            state[stat.state_key] = stat.state_dict()
         state[CHECKSUM_KEY] = {"sha256": field_digests(state)}
         return state
 
@@ -499,7 +570,13 @@ class CanaryAuditor:
         # logged after it (e.g. mid-epoch checkpoints, SIGUSR1 requeue): the resumed series goes
         # on from the next index, so no index is spent twice (skipping one only spends less)
         self.logged_points = int(state.get("logged_points", 0)) + 1
-        self.backend.load_state_dict(state.get("backend") or {})
+        backend = state.get("backend") or {}
+        for stat in self.statistics[1:]:
+            key = stat.state_key  # older checkpoints kept the matched one in the backend's state
+            saved = state.get(key, backend.get(key))
+            if saved is not None:
+                stat.load_state_dict(saved)
+        self.backend.load_state_dict(backend)
 
 
 def check_identity(theirs: dict[str, Any], mine: dict[str, Any], *, name: str, strict: bool) -> None:

@@ -14,6 +14,6 @@ The submodules are imported where they are used, so that importing this package 
 ``audit_callbacks.flower``) loads neither Lightning nor Opacus.
 """
 
-from audit_callbacks.backends.base import CanaryBackend
+from audit_callbacks.backends.base import BackendBase, CanaryBackend, LightningHooks
 
-__all__ = ["CanaryBackend"]
+__all__ = ["BackendBase", "CanaryBackend", "LightningHooks"]

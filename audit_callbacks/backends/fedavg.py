@@ -4,10 +4,12 @@ Empirical Privacy Estimation for Federated Learning", ICLR 2024, Alg. 2 and §5.
 Canary clients join the client population and are sampled by exactly the same rule as the real
 clients; a sampled canary client ``j`` returns ``canary_norm_multiplier * clip_norm * c_j`` (10 C
 by default), which the module's own clip stage clips, exactly as it clips the real clients'
-updates (issue 25): with correct clipping its contribution to the noisy sum is ``clip_norm *
+updates: with correct clipping its contribution to the noisy sum is ``clip_norm *
 c_j``; a clipping at the wrong norm moves it, and the estimates with it. The backend is the owner
 of the virtual clients (:mod:`audit_callbacks.federated.protocol`); at each round's release it
-gives the model delta, with the canaries of that round's cohort, to the auditor.
+gives the model delta, with the canaries of that round's cohort, to the auditor, and describes
+the round's release (a model delta of server SGD on the noisy average,
+:class:`~audit_callbacks.canary.base.NoisyAverageDelta`) for the auditor's statistics.
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from audit_callbacks.backends.base import CanaryBackend, total_rounds
-from audit_callbacks.canary.known_rounds import GAUSSIAN_REASON, KnownRoundScores
+from audit_callbacks.backends.base import BackendBase, LightningHooks, total_rounds
+from audit_callbacks.canary.base import NoisyAverageDelta, NoMatchedStatistic, ReleaseModel
+from audit_callbacks.canary.known_rounds import GAUSSIAN_REASON
 
-__all__ = ["FedAvgBackend", "crowding_warning"]
+__all__ = ["FedAvgBackend", "crowding_warning", "fedavg_release_model"]
 
 _CROWDING_SHARE = 0.1  # canaries' share of the population from which a warning says what it costs
 
@@ -45,20 +48,19 @@ def crowding_warning(k: int, n_real: int, per_round: int | None) -> str | None:
             f"slows learning{hint}, or pass a smaller num_canaries")
 
 
-def _known_rounds(module: Any, auditor: Any) -> tuple[KnownRoundScores | None, str]:
-    """The known-rounds statistic of a ``DPFedAvg`` module, or None and why not."""
-    if auditor.canaries.kind != "hadamard":
-        return None, GAUSSIAN_REASON
+def fedavg_release_model(module: Any, kind: str) -> ReleaseModel:
+    """What a round of a ``DPFedAvg`` module releases, for canaries of ``kind``: the model
+    delta of server SGD on the noisy average, or why no matched statistic applies."""
+    if kind != "hadamard":
+        return NoMatchedStatistic(GAUSSIAN_REASON)
     if getattr(module, "randomizer", None) is not None:
-        return None, "local DP: the release is the randomized clients' rows, not a noisy sum"
+        return NoMatchedStatistic("local DP: the release is the randomized clients' rows, not a noisy sum")
     z = float(module.noise_multiplier)
     if z <= 0:
-        return None, "no DP noise (noise_multiplier = 0): the known-rounds statistic is undefined"
-    stats = KnownRoundScores(auditor.canaries, auditor.num_canaries, clip_norm=float(module.clip_norm),
-                             divisor=int(module.clients_per_round), noise_multiplier=z,
-                             server_lr=float(module.server_lr),
+        return NoMatchedStatistic("no DP noise (noise_multiplier = 0): the known-rounds statistic is undefined")
+    return NoisyAverageDelta(clip_norm=float(module.clip_norm), divisor=int(module.clients_per_round),
+                             noise_multiplier=z, server_lr=float(module.server_lr),
                              server_momentum=float(module.server_momentum))
-    return stats, ""
 
 
 def _world_size(trainer: Any) -> int:
@@ -67,7 +69,7 @@ def _world_size(trainer: Any) -> int:
     return value if isinstance(value, int) else 1
 
 
-class FedAvgBackend(CanaryBackend):
+class FedAvgBackend(LightningHooks, BackendBase):
     """Canary clients of a ``DPFedAvg`` module.
 
     Args:
@@ -115,9 +117,13 @@ class FedAvgBackend(CanaryBackend):
         self._trainer = trainer
         self._schedule: dict[int, list[int]] | None = None
 
+    def release_model(self, kind: str) -> ReleaseModel:
+        """A round's release: the module's model delta of server SGD on the noisy average
+        (:func:`fedavg_release_model`)."""
+        return fedavg_release_model(self.module, kind)
+
     def attach(self, auditor: Any) -> None:
         super().attach(auditor)
-        self.matched, self.matched_reason = _known_rounds(self.module, auditor)
         if self.repeats is None:
             message = crowding_warning(auditor.num_canaries, int(self.module.num_real_clients),
                                        getattr(self.module, "clients_per_round", None))
@@ -127,11 +133,11 @@ class FedAvgBackend(CanaryBackend):
 
     def on_setup(self, trainer: Any, pl_module: Any) -> None:
         """A second fit of the same module: the same canaries go on (the server optimizer is
-        built anew, so the known-rounds recovery starts without momentum)."""
+        built anew: the auditor's statistics that follow it restart)."""
         self._trainer = trainer
         self.register()
-        if self.matched is not None:
-            self.matched.restart()
+        assert self.auditor is not None
+        self.auditor.new_fit()
 
     @property
     def num_canaries(self) -> int:
@@ -220,7 +226,7 @@ class FedAvgBackend(CanaryBackend):
             clipped = self._clip(fl_round, idx[:1], raw)[0]
             # a scaling by f gives clipped_i = fl(raw_i f) with |raw_i| = s for every i < n (and
             # 0 beyond), so clipped_i * raw_0 and raw_i * clipped_0 are the same product: one
-            # comparison of the whole row (issue 28: a float64 least squares, within ~1e-5
+            # comparison of the whole row (a float64 least squares, within ~1e-5
             # relative, cost a third of the round's canary work). The one value read back to
             # the host in a round (which code runs next depends on it); the module reads the
             # sum back right after (DPFedAvg checks it is finite)
@@ -251,15 +257,7 @@ class FedAvgBackend(CanaryBackend):
             return
         self._released_round = int(fl_round.index)
         participants = fl_round.cohort.virtual_ids.get(self.name)
-        delta = fl_round.model_delta
-        self.auditor.release(delta, participants, what=f"round {fl_round.index}")
-        if self.matched is not None:
-            # the all-iterates statistic has just transformed this very delta: its dot products
-            # serve the known-rounds statistic too (None if it did not: computed there)
-            stats = getattr(self.auditor, "stats", None)
-            projection = getattr(stats, "projection", None)
-            self.matched.update(delta, participants,
-                                projection=projection(delta) if callable(projection) else None)
+        self.auditor.release(fl_round.model_delta, participants, what=f"round {fl_round.index}")
 
     def on_federated_round_end(self, fl_round: Any) -> None:
         """The round's release, where the module did not already give it
@@ -278,22 +276,6 @@ class FedAvgBackend(CanaryBackend):
         assert self.auditor is not None
         max_part = int(self.auditor.participations.max(initial=0))
         return {"epsilon_analytic": self.module.analytic_epsilon(max_part)}
-
-    def last_iterate(self, delta: float) -> float | None:
-        """The last-iterate heuristic of the observed canaries (known-rounds shifts with the
-        server's momentum weights), None without the known-rounds statistic."""
-        if self.matched is None or self.matched.rounds == 0:
-            return None
-        from audit_callbacks.estimators.last_iterate import fedavg_last_iterate_epsilon
-
-        return fedavg_last_iterate_epsilon(self.matched.last_iterate_shifts(), delta)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {} if self.matched is None else {"known_rounds": self.matched.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if self.matched is not None and state.get("known_rounds") is not None:
-            self.matched.load_state_dict(state["known_rounds"])
 
     def summary_inputs(self) -> dict[str, Any]:
         m = self.module

@@ -29,6 +29,7 @@ def lightning_backend(config: CanaryAuditConfig, trainer: Any, pl_module: Any, w
         return None
     if config.repeats is not None:
         raise ValueError("CanaryAudit(repeats=...) is for DP-FedAvg; DP-SGD canaries are sampled")
-    from audit_callbacks.backends.opacus.backend import OpacusBackend
+    from audit_callbacks.backends.opacus.lightning import LightningOpacusBackend
 
-    return OpacusBackend(trainer, warn, sample_rate=config.sample_rate, seed=config.seed, module=pl_module)
+    return LightningOpacusBackend.of(trainer, warn, sample_rate=config.sample_rate, seed=config.seed,
+                                     module=pl_module)

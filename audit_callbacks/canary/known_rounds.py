@@ -21,7 +21,7 @@ analytic epsilon does: ``mu_1`` is estimated from every (canary, round) particip
 and ``epsilon = epsilon_GDP(sqrt(r_max) mu_1, delta)`` (Dong, Roth, Su 2022, Cor. 2.13), with a
 bootstrap over canaries. Only running sums are kept: O(k + k') numbers, and with server momentum
 the previous model delta ``[d]``; they live on the deltas' device and a round reads nothing back
-to the host (a round with NaN or inf is masked out by a device bool, issue 28): the host copies
+to the host (a round with NaN or inf is masked out by a device bool): the host copies
 are made when the scores or the estimate are asked for.
 
 The final-model heuristic reference (Steinke et al., "The Last Iterate Advantage", ICLR 2025):
@@ -41,8 +41,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from audit_callbacks.canary.base import Release
 from audit_callbacks.canary.vectors import CanarySet, _index_array
-from audit_callbacks.estimators import AuditResult, gaussian_epsilon_array
+from audit_callbacks.estimators import AuditResult, CanaryScoreAuditor, gaussian_epsilon_array
 from audit_callbacks.validation import check_alpha, check_count, check_delta, check_seed
 
 __all__ = ["GAUSSIAN_REASON", "SOURCE", "KnownRoundScores"]
@@ -77,6 +78,8 @@ class KnownRoundScores:
     """
 
     name = "known_rounds"
+    reads = "model_delta"
+    state_key = "known_rounds"
 
     def __init__(self, canaries: CanarySet, num_observed: int, *, clip_norm: float, divisor: int,
                  noise_multiplier: float, server_lr: float = 1.0, server_momentum: float = 0.0) -> None:
@@ -93,7 +96,7 @@ class KnownRoundScores:
         self.eta = float(server_lr)
         self.beta = float(server_momentum)
         n = len(canaries)
-        # running sums on the deltas' device (issue 28: nothing is read back per round; the
+        # running sums on the deltas' device (nothing is read back per round; the
         # host copies below are made at estimate time, :meth:`_host`)
         self._dev: dict[str, torch.Tensor] = {
             "sums": torch.zeros(n, dtype=torch.float64),  # sum of y_jt over canary j's rounds
@@ -111,6 +114,7 @@ class KnownRoundScores:
         # <c_j, previous delta> [k + k'] float64, 0 where it is not valid; None: not computed yet
         self._previous_dots: torch.Tensor | None = None
         self._beta_on: torch.Tensor | None = None  # beta, float64 on the device
+        self._auditor: CanaryScoreAuditor | None = None  # of the scores, until the next round
 
     # ------------------------------------------------------------------ host views
     def _host(self) -> dict[str, Any]:
@@ -176,6 +180,12 @@ class KnownRoundScores:
             prev = torch.where(self._has_previous.to(delta.device), prev, 0.0)
         return (delta - self.beta * prev) / self.eta
 
+    def fold(self, release: Release) -> torch.Tensor:
+        """Fold one release: its model delta and participants (:meth:`update`), with the
+        release's shared projection (its dot products and norm)."""
+        p = release.projection
+        return self.update(p.vector, release.participants, projection=(p.dots, p.norm))
+
     def update(self, model_delta: torch.Tensor, participants: np.ndarray | None, *,
                projection: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Fold one round: ``model_delta`` ``[d]`` (``theta_t - theta_{t-1}``) and the observed
@@ -198,7 +208,7 @@ class KnownRoundScores:
             participants: ``[m]`` integer indices of the observed canaries in the round (None:
                 none).
             projection: ``(dots, norm)`` of ``model_delta`` already computed (the all-iterates
-                statistic's :meth:`CanaryStatistics.projection` of the same release):
+                release's :class:`~audit_callbacks.canary.projection.Projection`):
                 ``canaries.dots(model_delta)`` ``[k + k']`` float64 and its float64 L2 norm
                 (0-dim); None: computed here.
 
@@ -221,6 +231,7 @@ class KnownRoundScores:
                                  f"got {tuple(dots.shape)} and {tuple(norm.shape)}")
         idx = _index_array(np.asarray([] if participants is None else participants), self.k, x.device)
         self._cache = None
+        self._auditor = None
         ok = torch.isfinite(norm)  # a float64 sum of float32 squares: finite iff every entry is
         unit = self.divisor / (self.clip_norm * self.eta)  # y in units of one clipped update
         if self.beta > 0:
@@ -298,7 +309,7 @@ class KnownRoundScores:
 
     # ------------------------------------------------------------------ scores
     #: Bootstrap draws (resamples x unobserved canaries) up to which the unobserved canaries
-    #: are resampled index by index (the draws of the loop before issue 28, bit for bit);
+    #: are resampled index by index (the draws of a per-resample loop, bit for bit);
     #: above it their resampled mean is drawn from its normal limit (:meth:`estimate`).
     exact_bootstrap_draws = 1 << 22
 
@@ -310,6 +321,23 @@ class KnownRoundScores:
         un_counts = self.counts[self.k:]
         unobs = self.sums[self.k:] / (self.z * np.sqrt(np.maximum(un_counts, 1))) if self.rounds else self.sums[:0]
         return obs, unobs
+
+    def score_auditor(self) -> CanaryScoreAuditor:
+        """The one :class:`~audit_callbacks.estimators.CanaryScoreAuditor` of :meth:`scores`
+        (kept until the next round), read by the report's bounds. ValueError when the scores
+        cannot be audited (fewer than 2, all equal)."""
+        if self._auditor is None:
+            self._auditor = CanaryScoreAuditor(*self.scores())
+        return self._auditor
+
+    def last_iterate(self, delta: float) -> float | None:
+        """The last-iterate heuristic of the observed canaries (:meth:`last_iterate_shifts`
+        with the server's momentum weights), None before a round is folded."""
+        if self.rounds == 0:
+            return None
+        from audit_callbacks.estimators.last_iterate import fedavg_last_iterate_epsilon
+
+        return fedavg_last_iterate_epsilon(self.last_iterate_shifts(), delta)
 
     def _pooled_sd(self) -> float:
         """The sd of ``y`` over every unobserved (canary, round): the resamples keep it."""
@@ -344,7 +372,7 @@ class KnownRoundScores:
         """``[bootstrap]`` resampled ``mu_1`` (observed canaries that took part and unobserved
         canaries, each resampled with replacement; the pooled sd kept).
 
-        Up to :attr:`exact_bootstrap_draws` draws: the loop of the code before issue 28 (per
+        Up to :attr:`exact_bootstrap_draws` draws: the per-resample loop (per
         resample ``rng.choice`` of the observed, then ``rng.integers`` of the unobserved
         indices), its draws and its values bit for bit, without its recomputations. Above it
         (k' = 100,000 and 200 resamples is 20M draws, ~50 ms on one core): the observed
@@ -450,7 +478,7 @@ class KnownRoundScores:
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         """The running sums, on the CPU (the keys and types of the host-side version before
-        issue 28, so checkpoints load either way)."""
+        the running sums kept on the device, so checkpoints load either way)."""
         h = self._host()
         valid = self._previous is not None and (self._has_previous is None or bool(self._has_previous))
         return {"sums": torch.from_numpy(h["sums"].copy()), "counts": torch.from_numpy(h["counts"].copy()),
@@ -474,6 +502,7 @@ class KnownRoundScores:
         for key in ("un_squares", "decay", "decay_squares", "rounds", "skipped"):
             dev[key] = torch.tensor(state[key], dtype=dev[key].dtype, device=device)
         self._cache = None
+        self._auditor = None
         prev = state.get("previous")
         self._previous = None if prev is None else torch.as_tensor(prev, dtype=torch.float64).to(device).clone()
         self._previous_dots = None  # <c_j, previous> at the next update

@@ -8,16 +8,15 @@
 for DP-SGD (canaries are gradients, the model moves against them).
 
 Hadamard canaries (:class:`~audit_callbacks.canary.vectors.HadamardCanaries`) score every canary
-against a delta in one transform, so every round is folded into the running maxima when it
-arrives. Gaussian canaries are regenerated for every pass, so deltas are buffered and folded
-in one pass over the canaries when ``max_buffered`` rounds are pending or an estimate is asked
-for. A pass multiplies each chunk of canaries by a fixed block of ``group`` rounds (rounds
-``b * group .. (b + 1) * group - 1``, zeros where a round has not arrived): a round's cosines
-then have the same bits whenever the pass runs (a column of a matrix product does not depend on
-the other columns), so a resumed run equals an uninterrupted one bit for bit.
+against a delta in one transform (the release's shared
+:class:`~audit_callbacks.canary.projection.Projection`), so every round is folded into the
+running maxima when it arrives. Gaussian canaries are regenerated for every pass, so deltas are
+buffered in fixed blocks (:class:`~audit_callbacks.canary.projection.BlockBuffer`) and folded in
+one pass over the canaries when ``max_buffered`` rounds are pending or an estimate is asked
+for; a resumed run equals an uninterrupted one bit for bit.
 
 Everything runs on the calling thread, on the device of the model's vectors, and a round costs
-no host synchronisation (issue 28): the running maxima stay on that device, a round whose delta
+no host synchronisation: the running maxima stay on that device, a round whose delta
 has a NaN or inf entry is not folded (Hadamard: its cosines are NaN and ``torch.fmax`` keeps the
 maxima; Gaussian: its column is masked) and is counted in a device tensor. The counts
 (``rounds_seen``, ``rounds_skipped``) and the statistics are read back to the host only when
@@ -29,20 +28,16 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import torch
 
+from audit_callbacks.canary.base import Release
+from audit_callbacks.canary.projection import BlockBuffer, Projection, block_passes, group_rounds
 from audit_callbacks.canary.vectors import CanarySet
 
 __all__ = ["CanaryStatistics", "group_rounds"]
 
-_GROUP_ROUNDS = 16  # rounds per matrix product (one product costs about one matrix-vector)
-_GROUP_BYTES = 8 << 20  # ... but a block stays under 8 MiB: fewer rounds for a large d
 _TINY = 1e-300  # below the norm of any vector with a nonzero float32 entry
-
-
-def group_rounds(dim: int) -> int:
-    """Rounds per fixed block for dimension ``dim``: ``min(16, 8 MiB / (4 d))``, at least 1."""
-    return max(1, min(_GROUP_ROUNDS, _GROUP_BYTES // (4 * int(dim))))
 
 
 def _finite(vec: torch.Tensor) -> bool:
@@ -51,7 +46,9 @@ def _finite(vec: torch.Tensor) -> bool:
 
 
 class CanaryStatistics:
-    """Cosine statistics of observed and unobserved canaries.
+    """Cosine statistics of observed and unobserved canaries: the final-model cosines and the
+    all-iterates maximum cosines (a :class:`~audit_callbacks.canary.base.CanaryStatistic` of the
+    model deltas).
 
     Args:
         canaries: the set of exactly k + k' canaries; indices ``0..num_observed-1`` are
@@ -65,6 +62,10 @@ class CanaryStatistics:
     Raises:
         ValueError: the set is smaller than k + k', a sign other than +-1.
     """
+
+    name = "max_cosine"
+    reads = "model_delta"
+    state_key = "stats"
 
     def __init__(
         self, canaries: CanarySet, num_observed: int, num_unobserved: int, *, sign: float = 1.0,
@@ -88,16 +89,9 @@ class CanaryStatistics:
         self._arrivals = 0  # deltas given to add_delta since then (finite or not)
         self._folded: torch.Tensor | None = None  # device int64: how many of them were finite
         self._nan_on: torch.Tensor | None = None  # a 0-dim float64 NaN on the deltas' device
-        self._position = 0  # the block row of the next delta (Gaussian canaries)
-        self._block_ok: torch.Tensor | None = None  # device bool [group]: rows with a finite delta
-        self._full: list[tuple[torch.Tensor, torch.Tensor, int]] = []  # complete blocks [group, d], ok, first row
-        self._block: torch.Tensor | None = None  # the block rounds are written into
-        self._first = 0  # its first row that holds a round (later than 0 after a resume)
-        self._pending = 0
+        # Gaussian canaries: the deltas waiting for a pass over the canaries
+        self._buffer = BlockBuffer(canaries.dim, self.group, self.max_buffered)
         self._final_cache: tuple[torch.Tensor, torch.Tensor] | None = None  # (theta, cosines)
-        # the last Hadamard round's (delta object, its version, dots [k + k'], norm): shared
-        # with the known-rounds statistic of the same release (:meth:`projection`)
-        self._projection: tuple[torch.Tensor, int, torch.Tensor, torch.Tensor] | None = None
 
     @property
     def dim(self) -> int:
@@ -153,18 +147,26 @@ class CanaryStatistics:
             self._folded = self._folded.to(device)
             self._nan_on = torch.full((), math.nan, dtype=torch.float64, device=device)
 
-    def add_delta(self, delta: torch.Tensor) -> torch.Tensor:
+    def fold(self, release: Release) -> torch.Tensor:
+        """Fold one release's model delta (:meth:`add_delta` with its shared projection)."""
+        return self.add_delta(release.vector, projection=release.projection)
+
+    def add_delta(self, delta: torch.Tensor, *, projection: Projection | None = None) -> torch.Tensor:
         """Fold (or buffer) one round's model delta ``[d]``, with no host synchronisation.
 
         A delta with a NaN or inf entry is not folded and is counted in ``rounds_skipped``
         (a device count, read back at estimate time).
+
+        Args:
+            delta: ``[d]`` floating, any device.
+            projection: the delta's :class:`~audit_callbacks.canary.projection.Projection`,
+                shared with the other statistics of the release (None: made here).
 
         Returns:
             A 0-dim bool tensor on the delta's device: whether the round was folded (reading it
             as a Python bool synchronises; the auditor never does per round).
         """
         self._check(delta, "delta")
-        given = delta
         if delta.requires_grad:
             delta = delta.detach()
         self._on_device(delta.device)
@@ -172,10 +174,12 @@ class CanaryStatistics:
         self._arrivals += 1
         if self.exact_per_round:
             # the set is exactly k + k' canaries; a non-finite delta gives NaN cosines (its norm
-            # is not finite), which the maxima ignore. The steps of CanarySet.cosines, kept apart
-            # so that the known-rounds statistic can reuse the dot products (:meth:`projection`)
-            norm = torch.linalg.vector_norm(delta, dtype=torch.float64)
-            dots = self.canaries.dots(delta)
+            # is not finite), which the maxima ignore. The steps of CanarySet.cosines, from the
+            # release's projection (its dot products serve the other statistics too)
+            if projection is None:
+                projection = Projection(self.canaries, delta)
+            norm = projection.norm
+            dots = projection.dots
             ok = norm < math.inf  # = isfinite(norm) for a norm (>= 0 or NaN), 1 operation, not 4
             # cosines_from_dots(dots, norm) in fewer operations, the same bits: the divisor is
             # the norm, NaN for a non-finite delta, and any positive number where the norm is
@@ -188,54 +192,23 @@ class CanaryStatistics:
             # = torch.fmax(max_cos, cos), 10x faster: cos is NaN in every entry or in none
             torch.maximum(self.max_cos, cos.nan_to_num_(nan=-math.inf), out=self.max_cos)
             self._folded += ok
-            self._projection = (given, given._version, dots, norm)
             return ok
         ok = torch.isfinite(delta).all()
         self._folded += ok
-        row = self._position % self.group
-        self._position += 1
-        if self._block is None:
-            self._block = torch.zeros(self.group, self.dim, dtype=torch.float32, device=delta.device)
-            self._block_ok = torch.zeros(self.group, dtype=torch.bool, device=delta.device)
-            self._first = row
-        assert self._block_ok is not None
-        self._block[row] = delta.to(torch.float32)
-        self._block_ok[row] = ok
-        self._pending += 1
-        if row == self.group - 1:
-            self._full.append((self._block, self._block_ok, self._first))
-            self._block, self._block_ok = None, None
-        if self._pending >= self.max_buffered:
+        if self._buffer.add(delta, ok):
             self._fold(None)
         return ok
 
-    def projection(self, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """``(dots, norm)`` of the last :meth:`add_delta` (Hadamard canaries) when ``delta`` is
-        the very tensor it was given and has not been modified since (same object, same
-        version counter), else None: ``dots`` ``[k + k']`` float64, ``<c_j, delta>`` in the
-        canaries' order (``canaries.dots(delta)``), and ``norm`` 0-dim float64 ``||delta||``
-        (NaN or inf when delta has a NaN or inf entry), both on delta's device. They are
-        shared, not copied: the caller must not modify them."""
-        last = self._projection
-        if last is None or last[0] is not delta or last[1] != delta._version:
-            return None
-        return last[2], last[3]
-
     def flush(self) -> None:
         """Fold the buffered deltas into the running maxima."""
-        if self._pending:
+        if self._buffer.pending:
             self._fold(None)
 
     def _fold(self, final: torch.Tensor | None) -> torch.Tensor | None:
         """One pass over the Gaussian canaries: fold the pending blocks into the maxima, and
         return the cosines with ``final`` (when given)."""
-        blocks = [(b, ok, first, self.group) for b, ok, first in self._full]
-        filled = self._position % self.group
-        if self._block is not None and filled:  # folded again when complete: max is idempotent
-            assert self._block_ok is not None
-            blocks.append((self._block, self._block_ok, self._first, filled))
-        work = [(b, ok, lo, hi, _row_norms(b)) for b, ok, lo, hi in blocks] if self._pending else []
-        self._full, self._pending = [], 0
+        work = self._buffer.take()
+        norms = [_row_norms(block) for block, *_ in work]
         n = self.max_cos.numel()
         out = None
         if not work and final is None:
@@ -248,11 +221,9 @@ class CanaryStatistics:
             final32 = final.to(torch.float32)
             norm = torch.linalg.vector_norm(final.to(torch.float64))
             final_norm = torch.where(norm > 0, norm, torch.ones_like(norm))
-        pos = 0
-        for part, chunk in self.canaries.chunks(device=device):
-            end = pos + len(part)
-            for block, ok, lo, hi, norms in work:  # rows lo..hi-1 hold rounds, the rest zeros
-                cos = (torch.mm(chunk, block.t()).to(torch.float64) / norms).clamp_(-1.0, 1.0)
+        for pos, end, chunk, products in block_passes(self.canaries, work, device):
+            for (_, ok, _, lo, hi), product, row_norms in zip(work, products, norms, strict=True):
+                cos = (product / row_norms).clamp_(-1.0, 1.0)  # rows lo..hi-1 hold rounds not folded yet
                 # a non-finite round's column (NaN) never reaches the maxima
                 cos = torch.where(ok[lo:hi], cos[:, lo:hi] * self.sign, -math.inf)
                 top = cos.max(dim=1).values
@@ -260,7 +231,6 @@ class CanaryStatistics:
             if out is not None:
                 cos = (torch.mv(chunk, final32).to(torch.float64) / final_norm).clamp_(-1.0, 1.0)
                 out[pos:end] = cos * self.sign
-            pos = end
         return None if out is None else out.cpu()
 
     def compute(self, theta_now: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -284,7 +254,7 @@ class CanaryStatistics:
         if not _finite(theta):
             raise ValueError("theta_now: cannot take cosines against a model with NaN or inf entries")
         cached = self._final_cache
-        if cached is not None and not self._pending and torch.equal(cached[0], theta):
+        if cached is not None and not self._buffer.pending and torch.equal(cached[0], theta):
             return self._results(cached[1])  # same model, no new round: no pass over the canaries
         release = theta - self.theta0
         if self.exact_per_round:
@@ -307,6 +277,25 @@ class CanaryStatistics:
             "all_unobserved": max_cos[k:].clone() if have_all else empty,
         }
 
+    def scores(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(observed [k], unobserved [k'])``: the all-iterates maximum cosines (pending
+        rounds folded first; empty before any round)."""
+        self.flush()
+        if self.rounds_seen == 0:
+            return np.empty(0), np.empty(0)
+        max_cos = self.max_cos.cpu().numpy().astype(np.float64, copy=True)
+        return max_cos[: self.num_observed], max_cos[self.num_observed:]
+
+    def estimate(self, delta: float, *, alpha: float = 0.05, bootstrap: int = 0, seed: int = 0) -> Any:
+        """The max-cosine estimate of every observed canary's scores (Andrew et al., Alg. 3):
+        the equal-variance two-Gaussian fit of :meth:`scores` (the auditor's report uses the
+        canaries that took part); ValueError with fewer than 2 scores."""
+        from audit_callbacks.estimators import CanaryScoreAuditor
+
+        observed, unobserved = self.scores()
+        return CanaryScoreAuditor(observed, unobserved).epsilon_estimate(
+            delta, fit="equal", bootstrap=bootstrap, confidence=1.0 - alpha, seed=seed)
+
     def state_dict(self) -> dict[str, Any]:
         """Everything the statistics depend on (the pending rounds are folded first)."""
         self.flush()
@@ -321,7 +310,7 @@ class CanaryStatistics:
             "theta0": None if self.theta0 is None else self.theta0.cpu().clone(),
             "rounds_seen": self.rounds_seen,
             "rounds_skipped": self.rounds_skipped,
-            "positions": self._position,
+            "positions": self._buffer.position,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -353,10 +342,8 @@ class CanaryStatistics:
         self._arrivals, self._folded = 0, None
         # the block row of the next delta: the deltas given so far (older checkpoints: the
         # rounds seen, as they had no row for a skipped round)
-        self._position = int(state.get("positions", self._seen_base))
-        self._full, self._block, self._block_ok, self._pending = [], None, None, 0
+        self._buffer.reset(int(state.get("positions", self._seen_base)))
         self._final_cache = None
-        self._projection = None
 
 
 def _row_norms(block: torch.Tensor) -> torch.Tensor:

@@ -32,9 +32,9 @@ therefore that of the accountant's PLD: per step, ``E_Q[e^l] = 1`` and ``E_P[e^(
 Only running sums are kept: ``l`` for the k + k' canaries (float64, O(k + k')), never a T x k
 array. Hadamard canaries score all canaries against ``g_t`` in one transform, folded on arrival;
 Gaussian canaries are regenerated chunk by chunk for every pass, so steps are buffered (at most
-``max_buffered`` vectors of d floats) and folded in one pass over the canaries, in fixed blocks
-of :func:`~audit_callbacks.canary.statistics.group_rounds` steps so that a step's scores have the same
-bits whenever the pass runs (a resumed run equals an uninterrupted one).
+``max_buffered`` vectors of d floats) and folded in one pass over the canaries, in the fixed
+blocks of :class:`~audit_callbacks.canary.projection.BlockBuffer` so that a step's scores have
+the same bits whenever the pass runs (a resumed run equals an uninterrupted one).
 
 The estimate fits two Gaussians to the scores of the k observed and k' unobserved canaries
 (Andrew et al., ICLR 2024, §3.2) with equal variances (see :meth:`StepsUnknownScores.estimate`
@@ -52,7 +52,8 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from audit_callbacks.canary.statistics import group_rounds
+from audit_callbacks.canary.base import Release
+from audit_callbacks.canary.projection import BlockBuffer, Projection, block_passes, group_rounds
 from audit_callbacks.canary.vectors import CanarySet
 from audit_callbacks.estimators import AuditResult, CanaryScoreAuditor
 from audit_callbacks.validation import (
@@ -111,9 +112,10 @@ def _all_finite(x: torch.Tensor) -> torch.Tensor:
 class StepsUnknownScores:
     """Running Neyman-Pearson scores of every canary against DP-SGD's noisy gradients.
 
-    Feed :meth:`update` with each logical step's noisy clipped sum (the injector's observer,
-    :class:`~audit_callbacks.backends.opacus.injector.GradientCanaryInjector`), then read :meth:`scores` or
-    :meth:`estimate`. The sums live on the device of the vectors given (the model's), in float64.
+    Feed :meth:`fold` (or :meth:`update`) with each logical step's noisy clipped sum (the
+    auditor does, from the releases of
+    :class:`~audit_callbacks.backends.opacus.backend.OpacusBackend`), then read :meth:`scores`
+    or :meth:`estimate`. The sums live on the device of the vectors given (the model's), in float64.
 
     Args:
         canaries: the set of exactly k + k' canaries; ``0..k-1`` are observed (may be inserted),
@@ -137,6 +139,8 @@ class StepsUnknownScores:
     """
 
     name = "steps_unknown"
+    reads = "noisy_sum"
+    state_key = "steps_unknown"
 
     def __init__(
         self, canaries: CanarySet, num_observed: int, num_unobserved: int, *, max_grad_norm: float,
@@ -166,14 +170,9 @@ class StepsUnknownScores:
         # (the history and the counts of seen and skipped steps are derived from these runs)
         self._runs: list[list[Any]] = []
         self._constants: dict[tuple[float, torch.device], torch.Tensor] = {}  # see _constant
-        # Gaussian canaries: complete blocks waiting for a pass, (block [group, d], rates, first
-        # row not yet folded); the block being filled, its rates and its first unfolded row
-        self._full: list[tuple[torch.Tensor, list[float], torch.Tensor, int]] = []
-        self._block: torch.Tensor | None = None
-        self._block_ok: torch.Tensor | None = None  # device bool [group]: rows with a finite sum
-        self._rates: list[float] = []
-        self._done = 0
-        self._pending = 0
+        # Gaussian canaries: the steps waiting for a pass (each row's payload: its rate)
+        self._buffer = BlockBuffer(canaries.dim, self.group, self.max_buffered)
+        self._auditor: CanaryScoreAuditor | None = None  # of the scores, until the next step
 
     @property
     def dim(self) -> int:
@@ -186,7 +185,15 @@ class StepsUnknownScores:
 
     # ------------------------------------------------------------------ updates
 
-    def update(self, noisy_sum: torch.Tensor, rate: float) -> bool:
+    def fold(self, release: Release) -> torch.Tensor:
+        """Fold one release: its noisy sum at its rate (:meth:`update`), with the release's
+        shared projection."""
+        if release.rate is None:
+            raise ValueError("the steps-unknown statistic needs each noisy sum's sampling rate")
+        return self.update(release.vector, release.rate, projection=release.projection)
+
+    def update(self, noisy_sum: torch.Tensor, rate: float, *,
+               projection: Projection | None = None) -> torch.Tensor:
         """Fold one logical step.
 
         Args:
@@ -195,12 +202,14 @@ class StepsUnknownScores:
                 batch size), any floating dtype, any device.
             rate: q_t in (0, 1], the Poisson rate of the step (the injector's
                 ``min(1, sample_rate * accumulated_iterations)``).
+            projection: the noisy sum's shared
+                :class:`~audit_callbacks.canary.projection.Projection` (None: made here).
 
         Returns:
             A 0-dim bool tensor on ``noisy_sum``'s device: True, or False when ``noisy_sum``
             has a NaN or inf entry: the step is then not scored and is counted in
-            ``steps_skipped`` (the running sums stay finite). Nothing is read back to the host
-            (issue 28): reading the result as a Python bool synchronises.
+            ``steps_skipped`` (the running sums stay finite). Nothing is read back to the host:
+            reading the result as a Python bool synchronises.
 
         Raises:
             ValueError: a vector that is not ``[d]`` floating, a rate outside (0, 1].
@@ -212,39 +221,28 @@ class StepsUnknownScores:
             raise ValueError(f"noisy_sum must be floating, got {noisy_sum.dtype}")
         q = check_real(rate, "rate", low=0.0, high=1.0, low_inclusive=False)
         g = noisy_sum.detach() if noisy_sum.requires_grad else noisy_sum
-        # no host synchronisation (issue 28): a non-finite step is masked out on the device and
+        # no host synchronisation: a non-finite step is masked out on the device and
         # counted there; the counts and the history are read back at estimate time
         ok = _all_finite(g)
         if self._sums.device != g.device:  # once: the running sums live on the vectors' device
             self._sums = self._sums.to(g.device)
         self._record(q, ok)
         self._arrivals += 1
+        self._auditor = None
         if self.exact_per_step:
-            # [k + k'] float64 by one transform, folded by a few in-place ops on the device with
-            # the bits of steps_unknown_increment(dots / C, q, sigma) (see _fold_dots)
-            self._fold_dots(self.canaries.dots(g), q, ok)
+            # [k + k'] float64 by one transform (the release's projection), folded by a few
+            # in-place ops on the device with the bits of steps_unknown_increment(dots / C, q,
+            # sigma) (see _fold_dots)
+            dots = self.canaries.dots(g) if projection is None else projection.dots
+            self._fold_dots(dots, q, ok)
             return ok
-        row = (self._offset + self._arrivals - 1) % self.group
-        if self._block is None:
-            self._block = torch.zeros(self.group, self.dim, dtype=torch.float32, device=g.device)
-            self._block_ok = torch.zeros(self.group, dtype=torch.bool, device=g.device)
-            self._rates = [1.0] * self.group
-            self._done = row
-        assert self._block_ok is not None
-        self._block[row] = g.to(torch.float32)
-        self._block_ok[row] = ok
-        self._rates[row] = q
-        self._pending += 1
-        if row == self.group - 1:
-            self._full.append((self._block, self._rates, self._block_ok, self._done))
-            self._block, self._block_ok, self._rates = None, None, []
-        if self._pending >= self.max_buffered:
+        if self._buffer.add(g, ok, q):
             self.flush()
         return ok
 
     def _fold_dots(self, dots: torch.Tensor, q: float, ok: torch.Tensor) -> None:
         """``sums += where(ok, steps_unknown_increment(dots / C, q, sigma), 0)``, bit for bit,
-        in fewer ops (issue 28: 7 where there were 13): ``(2 y - 1) / (2 sigma^2)`` is
+        in fewer ops (7 where the reference takes 13): ``(2 y - 1) / (2 sigma^2)`` is
         computed as ``(y - 0.5) / sigma^2`` (the same float64 value: the factors of 2 are exact),
         in place on one new tensor; ``y = dots / C`` is ``dots`` itself when C = 1; the constant
         ``log1p(-q)`` and the zero are 0-dim device tensors made once per q and device; the sums
@@ -324,28 +322,16 @@ class StepsUnknownScores:
 
     def flush(self) -> None:
         """Fold the buffered steps (Gaussian canaries) into the running sums."""
-        if not self._pending:
-            return
-        work = [(b, r, ok, lo, self.group) for b, r, ok, lo in self._full]
-        if self._block is not None:
-            filled = (self._offset + self._arrivals) % self.group  # rows _done..filled-1 are pending
-            if filled > self._done:
-                assert self._block_ok is not None
-                work.append((self._block, self._rates, self._block_ok, self._done, filled))
-            self._done = filled
-        self._full, self._pending = [], 0
+        work = self._buffer.take()
         if not work:
             return
         c = self.max_grad_norm
-        pos = 0
-        for part, chunk in self.canaries.chunks(device=work[0][0].device):  # type: ignore[attr-defined]
-            end = pos + len(part)
-            for block, rates, ok, lo, hi in work:  # a fixed [group, d] block: same bits per column
-                y = torch.mm(chunk, block.t()).to(torch.float64) / c
+        for pos, end, _, products in block_passes(self.canaries, work, work[0][0].device):
+            for (_, ok, rates, lo, hi), product in zip(work, products, strict=True):
+                y = product / c  # a fixed [group, d] block: same bits per column
                 for row in range(lo, hi):  # in step order: the sum's bits do not depend on passes
                     self._add(steps_unknown_increment(y[:, row], rates[row], self.noise_multiplier), pos, end,
                               ok[row])
-            pos = end
 
     # ------------------------------------------------------------------ results
 
@@ -421,8 +407,7 @@ class StepsUnknownScores:
         if seen == 0:
             raise ValueError("estimate: no step has been scored yet (call update first)")
         history = self.history
-        observed, unobserved = self.scores()
-        res = CanaryScoreAuditor(observed, unobserved).epsilon_estimate(
+        res = self.score_auditor().epsilon_estimate(
             d, fit=f, bootstrap=b, confidence=1.0 - a, seed=s)  # type: ignore[arg-type]
         return dataclasses.replace(
             res,
@@ -440,6 +425,24 @@ class StepsUnknownScores:
                 "history": [list(h) for h in history],
             },
         )
+
+    def score_auditor(self) -> CanaryScoreAuditor:
+        """The one :class:`~audit_callbacks.estimators.CanaryScoreAuditor` of :meth:`scores`
+        (kept until the next step): the estimate and the report's bounds read the same one.
+        ValueError when the scores cannot be audited (fewer than 2, all equal)."""
+        if self._auditor is None or self._buffer.pending:
+            self._auditor = CanaryScoreAuditor(*self.scores())
+        return self._auditor
+
+    def last_iterate(self, delta: float) -> float | None:
+        """The last-iterate heuristic of DP-SGD (Steinke et al., ICLR 2025) over the rates the
+        steps were taken at (:attr:`history`), None before a step is scored."""
+        history = self.history
+        if not history:
+            return None
+        from audit_callbacks.estimators.last_iterate import dpsgd_last_iterate_epsilon_history
+
+        return dpsgd_last_iterate_epsilon_history(history, delta)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -490,4 +493,5 @@ class StepsUnknownScores:
         # Gaussian blocks: the row of the next step is the steps given so far (older
         # checkpoints: the steps seen, as they had no row for a skipped step)
         self._offset = int(state.get("steps_given", self._seen_base))
-        self._full, self._block, self._block_ok, self._rates, self._done, self._pending = [], None, None, [], 0, 0
+        self._buffer.reset(self._offset)
+        self._auditor = None

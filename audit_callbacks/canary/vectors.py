@@ -24,7 +24,7 @@ Two kinds, with the same methods (:meth:`~CanarySet.canary`, :meth:`~CanarySet.b
   variance ``|v[:n]|^2 / (n |v|^2)`` (1/d for isotropic noise) as for a Gaussian canary, but its
   law is not exactly the Beta law: estimates with Hadamard canaries take their null from
   unobserved canaries (the empirical null). Rows cut to the first d of 2^ceil(log2 d)
-  coordinates (this library before issue 28) are not orthogonal: two rows whose indices differ
+  coordinates (an older construction of this library) are not orthogonal: two rows whose indices differ
   only in bit b have cosine up to 2^b / d (0.69 at d = 1,210), which lets one canary's
   insertion move another's statistic.
 """
@@ -197,10 +197,10 @@ def fwht(x: torch.Tensor) -> torch.Tensor:
 
         * CUDA (and any non-CPU device), float32 at full matmul precision or float64: the
           Kronecker factorisation ``H_n = H_a (x) H_b (x) ...`` with Sylvester blocks of at most
-          128 x 128 (built once per size, dtype and device), a few matmuls (measured for issue
-          28 on an H200: 4.9x the butterfly loop at n = 2^21, equal to 5e-7 relative);
+          128 x 128 (built once per size, dtype and device), a few matmuls (measured on an
+          H200: 4.9x the butterfly loop at n = 2^21, equal to 5e-7 relative);
         * CPU, n >= 2 and n M <= 2^17 entries (M columns), float32 at full matmul precision or
-          float64: the same Kronecker factorisation with blocks of at most 32 x 32 (issue 28,
+          float64: the same Kronecker factorisation with blocks of at most 32 x 32 (measured on
           2 shared cores, 1 thread, median of interleaved pairs against the loop: one column
           6.4x at n = 2^13, 1.9x at 2^16, 1.3x at 2^17, 1.0x at 2^18; 16 columns 2.8x at 2^10,
           1.0x at 2^13; 2 columns 1.15x at 2^16, 0.98x at 2^17);

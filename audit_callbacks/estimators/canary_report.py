@@ -51,7 +51,7 @@ from .result import AuditResult
 from .score_auditor import CanaryScoreAuditor, share_bootstrap
 from .valid_bounds import check_bound_arguments, spent_alpha, tightest_valid_lower_bounds
 
-__all__ = ["SOURCE", "THREAT_MODELS", "canary_report", "cosine_null_pdf", "estimate_names"]
+__all__ = ["SOURCE", "THREAT_MODELS", "canary_estimates", "cosine_null_pdf", "estimate_names"]
 
 THREAT_MODELS = ("final_model", "all_iterates")
 SOURCE = ("Andrew, Kairouz, Oh, Oprea, McMahan, Suriyakumar: One-shot Empirical Privacy "
@@ -138,9 +138,15 @@ def _valid_bounds(pools: list[list[Scores | CanaryScoreAuditor]], delta: float, 
     return out
 
 
-def canary_report(
+def _sizes(scores: Scores | CanaryScoreAuditor) -> tuple[int, int]:
+    if isinstance(scores, CanaryScoreAuditor):
+        return scores.k_in, scores.k_out
+    return int(np.size(scores[0])), int(np.size(scores[1]))
+
+
+def canary_estimates(
     final: Scores, delta: float, *, max_cosine: Scores | None = None,
-    matched: tuple[Scores, AuditResult] | None = None, dim: int | None = None,
+    matched: tuple[Scores | CanaryScoreAuditor, AuditResult] | None = None, dim: int | None = None,
     alpha: float = 0.05, bootstrap: int = 0, seed: int = 0, index: int | None = None,
     gof_level: float = 0.01,
 ) -> tuple[dict[str, AuditResult], dict[str, str]]:
@@ -152,7 +158,9 @@ def canary_report(
         delta: the target delta in (0, 1).
         max_cosine: Andrew et al.'s all-iterates max cosines, or None before any round.
         matched: the matched all-iterates statistic's ``(scores, estimate)``, or None where the
-            training has none (no noise, local DP, an unknown server optimizer).
+            training has none (no noise, local DP, an unknown server optimizer); the scores
+            as ``(observed, unobserved)`` or as their one
+            :class:`~audit_callbacks.estimators.CanaryScoreAuditor` (then read, not rebuilt).
         dim: the number of model parameters when the final-model null is the exact law of the
             cosine of a uniform random direction (Gaussian canaries); None: the null is the
             unobserved canaries alone (Hadamard canaries).
@@ -247,8 +255,13 @@ def canary_report(
     else:
         skipped[allit["estimate"]] = skipped.get(fin["estimate"], few)
     attempt(allit["lower_bound"], lambda: bound(bound_all))
-    if gdp_scores is not None and np.size(gdp_scores[0]) >= 2 and np.size(gdp_scores[1]) >= 2:
-        ga = ca if matched is None and ca is not None else CanaryScoreAuditor(gdp_scores[0], gdp_scores[1])
+    if gdp_scores is not None and min(_sizes(gdp_scores)) >= 2:
+        if matched is None and ca is not None:
+            ga = ca
+        elif isinstance(gdp_scores, CanaryScoreAuditor):
+            ga = gdp_scores
+        else:
+            ga = CanaryScoreAuditor(gdp_scores[0], gdp_scores[1])
         attempt(allit["gdp_lower_bound"], lambda: ga.epsilon_gdp_lower_bound(gdp_alpha, delta, gof_level=gof_level))
     else:
         skipped[allit["gdp_lower_bound"]] = few

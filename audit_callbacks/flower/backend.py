@@ -49,8 +49,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord, Re
 from flwr.serverapp import Grid
 from flwr.serverapp.exception import InconsistentMessageReplies
 
-from audit_callbacks.backends.base import CanaryBackend
-from audit_callbacks.canary.known_rounds import GAUSSIAN_REASON, KnownRoundScores
+from audit_callbacks.backends.base import BackendBase
+from audit_callbacks.canary.base import NoisyAverageDelta, NoMatchedStatistic, ReleaseModel
+from audit_callbacks.canary.known_rounds import GAUSSIAN_REASON
 from audit_callbacks.estimators import gaussian_epsilon
 from audit_callbacks.flower.records import LOGGER, Layout
 from audit_callbacks.flower.replies import (
@@ -109,7 +110,7 @@ class _CanaryGrid(Grid):
         return self._grid.send_and_receive(messages, timeout=timeout)
 
 
-class FlowerBackend(CanaryBackend):
+class FlowerBackend(BackendBase):
     """Canary clients of a Flower strategy.
 
     Args:
@@ -247,24 +248,24 @@ class FlowerBackend(CanaryBackend):
         if self.path == "audit":
             LOGGER.log(INFO, "CanaryStrategy: %s", self.path_reason)
         self.inputs = inputs
-        self.matched, self.matched_reason = self._known_rounds(auditor)
 
-    def _known_rounds(self, auditor: Any) -> tuple[KnownRoundScores | None, str]:
-        """The known-rounds statistic over the released models (FedAvg's average plus the DP
-        wrapper's noise: server learning rate 1, no momentum), or None and why not."""
+    def release_model(self, kind: str) -> ReleaseModel:
+        """A round's release: the released model's delta, FedAvg's average plus the DP
+        wrapper's noise (server learning rate 1, no momentum), or why no matched statistic
+        applies."""
         m = find_attribute(self.strategy, "num_sampled_clients")
-        if auditor.canaries.kind != "hadamard":
-            return None, GAUSSIAN_REASON
+        if kind != "hadamard":
+            return NoMatchedStatistic(GAUSSIAN_REASON)
         if self.noise_multiplier <= 0:
-            return None, "no DP noise (noise_multiplier = 0): the known-rounds statistic is undefined"
+            return NoMatchedStatistic("no DP noise (noise_multiplier = 0): the known-rounds statistic is undefined")
         if m is None:
-            return None, "no DP wrapper's num_sampled_clients: the noisy sum's divisor is unknown"
+            return NoMatchedStatistic("no DP wrapper's num_sampled_clients: the noisy sum's divisor is unknown")
         for name in ("server_momentum", "beta_1", "eta"):
             if find_attribute(self.strategy, name):
-                return None, (f"the wrapped strategy has a server optimizer ({name}): its noisy "
-                              "aggregate cannot be recovered from the released models")
-        return KnownRoundScores(auditor.canaries, auditor.num_canaries, clip_norm=self.clip_norm,
-                                divisor=int(m), noise_multiplier=self.noise_multiplier), ""
+                return NoMatchedStatistic(f"the wrapped strategy has a server optimizer ({name}): its "
+                                          "noisy aggregate cannot be recovered from the released models")
+        return NoisyAverageDelta(clip_norm=self.clip_norm, divisor=int(m),
+                                 noise_multiplier=self.noise_multiplier)
 
     # ------------------------------------------------------------------ a round
     def _tick(self, server_round: int, since: float, inner: float = 0.0) -> None:
@@ -387,8 +388,6 @@ class FlowerBackend(CanaryBackend):
         participants = np.asarray(inserted, dtype=np.int64)
         self._effective_noise(self.offset + server_round, len(valid) + len(inserted), participants)
         self.auditor.release(theta - self.theta_prev, participants, what=f"round {server_round}")
-        if self.matched is not None:
-            self.matched.update(theta - self.theta_prev, participants)
         self.theta, self.released = theta, arrays
         self.round_events.setdefault(server_round, f"folded ({len(inserted)} canaries, "
                                      f"{failures} failures)")
@@ -539,14 +538,6 @@ class FlowerBackend(CanaryBackend):
             f"replies / num_sampled_clients, down to {self.noise_multiplier * worst:.4g}); each "
             "canary's rounds composed at their z_eff")}
 
-    def last_iterate(self, delta: float) -> float | None:
-        """The last-iterate heuristic of the observed canaries (known-rounds shifts)."""
-        if self.matched is None or self.matched.rounds == 0:
-            return None
-        from audit_callbacks.estimators.last_iterate import fedavg_last_iterate_epsilon
-
-        return fedavg_last_iterate_epsilon(self.matched.last_iterate_shifts(), delta)
-
     def summary_inputs(self) -> dict[str, Any]:
         return {"rounds": self.rounds, "noise_multiplier": self.noise_multiplier, **self.inputs,
                 "round_events": {str(k): v for k, v in self.round_events.items()},
@@ -561,8 +552,7 @@ class FlowerBackend(CanaryBackend):
                 "round_events": dict(self.round_events),
                 "short_rounds": {k: list(v) for k, v in self.short_rounds.items()},
                 "weight_rounds": dict(self.weight_rounds),
-                "inverse_variance": self.inverse_variance.tolist(),
-                "known_rounds": None if self.matched is None else self.matched.state_dict()}
+                "inverse_variance": self.inverse_variance.tolist()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`; a resumed run's rounds add to the restored ones.
@@ -592,8 +582,6 @@ class FlowerBackend(CanaryBackend):
                 raise ValueError(f"checkpointed inverse_variance covers {inv.size} canaries, "
                                  f"this run has {self.inverse_variance.size}")
             self.inverse_variance = inv.copy()
-        if self.matched is not None and state.get("known_rounds") is not None:
-            self.matched.load_state_dict(state["known_rounds"])
 
 
 def _rounds(rounds: dict[int, Any]) -> str:

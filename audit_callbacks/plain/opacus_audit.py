@@ -37,16 +37,6 @@ from audit_callbacks.validation import check_count, check_flag, check_optional_c
 __all__ = ["OpacusCanaryAudit"]
 
 
-class _TrainingView:
-    """What :class:`OpacusBackend` reads from a Lightning trainer, for a plain loop: the
-    optimizers, the training loader (its length and dataset size) and the world size."""
-
-    def __init__(self, optimizer: Any, data_loader: Any, world_size: int) -> None:
-        self.optimizers = [optimizer]
-        self.train_dataloader = data_loader
-        self.world_size = world_size
-
-
 def _world_size() -> int:
     dist = torch.distributed
     return int(dist.get_world_size()) if dist.is_available() and dist.is_initialized() else 1
@@ -119,7 +109,7 @@ class OpacusCanaryAudit(AuditFrontEnd):
         self.summary_filename = summary_filename
         self.optimizer = opt
         self._sinks: dict[str, WriterSink] = {}
-        self._open(OpacusBackend(_TrainingView(opt, data_loader, _world_size()), self._warn,
+        self._open(OpacusBackend(opt, data_loader, self._warn, world_size=_world_size(),
                                  sample_rate=self.config.sample_rate, seed=self.config.seed))
         assert self.auditor is not None
         self.auditor.start()  # theta_0: the model now

@@ -13,6 +13,12 @@ accountant is charged (``canary_sampling`` says why). The model moves against gr
 the statistics are ``cos(c_j, theta_0 - theta_t)`` and ``max_t cos(c_j, theta_{t-1} - theta_t)``.
 The analytic epsilon is the run's own Opacus accountant's, with Opacus' RDP and PRV epsilons
 of the same history beside it.
+
+Each logical step is released twice to the auditor, as the mechanism releases it: the noisy
+sum (with the step's rate) when Opacus has added the noise, and the model delta after the
+optimizer's update. The release is described once (:meth:`OpacusBackend.release_model`: a
+:class:`~audit_callbacks.canary.base.NoisySum`), and the auditor builds the steps-unknown
+statistic from it.
 """
 
 from __future__ import annotations
@@ -24,39 +30,42 @@ from typing import Any
 import torch
 from opacus.accountants import PRVAccountant, RDPAccountant
 
-from audit_callbacks.backends.base import CanaryBackend, num_batches, num_examples
+from audit_callbacks.backends.base import BackendBase, num_batches, num_examples
 from audit_callbacks.backends.opacus.accounting import accountant_epsilon, analytic_epsilons
 from audit_callbacks.backends.opacus.buffers import FlatGather, flat_parameters
 from audit_callbacks.backends.opacus.injector import GradientCanaryInjector
 from audit_callbacks.backends.opacus.optimizer import find_accountant, find_dp_optimizer
 from audit_callbacks.backends.opacus.sampling import LoaderCanarySampling, find_poisson_sampler
-from audit_callbacks.canary.steps_unknown import StepsUnknownScores
-from audit_callbacks.estimators.last_iterate import (
-    dpsgd_last_iterate_epsilon,
-    dpsgd_last_iterate_epsilon_history,
-)
+from audit_callbacks.canary.base import NoisySum, NoMatchedStatistic, ReleaseModel
+from audit_callbacks.estimators.last_iterate import dpsgd_last_iterate_epsilon
 
-__all__ = ["OpacusBackend"]
+__all__ = ["OpacusBackend", "dp_optimizer"]
+
+#: The training loader, or a function that gives the current one (Lightning builds its loader
+#: after ``setup``), or None.
+Loader = Any  # a loader, a function () -> loader, or None
 
 
-class OpacusBackend(CanaryBackend):
-    """Gradient canaries of the trainer's Opacus ``DPOptimizer``.
+class OpacusBackend(BackendBase):
+    """Gradient canaries of an Opacus ``DPOptimizer``.
 
     Args:
-        trainer: the Trainer: its optimizers, and its training set's size (which caps the
-            default k) and loader's length (the fallback rate). Any object with
-            ``optimizers``, ``train_dataloader`` (or None) and ``world_size`` will do
-            (:class:`~audit_callbacks.plain.opacus_audit.OpacusCanaryAudit` passes one).
+        optimizer: the ``DPOptimizer`` (``PrivacyEngine.make_private``'s).
+        loader: the training loader (its dataset's size caps the default k, its length gives
+            the fallback rate, its Opacus Poisson sampler draws the canaries), a function
+            returning the current one (a loader built later), or None.
         warn: ``warn(key, message)``, once per key.
+        world_size: the data-parallel processes (1: one).
         sample_rate: the canaries' rate per logical step (None: the training loader's own
             Poisson sampler draws them where it is Opacus', else the rate the accountant is
             charged, else ``1 / num_batches``; given: the audit draws at this rate).
         seed: the seed of the canaries' join draws.
+        module: the model (its ``delta`` attribute, if any, is the default delta).
         norm_multiplier: a canary's norm before clipping in units of ``max_grad_norm`` (None:
             the auditor's ``config.canary_norm_multiplier``).
 
     Raises:
-        TypeError: no ``DPOptimizer`` among ``optimizers``.
+        TypeError: ``optimizer`` is not an Opacus ``DPOptimizer``.
         ValueError: no rate can be found.
         RuntimeError: several processes with a non-distributed ``DPOptimizer`` on each.
     """
@@ -67,18 +76,19 @@ class OpacusBackend(CanaryBackend):
     analytic_names = ("epsilon_analytic", "epsilon_analytic_rdp", "epsilon_analytic_prv")
 
     def __init__(
-        self, trainer: Any, warn: Callable[[str, str], None], *, sample_rate: float | None = None,
-        seed: int = 0, module: Any = None, norm_multiplier: float | None = None,
+        self, optimizer: Any, loader: Loader, warn: Callable[[str, str], None], *,
+        world_size: int = 1, sample_rate: float | None = None, seed: int = 0, module: Any = None,
+        norm_multiplier: float | None = None,
     ) -> None:
-        opt = _dp_optimizer(trainer)
-        super().__init__(int(sum(p.numel() for p in opt.params)), num_examples(trainer))
+        opt = dp_optimizer([optimizer])
+        self._optimizer, self._loader, self.world_size = opt, loader, int(world_size)
+        super().__init__(int(sum(p.numel() for p in opt.params)), num_examples(self.loader()))
         if getattr(module, "delta", None) is not None:
             self.default_delta = float(module.delta)
         self.warn = warn
         self.sample_rate = sample_rate
         self.seed = int(seed)
         self.norm_multiplier = norm_multiplier
-        self._trainer = trainer
         self.injector: GradientCanaryInjector | None = None
         self.sampling: LoaderCanarySampling | None = None  # the loader's draws, where it can
         self.sampling_reason = "not attached yet"
@@ -87,28 +97,25 @@ class OpacusBackend(CanaryBackend):
         self.accountant: Any = None
         self._history: list[tuple[float, float, int]] = []  # carried into a new accountant
         self._sampling_state: dict[str, Any] | None = None
-        # the release (issue 28): theta_{t-1} and theta_t gathered into two persistent float32
+        # the release: theta_{t-1} and theta_t gathered into two persistent float32
         # buffers, the delta written over theta_{t-1}'s, the two swapped: two ops a step
         self._theta_prev, self._theta_next = FlatGather(torch.float32), FlatGather(torch.float32)
 
+    def loader(self) -> Any:
+        """The training loader now (None when there is none yet)."""
+        return self._loader() if callable(self._loader) else self._loader
+
+    def release_model(self, kind: str) -> ReleaseModel:
+        """A step's release: the optimizer's noisy sum (``max_grad_norm``, ``noise_multiplier``)
+        at the step's rate, of canaries of any kind; none without noise."""
+        return _release_model(self._optimizer)
+
     def attach(self, auditor: Any) -> None:
         super().attach(auditor)
-        opt = _dp_optimizer(self._trainer)
-        sigma = float(opt.noise_multiplier)
-        if sigma > 0:
-            self.matched = StepsUnknownScores(
-                auditor.canaries, auditor.num_canaries, auditor.num_unobserved,
-                max_grad_norm=float(opt.max_grad_norm), noise_multiplier=sigma)
-        else:
-            self.matched_reason = "no DP noise (noise_multiplier = 0): the steps-unknown statistic is undefined"
-        self.bind(self._trainer)
+        self.bind(self._optimizer, self._loader, self.world_size)
 
-    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-        """A repeated fit: the canaries go on with the new optimizer."""
-        self.bind(trainer)
-
-    def bind(self, trainer: Any) -> None:
-        """Attach to the trainer's ``DPOptimizer``, at every fit start: the canaries, their
+    def bind(self, optimizer: Any, loader: Loader, world_size: int = 1) -> None:
+        """Attach to the ``DPOptimizer``, at every fit start: the canaries, their
         participations and the step count go on. A new accountant (a new ``PrivacyEngine`` in
         ``configure_optimizers``: a repeated ``fit`` or a resumed run) receives the history
         so far, so that its epsilon, and the analytic epsilon here, cover the whole training.
@@ -118,8 +125,8 @@ class OpacusBackend(CanaryBackend):
             RuntimeError: several processes with a non-distributed ``DPOptimizer``.
         """
         assert self.auditor is not None
-        self._trainer = trainer
-        opt = _dp_optimizer(trainer)
+        opt = dp_optimizer([optimizer])
+        self._optimizer, self._loader, self.world_size = opt, loader, int(world_size)
         dim = int(sum(p.numel() for p in opt.params))
         if dim != self.dim:
             raise ValueError(f"CanaryAudit: the model has {dim} parameters, the audit's canaries {self.dim}")
@@ -127,7 +134,7 @@ class OpacusBackend(CanaryBackend):
         if self.sample_rate is not None:
             rate = self.sample_rate
         if rate is None:
-            batches = num_batches(trainer)
+            batches = num_batches(self.loader())
             if not batches:
                 raise ValueError(
                     "CanaryAudit: cannot tell the DP-SGD sampling rate (no Opacus accountant hook "
@@ -145,8 +152,8 @@ class OpacusBackend(CanaryBackend):
             self.injector.detach()
         if self.accountant is not None and accountant is not self.accountant:
             self._history = [tuple(h) for h in self.accountant.history]
-        world_size = int(getattr(trainer, "world_size", 1))
-        self._bind_sampling(trainer, world_size)
+        world_size = self.world_size
+        self._bind_sampling(world_size)
         multiplier = self.norm_multiplier
         if multiplier is None:
             config = getattr(self.auditor, "config", None)
@@ -159,14 +166,20 @@ class OpacusBackend(CanaryBackend):
         # step's release)
         self.injector.participations = self.auditor.participations
         self.injector.steps = steps
-        if self.matched is not None:
-            self.injector.set_observer(self.matched.update)
+        if isinstance(_release_model(opt), NoisySum):  # the auditor reads the noisy sums
+            self.injector.set_observer(self._release_noisy_sum)
         self.accountant = accountant
         self._carry_history()
         self._restart_deltas()
         self._steps_seen = steps
 
-    def _bind_sampling(self, trainer: Any, world_size: int) -> None:
+    def _release_noisy_sum(self, noisy_sum: torch.Tensor, rate: float) -> None:
+        """The injector's observer: the step's noisy sum (a buffer reused by the next step:
+        folded now) released to the auditor with its rate."""
+        assert self.auditor is not None
+        self.auditor.release(None, noisy_sum=noisy_sum, rate=rate)
+
+    def _bind_sampling(self, world_size: int) -> None:
         """Let the training loader's Poisson sampler draw the canaries where it can (a sampler
         already hosting them, a repeated fit over the same loader, keeps its queue)."""
         sampler, reason = None, ""
@@ -176,7 +189,7 @@ class OpacusBackend(CanaryBackend):
             reason = "data-parallel training (the same draws on every rank)"
         else:
             current = self.sampling
-            loader = getattr(trainer, "train_dataloader", None)
+            loader = self.loader()
             inner = getattr(getattr(loader, "batch_sampler", None), "sampler", None)
             for candidate in (getattr(loader, "batch_sampler", None), inner):
                 if current is not None and current.attached and candidate is current.sampler:
@@ -200,7 +213,7 @@ class OpacusBackend(CanaryBackend):
         iteration's by the loader); the reason of a fall-back is warned once."""
         self._sampling_settled = True
         if self.sampling is None and self.sampling_reason == "no training loader was found":
-            sampler, reason = find_poisson_sampler(getattr(self._trainer, "train_dataloader", None))
+            sampler, reason = find_poisson_sampler(self.loader())
             if sampler is not None:
                 assert self.auditor is not None
                 self.sampling = LoaderCanarySampling(sampler, self.auditor.num_canaries, seed=self.seed)
@@ -294,18 +307,13 @@ class OpacusBackend(CanaryBackend):
 
     def last_iterate(self, delta: float) -> float | None:
         """The last-iterate heuristic of DP-SGD (Steinke et al., ICLR 2025): Bin(T, q) +
-        N(0, sigma^2 T) against N(0, sigma^2 T) at the run's steps, rate and noise, over the
-        rates the steps were taken at (the steps-unknown statistic's history: with gradient
-        accumulation q = sample_rate * accumulated_iterations of each step, which the optimizer
-        no longer holds between steps)."""
+        N(0, sigma^2 T) against N(0, sigma^2 T) at the run's steps, rate and noise, where the
+        steps-unknown statistic has no history of the rates the steps were taken at."""
         opt = self.injector.optimizer
         steps, sigma = int(self.injector.steps), float(opt.noise_multiplier)
         if steps < 1 or sigma <= 0:
             return None
-        history = [] if self.matched is None else list(self.matched.history)
-        if not history:
-            return dpsgd_last_iterate_epsilon(steps, self.injector.sample_rate, sigma, delta)
-        return dpsgd_last_iterate_epsilon_history(history, delta)
+        return dpsgd_last_iterate_epsilon(steps, self.injector.sample_rate, sigma, delta)
 
     def summary_inputs(self) -> dict[str, Any]:
         opt = self.injector.optimizer
@@ -338,16 +346,13 @@ class OpacusBackend(CanaryBackend):
     def state_dict(self) -> dict[str, Any]:
         history = [] if self.accountant is None else [list(h) for h in self.accountant.history]
         sampling = None if self.sampling is None else self.sampling.state_dict()
-        return {"steps": int(self.injector.steps), "accountant_history": history, "sampling": sampling,
-                "steps_unknown": None if self.matched is None else self.matched.state_dict()}
+        return {"steps": int(self.injector.steps), "accountant_history": history, "sampling": sampling}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`, the accountant's history included (Opacus'
         ``PrivacyEngine`` is not in Lightning's checkpoint: without this a resumed run's
         accountant would count only the steps after the resume)."""
         self.injector.steps = self._steps_seen = int(state.get("steps", 0))
-        if self.matched is not None and state.get("steps_unknown") is not None:
-            self.matched.load_state_dict(state["steps_unknown"])
         self._history = [tuple(h) for h in state.get("accountant_history", [])]
         self._sampling_state = state.get("sampling")
         if self.sampling is not None and self._sampling_state is not None:
@@ -356,8 +361,16 @@ class OpacusBackend(CanaryBackend):
         self._restart_deltas()
 
 
-def _dp_optimizer(trainer: Any) -> Any:
-    opt = find_dp_optimizer(trainer.optimizers)
+def _release_model(opt: Any) -> ReleaseModel:
+    sigma = float(opt.noise_multiplier)
+    if sigma <= 0:
+        return NoMatchedStatistic("no DP noise (noise_multiplier = 0): the steps-unknown statistic is undefined")
+    return NoisySum(max_grad_norm=float(opt.max_grad_norm), noise_multiplier=sigma)
+
+
+def dp_optimizer(optimizers: Any) -> Any:
+    """The Opacus ``DPOptimizer`` among ``optimizers``; TypeError when there is none."""
+    opt = find_dp_optimizer(optimizers)
     if opt is None:
         raise TypeError(
             "CanaryAudit audits DP-FedAvg (audit_callbacks.federated.DPFedAvg) or Opacus "

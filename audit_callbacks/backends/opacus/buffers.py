@@ -19,7 +19,7 @@ def flat_parameters(params: Sequence[torch.Tensor]) -> torch.Tensor:
 
 class FlatGather:
     """Tensors of fixed shapes gathered into one persistent flat buffer, by one
-    ``torch._foreach_copy_`` a call (issue 28: a fresh ``torch.cat`` of per-tensor flattened
+    ``torch._foreach_copy_`` a call (a fresh ``torch.cat`` of per-tensor flattened
     views cost three dispatched ops a tensor and a new ``[d]`` allocation every step; this is
     one dispatched op, on CUDA multi-tensor kernels where the dtypes agree, and no allocation
     after the first call).

@@ -63,8 +63,8 @@ class GradientCanaryInjector:
     ``p.summed_grad`` (then its noise and scaling) act on it as on a real example, and with
     correct clipping the canary adds ``max_grad_norm * c_j`` (times ``1 - 1e-6 /
     (norm_multiplier C)``) to the summed gradient; clipping at 2C doubles it. The real
-    per-example gradients are never copied or extended (before issue 28 the rows were
-    concatenated to them: a copy of all B x d every step) and are put back right after the
+    per-example gradients are never copied or extended (concatenating the rows to them
+    would copy all B x d every step) and are put back right after the
     canaries' call (the same objects, marked processed by Opacus' first call), so
     ``accumulated_iterations`` and the label attacks' step hooks see the real examples only.
     ``BatchMemoryManager`` calls ``clip_and_accumulate`` once per physical batch: the canaries go
@@ -88,7 +88,7 @@ class GradientCanaryInjector:
     canary has the weight of one real example's clipped gradient (:func:`canary_placement`).
     ``sample_rate`` is then the rate of one example in the *global* logical batch.
 
-    Observer (e.g. :meth:`audit_callbacks.canary.steps_unknown.StepsUnknownScores.update`): called once
+    Observer (e.g. the backend's release of the noisy sum to the auditor): called once
     per logical step as ``observer(noisy_sum, rate)``, where ``noisy_sum`` ``[d]`` is the
     concatenation of ``p.grad`` over ``optimizer.params`` (in order) right after Opacus' own
     ``add_noise``: the summed clipped gradients, canaries included, plus ``N(0, sigma^2 C^2)``
@@ -99,7 +99,7 @@ class GradientCanaryInjector:
     (``expected_batch_size * accumulated_iterations * world_size`` for ``loss_reduction="mean"``,
     1 for ``"sum"``), so every rank sees the same global noisy sum. With no observer nothing is
     wrapped or computed beyond the canaries. ``noisy_sum`` is a buffer the injector reuses from
-    step to step (one copy a step, issue 28): an observer that keeps it must copy it.
+    step to step (one copy a step): an observer that keeps it must copy it.
 
     Args:
         optimizer: the run's ``DPOptimizer``; its ``add_noise`` (and ``clip_and_accumulate``)
@@ -162,7 +162,7 @@ class GradientCanaryInjector:
         self._placed = False  # the current step's rows are in (or there were none to put in)
         self._rows_buffer: torch.Tensor | None = None  # the canary rows, reused across steps
         # per number of rows m: (the buffer's first m rows, each parameter's [m, *p.shape] view
-        # of them), made once per m and buffer (issue 28: no view ops per step)
+        # of them), made once per m and buffer (no view ops per step)
         self._row_views: dict[int, tuple[torch.Tensor, list[torch.Tensor]]] = {}
         self._noisy = FlatGather()  # the noisy sum given to the observer, reused across steps
         # instance attributes (the class is untouched); an instance's own are put back at detach
