@@ -227,7 +227,7 @@ class _Auditor:
         self.released: list[torch.Tensor] = []
         self.given: list[torch.Tensor] = []
 
-    def release(self, delta, participants=None, *, noisy_sum=None, rate=None, what=""):
+    def release(self, delta, participants=None, *, noisy_sum=None, rate=None, what="", **_):
         if delta is not None:  # the model delta (the noisy sums are released at the step)
             self.given.append(delta)  # copied by the test, after the hook (not counted)
 

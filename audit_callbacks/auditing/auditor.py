@@ -193,6 +193,7 @@ class CanaryAuditor:
 
     def release(self, model_delta: torch.Tensor | None, participants: np.ndarray | None = None, *,
                 noisy_sum: torch.Tensor | None = None, rate: float | None = None,
+                batch_size: int | None = None, batches: int = 1,
                 what: str = "a release") -> None:
         """One release: count the observed canaries that took part (local indices ``[m]`` in
         ``0..k-1``, repeats allowed), project each released vector onto the canaries once and
@@ -206,6 +207,8 @@ class CanaryAuditor:
             noisy_sum: ``[d]`` DP-SGD's noisy sum of the step (before the division by the batch
                 size), read by the steps-unknown statistic; kept only while it is folded.
             rate: the noisy sum's Poisson rate q in (0, 1].
+            batch_size: the step's real batch size (DP-SGD), read by the sampler check; None
+                when unknown. batches: the Poisson batches summed into the step.
             what: the release's name in warnings.
 
         A delta with NaN or inf entries is skipped (counted in the summary's
@@ -215,7 +218,8 @@ class CanaryAuditor:
         if participants is not None and len(participants):
             np.add.at(self.participations, np.asarray(participants, dtype=np.int64), 1)
         if noisy_sum is not None:
-            release = Release(Projection(self.canaries, noisy_sum), participants, rate)
+            release = Release(Projection(self.canaries, noisy_sum), participants, rate,
+                              batch_size=batch_size, batches=int(batches))
             for stat in self.statistics:
                 if stat.reads == "noisy_sum":
                     stat.fold(release)

@@ -23,7 +23,6 @@ import torch
 
 from audit_callbacks.backends.base import BackendBase, LightningHooks, total_rounds
 from audit_callbacks.canary.base import NoisyAverageDelta, NoMatchedStatistic, ReleaseModel
-from audit_callbacks.canary.known_rounds import GAUSSIAN_REASON
 
 __all__ = ["FedAvgBackend", "crowding_warning", "fedavg_release_model"]
 
@@ -51,8 +50,6 @@ def crowding_warning(k: int, n_real: int, per_round: int | None) -> str | None:
 def fedavg_release_model(module: Any, kind: str) -> ReleaseModel:
     """What a round of a ``DPFedAvg`` module releases, for canaries of ``kind``: the model
     delta of server SGD on the noisy average, or why no matched statistic applies."""
-    if kind != "hadamard":
-        return NoMatchedStatistic(GAUSSIAN_REASON)
     if getattr(module, "randomizer", None) is not None:
         return NoMatchedStatistic("local DP: the release is the randomized clients' rows, not a noisy sum")
     z = float(module.noise_multiplier)
@@ -60,7 +57,16 @@ def fedavg_release_model(module: Any, kind: str) -> ReleaseModel:
         return NoMatchedStatistic("no DP noise (noise_multiplier = 0): the known-rounds statistic is undefined")
     return NoisyAverageDelta(clip_norm=float(module.clip_norm), divisor=int(module.clients_per_round),
                              noise_multiplier=z, server_lr=float(module.server_lr),
-                             server_momentum=float(module.server_momentum))
+                             server_momentum=float(module.server_momentum),
+                             tensors=_tensors(module))
+
+
+def _tensors(module: Any) -> tuple[tuple[str, int], ...]:
+    """``((name, numel), ...)`` of the module's trainable parameters, in flat-vector order."""
+    model = getattr(module, "model", None)
+    if model is None or not callable(getattr(model, "named_parameters", None)):
+        return ()
+    return tuple((name, int(p.numel())) for name, p in model.named_parameters() if p.requires_grad)
 
 
 def _world_size(trainer: Any) -> int:

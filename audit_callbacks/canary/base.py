@@ -42,11 +42,15 @@ class Release:
         participants: ``[m]`` local indices in ``0..k-1`` of the observed canaries that took
             part (repeats allowed), or None.
         rate: the release's Poisson sampling rate q in (0, 1] (DP-SGD's noisy sums), or None.
+        batch_size: the real examples in the step's batch (DP-SGD), or None when unknown.
+        batches: the Poisson batches summed into the step (gradient accumulation), >= 1.
     """
 
     projection: Projection
     participants: np.ndarray | None = None
     rate: float | None = None
+    batch_size: int | None = None
+    batches: int = 1
 
     @property
     def vector(self) -> torch.Tensor:
@@ -98,6 +102,8 @@ class NoisyAverageDelta:
     Attributes:
         clip_norm: C > 0. divisor: m >= 1, the fixed cohort size the noisy sum is divided by.
         noise_multiplier: z > 0. server_lr: eta > 0. server_momentum: beta in [0, 1).
+        tensors: ``((name, numel), ...)`` of the flat delta's parameter tensors, in order (empty:
+            unknown, no per-tensor noise checks).
     """
 
     clip_norm: float
@@ -105,6 +111,7 @@ class NoisyAverageDelta:
     noise_multiplier: float
     server_lr: float = 1.0
     server_momentum: float = 0.0
+    tensors: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -114,10 +121,16 @@ class NoisySum:
 
     Attributes:
         max_grad_norm: C > 0. noise_multiplier: sigma > 0.
+        tensors: ``((name, numel), ...)`` of the flat noisy sum's parameter tensors, in order
+            (empty: unknown, no per-tensor noise checks).
+        population: N, the training examples the batches are drawn from (None: unknown, no
+            sampler check).
     """
 
     max_grad_norm: float
     noise_multiplier: float
+    tensors: tuple[tuple[str, int], ...] = ()
+    population: int | None = None
 
 
 @dataclass(frozen=True)
@@ -157,10 +170,33 @@ MATCHED: dict[type, Callable[..., CanaryStatistic]] = {
 }
 
 
+def _noise_checks(model: ReleaseModel, canaries: CanarySet, k: int, k_un: int,
+                  max_buffered: int) -> Any:
+    from audit_callbacks.canary.mechanism import NoiseChecks
+
+    if isinstance(model, NoisySum) and model.tensors:
+        return NoiseChecks(model.tensors, model.noise_multiplier * model.max_grad_norm)
+    if isinstance(model, NoisyAverageDelta) and model.tensors:
+        std = model.noise_multiplier * model.clip_norm * model.server_lr / model.divisor
+        return NoiseChecks(model.tensors, std, reads="model_delta", momentum=model.server_momentum,
+                           what="round")
+    return None
+
+
+def _sampler_check(model: ReleaseModel, canaries: CanarySet, k: int, k_un: int,
+                   max_buffered: int) -> Any:
+    from audit_callbacks.canary.mechanism import SamplerCheck
+
+    if isinstance(model, NoisySum) and model.population:
+        return SamplerCheck(model.population)
+    return None
+
+
 #: Further statistics every audit gets beside the matched one, each built from the release
 #: model, the canaries, k, k' and ``max_buffered`` (None where it does not apply); the auditor
-#: folds every release into them and keeps their state under their ``state_key``.
-CHECKS: list[Callable[..., CanaryStatistic | None]] = []
+#: folds every release into them and keeps their state under their ``state_key``. The checks
+#: of the mechanism (:mod:`audit_callbacks.canary.mechanism`) also give ``results(alpha)``.
+CHECKS: list[Callable[..., Any]] = [_noise_checks, _sampler_check]
 
 
 def further_statistics(model: ReleaseModel, canaries: CanarySet, num_observed: int,
@@ -177,6 +213,10 @@ def matched_statistic(model: ReleaseModel, canaries: CanarySet, num_observed: in
     """The matched statistic of releases described by ``model``, or None and the reason."""
     if isinstance(model, NoMatchedStatistic):
         return None, model.reason
+    if isinstance(model, NoisyAverageDelta) and canaries.kind != "hadamard":
+        from audit_callbacks.canary.known_rounds import GAUSSIAN_REASON
+
+        return None, GAUSSIAN_REASON
     build = MATCHED.get(type(model))
     if build is None:
         return None, f"no statistic is matched to releases of {type(model).__name__}"

@@ -51,7 +51,6 @@ from flwr.serverapp.exception import InconsistentMessageReplies
 
 from audit_callbacks.backends.base import BackendBase
 from audit_callbacks.canary.base import NoisyAverageDelta, NoMatchedStatistic, ReleaseModel
-from audit_callbacks.canary.known_rounds import GAUSSIAN_REASON
 from audit_callbacks.estimators import gaussian_epsilon
 from audit_callbacks.flower.records import LOGGER, Layout
 from audit_callbacks.flower.replies import (
@@ -254,8 +253,6 @@ class FlowerBackend(BackendBase):
         wrapper's noise (server learning rate 1, no momentum), or why no matched statistic
         applies."""
         m = find_attribute(self.strategy, "num_sampled_clients")
-        if kind != "hadamard":
-            return NoMatchedStatistic(GAUSSIAN_REASON)
         if self.noise_multiplier <= 0:
             return NoMatchedStatistic("no DP noise (noise_multiplier = 0): the known-rounds statistic is undefined")
         if m is None:

@@ -34,6 +34,7 @@ from audit_callbacks.backends.base import BackendBase, num_batches, num_examples
 from audit_callbacks.backends.opacus.accounting import accountant_epsilon, analytic_epsilons
 from audit_callbacks.backends.opacus.buffers import FlatGather, flat_parameters
 from audit_callbacks.backends.opacus.injector import GradientCanaryInjector
+from audit_callbacks.backends.opacus.noise_source import NoiseSource, noise_source
 from audit_callbacks.backends.opacus.optimizer import find_accountant, find_dp_optimizer
 from audit_callbacks.backends.opacus.sampling import LoaderCanarySampling, find_poisson_sampler
 from audit_callbacks.canary.base import NoisySum, NoMatchedStatistic, ReleaseModel
@@ -83,6 +84,8 @@ class OpacusBackend(BackendBase):
         opt = dp_optimizer([optimizer])
         self._optimizer, self._loader, self.world_size = opt, loader, int(world_size)
         super().__init__(int(sum(p.numel() for p in opt.params)), num_examples(self.loader()))
+        self._tensors = tensor_layout(opt.params, module)
+        self.noise_source: NoiseSource | None = None
         if getattr(module, "delta", None) is not None:
             self.default_delta = float(module.delta)
         self.warn = warn
@@ -108,7 +111,7 @@ class OpacusBackend(BackendBase):
     def release_model(self, kind: str) -> ReleaseModel:
         """A step's release: the optimizer's noisy sum (``max_grad_norm``, ``noise_multiplier``)
         at the step's rate, of canaries of any kind; none without noise."""
-        return _release_model(self._optimizer)
+        return _release_model(self._optimizer, self._tensors, self.population)
 
     def attach(self, auditor: Any) -> None:
         super().attach(auditor)
@@ -166,6 +169,7 @@ class OpacusBackend(BackendBase):
         # step's release)
         self.injector.participations = self.auditor.participations
         self.injector.steps = steps
+        self._check_noise_source(opt)
         if isinstance(_release_model(opt), NoisySum):  # the auditor reads the noisy sums
             self.injector.set_observer(self._release_noisy_sum)
         self.accountant = accountant
@@ -177,7 +181,18 @@ class OpacusBackend(BackendBase):
         """The injector's observer: the step's noisy sum (a buffer reused by the next step:
         folded now) released to the auditor with its rate."""
         assert self.auditor is not None
-        self.auditor.release(None, noisy_sum=noisy_sum, rate=rate)
+        injector = self.injector
+        size = injector.last_batch_size if injector is not None and self.world_size == 1 else None
+        batches = injector.last_batches if injector is not None else 1
+        self.auditor.release(None, noisy_sum=noisy_sum, rate=rate, batch_size=size, batches=batches)
+
+    def _check_noise_source(self, opt: Any) -> None:
+        """Warn once where Opacus draws the noise from a publicly seeded generator."""
+        seeds = [self.seed] + [int(s) for s in _logged_seeds(self.auditor)]
+        self.noise_source = noise_source(opt, logged_seeds=seeds)
+        if self.noise_source.replayable:
+            self.warn("noise_source", f"{getattr(self.auditor, 'name', 'CanaryAudit')}: "
+                      f"{self.noise_source.message}")
 
     def _bind_sampling(self, world_size: int) -> None:
         """Let the training loader's Poisson sampler draw the canaries where it can (a sampler
@@ -335,6 +350,7 @@ class OpacusBackend(BackendBase):
             "expected_batch_size": opt.expected_batch_size,
             "sample_rate": self.injector.sample_rate,
             "accountant": None if self.accountant is None else type(self.accountant).__name__,
+            "noise_source": None if self.noise_source is None else self.noise_source.as_dict(),
         }
 
     def detach(self) -> None:
@@ -361,11 +377,33 @@ class OpacusBackend(BackendBase):
         self._restart_deltas()
 
 
-def _release_model(opt: Any) -> ReleaseModel:
+def _release_model(opt: Any, tensors: tuple[tuple[str, int], ...] = (),
+                   population: int | None = None) -> ReleaseModel:
     sigma = float(opt.noise_multiplier)
     if sigma <= 0:
         return NoMatchedStatistic("no DP noise (noise_multiplier = 0): the steps-unknown statistic is undefined")
-    return NoisySum(max_grad_norm=float(opt.max_grad_norm), noise_multiplier=sigma)
+    return NoisySum(max_grad_norm=float(opt.max_grad_norm), noise_multiplier=sigma,
+                    tensors=tensors, population=population)
+
+
+def tensor_layout(params: Any, module: Any = None) -> tuple[tuple[str, int], ...]:
+    """``((name, numel), ...)`` of ``params`` in order: the module's parameter names where it
+    has them (Opacus' ``_module.`` prefix dropped), else ``params[i] (shape)``."""
+    names: dict[int, str] = {}
+    if module is not None and callable(getattr(module, "named_parameters", None)):
+        for name, p in module.named_parameters():
+            names.setdefault(id(p), name.replace("_module.", ""))
+    return tuple((names.get(id(p), f"params[{i}] {tuple(p.shape)}"), int(p.numel()))
+                 for i, p in enumerate(params))
+
+
+def _logged_seeds(auditor: Any) -> list[int]:
+    """Integer seeds the run's logged hyperparameters hold (public by being logged)."""
+    out = []
+    config = getattr(auditor, "config", None)
+    if config is not None and isinstance(getattr(config, "seed", None), int):
+        out.append(int(config.seed))
+    return out
 
 
 def dp_optimizer(optimizers: Any) -> Any:

@@ -165,6 +165,10 @@ class GradientCanaryInjector:
         # of them), made once per m and buffer (no view ops per step)
         self._row_views: dict[int, tuple[torch.Tensor, list[torch.Tensor]]] = {}
         self._noisy = FlatGather()  # the noisy sum given to the observer, reused across steps
+        #: the last logical step's real batch size (None: not counted) and its Poisson batches
+        self.last_batch_size: int | None = None
+        self.last_batches = 1
+        self._batch_size, self._batch_seen, self._batches = 0, False, 1
         # instance attributes (the class is untouched); an instance's own are put back at detach
         self._own = {name: optimizer.__dict__.get(name) for name in ("add_noise", "clip_and_accumulate")}
         self._original = optimizer.add_noise
@@ -224,15 +228,26 @@ class GradientCanaryInjector:
         except (AttributeError, TypeError, ValueError):  # no per-example gradients to count
             batches = 1
         self._rate = min(1.0, self.sample_rate * batches)
+        self._batches = batches
         if self.sampling is not None:
             self._joined = self.sampling.take(batches, self.steps)
         else:
             self._joined = self.joined(self.steps, self._rate)
         self._placed = not (self.inserts and self._joined.size)
 
+    def _count_batch(self) -> None:
+        """Add the physical batch's real examples (the rows of its per-example gradients not
+        yet clipped) to the logical step's batch size: shapes only, no device read."""
+        params = self.optimizer.params
+        parts = _tensors(getattr(params[0], "grad_sample", None)) if params else None
+        if parts:
+            self._batch_size += sum(int(t.shape[0]) for t in parts if not hasattr(t, "_processed"))
+            self._batch_seen = True
+
     def _clip_and_accumulate(self) -> None:
         assert self._clip_original is not None
         self._begin_step()
+        self._count_batch()
         if self._placed or not self.before_clipping:
             self._clip_original()
             return
@@ -344,6 +359,10 @@ class GradientCanaryInjector:
         if idx.size:
             np.add.at(self.participations, idx, 1)
         self.steps += 1
+        # the step's real batch size, where clip_and_accumulate counted it (None: unknown)
+        self.last_batch_size = self._batch_size if self._batch_seen else None
+        self.last_batches = self._batches
+        self._batch_size, self._batch_seen = 0, False
         self._joined, self._placed = None, False
         if self.observer is not None and self._reduce_original is not None:
             # data-parallel: observed after Opacus' all-reduce, multiplied back to the sum

@@ -1,0 +1,222 @@
+"""Checks of the mechanism from its releases: the noise's scale and freshness on every parameter
+tensor, and the batch sizes against the accountant's Poisson sampling.
+
+:class:`NoiseChecks` folds each release ``r_t`` (DP-SGD: the noisy sum; DP-FedAvg: the noisy
+sum recovered from the model delta, ``(Delta_t - beta Delta_{t-1})``) into two sums of squares
+per parameter tensor, on the release's device and with no host synchronisation: ``||r_t||^2``
+(noise scale, F1) and ``||r_t - r_{t-1}||^2`` (fresh noise, F2). One fused ``_foreach_norm`` per
+sum covers every tensor: the ops a release costs do not grow with the number of tensors on a
+GPU. :class:`SamplerCheck` keeps the real batch size of every DP-SGD step. Their tests are
+:func:`~audit_callbacks.estimators.mechanism_checks.noise_energy_check` and
+:func:`~audit_callbacks.estimators.mechanism_checks.sampler_check`; the laws, false-alarm rates
+and power are in ``docs/methods/mechanism_checks.md``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from audit_callbacks.estimators.mechanism_checks import noise_energy_check, sampler_check
+from audit_callbacks.estimators.result import AuditResult
+
+__all__ = ["NoiseChecks", "SamplerCheck"]
+
+
+class NoiseChecks:
+    """Per-tensor sums of squares of the releases (F1) and of their differences (F2).
+
+    Args:
+        tensors: ``[(name, numel)]`` of the flat released vector's parameter tensors, in order
+            (their sizes sum to d).
+        noise_std: ``s`` on the scale of the folded vector: ``noise_multiplier * clip norm``
+            for a noisy sum; ``noise_multiplier * clip_norm * server_lr / divisor`` for a
+            DP-FedAvg model delta.
+        reads: ``"noisy_sum"`` or ``"model_delta"``.
+        momentum: the server momentum beta of a DP-FedAvg release (the folded vector is
+            ``Delta_t - beta Delta_{t-1}``), 0 otherwise.
+        what: a release's name in sentences (``"step"`` or ``"round"``).
+    """
+
+    name = "noise_checks"
+    state_key = "noise_checks"
+
+    def __init__(self, tensors: Sequence[tuple[str, int]], noise_std: float, *,
+                 reads: str = "noisy_sum", momentum: float = 0.0, what: str = "step") -> None:
+        self.names = [str(n) for n, _ in tensors]
+        self.sizes = [int(s) for _, s in tensors]
+        if not self.sizes or min(self.sizes) < 1:
+            raise ValueError("tensors must name at least one tensor, each with numel >= 1")
+        self.dim = sum(self.sizes)
+        self.noise_std = float(noise_std)
+        self.reads = reads
+        self.momentum = float(momentum)
+        self.what = what
+        self._buffers: dict[str, torch.Tensor] | None = None
+        self._views: list[torch.Tensor] = []
+
+    def _on(self, like: torch.Tensor) -> dict[str, torch.Tensor]:
+        buf = self._buffers
+        dtype = like.dtype if like.dtype in (torch.float32, torch.float64) else torch.float32
+        if buf is not None and buf["cur"].device == like.device and buf["cur"].dtype == dtype:
+            return buf
+        dev, m = like.device, len(self.sizes)
+        old = buf
+        # cur and diff are one buffer, so that one fused norm covers both; e and n hold the
+        # noise-scale half first, the fresh-noise half second
+        both = torch.empty(2 * self.dim, dtype=dtype, device=dev)
+        buf = {
+            "both": both, "cur": both[:self.dim], "diff": both[self.dim:],
+            "prev": torch.zeros(self.dim, dtype=dtype, device=dev),
+            "delta": torch.zeros(self.dim, dtype=dtype, device=dev),
+            "e": torch.zeros(2 * m, dtype=torch.float64, device=dev),
+            "n": torch.zeros(2, dtype=torch.float64, device=dev),
+            "has_prev": torch.zeros((), dtype=torch.bool, device=dev),
+            "has_delta": torch.zeros((), dtype=torch.bool, device=dev),
+        }
+        if old is not None:  # a model moved to another device: the sums go on
+            buf["e"].copy_(old["e"].to(dev))
+            buf["n"].copy_(old["n"].to(dev))
+        self._buffers = buf
+        self._views = list(torch.split(both, self.sizes + self.sizes))
+        return buf
+
+    def fold(self, release: Any) -> torch.Tensor:
+        """Fold one release (its ``vector`` ``[d]``); a release with NaN or inf entries is not
+        folded and does not become the previous release. Returns the 0-dim bool flag."""
+        vec = release.vector
+        if vec.numel() != self.dim:
+            raise ValueError(f"the release has {vec.numel()} entries, the tensors {self.dim}")
+        vec = vec if vec.dim() == 1 else vec.reshape(-1)
+        b = self._on(vec)
+        if vec.dtype != b["cur"].dtype:  # a half-precision release: compared in float32
+            vec = vec.to(b["cur"].dtype)
+        cur, m = b["cur"], len(self.sizes)
+        if self.momentum:
+            torch.sub(vec, b["delta"], alpha=self.momentum, out=cur)
+            # the previous delta only counts once one was released (a new fit restarts it)
+            torch.where(b["has_delta"], cur, vec, out=cur)
+            b["delta"].copy_(vec)
+            b["has_delta"].fill_(True)
+        else:
+            cur.copy_(vec)
+        torch.sub(cur, b["prev"], out=b["diff"])
+        squares = torch.stack(torch._foreach_norm(self._views)).to(torch.float64).square_()
+        ok = torch.isfinite(squares[:m].sum())
+        pair = ok & b["has_prev"]
+        mask = torch.cat((ok.expand(m), pair.expand(m)))
+        b["e"].add_(torch.where(mask, squares, 0.0))
+        b["n"].add_(torch.stack((ok, pair)))
+        torch.where(ok, cur, b["prev"], out=b["prev"])
+        b["has_prev"].logical_or_(ok)
+        return ok
+
+    def restart(self) -> None:
+        """A new fit: the next release has no predecessor (the server momentum restarts)."""
+        if self._buffers is not None:
+            self._buffers["has_prev"].fill_(False)
+            self._buffers["has_delta"].fill_(False)
+
+    def counts(self) -> tuple[int, int]:
+        """Releases and differences folded so far (reads the device back)."""
+        if self._buffers is None:
+            return 0, 0
+        n1, n2 = self._buffers["n"].tolist()
+        return int(n1), int(n2)
+
+    def results(self, alpha: float) -> dict[str, AuditResult]:
+        """The noise-scale and fresh-noise checks at level ``alpha`` over every release so far
+        (each at least 1 release / 1 difference; none before)."""
+        if self._buffers is None:
+            return {}
+        n1, n2 = self.counts()
+        e1, e2 = np.split(self._buffers["e"].cpu().numpy(), 2)
+        sizes = np.asarray(self.sizes, dtype=np.float64)
+        out = {}
+        if n1:
+            out["noise_scale"] = noise_energy_check(e1, sizes * n1, self.noise_std, alpha=alpha,
+                                                    check="noise_scale", groups=self.names)
+        if n2:
+            out["fresh_noise"] = noise_energy_check(e2, sizes * n2, self.noise_std, alpha=alpha,
+                                                    check="fresh_noise", groups=self.names)
+        for res in out.values():
+            res.details["releases"] = n1 if res.details["check"] == "noise_scale" else n2
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """The sums and counts (never a released vector)."""
+        if self._buffers is None:
+            return {}
+        e1, e2 = np.split(self._buffers["e"].cpu().numpy(), 2)
+        n1, n2 = self.counts()
+        return {"e1": e1.tolist(), "e2": e2.tolist(), "n1": n1, "n2": n2,
+                "tensors": [list(x) for x in zip(self.names, self.sizes, strict=True)]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`; the first release after a resume has no predecessor."""
+        if not state:
+            return
+        saved = [(str(n), int(s)) for n, s in state["tensors"]]
+        if saved != list(zip(self.names, self.sizes, strict=True)):
+            raise ValueError("the checkpoint's noise checks cover other parameter tensors")
+        b = self._on(torch.empty(0))
+        b["e"].copy_(torch.tensor(list(state["e1"]) + list(state["e2"]), dtype=torch.float64))
+        b["n"].copy_(torch.tensor([float(state["n1"]), float(state["n2"])], dtype=torch.float64))
+
+
+class SamplerCheck:
+    """The real batch sizes of the DP-SGD steps, tested against Poisson sampling at the rate the
+    accountant is charged.
+
+    Only their histogram is kept, per (population, rate): the order of the steps is not needed
+    by the test, and no step's size is written anywhere but the checkpoint.
+
+    Args:
+        population: N, the training examples (None: unknown, no test).
+    """
+
+    name = "sampler_check"
+    state_key = "sampler_check"
+    reads = "noisy_sum"
+
+    def __init__(self, population: int | None) -> None:
+        self.population = population
+        #: (population, rate, size) -> steps; population is N times the Poisson batches summed
+        #: into the step (gradient accumulation), rate the rate of each of them
+        self.histogram: Counter[tuple[int, float, int]] = Counter()
+
+    def fold(self, release: Any) -> torch.Tensor:
+        size = getattr(release, "batch_size", None)
+        rate = getattr(release, "rate", None)
+        if size is not None and rate is not None and self.population:
+            batches = max(1, int(getattr(release, "batches", 1) or 1))
+            self.histogram[(int(self.population) * batches, float(rate) / batches, int(size))] += 1
+        return torch.ones((), dtype=torch.bool)
+
+    def results(self, alpha: float) -> dict[str, AuditResult]:
+        """The sampler check over the steps of the most common (population, rate), from 2
+        steps on."""
+        by_key: Counter[tuple[int, float]] = Counter()
+        for (n, q, _), count in self.histogram.items():
+            by_key[(n, q)] += count
+        if not by_key:
+            return {}
+        (n, q), steps = by_key.most_common(1)[0]
+        if steps < 2 or not 0.0 < q < 1.0:
+            return {}
+        sizes = np.concatenate([np.full(c, s) for (n2, q2, s), c in sorted(self.histogram.items())
+                                if (n2, q2) == (n, q)])
+        return {"sampler": sampler_check(sizes.astype(np.float64), n, q, alpha=alpha)}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The histogram of batch sizes (counts of the sampler's draws, no example)."""
+        return {"histogram": [[n, q, s, c] for (n, q, s), c in sorted(self.histogram.items())]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state:
+            self.histogram = Counter({(int(n), float(q), int(s)): int(c)
+                                      for n, q, s, c in state["histogram"]})
