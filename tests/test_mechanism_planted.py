@@ -138,3 +138,56 @@ def test_noise_from_a_seeded_global_generator_is_named(monkeypatch):
     found = audit.auditor.backend.noise_source
     assert found.replayable and "seed_everything" in found.message
     assert audit.auditor.backend.summary_inputs()["noise_source"]["replayable"] is True
+
+
+# ----------------------------------------------------------------------------------- DP-FedAvg
+def _fedavg(*, bug=None, momentum=0.0, rounds=20, seed=0):
+    from audit_callbacks.callbacks import CanaryAudit
+    from audit_callbacks.federated import DPFedAvg
+    from tests._federated import quick_trainer, tiny_federation
+
+    torch.manual_seed(seed)
+    module = DPFedAvg(torch.nn.Sequential(torch.nn.Linear(20, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3)),
+                      clients_per_round=8, noise_multiplier=1.0, clip_norm=0.5, local_lr=0.1,
+                      server_momentum=momentum, seed=seed)
+    if bug == "reused_noise":  # the same noise vector added every round
+        fixed = {}
+        original = module._noise
+
+        def noise(d, like):
+            if "z" not in fixed:
+                fixed["z"] = original(d, like).clone()
+            return fixed["z"].clone()
+        module._noise = noise
+    elif bug == "missing_noise":  # the output layer's bias gets no noise
+        original = module._noise
+
+        def noise(d, like):
+            z = original(d, like)
+            z[-3:] = 0.0
+            return z
+        module._noise = noise
+    audit = CanaryAudit(num_canaries=32, canaries="hadamard", seed=1, log_figures=False,
+                        log_histograms=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quick_trainer(rounds, [audit]).fit(module, datamodule=tiny_federation(p=20, n_clients=40))
+    return audit
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_correct_fedavg_runs_pass_the_noise_checks(momentum):
+    checks = _checks(_fedavg(momentum=momentum))
+    assert {"noise_scale", "fresh_noise"} <= set(checks) and "sampler" not in checks
+    for name, res in checks.items():
+        assert not res.details["rejected"], (name, res.details)
+
+
+def test_fedavg_noise_reused_every_round_is_flagged():
+    checks = _checks(_fedavg(bug="reused_noise"))
+    assert checks["fresh_noise"].details["rejected"]
+
+
+def test_fedavg_a_tensor_without_noise_is_flagged_and_named():
+    checks = _checks(_fedavg(bug="missing_noise"))
+    assert checks["noise_scale"].details["rejected"] and checks["noise_scale"].details["group"] == "2.bias"
