@@ -123,6 +123,26 @@ def test_ratio_range_covers_simulated_correct_fedavg_runs() -> None:
     assert np.mean(inside) >= 0.9, (np.mean(inside), plan)
 
 
+def test_ratio_range_covers_simulated_correct_final_model_runs() -> None:
+    """DP-SGD's final model without momentum: theta_T - theta_0 projected on each canary, every
+    step drawn, scored as cosines against the exact null of dimension d."""
+    k, ku, t, q, sigma, d, delta, claim = 100, 100, 50, 0.2, 1.0, 1 << 14, 1e-5, 2.0
+    plan = plan_audit(k, ku, dim=d, steps=t, sample_rate=q, noise_multiplier=sigma, delta=delta,
+                      threat_model="final_model", reference_epsilon=claim, coverage=0.95,
+                      search_bugs=False)
+    inside = []
+    for seed in SEEDS:
+        rng = np.random.default_rng([seed, 97])
+        drawn = rng.random((k, t)) < q
+        proj_in = (drawn + sigma * rng.standard_normal((k, t))).sum(axis=1)
+        proj_out = (sigma * rng.standard_normal((ku, t))).sum(axis=1)
+        norm = sigma * math.sqrt(t * d)  # the release's norm: the noise dominates
+        est = CanaryScoreAuditor(proj_in / norm, proj_out / norm, dim=d).epsilon_estimate(
+            delta, fit="equal").value
+        inside.append(plan.ratio_low <= est / claim <= plan.ratio_high)
+    assert np.mean(inside) >= 0.9, (np.mean(inside), plan)
+
+
 def test_ratio_is_fast_for_a_large_audit() -> None:
     """k = 1000, k' = 100,000: the ratio part subsamples the unobserved scores."""
     plan = plan_audit(1000, 100_000, dim=1 << 17, steps=240, sample_rate=0.125,
