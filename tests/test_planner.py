@@ -104,14 +104,19 @@ def test_ratio_range_covers_simulated_correct_dpsgd_runs(sgd_plan: AuditPlan) ->
     assert abs(np.median(ratios) - plan90.ratio_median) < 0.08
 
 
-def test_ratio_range_covers_simulated_correct_fedavg_runs() -> None:
+@pytest.mark.parametrize("participation", ["poisson", "fixed"])
+def test_ratio_range_covers_simulated_correct_fedavg_runs(participation: str) -> None:
     k, ku, t, q, z, delta = 100, 100, 60, 0.1, 1.0, 1e-6
     plan = plan_audit(k, ku, dim=1024, steps=t, sample_rate=q, noise_multiplier=z, delta=delta,
-                      training="dpfedavg", coverage=0.95, search_bugs=False)
+                      training="dpfedavg", coverage=0.95, search_bugs=False,
+                      participation=participation)
     inside = []
     for seed in SEEDS:
         rng = np.random.default_rng([seed, 98])
-        took = rng.random((k, t)) < q
+        if participation == "poisson":
+            took = rng.random((k, t)) < q
+        else:  # a shuffled schedule: every canary in exactly T q = 6 rounds
+            took = np.argsort(rng.random((k, t)), axis=1) < round(t * q)
         y_in = took + z * rng.standard_normal((k, t))  # units of one clipped update
         y_out = z * rng.standard_normal((ku, t))
         # KnownRoundScores.per_round_shift and estimate, written out
@@ -205,7 +210,7 @@ def test_summary_and_read_ratio(sgd_plan: AuditPlan) -> None:
     ("canaries", "dense"), ("training", "sgd"), ("threat_model", "last"), ("alpha", 0.0),
     ("methods", ("clopper_pearson", "magic")), ("methods", "one_run"), ("coverage", 1.0),
     ("power", 0.0), ("max_factor", 1.0), ("replicates", 5), ("power_replicates", 2.5),
-    ("bisection_steps", 0), ("search_bugs", "yes"), ("seed", -1),
+    ("bisection_steps", 0), ("search_bugs", "yes"), ("participation", "shuffle"), ("seed", -1),
 ])
 def test_bad_input_names_the_argument(arg: str, value: object) -> None:
     kwargs = {**SGD, "reference_epsilon": CLAIM, "search_bugs": False, arg: value}

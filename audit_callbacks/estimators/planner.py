@@ -102,6 +102,7 @@ _EXACT_DRAWS = 4_000_000
 _TRAINING = ("dpsgd", "dpfedavg")
 _THREAT_MODELS = ("all_iterates", "final_model")
 _CANARIES = ("hadamard", "gaussian")
+_PARTICIPATION = ("poisson", "fixed")
 _HERMITE = np.polynomial.hermite_e.hermegauss(96)
 
 
@@ -228,7 +229,11 @@ class _Draws:
 
 def _draws(rng: np.random.Generator, s: dict[str, Any], reps: int, full_out: bool) -> _Draws:
     k, ku, t, q = s["k"], s["ku"], s["steps"], s["q"]
-    n = rng.binomial(t, q, size=(reps, k))
+    if s["participation"] == "poisson":
+        n = rng.binomial(t, q, size=(reps, k))
+    else:  # a shuffled schedule: floor(T q) or ceil(T q) participations, T q on average
+        whole = math.floor(t * q)
+        n = whole + (rng.random((reps, k)) < t * q - whole)
     z_rest = rng.standard_normal((reps, k))
     steps_unknown = s["training"] == "dpsgd" and s["threat_model"] == "all_iterates"
     exact = steps_unknown and int(n.sum()) <= _EXACT_DRAWS
@@ -380,6 +385,7 @@ def plan_audit(
     power_replicates: int = 100,
     bisection_steps: int = 6,
     search_bugs: bool = True,
+    participation: str = "poisson",
     seed: int = 0,
 ) -> AuditPlan:
     """Plan a canary audit before training: its ceiling, expected ratio and power.
@@ -412,6 +418,9 @@ def plan_audit(
             ``power_replicates`` runs per factor tried: about 2 s for k = k' = 200, 4.5 s for
             k = k' = 1000, 30 s for k = 1000, k' = 100,000 on one core); the factors are then
             None. The rest takes under a second.
+        participation: "poisson" (default: each canary drawn independently at rate q every
+            step or round, what the accountants assume) or "fixed" (a shuffled schedule: every
+            canary takes part in floor(T q) or ceil(T q) steps, T q on average).
         seed: seed of the simulation (and of the valid bounds' emulated pool).
 
     Returns:
@@ -444,6 +453,7 @@ def plan_audit(
     preps = check_count(power_replicates, "power_replicates", minimum=10)
     bis = check_count(bisection_steps, "bisection_steps", minimum=1)
     search = check_flag(search_bugs, "search_bugs")
+    part = check_choice(participation, "participation", _PARTICIPATION)
     sd = check_seed(seed)
     ref = None if reference_epsilon is None else check_positive(reference_epsilon,
                                                                 "reference_epsilon")
@@ -462,6 +472,7 @@ def plan_audit(
                          "canaries=\"hadamard\"")
     s = {"k": k, "ku": ku, "dim": d, "steps": t, "q": q, "sigma": sigma, "delta": dl,
          "alpha": a, "training": tr, "threat_model": tm, "methods": meths, "seed": sd,
+         "participation": part,
          "cross": q * k / d if kind == "gaussian" and tr == "dpsgd" else 0.0}
 
     ceiling, winner = _ceiling(k, ku, a, dl, meths, sd)
