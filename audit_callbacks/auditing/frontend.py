@@ -1,5 +1,7 @@
-"""What the canary audit's front ends share (``CanaryAudit``, ``CanaryStrategy``): the auditor,
-once-only warnings, and a checkpoint's state kept until the auditor can take it."""
+"""What the canary audit's front ends share (``CanaryAudit``, ``OpacusCanaryAudit``,
+``CanaryStrategy``): the auditor, the output path (:class:`~audit_callbacks.auditing.output.
+AuditOutput`: once-only warnings, the summary, the report section), and a checkpoint's state
+kept until the auditor can take it."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ from typing import Any
 
 from audit_callbacks.auditing.auditor import CanaryAuditor
 from audit_callbacks.auditing.config import CanaryAuditConfig
+from audit_callbacks.auditing.output import AuditOutput, ReportSection
 from audit_callbacks.auditing.report import CanaryReport
 
 __all__ = ["AuditFrontEnd"]
@@ -23,17 +26,19 @@ class AuditFrontEnd:
         super().__init__()  # cooperative: the framework's base class comes next
         self.auditor: CanaryAuditor | None = None
         self._state: dict[str, Any] | None = None
-        self._warned: set[str] = set()
+        #: the audit's output path (the subclass sets its ``summary_filename`` and binds it)
+        self.output = AuditOutput(self.name, emit=self._emit, section=self._report_section)
         self.summary_path: str | None = None  #: the summary JSON written at the end
 
     def _emit(self, message: str) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def _warn(self, key: str, message: str) -> None:
-        """Warn once per ``key``."""
-        if key not in self._warned:
-            self._warned.add(key)
-            self._emit(message)
+        """Warn once per ``key`` (through the output path)."""
+        self.output.warn(key, message)
+
+    def _report_section(self) -> ReportSection | None:
+        return None if self.auditor is None else self.auditor.report_section()
 
     def _open(self, backend: Any) -> None:
         """Make the auditor over ``backend`` (once), and apply a checkpoint's state."""
