@@ -313,8 +313,14 @@ class AuditOutput:
                             int(getattr(self.trainer, "global_step", 0)))
 
     def scalars(self, values: Mapping[str, float | None], step: int) -> None:
-        """Scalars through the sink (every logger; ``callback_metrics`` under Lightning)."""
-        self._write(self.sink.scalars, dict(values), step)
+        """Scalars through every logger of the Trainer (rank zero), else through the sink;
+        None and NaN dropped."""
+        if self.trainer is not None:
+            from audit_callbacks.callbacks.tensorboard import log_scalars
+
+            self._write(log_scalars, self.trainer, dict(values), step)
+        else:
+            self._write(self.sink.scalars, dict(values), step)
 
     def _write(self, write: Callable[..., None], *args: Any) -> None:
         try:
