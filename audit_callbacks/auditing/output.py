@@ -218,8 +218,8 @@ class AuditRun:
 
 
 # ---------------------------------------------------------------------------- one audit's output
-def _default_emit(message: str) -> None:
-    warnings.warn(message, UserWarning, stacklevel=3)
+def _default_emit(message: str, category: type[Warning] = UserWarning) -> None:
+    warnings.warn(message, category, stacklevel=3)
 
 
 class AuditOutput:
@@ -228,8 +228,9 @@ class AuditOutput:
     Args:
         audit: the front end's name (the summary's ``audit``, e.g. ``"LabelDPLowerBound"``).
         summary_filename: the summary's file in the run's folder (None: no summary).
-        emit: how a warning is given (``rank_zero_warn`` for a Lightning callback; default
-            ``warnings.warn``).
+        emit: how a warning is given, ``emit(message)`` (``rank_zero_warn`` for a Lightning
+            callback; default ``warnings.warn``), or ``emit(message, category)`` where the
+            front end warns with its own categories.
         section: the audit's report section now (None: nothing to report yet).
         text_tag: where a warning is also written as TensorBoard text (None: nowhere).
     """
@@ -300,12 +301,16 @@ class AuditOutput:
             return None
 
     # ------------------------------------------------------------------ warnings and sinks
-    def warn(self, key: str, message: str) -> None:
-        """Warn once per ``key`` (and write it as TensorBoard text under ``text_tag``)."""
+    def warn(self, key: str, message: str, category: type[Warning] | None = None) -> None:
+        """Warn once per ``key`` (and write it as TensorBoard text under ``text_tag``);
+        ``category``, when given, is passed on to the front end's ``emit``."""
         if key in self.warned:
             return
         self.warned.add(key)
-        self._emit(message)
+        if category is None:
+            self._emit(message)
+        else:
+            self._emit(message, category)  # type: ignore[call-arg] - an emit that takes one
         if self.text_tag is not None and self.trainer is not None:
             text = getattr(self.sink, "text", None)
             if text is not None:
