@@ -129,7 +129,7 @@ class CanaryAuditor:
         self.skip_reason: str | None = None
         self._last_logged = -1
         self.logged_points = 0  # points of the logged series so far (the valid bounds' index)
-        self.report_paths: tuple[str, str] | None = None  # (html, markdown) once written
+        self._output: AuditOutput | None = None  # the output path of the last finish
         self._section: ReportSection | None = None
         #: (step, epsilon_all_iterates, epsilon_analytic, epsilon_final_model) per logged report
         self.history: list[tuple[int, float | None, float | None, float | None]] = []
@@ -373,9 +373,15 @@ class CanaryAuditor:
                 self._sink(sink.figures, drawn, step)
         self._section = ReportSection("canary audit", summary=summary, figures=drawn,
                                       history=list(self.history)) if path is not None and complete else None
+        self._output = output
         output.done(status)
-        self.report_paths = output.report_paths
         return path
+
+    @property
+    def report_paths(self) -> tuple[str, str] | None:
+        """The run's report ``(html, markdown)`` once written (after every audit of the run
+        finished), else None."""
+        return None if self._output is None else self._output.report_paths
 
     def report_section(self) -> ReportSection | None:
         """This audit's part of the run's report (its summary, figures and history), once it

@@ -153,9 +153,12 @@ class AuditRun:
     @classmethod
     def of(cls, trainer: Any) -> AuditRun:
         """The run of ``trainer`` (one per Trainer, shared by every callback)."""
-        run = _RUNS.get(trainer)
-        if run is None:
-            run = _RUNS[trainer] = cls(trainer=trainer)
+        try:
+            run = _RUNS.get(trainer)
+            if run is None:
+                run = _RUNS[trainer] = cls(trainer=trainer)
+        except TypeError:  # a stand-in that takes no weak reference: a run of its own
+            run = cls(trainer=trainer)
         return run
 
     @property

@@ -1,6 +1,8 @@
-"""The run's own folder of a Lightning run, where a callback writes its summary at fit end.
+"""The run's own folder of a Lightning run, where every audit writes its summary at fit end,
+and the report handed to the run's loggers.
 
-The JSON itself is written atomically by :func:`audit_callbacks.auditing.files.write_summary`.
+The callbacks reach both through their :class:`~audit_callbacks.auditing.output.AuditOutput`;
+the JSON itself is written atomically by :func:`audit_callbacks.auditing.files.write_summary`.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from audit_callbacks.auditing.files import (
     write_summary,
 )
 
-__all__ = ["publish_report", "report_sections", "run_dir", "summary_dir", "to_jsonable", "versions",
+__all__ = ["publish_report", "run_dir", "summary_dir", "to_jsonable", "versions",
            "write_summary"]
 
 # Trainer -> the fresh folder of a run without a logger: every callback of one run writes there.
@@ -70,19 +72,6 @@ def summary_dir(trainer: Any, filename: str) -> str:
         raise ValueError(f"summary_filename {filename!r}: cannot create the run folder ({err})") from err
     check_writable(directory, filename)
     return directory
-
-
-def report_sections(trainer: Any) -> dict[str, dict[str, Any]]:
-    """The other audits' results for the audit report: every callback of the trainer with a
-    ``report_section()`` (the label and local-DP callbacks) gives ``{title: {key: value}}``."""
-    sections: dict[str, dict[str, Any]] = {}
-    for cb in getattr(trainer, "callbacks", None) or []:
-        section = getattr(cb, "report_section", None)
-        if callable(section):
-            got = section()
-            if got:
-                sections[got[0]] = got[1]
-    return sections
 
 
 def publish_report(trainer: Any, paths: tuple[str, str] | None) -> None:
