@@ -26,9 +26,18 @@ class AuditFrontEnd:
         super().__init__()  # cooperative: the framework's base class comes next
         self.auditor: CanaryAuditor | None = None
         self._state: dict[str, Any] | None = None
-        #: the audit's output path (the subclass sets its ``summary_filename`` and binds it)
+        #: the audit's output path (the subclass sets ``summary_filename`` and binds it)
         self.output = AuditOutput(self.name, emit=self._emit, section=self._report_section)
         self.summary_path: str | None = None  #: the summary JSON written at the end
+
+    @property
+    def summary_filename(self) -> str | None:
+        """The summary's file name in the run's folder (the output path's)."""
+        return self.output.summary_filename
+
+    @summary_filename.setter
+    def summary_filename(self, value: str | None) -> None:
+        self.output.summary_filename = value
 
     def _emit(self, message: str) -> None:  # pragma: no cover - abstract
         raise NotImplementedError

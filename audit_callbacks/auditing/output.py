@@ -258,10 +258,12 @@ class AuditOutput:
         return None if self.run is None else self.run.trainer
 
     def bind(self, trainer: Any) -> AuditOutput:
-        """Join ``trainer``'s run (at setup or fit start; a repeated fit joins again)."""
-        self.run = AuditRun.of(trainer)
+        """Join ``trainer``'s run (at fit start; a repeated fit joins again, and a call for the
+        trainer already bound only makes sure of it)."""
+        if self.run is None or self.run.trainer is not trainer:
+            self.run = AuditRun.of(trainer)
+            self._sink = None
         self.run.register(self)
-        self._sink = None
         return self
 
     def bind_directory(self, directory: str | None, sink: Any = None,

@@ -60,7 +60,7 @@ class CanaryAudit(AuditFrontEnd, FederatedAuditHooks, Callback):
         self.every_n_epochs = check_count(every_n_epochs, "every_n_epochs", minimum=1)
         self.log_histograms = check_flag(log_histograms, "log_histograms")
         self.log_figures = check_flag(log_figures, "log_figures")
-        self.summary_filename = self.output.summary_filename = summary_filename
+        self.summary_filename = summary_filename
 
     @property
     def state_key(self) -> str:
@@ -81,10 +81,8 @@ class CanaryAudit(AuditFrontEnd, FederatedAuditHooks, Callback):
             self._bind(trainer, pl_module)  # DP-FedAvg: the canary clients join before sampling
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.output.bind(trainer)
-        summary_dir = None
-        if trainer.is_global_zero:  # only rank 0 writes; a bad path fails here, not at the end
-            summary_dir = check_summary_dir(trainer, self.summary_filename)
+        self.output.bind(trainer)  # only rank 0 writes; a bad path fails here, not at the end
+        summary_dir = check_summary_dir(trainer, self.summary_filename) if trainer.is_global_zero else None
         if self.auditor is not None:
             self.auditor.backend.on_fit_start(trainer, pl_module)  # a repeated fit goes on
         self._bind(trainer, pl_module)  # Opacus: the DPOptimizer exists now
@@ -125,7 +123,7 @@ class CanaryAudit(AuditFrontEnd, FederatedAuditHooks, Callback):
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Also without a validation loop (after one, the same estimate is logged once)."""
         if self.auditor is not None and (trainer.current_epoch + 1) % self.every_n_epochs == 0:
-            self.auditor.update(self._sink(trainer), step=int(trainer.global_step),
+            self.auditor.update(self.output.bind(trainer).sink, step=int(trainer.global_step),
                                 histograms=self.log_histograms)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -134,19 +132,13 @@ class CanaryAudit(AuditFrontEnd, FederatedAuditHooks, Callback):
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self.output.on_exception(trainer, exception, lambda status: self._finish(trainer, status))  # signals
 
-    def _sink(self, trainer: pl.Trainer) -> Any:
-        if self.output.trainer is not trainer:
-            self.output.bind(trainer)
-        return self.output.sink
-
     def _finish(self, trainer: pl.Trainer, status: str) -> None:
-        if self.auditor is not None:  # only rank 0 writes the summary
-            self._sink(trainer)  # bound to this trainer
-            self.summary_path = self.auditor.finish(
-                step=int(trainer.global_step), status=status, output=self.output,
-                histograms=self.log_histograms, figures=self.log_figures)
-        else:
+        self.output.bind(trainer)  # only rank 0 writes the summary
+        if self.auditor is None:
             self.output.done(status)
+            return
+        self.summary_path = self.auditor.finish(step=int(trainer.global_step), status=status, output=self.output,
+                                                histograms=self.log_histograms, figures=self.log_figures)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit" and self.auditor is not None:

@@ -328,8 +328,7 @@ class FederatedLabelAttack(FederatedAuditHooks, Callback):
                                  lambda status: self.on_fit_end(trainer, pl_module, status=status))
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: Any, status: str = "complete") -> None:
-        if self.output.trainer is not trainer:
-            self.output.bind(trainer)
+        self.output.bind(trainer)
         self.output.summary_filename = self.summary_filename
         path = self.output.finish(self.summary(pl_module, status), status)
         if path is not None:

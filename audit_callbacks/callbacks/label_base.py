@@ -260,8 +260,7 @@ class StepAuditCallback(Callback):
     def _finish(self, trainer: pl.Trainer, summary: dict[str, Any], status: str) -> None:
         """Hand the summary to the output path (the run's folder, rank zero; the report once
         every audit of the run has finished)."""
-        if self.output.trainer is not trainer:
-            self.output.bind(trainer)
+        self.output.bind(trainer)
         self.output.summary_filename = self.summary_filename
         path = self.output.finish(summary, status)
         if path is not None:

@@ -341,8 +341,7 @@ class LDPAudit(FederatedAuditHooks, Callback):
                                  lambda status: self.on_fit_end(trainer, pl_module, status=status))
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, status: str = "complete") -> None:
-        if self.output.trainer is not trainer:
-            self.output.bind(trainer)
+        self.output.bind(trainer)
         if not isinstance(pl_module, DPFedAvgMixin) or pl_module.randomizer is None:
             self.output.done(status)
             return
@@ -473,8 +472,7 @@ class LDPAudit(FederatedAuditHooks, Callback):
         self.history.extend(records)
         self.last_audited_round = int(round_idx)
         if trainer is not None:
-            if self.output.trainer is not trainer:
-                self.output.bind(trainer)
+            self.output.bind(trainer)
             self.output.scalars(metrics, int(round_idx))
         return records
 
@@ -511,8 +509,7 @@ class LDPAudit(FederatedAuditHooks, Callback):
             "flagged": bool(flagged),
         }
         self.exact["result"] = exact_result(self.exact)  # made once, when measured
-        if self.output.trainer is not trainer:
-            self.output.bind(trainer)
+        self.output.bind(trainer)
         self.output.scalars({
             names.tag(FAMILY, "epsilon_exact_per_coordinate"): wit.epsilon,
             names.tag(FAMILY, "epsilon_claimed_per_coordinate"): claimed,

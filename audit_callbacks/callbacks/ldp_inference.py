@@ -205,8 +205,7 @@ class LDPInferenceAudit(FederatedAuditHooks, Callback):
                                  lambda status: self.on_fit_end(trainer, pl_module, status=status))
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, status: str = "complete") -> None:
-        if self.output.trainer is not trainer:
-            self.output.bind(trainer)
+        self.output.bind(trainer)
         if not self.attacks:
             self.output.done(status)
             return
@@ -277,8 +276,7 @@ class LDPInferenceAudit(FederatedAuditHooks, Callback):
         rec["rows"] = self._target_count
         self.history.append(rec)
         if trainer is not None:
-            if self.output.trainer is not trainer:
-                self.output.bind(trainer)
+            self.output.bind(trainer)
             self.output.scalars(metrics, round_idx)
         return rec
 

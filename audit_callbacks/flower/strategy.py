@@ -137,11 +137,9 @@ class CanaryStrategy(AuditFrontEnd, Strategy):
         if self.auditor is None or self._finished_at == self.auditor.backend.rounds:
             return self.summary_path
         self._finished_at = rounds = self.auditor.backend.rounds
-        self.output.summary_filename = self.summary_filename
-        self.output.bind_directory(self.sink.run_dir, self.sink)
         self.summary_path = self.auditor.finish(
-            step=rounds, output=self.output, histograms=self.log_histograms,
-            extra={"versions": flower_versions()})
+            step=rounds, output=self.output.bind_directory(self.sink.run_dir, self.sink),
+            histograms=self.log_histograms, extra={"versions": flower_versions()})
         self.sink.close()
         return self.summary_path
 

@@ -116,7 +116,7 @@ class OpacusCanaryAudit(AuditFrontEnd):
         self.log_histograms = check_flag(log_histograms, "log_histograms")
         self.log_figures = check_flag(log_figures, "log_figures")
         self.log_dir = None if log_dir is None else os.fspath(log_dir)
-        self.summary_filename = self.output.summary_filename = summary_filename
+        self.summary_filename = summary_filename
         self.optimizer = opt
         self._sinks: dict[str, WriterSink] = {}
         self._open(OpacusBackend(_TrainingView(opt, data_loader, _world_size()), self._warn,
@@ -194,7 +194,6 @@ class OpacusCanaryAudit(AuditFrontEnd):
         if directory is None:
             raise ValueError(f"{self.name}.write: log_dir is None here and at construction")
         sink = self._sink(directory)
-        self.output.summary_filename = self.summary_filename
         self.output.bind_directory(directory, sink)
         self.summary_path = self.auditor.finish(
             step=self.steps, output=self.output, histograms=self.log_histograms,
