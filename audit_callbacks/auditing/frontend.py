@@ -21,13 +21,14 @@ class AuditFrontEnd:
 
     config: CanaryAuditConfig
     name = "CanaryAudit"
+    output_type: type[AuditOutput] = AuditOutput  #: a Lightning callback's: ``LightningOutput``
 
     def __init__(self) -> None:
         super().__init__()  # cooperative: the framework's base class comes next
         self.auditor: CanaryAuditor | None = None
         self._state: dict[str, Any] | None = None
         #: the audit's output path (the subclass sets ``summary_filename`` and binds it)
-        self.output = AuditOutput(self.name, emit=self._emit, section=self._report_section)
+        self.output = self.output_type(self.name, emit=self._emit, section=self._report_section)
         self.summary_path: str | None = None  #: the summary JSON written at the end
 
     @property

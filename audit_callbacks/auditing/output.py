@@ -4,7 +4,9 @@ end and on SIGTERM / SIGINT), the sinks (TensorBoard and the other loggers) and 
 Every front end composes one :class:`AuditOutput`: the six Lightning callbacks (canary, label
 DP, label reconstruction, federated label attack, local-DP audit and inference), the plain
 Opacus front end and the Flower strategy. The outputs of one run share one :class:`AuditRun`
-(one per ``Trainer``, or per folder without Lightning): its folder, and the report
+(per folder; a Lightning run's, one per ``Trainer``, is :class:`~audit_callbacks.callbacks.
+summary.LightningRun`, with :class:`~audit_callbacks.callbacks.summary.LightningOutput` for
+its callbacks): its folder, and the report
 (``audit_report.html`` and ``audit_report.md``) written when every registered audit has
 finished, with a section for each audit that ran (found by registration: each output is given
 its section's provider when it is made).
@@ -24,7 +26,6 @@ from __future__ import annotations
 
 import math
 import warnings
-import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -130,49 +131,33 @@ class ReportSection:
 
 
 # ---------------------------------------------------------------------------- the run
-_RUNS: weakref.WeakKeyDictionary[Any, AuditRun] = weakref.WeakKeyDictionary()
-
-
 class AuditRun:
     """What the outputs of one run share: the folder, the registered audits and the report.
 
+    A framework's run (Lightning's: :class:`audit_callbacks.callbacks.summary.LightningRun`)
+    overrides :attr:`directory`, :attr:`writes` and :meth:`publish`.
+
     Args:
-        directory: the run's folder (without Lightning); with ``trainer``, the trainer's run
-            folder (:func:`audit_callbacks.callbacks.summary.run_dir`) is used, chosen on first
-            use.
-        trainer: the Lightning ``Trainer`` (the report is then also given to its loggers).
+        directory: the run's folder (None: no file is written).
     """
 
-    def __init__(self, directory: str | None = None, trainer: Any = None) -> None:
+    def __init__(self, directory: str | None = None) -> None:
         self._directory = directory
-        self.trainer = trainer
         self.outputs: list[AuditOutput] = []
         self.finished: set[int] = set()
         self.report_paths: tuple[str, str] | None = None
 
-    @classmethod
-    def of(cls, trainer: Any) -> AuditRun:
-        """The run of ``trainer`` (one per Trainer, shared by every callback)."""
-        try:
-            run = _RUNS.get(trainer)
-            if run is None:
-                run = _RUNS[trainer] = cls(trainer=trainer)
-        except TypeError:  # a stand-in that takes no weak reference: a run of its own
-            run = cls(trainer=trainer)
-        return run
-
     @property
     def writes(self) -> bool:
-        """Whether this process writes the run's files (rank zero)."""
-        return self.trainer is None or bool(getattr(self.trainer, "is_global_zero", True))
+        """Whether this process writes the run's files (False off rank zero)."""
+        return True
 
     @property
     def directory(self) -> str | None:
-        if self._directory is None and self.trainer is not None:
-            from audit_callbacks.callbacks.summary import run_dir
-
-            self._directory = run_dir(self.trainer)
         return self._directory
+
+    def publish(self, paths: tuple[str, str]) -> None:
+        """Hand the written report to the run's loggers (none here)."""
 
     def register(self, output: AuditOutput) -> None:
         """Add ``output`` to the run's audits (once); it is not finished until it says so."""
@@ -213,10 +198,7 @@ class AuditRun:
         except (OSError, ValueError) as err:
             warn("report", f"the audit report could not be written ({err})")
             return None
-        if self.trainer is not None:
-            from audit_callbacks.callbacks.summary import publish_report
-
-            publish_report(self.trainer, self.report_paths)
+        self.publish(self.report_paths)
         return self.report_paths
 
 
@@ -253,23 +235,11 @@ class AuditOutput:
         self.summary_path: str | None = None
 
     # ------------------------------------------------------------------ binding
-    @property
-    def trainer(self) -> Any:
-        return None if self.run is None else self.run.trainer
-
-    def bind(self, trainer: Any) -> AuditOutput:
-        """Join ``trainer``'s run (at fit start; a repeated fit joins again, and a call for the
-        trainer already bound only makes sure of it)."""
-        if self.run is None or self.run.trainer is not trainer:
-            self.run = AuditRun.of(trainer)
-            self._sink = None
-        self.run.register(self)
-        return self
-
     def bind_directory(self, directory: str | None, sink: Any = None,
                        run: AuditRun | None = None) -> AuditOutput:
-        """Without Lightning: write into ``directory`` (None: no file) through ``sink`` (a
-        :class:`~audit_callbacks.auditing.sinks.WriterSink`, or any report sink)."""
+        """Write into ``directory`` (None: no file) through ``sink`` (a
+        :class:`~audit_callbacks.auditing.sinks.WriterSink`, or any report sink), as one audit
+        of ``run`` (default: a run of its own in that folder)."""
         self.run = run if run is not None else AuditRun(directory)
         self.run.register(self)
         self._sink = sink
@@ -277,18 +247,18 @@ class AuditOutput:
 
     @property
     def sink(self) -> Any:
-        """The run's sink: Lightning's loggers through a ``LightningSink``, else the one bound
-        (a ``WriterSink(None)``, writing nothing, when none is)."""
+        """Where scalars, histograms, figures, text and the layout go: the one bound (a
+        ``WriterSink(None)``, writing nothing, when none is)."""
         if self._sink is None:
-            if self.trainer is not None:
-                from audit_callbacks.callbacks.tensorboard import LightningSink
+            from audit_callbacks.auditing.sinks import WriterSink
 
-                self._sink = LightningSink(self.trainer)
-            else:
-                from audit_callbacks.auditing.sinks import WriterSink
-
-                self._sink = WriterSink(None)
+            self._sink = WriterSink(None)
         return self._sink
+
+    @property
+    def step(self) -> int:
+        """The training's step now (for the text of a warning)."""
+        return 0
 
     @property
     def directory(self) -> str | None:
@@ -316,21 +286,14 @@ class AuditOutput:
             self._emit(message)
         else:
             self._emit(message, category)  # type: ignore[call-arg] - an emit that takes one
-        if self.text_tag is not None and self.trainer is not None:
+        if self.text_tag is not None and self.run is not None:
             text = getattr(self.sink, "text", None)
             if text is not None:
-                self._write(text, {self.text_tag: f"[{key}] {message}"},
-                            int(getattr(self.trainer, "global_step", 0)))
+                self._write(text, {self.text_tag: f"[{key}] {message}"}, self.step)
 
     def scalars(self, values: Mapping[str, float | None], step: int) -> None:
-        """Scalars through every logger of the Trainer (rank zero), else through the sink;
-        None and NaN dropped."""
-        if self.trainer is not None:
-            from audit_callbacks.callbacks.tensorboard import log_scalars
-
-            self._write(log_scalars, self.trainer, dict(values), step)
-        else:
-            self._write(self.sink.scalars, dict(values), step)
+        """Scalars through the sink (None and NaN dropped)."""
+        self._write(self.sink.scalars, dict(values), step)
 
     def _write(self, write: Callable[..., None], *args: Any) -> None:
         try:
@@ -379,12 +342,3 @@ class AuditOutput:
     def report_paths(self) -> tuple[str, str] | None:
         """The run's report ``(html, markdown)`` once written."""
         return None if self.run is None else self.run.report_paths
-
-    def on_exception(self, trainer: Any, exception: BaseException, finish: Callable[[str], Any]) -> bool:
-        """A Lightning callback's ``on_exception``: on SIGTERM / SIGINT, ``finish(status)``
-        (``interrupted at step N``) and an exit code that is not 0
-        (:func:`audit_callbacks.callbacks.interrupt.on_interrupt`)."""
-        from audit_callbacks.callbacks.interrupt import on_interrupt
-
-        return on_interrupt(trainer, exception, finish)
-

@@ -19,6 +19,7 @@ from audit_callbacks.auditing import CanaryAuditConfig
 from audit_callbacks.auditing.auditor import check_identity
 from audit_callbacks.auditing.frontend import AuditFrontEnd
 from audit_callbacks.backends.lightning import lightning_backend
+from audit_callbacks.callbacks.summary import LightningOutput
 from audit_callbacks.callbacks.summary import summary_dir as check_summary_dir
 from audit_callbacks.compat.namespaces import overrides
 from audit_callbacks.federated.protocol import FederatedAuditHooks, FederatedRound
@@ -51,6 +52,8 @@ class CanaryAudit(AuditFrontEnd, FederatedAuditHooks, Callback):
         RuntimeError: at fit start, under DDP: ``DPFedAvg`` (train it with ``devices=1``), or a
             non-distributed Opacus optimizer on each rank (wrap the model in ``DPDDP``).
     """
+
+    output_type = LightningOutput
 
     def __init__(self, num_canaries: int | None = None, num_unobserved: int | None = None, *,
                  every_n_epochs: int = 1, log_histograms: bool = True, log_figures: bool = True,

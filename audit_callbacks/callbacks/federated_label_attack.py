@@ -49,12 +49,8 @@ from audit_callbacks.attacks.label_gradients import (
     mean_loss_gradient,
 )
 from audit_callbacks.attacks.label_reconstruction import factorize_layer, reconstruct_labels
-from audit_callbacks.auditing.output import (
-    AuditOutput,
-    ReportSection,
-    result_entry,
-    summary_document,
-)
+from audit_callbacks.auditing.output import ReportSection, result_entry, summary_document
+from audit_callbacks.callbacks.summary import LightningOutput
 from audit_callbacks.estimators.label_dp import client_update_label_dp_lower_bound
 from audit_callbacks.federated.protocol import FederatedAuditHooks, FederatedRound
 from audit_callbacks.validation import check_delta, check_real, check_seed
@@ -128,7 +124,7 @@ class FederatedLabelAttack(FederatedAuditHooks, Callback):
         self.summary_path: str | None = None
         #: the audit's output path: warnings once (also as TensorBoard text), the summary, the
         #: report section, the scalars
-        self.output = AuditOutput("FederatedLabelAttack", summary_filename, emit=_emit,
+        self.output = LightningOutput("FederatedLabelAttack", summary_filename, emit=_emit,
                                   section=lambda: ReportSection(*self.report_section()),
                                   text_tag=names.tag(FAMILY, "warnings"))
         self._gen = torch.Generator().manual_seed(self.seed)

@@ -46,13 +46,14 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
 from audit_callbacks import names
-from audit_callbacks.auditing.output import AuditOutput, ReportSection
+from audit_callbacks.auditing.output import ReportSection
 from audit_callbacks.backends.opacus.optimizer import (
     chain_step_hook,
     find_dp_optimizer,
     unchain_step_hook,
 )
 from audit_callbacks.callbacks.label_step import LabelStepObserver, LayerTap
+from audit_callbacks.callbacks.summary import LightningOutput
 from audit_callbacks.validation import check_optional_count
 
 __all__ = ["SKIP_REASONS", "default_labels", "linear_layers"]
@@ -121,7 +122,7 @@ class StepAuditCallback(Callback):
         self._trainer: pl.Trainer | None = None
         #: the audit's output path: warnings once (also as TensorBoard text), the summary, the
         #: report section, the scalars
-        self.output = AuditOutput(type(self).__name__, summary_filename, emit=_rank_zero_warn,
+        self.output = LightningOutput(type(self).__name__, summary_filename, emit=_rank_zero_warn,
                                   section=self._section, text_tag=names.tag(self.family, "warnings"))
         self.steps = 0
         self.considered = 0

@@ -83,12 +83,8 @@ from audit_callbacks.attacks import (
     ldp_epsilon_test,
     measurable_ceiling,
 )
-from audit_callbacks.auditing.output import (
-    AuditOutput,
-    ReportSection,
-    result_entry,
-    summary_document,
-)
+from audit_callbacks.auditing.output import ReportSection, result_entry, summary_document
+from audit_callbacks.callbacks.summary import LightningOutput
 from audit_callbacks.estimators import (
     clopper_pearson_upper,
     epsilon_from_error_rates,
@@ -268,7 +264,7 @@ class LDPAudit(FederatedAuditHooks, Callback):
         self.summary_path: str | None = None
         #: the audit's output path: warnings once (the set is checkpointed), the summary, the
         #: report section, the scalars and layout
-        self.output = AuditOutput("LDPAudit", summary_filename, emit=_emit,
+        self.output = LightningOutput("LDPAudit", summary_filename, emit=_emit,
                                   section=lambda: ReportSection(*self.report_section()))
         self._layout_written = False
         self._dim = 0

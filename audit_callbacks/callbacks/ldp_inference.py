@@ -51,12 +51,8 @@ from lightning.pytorch.callbacks import Callback
 
 from audit_callbacks import names
 from audit_callbacks.attacks import LDPFLInferenceAttack
-from audit_callbacks.auditing.output import (
-    AuditOutput,
-    ReportSection,
-    result_entry,
-    summary_document,
-)
+from audit_callbacks.auditing.output import ReportSection, result_entry, summary_document
+from audit_callbacks.callbacks.summary import LightningOutput
 from audit_callbacks.federated.dp_fedavg import DPFedAvgMixin
 from audit_callbacks.federated.protocol import FederatedAuditHooks, FederatedRound
 from audit_callbacks.validation import check_count, check_positive, check_real, check_seed
@@ -124,7 +120,7 @@ class LDPInferenceAudit(FederatedAuditHooks, Callback):
         self.last: dict[str, Any] = {}
         self.summary_path: str | None = None
         #: the audit's output path: the summary, the report section, the scalars and layout
-        self.output = AuditOutput("LDPInferenceAudit", summary_filename,
+        self.output = LightningOutput("LDPInferenceAudit", summary_filename,
                                   section=lambda: ReportSection(*self.report_section()))
         self._target_sum: np.ndarray | None = None
         self._target_count = 0
