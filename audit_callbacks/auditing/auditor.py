@@ -347,8 +347,7 @@ class CanaryAuditor:
             warned). Another run's file is never replaced (then a fresh name, warned).
         """
         if output is None:
-            output = AuditOutput(self.name, filename, emit=lambda message: self.warn(message, message),
-                                 section=self.report_section)
+            output = AuditOutput(self.name, filename, emit=self._warn_message, section=self.report_section)
             output.bind_directory(directory, sink)
         sink = output.sink if sink is None else sink
         complete = status == "complete"
@@ -382,6 +381,9 @@ class CanaryAuditor:
         """The run's report ``(html, markdown)`` once written (after every audit of the run
         finished), else None."""
         return None if self._output is None else self._output.report_paths
+
+    def _warn_message(self, message: str) -> None:
+        self.warn(message, message)
 
     def report_section(self) -> ReportSection | None:
         """This audit's part of the run's report (its summary, figures and history), once it

@@ -125,7 +125,7 @@ class FederatedLabelAttack(FederatedAuditHooks, Callback):
         #: the audit's output path: warnings once (also as TensorBoard text), the summary, the
         #: report section, the scalars
         self.output = LightningOutput("FederatedLabelAttack", summary_filename, emit=_emit,
-                                  section=lambda: ReportSection(*self.report_section()),
+                                  section=self._section,
                                   text_tag=names.tag(FAMILY, "warnings"))
         self._gen = torch.Generator().manual_seed(self.seed)
 
@@ -368,6 +368,9 @@ class FederatedLabelAttack(FederatedAuditHooks, Callback):
             # per-round aggregates only: no per-client row (a real client's id, dataset size and
             # attack accuracy are that client's data)
             rounds=self.rounds)
+
+    def _section(self) -> ReportSection:
+        return ReportSection(*self.report_section())
 
     def report_section(self) -> tuple[str, dict[str, Any]]:
         """This audit's results for the audit report (written once every audit of the run

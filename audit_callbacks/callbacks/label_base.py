@@ -25,8 +25,8 @@ step that is not on ``log_every_n_steps`` still reaches the logger at the next l
 summary JSON holds the counts per reason. The first time a reason occurs the callback warns
 (``rank_zero_warn``) and writes the text once to the logger (TensorBoard ``add_text`` under
 ``<family>/warnings`` when a ``TensorBoardLogger`` is attached), through its
-:class:`~audit_callbacks.auditing.output.AuditOutput`, which also writes its summary (the one
-schema) and gives the run's report its section.
+:class:`~audit_callbacks.callbacks.summary.LightningOutput`, which also writes its summary (the
+one schema) and gives the run's report its section.
 
 Names. ``<family>`` is the callback's family in :mod:`audit_callbacks.names` (``label_attack``,
 ``label_dp``): every tag is ``names.tag(family, name)`` and every chart comes from
@@ -123,7 +123,7 @@ class StepAuditCallback(Callback):
         #: the audit's output path: warnings once (also as TensorBoard text), the summary, the
         #: report section, the scalars
         self.output = LightningOutput(type(self).__name__, summary_filename, emit=_rank_zero_warn,
-                                  section=self._section, text_tag=names.tag(self.family, "warnings"))
+                                      section=self._section, text_tag=names.tag(self.family, "warnings"))
         self.steps = 0
         self.considered = 0
         self.skips: Counter[str] = Counter()

@@ -265,7 +265,7 @@ class LDPAudit(FederatedAuditHooks, Callback):
         #: the audit's output path: warnings once (the set is checkpointed), the summary, the
         #: report section, the scalars and layout
         self.output = LightningOutput("LDPAudit", summary_filename, emit=_emit,
-                                  section=lambda: ReportSection(*self.report_section()))
+                                  section=self._section)
         self._layout_written = False
         self._dim = 0
 
@@ -524,6 +524,9 @@ class LDPAudit(FederatedAuditHooks, Callback):
             )
 
     # ------------------------------------------------------------------ summary
+    def _section(self) -> ReportSection:
+        return ReportSection(*self.report_section())
+
     def report_section(self) -> tuple[str, dict[str, Any]]:
         """This audit's results for the audit report (written once every audit of the run
         finished): per adversary, the mean empirical epsilon0 and its largest lower bound; the

@@ -121,7 +121,7 @@ class LDPInferenceAudit(FederatedAuditHooks, Callback):
         self.summary_path: str | None = None
         #: the audit's output path: the summary, the report section, the scalars and layout
         self.output = LightningOutput("LDPInferenceAudit", summary_filename,
-                                  section=lambda: ReportSection(*self.report_section()))
+                                  section=self._section)
         self._target_sum: np.ndarray | None = None
         self._target_count = 0
         self._pending_state: dict[str, Any] | None = None
@@ -238,6 +238,9 @@ class LDPInferenceAudit(FederatedAuditHooks, Callback):
             tags={q.name: q.tag for q in names.family(FAMILY)
                   if any(q.name.endswith(f"_{m}") for m in self.modes)},
             final=final, history=self.history)
+
+    def _section(self) -> ReportSection:
+        return ReportSection(*self.report_section())
 
     def report_section(self) -> tuple[str, dict[str, Any]]:
         """This audit's results for the audit report: the last round's errors and confidences."""

@@ -148,6 +148,11 @@ class LightningOutput(AuditOutput):
     def trainer(self) -> Any:
         return getattr(self.run, "trainer", None)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Without the run and its sink (a pickled or copied callback joins a run at its next
+        fit start, as Lightning's spawned processes do)."""
+        return {**self.__dict__, "run": None, "_sink": None}
+
     def bind(self, trainer: Any) -> LightningOutput:
         """Join ``trainer``'s run (at fit start; a repeated fit joins again, and a call for the
         trainer already bound only makes sure of it)."""
