@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     with open(audit.summary_path, encoding="utf-8") as fh:
         summary = json.load(fh)
-    est = summary["estimates"] or {}
+    est = summary["results"] or {}
 
     def row(name: str, key: str, reference: str | None = None) -> str:
         e = est.get(key)

@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise RuntimeError("the ServerApp did not finish; see Flower's log above")
     with open(out["summary_path"], encoding="utf-8") as fh:
         summary = json.load(fh)
-    est = summary["estimates"]
+    est = summary["results"]
 
     def row(name: str, key: str) -> str:
         e = est.get(key)

@@ -31,7 +31,7 @@ ERR, FIN, INF = "error", "finite", "inf"  # INF: math.inf, where documented
 
 # Public names that need no case here: result types (their fields are checked on construction
 # in their own tests) and names in modules that other work is rewriting.
-RESULT_TYPES = {"LayerFactorization", "SignAmbiguousLabels"}
+RESULT_TYPES = {"LayerFactorization", "SignAmbiguousLabels", "AuditPlan"}
 EXEMPT_MODULES = (
     "audit_callbacks.estimators.label_dp",  # label_dp, label_dp_client, a label_dp/ package
     "audit_callbacks.estimators._label_dp",
@@ -168,6 +168,10 @@ call("watched_lower_bound", "index", ERR, "float", 1.5, in_scores=COS, out_score
 call("spent_alpha", "index", ERR, "zero", 0, alpha=0.05)
 call("spent_alpha", "alpha", ERR, "nan", math.nan, index=1)
 call("valid_bound_values", "delta", ERR, "one", 1.0, data_sets=[(COS, NULL)], alpha=0.05)
+PLAN = {"num_canaries": 50, "num_unobserved": 50, "dim": 1024, "steps": 20, "sample_rate": 0.1,
+        "noise_multiplier": 1.0, "delta": 1e-5, "reference_epsilon": 2.0}
+call("plan_audit", "num_canaries", ERR, "float", 2.5, **{k: v for k, v in PLAN.items() if k != "num_canaries"})
+call("plan_audit", "sample_rate", ERR, "zero", 0.0, **{k: v for k, v in PLAN.items() if k != "sample_rate"})
 call("shuffle_test", "seed", ERR, "bool", True, epsilon0=1.0, n=50, trials=100)
 call("shuffle_test", "trials", ERR, "float", 100.0, epsilon0=1.0, n=50)
 call("shuffle_test", "alpha", ERR, "one", 1.0, epsilon0=1.0, n=50, trials=100)

@@ -35,6 +35,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from audit_callbacks.auditing import CanaryAuditConfig, CanaryAuditor
 from audit_callbacks.auditing import files as outputs
+from audit_callbacks.auditing.output import validate_summary
 from audit_callbacks.auditing.sinks import WriterSink
 from audit_callbacks.callbacks import CanaryAudit
 from audit_callbacks.callbacks.summary import run_dir
@@ -62,6 +63,7 @@ def test_a_signal_mid_fit_writes_the_interrupted_summary_and_exits_non_zero(tmp_
     path = tmp_path / "audit" / "version_0" / "audit_summary.json"
     assert path.exists(), out[-3000:]
     summary = json.loads(path.read_text())
+    validate_summary(summary)
     assert summary["run_status"].startswith("interrupted at step ")
     assert int(summary["run_status"].rsplit(" ", 1)[1]) >= 4
     assert summary["inputs"]["rounds"] >= 4 and summary["num_canaries_participated"] >= 2
@@ -312,7 +314,11 @@ def _interrupted(tmp_path, run) -> list[dict]:
     assert exc.value.code == 143
     paths = sorted(tmp_path.rglob("*summary*.json"))
     assert paths
-    return [json.loads(p.read_text()) for p in paths]
+    assert not list(tmp_path.rglob("audit_report.*"))  # an interrupted run writes no report
+    summaries = [json.loads(p.read_text()) for p in paths]
+    for summary in summaries:  # what was measured, in the one schema
+        validate_summary(summary)
+    return summaries
 
 
 def test_sigterm_mid_fit_writes_the_label_callbacks_interrupted_summaries(tmp_path):

@@ -105,6 +105,24 @@ def test_noise_at_a_quarter_of_the_claimed_scale_is_a_violation_warned_once(tmp_
         summary["verdict_all_iterates"], summary["verdict_all_iterates_sentence"])
 
 
+@pytest.mark.parametrize("noise_scale", [1.0, 0.25])
+def test_the_report_gives_the_summary_verdicts_from_its_own_fields(noise_scale):
+    """``CanaryReport.verdicts`` reads the report's fields (no summary dict built for it): the
+    same words and sentences as the summary written from that report."""
+    auditor, _, _ = _run(noise_scale)
+    report = auditor.report(step=1)
+    summary = auditor.summary(report)
+    assert report.verdicts() == {tm: (summary[f"verdict_{tm}"], summary[f"verdict_{tm}_sentence"])
+                                 for tm in ("final_model", "all_iterates")}
+    # without a claim, and with a headline estimate skipped, the reasons agree as well
+    from dataclasses import replace
+
+    for changed in (replace(report, epsilon_analytic=None), replace(report, epsilon_analytic=float("inf")),
+                    replace(report, estimates={}, skipped={"epsilon_all_iterates": "degenerate scores"})):
+        summary = auditor.summary(changed)
+        assert changed.verdicts() == {tm: verdict(summary, tm) for tm in ("final_model", "all_iterates")}
+
+
 def test_suspicious_and_unchecked_from_the_summary():
     """``suspicious``: the interval's lower end above the claim while the valid bound is not;
     ``unchecked``: no finite claim."""

@@ -28,7 +28,6 @@ framework's events to the backend and ask the auditor for :meth:`report`, :meth:
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Protocol
@@ -39,7 +38,7 @@ import torch
 from audit_callbacks import names
 from audit_callbacks.auditing.checksum import CHECKSUM_KEY, field_digests, verify
 from audit_callbacks.auditing.config import CanaryAuditConfig
-from audit_callbacks.auditing.files import write_summary
+from audit_callbacks.auditing.output import AuditOutput, ReportSection
 from audit_callbacks.auditing.report import REFERENCES, CanaryReport, summary_json
 from audit_callbacks.canary.base import (
     CanaryStatistic,
@@ -157,7 +156,8 @@ class CanaryAuditor:
         self.skip_reason: str | None = None
         self._last_logged = -1
         self.logged_points = 0  # points of the logged series so far (the valid bounds' index)
-        self.report_paths: tuple[str, str] | None = None  # (html, markdown) once written
+        self._output: AuditOutput | None = None  # the output path of the last finish
+        self._section: ReportSection | None = None
         #: (step, epsilon_all_iterates, epsilon_analytic, epsilon_final_model) per logged report
         self.history: list[tuple[int, float | None, float | None, float | None]] = []
         #: the releases since the last check: ``what`` and whether it was folded (a 0-dim bool
@@ -394,39 +394,43 @@ class CanaryAuditor:
         self.log(report, sink, step=step, histograms=histograms)
         return report
 
-    def finish(self, sink: ReportSink, *, step: int, directory: str | None, filename: str,
-               histograms: bool = True, figures: bool = True,
-               extra: dict[str, Any] | None = None,
-               sections: dict[str, dict[str, Any]] | None = None,
-               status: str = "complete") -> str | None:
+    def finish(self, sink: ReportSink | None = None, *, step: int, directory: str | None = None,
+               filename: str = "audit_summary.json", histograms: bool = True, figures: bool = True,
+               extra: dict[str, Any] | None = None, status: str = "complete",
+               output: AuditOutput | None = None) -> str | None:
         """The final estimate (with the config's ``bootstrap`` intervals), the summary written
-        atomically to ``directory/filename`` (with ``extra`` keys), then the TensorBoard
-        extras (the series' last point, density figures) and the report a person reads beside
-        it (``audit_report.html`` and ``.md``, with ``sections``: other audits' results,
-        ``{title: {key: value}}``).
+        through ``output`` (with ``extra`` keys), then the TensorBoard extras (the series' last
+        point, density figures) and this audit's report section; the run's report
+        (``audit_report.html`` and ``.md``, every audit's section) is written once every audit
+        of the run has finished (:class:`~audit_callbacks.auditing.output.AuditRun`).
 
         The summary is written first: a logger or disk that fails later (a full disk, a
         broken TensorBoard writer) is warned about and never loses it. ``status`` is the
-        summary's ``status`` (``complete``; ``interrupted at step N`` when the training was
-        stopped by a signal: then no bootstrap, figures or report, to finish quickly).
+        summary's ``run_status`` (``complete``; ``interrupted at step N`` when the training
+        was stopped by a signal: then no bootstrap, figures or report, to finish quickly).
+
+        Args:
+            sink: where the scalars, histograms and figures go (default: ``output``'s).
+            directory, filename: without ``output``, the summary's folder (None: no file) and
+                name; a one-audit output is made for them.
+            output: the front end's output path (its folder and file name are used).
 
         Returns:
             The summary's path (None without a directory, or when it could not be written:
             warned). Another run's file is never replaced (then a fresh name, warned).
         """
+        if output is None:
+            output = AuditOutput(self.name, filename, emit=self._warn_message, section=self.report_section)
+            output.bind_directory(directory, sink)
+        sink = output.sink if sink is None else sink
         complete = status == "complete"
         last = None if self.logged(int(self.backend.progress())) else self.try_report(
             step=step, index=self.logged_points + 1)  # the series' last point
         report = self.try_report(bootstrap=self.config.bootstrap if complete else 0, step=step)
-        path = None
         summary = {**self.summary(report, status=status), **(extra or {})}
         self._warn_verdict({tm: (summary[f"verdict_{tm}"], summary[f"verdict_{tm}_sentence"])
                             for tm in REFERENCES})
-        if directory is not None:
-            try:
-                path = write_summary(directory, filename, summary)
-            except OSError as err:
-                self.warn(f"write:{err}", f"{self.name}: the summary could not be written ({err})")
+        path = output.write_summary(summary)
         self.log(last, sink, step=step, histograms=histograms and complete)
         drawn: dict[str, Any] = {}
         writes_images = bool(getattr(sink, "writes_images", True))
@@ -439,15 +443,25 @@ class CanaryAuditor:
                                        exact_null=self.canaries.kind == "gaussian")
             if writes_images:
                 self._sink(sink.figures, drawn, step)
-        if path is not None and complete:
-            try:  # the report a person reads, next to the summary; its failure never loses the summary
-                from audit_callbacks.auditing.html_report import write_report
-
-                self.report_paths = write_report(summary, os.path.dirname(path), figures=drawn,
-                                                 history=self.history, extra=sections)
-            except (OSError, ValueError) as err:
-                self.warn("report", f"{self.name}: the audit report could not be written ({err})")
+        self._section = ReportSection("canary audit", summary=summary, figures=drawn,
+                                      history=list(self.history)) if path is not None and complete else None
+        self._output = output
+        output.done(status)
         return path
+
+    @property
+    def report_paths(self) -> tuple[str, str] | None:
+        """The run's report ``(html, markdown)`` once written (after every audit of the run
+        finished), else None."""
+        return None if self._output is None else self._output.report_paths
+
+    def _warn_message(self, message: str) -> None:
+        self.warn(message, message)
+
+    def report_section(self) -> ReportSection | None:
+        """This audit's part of the run's report (its summary, figures and history), once it
+        finished with a summary written; None before."""
+        return self._section
 
     def _warn_verdict(self, verdicts: dict[str, tuple[str, str]]) -> None:
         """One warning a run (key ``verdict``) the first time a threat model's verdict

@@ -1,5 +1,7 @@
-"""What the canary audit's front ends share (``CanaryAudit``, ``CanaryStrategy``): the auditor,
-once-only warnings, and a checkpoint's state kept until the auditor can take it."""
+"""What the canary audit's front ends share (``CanaryAudit``, ``OpacusCanaryAudit``,
+``CanaryStrategy``): the auditor, the output path (:class:`~audit_callbacks.auditing.output.
+AuditOutput`: once-only warnings, the summary, the report section), and a checkpoint's state
+kept until the auditor can take it."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ from typing import Any
 
 from audit_callbacks.auditing.auditor import CanaryAuditor
 from audit_callbacks.auditing.config import CanaryAuditConfig
+from audit_callbacks.auditing.output import AuditOutput, ReportSection
 from audit_callbacks.auditing.report import CanaryReport
 
 __all__ = ["AuditFrontEnd"]
@@ -18,22 +21,34 @@ class AuditFrontEnd:
 
     config: CanaryAuditConfig
     name = "CanaryAudit"
+    output_type: type[AuditOutput] = AuditOutput  #: a Lightning callback's: ``LightningOutput``
 
     def __init__(self) -> None:
         super().__init__()  # cooperative: the framework's base class comes next
         self.auditor: CanaryAuditor | None = None
         self._state: dict[str, Any] | None = None
-        self._warned: set[str] = set()
+        #: the audit's output path (the subclass sets ``summary_filename`` and binds it)
+        self.output = self.output_type(self.name, emit=self._emit, section=self._report_section)
         self.summary_path: str | None = None  #: the summary JSON written at the end
+
+    @property
+    def summary_filename(self) -> str | None:
+        """The summary's file name in the run's folder (the output path's)."""
+        return self.output.summary_filename
+
+    @summary_filename.setter
+    def summary_filename(self, value: str | None) -> None:
+        self.output.summary_filename = value
 
     def _emit(self, message: str) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def _warn(self, key: str, message: str) -> None:
-        """Warn once per ``key``."""
-        if key not in self._warned:
-            self._warned.add(key)
-            self._emit(message)
+        """Warn once per ``key`` (through the output path)."""
+        self.output.warn(key, message)
+
+    def _report_section(self) -> ReportSection | None:
+        return None if self.auditor is None else self.auditor.report_section()
 
     def _open(self, backend: Any) -> None:
         """Make the auditor over ``backend`` (once), and apply a checkpoint's state."""

@@ -1,7 +1,7 @@
-"""The audit report a person reads: ``audit_report.html`` and ``audit_report.md`` next to a
-canary audit's ``audit_summary.json``.
+"""The audit report a person reads: ``audit_report.html`` and ``audit_report.md`` in the run's
+folder, written whenever any audit ran (:class:`~audit_callbacks.auditing.output.AuditRun`).
 
-Built from the summary dict alone (:meth:`~audit_callbacks.auditing.CanaryAuditor.summary`), with
+The canary audit's part is built from its summary dict alone (:meth:`~audit_callbacks.auditing.CanaryAuditor.summary`), with
 optional matplotlib figures (the density figures of
 :func:`~audit_callbacks.auditing.figures.canary_figures`), an optional history of the estimates
 over training, and optional further results (label attacks, local-DP audits). The HTML is
@@ -180,9 +180,21 @@ def _table(rows: Mapping[str, Any]) -> str:
     return f"<table>{body}</table>"
 
 
-def render_html(summary: Mapping[str, Any], images: Mapping[str, str],
+def render_html(summary: Mapping[str, Any] | None, images: Mapping[str, str],
                 extra: Mapping[str, Mapping[str, Any]] | None = None) -> str:
-    """The report's HTML; ``images``: ``{title: base64 PNG}``."""
+    """The report's HTML; ``images``: ``{title: base64 PNG}``; ``summary`` None: a report of
+    the other audits' sections only (no canary audit ran)."""
+    if summary is None:
+        out = ["<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+               f"<title>Privacy audit report</title><style>{_CSS}</style></head><body>",
+               "<h1>Privacy audit report</h1>"]
+        for section, values in (extra or {}).items():
+            out.append(f"<h2>{_e(section)}</h2>{_table(values)}")
+        sources = [str(v["source"]) for v in (extra or {}).values() if v.get("source")]
+        if sources:
+            out.append("<h2>Sources</h2><ul>" + "".join(f"<li>{_e(s)}</li>" for s in sources) + "</ul>")
+        out.append("</body></html>")
+        return "\n".join(out)
     callback = summary.get("callback", "canary audit")
     training = (summary.get("inputs") or {}).get("training", "")
     out = ["<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
@@ -232,12 +244,18 @@ def render_html(summary: Mapping[str, Any], images: Mapping[str, str],
     return "\n".join(out)
 
 
-def render_markdown(summary: Mapping[str, Any], figure_titles: Sequence[str] = (),
+def render_markdown(summary: Mapping[str, Any] | None, figure_titles: Sequence[str] = (),
                     extra: Mapping[str, Mapping[str, Any]] | None = None) -> str:
     """The report's Markdown (the figures are in the HTML only)."""
     def cell(v: Any) -> str:
         return _plain(v).replace("|", "\\|")
 
+    if summary is None:
+        lines = ["# Privacy audit report"]
+        for section, values in (extra or {}).items():
+            lines += ["", f"## {section}", "", "| | |", "|---|---|"]
+            lines += [f"| {k} | {cell(v)} |" for k, v in values.items()]
+        return "\n".join(lines) + "\n"
     callback = summary.get("callback", "canary audit")
     lines = [f"# Privacy audit report: {callback} {(summary.get('inputs') or {}).get('training', '')}",
              "", "## Verdict", ""]
@@ -266,7 +284,7 @@ def render_markdown(summary: Mapping[str, Any], figure_titles: Sequence[str] = (
     return "\n".join(lines) + "\n"
 
 
-def write_report(summary: Mapping[str, Any], directory: str, *,
+def write_report(summary: Mapping[str, Any] | None, directory: str, *,
                  figures: Mapping[str, Any] | None = None,
                  extra: Mapping[str, Mapping[str, Any]] | None = None,
                  history: Sequence[Sequence[Any]] | None = None) -> tuple[str, str]:
@@ -275,7 +293,8 @@ def write_report(summary: Mapping[str, Any], directory: str, *,
     (:func:`audit_callbacks.auditing.files.write_text`); returns their paths ``(html, markdown)``.
 
     Args:
-        summary: the summary JSON's content (:meth:`CanaryAuditor.summary`).
+        summary: the canary audit's summary JSON content (:meth:`CanaryAuditor.summary`);
+            None when no canary audit ran (the report holds the ``extra`` sections only).
         directory: the summary's folder (created if missing).
         figures: ``{title or tag: matplotlib Figure}`` embedded as PNG (HTML only); a figure
             a sink wrote already is not drawn again (its rendering is reused).

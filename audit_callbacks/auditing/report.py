@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from audit_callbacks import names
+from audit_callbacks.auditing.output import SCHEMA
 from audit_callbacks.estimators.canary_report import SOURCE, THREAT_MODELS, estimate_names
 from audit_callbacks.estimators.result import AuditResult
 
@@ -51,7 +52,8 @@ def _number(value: Any) -> float | None:
 
 def verdict(summary: Mapping[str, Any], threat_model: str) -> tuple[str, str]:
     """``(word, sentence)``: the verdict of ``threat_model`` (``final_model`` or
-    ``all_iterates``) on a summary (:func:`summary_json`'s content, or a report's view of it).
+    ``all_iterates``) on a summary (:func:`summary_json`'s content; a report's own verdicts are
+    :meth:`CanaryReport.verdicts`, the same :func:`judge` on its fields).
 
     The claim is the analytic epsilon (``epsilon_analytic``), for both threat models (the
     final-model adversary is weaker, so a claim for all iterates also covers the final model):
@@ -67,33 +69,49 @@ def verdict(summary: Mapping[str, Any], threat_model: str) -> tuple[str, str]:
 
     ``docs/methods/verdicts.md`` says what each kind of implementation bug does to these.
     """
-    claim = _number(summary.get("epsilon_analytic"))
-    if claim is None:
-        status = summary.get("epsilon_analytic_status", "unknown")
-        return "unchecked", f"unchecked: no finite claimed epsilon (analytic epsilon: {status})"
     estimate_name, reference_name = REFERENCES[threat_model]
     estimates = summary.get("estimates") or {}
-    bound = _number((estimates.get(f"epsilon_lower_bound_{threat_model}") or {}).get("value"))
     estimate = estimates.get(estimate_name) or {}
-    alpha = _number((summary.get("inputs") or {}).get("alpha"))
+    return judge(
+        threat_model, claim=summary.get("epsilon_analytic"),
+        claim_status=summary.get("epsilon_analytic_status", "unknown"),
+        bound=(estimates.get(f"epsilon_lower_bound_{threat_model}") or {}).get("value"),
+        estimate=estimate.get("value"), lower=estimate.get("lower"), upper=estimate.get("upper"),
+        confidence=(estimate.get("details") or {}).get("confidence"),
+        estimate_status=estimate.get("status", "not computed"),
+        reference=summary.get(reference_name), ratio=summary.get(f"epsilon_ratio_{threat_model}"),
+        alpha=(summary.get("inputs") or {}).get("alpha"))
+
+
+def judge(threat_model: str, *, claim: Any, claim_status: str, bound: Any, estimate: Any, lower: Any,
+          upper: Any, confidence: Any, estimate_status: str, reference: Any, ratio: Any,
+          alpha: Any) -> tuple[str, str]:
+    """:func:`verdict` on its numbers: the claimed epsilon (and its status when it is not
+    finite), the valid lower bound, the headline estimate with its interval, confidence and
+    status, the reference, the ratio and the audit's alpha."""
+    claim = _number(claim)
+    if claim is None:
+        return "unchecked", f"unchecked: no finite claimed epsilon (analytic epsilon: {claim_status})"
+    reference_name = REFERENCES[threat_model][1]
+    bound = _number(bound)
+    alpha = _number(alpha)
     if bound is not None and bound > claim:
         level = f"{100 * (1 - alpha):g}%" if alpha is not None else "95%"
         return "violation", (f"violation: the valid {level} lower bound {fmt(bound)} "
                              f"exceeds the claimed epsilon {fmt(claim)}")
-    lower = _number(estimate.get("lower"))
-    if threat_model == "all_iterates" and lower is not None and lower > claim:
-        level = _number((estimate.get("details") or {}).get("confidence")) or 0.95
+    low = _number(lower)
+    if threat_model == "all_iterates" and low is not None and low > claim:
+        level = _number(confidence) or 0.95
         return "suspicious", (f"suspicious: the estimate's {100 * level:g}% interval lies above the claimed "
-                              f"epsilon (interval [{fmt(lower)}, {fmt(estimate.get('upper'))}], "
+                              f"epsilon (interval [{fmt(low)}, {fmt(upper)}], "
                               f"claimed {fmt(claim)})")
-    if bound is None and _number(estimate.get("value")) is None:
-        return "unchecked", f"unchecked: no estimate ({estimate.get('status', 'not computed')})"
-    reference = _number(summary.get(reference_name))
-    ratio = _number(summary.get(f"epsilon_ratio_{threat_model}"))
+    if bound is None and _number(estimate) is None:
+        return "unchecked", f"unchecked: no estimate ({estimate_status})"
     sentence = (f"consistent: the valid lower bound {fmt(bound)} and the estimate "
-                f"{fmt(estimate.get('value'))} do not contradict the claimed epsilon {fmt(claim)}")
+                f"{fmt(estimate)} do not contradict the claimed epsilon {fmt(claim)}")
     if reference_name != "epsilon_analytic":
-        sentence += f"; last-iterate heuristic {fmt(reference)}, estimate / heuristic {fmt(ratio)}"
+        sentence += (f"; last-iterate heuristic {fmt(_number(reference))}, estimate / heuristic "
+                     f"{fmt(_number(ratio))}")
     return "consistent", sentence
 
 
@@ -165,12 +183,24 @@ class CanaryReport:
         """``{threat_model: (word, sentence)}``: :func:`verdict` of each threat model on this
         report (at an intermediate point, its valid bounds are those spent for that point, so
         a ``violation`` anywhere in the logged series holds at the run's 1 - alpha)."""
-        view = {"epsilon_analytic": self.epsilon_analytic, "estimates": summary_estimates(self),
-                "epsilon_analytic_status": "infinite: no DP noise (noise_multiplier = 0)"
-                if self.epsilon_analytic == math.inf else "unknown",
-                "epsilon_last_iterate_heuristic": self.epsilon_last_iterate_heuristic,
-                "inputs": {"alpha": self.alpha}, **self.ratios()}
-        return {tm: verdict(view, tm) for tm in REFERENCES}
+        ratios = self.ratios()
+        status = ("infinite: no DP noise (noise_multiplier = 0)" if self.epsilon_analytic == math.inf
+                  else "unknown")
+        out: dict[str, tuple[str, str]] = {}
+        for tm, (estimate_name, reference_name) in REFERENCES.items():
+            est = self.estimates.get(estimate_name)
+            bound = self.estimates.get(f"epsilon_lower_bound_{tm}")
+            out[tm] = judge(
+                tm, claim=self.epsilon_analytic, claim_status=status,
+                bound=None if bound is None else bound.value,
+                estimate=None if est is None else est.value,
+                lower=None if est is None else est.lower, upper=None if est is None else est.upper,
+                confidence=None if est is None else est.details.get("confidence"),
+                estimate_status=est.status if est is not None else
+                f"skipped: {self.skipped.get(estimate_name, 'not computed')}",
+                reference=getattr(self, reference_name), ratio=ratios[f"epsilon_ratio_{tm}"],
+                alpha=self.alpha)
+        return out
 
     def ratios(self) -> dict[str, float | None]:
         """``epsilon_ratio_<tm>``: each threat model's headline estimate over its reference
@@ -187,14 +217,21 @@ def summary_json(
     report: CanaryReport | None, *, stale: bool, skip_reason: str | None, inputs: dict[str, Any],
     gradients: bool, callback: str, status: str = "complete",
 ) -> dict[str, Any]:
-    """The canary audit's ``audit_summary.json`` content: the inputs, every estimate with its
-    ``status`` (:func:`summary_estimates`), the analytic epsilon with its status, the tag of
+    """The canary audit's ``audit_summary.json`` content in the one summary schema
+    (:mod:`audit_callbacks.auditing.output`): the inputs, every estimate with its ``status``
+    (:func:`summary_estimates`; under ``results``, and ``estimates`` as before), the analytic epsilon with its status, the tag of
     every name, each threat model's verdict (``verdict_<tm>``: the word, ``verdict_<tm>_sentence``)
     and the run's ``run_status`` (``complete``, or ``interrupted at step N``). ``report`` is the
     end's, or with ``stale`` the last earlier one."""
     sign = "theta_0 - theta_T" if gradients else "theta_T - theta_0"
+    estimates = summary_estimates(report, report.step if stale and report else None, skip_reason)
+    if report is None:
+        overall = f"skipped: {skip_reason or 'no estimate'}"
+    else:
+        overall = f"stale: from step {report.step}" if stale else "ok"
     summary: dict[str, Any] = {
-        "callback": callback,
+        "schema": SCHEMA, "audit": callback, "callback": callback, "run_status": status,
+        "status": overall,
         "source": SOURCE,
         "threat_models": {
             "final_model": f"the adversary sees only the final model; statistic cos(c_j, {sign}); "
@@ -207,7 +244,8 @@ def summary_json(
         },
         "inputs": inputs,
         "tags": {q.name: q.tag for q in names.family("audit")},
-        "estimates": summary_estimates(report, report.step if stale and report else None, skip_reason),
+        "results": estimates,
+        "estimates": estimates,
     }
     if report is not None:
         eps = report.epsilon_analytic
@@ -224,7 +262,6 @@ def summary_json(
     for tm in REFERENCES:  # the claim each threat model is checked against (verdict)
         word, sentence = verdict(summary, tm)
         summary[f"verdict_{tm}"], summary[f"verdict_{tm}_sentence"] = word, sentence
-    summary["run_status"] = status
     return summary
 
 

@@ -3,8 +3,8 @@
 Andrew et al., "One-shot Empirical Privacy Estimation for Federated Learning" (ICLR 2024),
 Alg. 2 and 3 (``docs/methods/canaries.md``). A thin adapter: hooks forward to the backend
 (:mod:`audit_callbacks.backends`), the :class:`~audit_callbacks.auditing.CanaryAuditor` owns
-statistics, report and summary, and a :class:`~audit_callbacks.callbacks.tensorboard.
-LightningSink` writes them at the current ``global_step``.
+statistics, report and summary, and its :class:`~audit_callbacks.auditing.output.AuditOutput`
+(shared with the run's other audits) writes them at the current ``global_step``.
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ from audit_callbacks.auditing import CanaryAuditConfig
 from audit_callbacks.auditing.auditor import check_identity
 from audit_callbacks.auditing.frontend import AuditFrontEnd
 from audit_callbacks.backends.lightning import lightning_backend
-from audit_callbacks.callbacks.interrupt import on_interrupt
-from audit_callbacks.callbacks.summary import publish_report, report_sections, summary_dir
-from audit_callbacks.callbacks.tensorboard import LightningSink
+from audit_callbacks.callbacks.summary import LightningOutput
+from audit_callbacks.callbacks.summary import summary_dir as check_summary_dir
 from audit_callbacks.compat.namespaces import overrides
 from audit_callbacks.federated.protocol import FederatedAuditHooks, FederatedRound
 from audit_callbacks.validation import check_count, check_flag
@@ -54,6 +53,8 @@ class CanaryAudit(AuditFrontEnd, FederatedAuditHooks, Callback):
             non-distributed Opacus optimizer on each rank (wrap the model in ``DPDDP``).
     """
 
+    output_type = LightningOutput
+
     def __init__(self, num_canaries: int | None = None, num_unobserved: int | None = None, *,
                  every_n_epochs: int = 1, log_histograms: bool = True, log_figures: bool = True,
                  summary_filename: str = "audit_summary.json", **config: Any) -> None:
@@ -62,7 +63,7 @@ class CanaryAudit(AuditFrontEnd, FederatedAuditHooks, Callback):
         self.every_n_epochs = check_count(every_n_epochs, "every_n_epochs", minimum=1)
         self.log_histograms = check_flag(log_histograms, "log_histograms")
         self.log_figures = check_flag(log_figures, "log_figures")
-        self.summary_filename, self._summary_dir = summary_filename, None
+        self.summary_filename = summary_filename
 
     @property
     def state_key(self) -> str:
@@ -83,18 +84,18 @@ class CanaryAudit(AuditFrontEnd, FederatedAuditHooks, Callback):
             self._bind(trainer, pl_module)  # DP-FedAvg: the canary clients join before sampling
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.is_global_zero:  # only rank 0 writes; a bad path fails here, not at the end
-            self._summary_dir = summary_dir(trainer, self.summary_filename)
+        self.output.bind(trainer)  # only rank 0 writes; a bad path fails here, not at the end
+        summary_dir = check_summary_dir(trainer, self.summary_filename) if trainer.is_global_zero else None
         if self.auditor is not None:
             self.auditor.backend.on_fit_start(trainer, pl_module)  # a repeated fit goes on
         self._bind(trainer, pl_module)  # Opacus: the DPOptimizer exists now
         self._open(None)  # a checkpoint's state
         assert self.auditor is not None
         self.auditor.start()
-        LightningSink(trainer).layout(self.auditor.layout())
+        self.output.sink.layout(self.auditor.layout())
         if not trainer.loggers:
             self._warn("nologger", "CanaryAudit: no logger is attached, so estimates are not logged; "
-                       f"they are written to {self._summary_dir} at fit end")
+                       f"they are written to {summary_dir} at fit end")
         if not overrides(pl_module, "validation_step") or not trainer.limit_val_batches:
             self._warn("noval", "CanaryAudit: no validation loop: estimates are computed at the "
                        f"end of every {self.every_n_epochs} training epoch(s) and at fit end")
@@ -125,24 +126,22 @@ class CanaryAudit(AuditFrontEnd, FederatedAuditHooks, Callback):
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Also without a validation loop (after one, the same estimate is logged once)."""
         if self.auditor is not None and (trainer.current_epoch + 1) % self.every_n_epochs == 0:
-            self.auditor.update(LightningSink(trainer), step=int(trainer.global_step),
+            self.auditor.update(self.output.bind(trainer).sink, step=int(trainer.global_step),
                                 histograms=self.log_histograms)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._finish(trainer, "complete")
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        on_interrupt(trainer, exception, lambda status: self._finish(trainer, status))  # SIGTERM, SIGINT
+        self.output.on_exception(trainer, exception, lambda status: self._finish(trainer, status))  # signals
 
     def _finish(self, trainer: pl.Trainer, status: str) -> None:
-        if self.auditor is not None:  # only rank 0 writes the summary
-            directory = (self._summary_dir or summary_dir(trainer, self.summary_filename)
-                         ) if trainer.is_global_zero else None
-            self.summary_path = self.auditor.finish(
-                LightningSink(trainer), step=int(trainer.global_step), directory=directory, status=status,
-                filename=self.summary_filename, histograms=self.log_histograms,
-                figures=self.log_figures, sections=report_sections(trainer))
-            publish_report(trainer, self.auditor.report_paths)
+        self.output.bind(trainer)  # only rank 0 writes the summary
+        if self.auditor is None:
+            self.output.done(status)
+            return
+        self.summary_path = self.auditor.finish(step=int(trainer.global_step), status=status, output=self.output,
+                                                histograms=self.log_histograms, figures=self.log_figures)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit" and self.auditor is not None:

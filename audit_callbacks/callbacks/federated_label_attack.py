@@ -49,12 +49,19 @@ from audit_callbacks.attacks.label_gradients import (
     mean_loss_gradient,
 )
 from audit_callbacks.attacks.label_reconstruction import factorize_layer, reconstruct_labels
-from audit_callbacks.callbacks import tensorboard as tb
-from audit_callbacks.callbacks.interrupt import on_interrupt
-from audit_callbacks.callbacks.summary import write_summary
+from audit_callbacks.auditing.output import ReportSection, result_entry, summary_document
+from audit_callbacks.callbacks.summary import LightningOutput
 from audit_callbacks.estimators.label_dp import client_update_label_dp_lower_bound
 from audit_callbacks.federated.protocol import FederatedAuditHooks, FederatedRound
 from audit_callbacks.validation import check_delta, check_real, check_seed
+
+SOURCE = ("Yuan, Xue, Wang & Shen (2022), Deep Gradient Attacks with Strong DP-SGD Lower Bounds for "
+          "Label Privacy, §3 eq. (1), Alg. 1 and 3; softmax: docs/methods/label_dp_multiclass.md")
+
+
+def _emit(message: str) -> None:
+    rank_zero_warn(f"FederatedLabelAttack: {message}", category=UserWarning)
+
 
 __all__ = ["FederatedLabelAttack"]
 
@@ -115,21 +122,20 @@ class FederatedLabelAttack(FederatedAuditHooks, Callback):
         self.rounds: list[dict[str, float]] = []
         self.skips: Counter[str] = Counter()
         self.summary_path: str | None = None
-        self._warned: set[str] = set()
+        #: the audit's output path: warnings once (also as TensorBoard text), the summary, the
+        #: report section, the scalars
+        self.output = LightningOutput("FederatedLabelAttack", summary_filename, emit=_emit,
+                                  section=self._section,
+                                  text_tag=names.tag(FAMILY, "warnings"))
         self._gen = torch.Generator().manual_seed(self.seed)
 
     def _warn_once(self, trainer: pl.Trainer, key: str, message: str) -> None:
         self.skips[key] += 1
-        if key in self._warned:
-            return
-        self._warned.add(key)
-        rank_zero_warn(f"FederatedLabelAttack: {message}", category=UserWarning)
-        writer = tb.tensorboard_writer(trainer)
-        if writer is not None:
-            writer.add_text(names.tag(FAMILY, "warnings"), f"[{key}] {message}", int(trainer.global_step))
+        self.output.warn(key, message)
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
-        tb.add_custom_scalars_layout(trainer, names.chart_layout([FAMILY]))
+        self.output.bind(trainer)
+        self.output.sink.layout(names.chart_layout([FAMILY]))
 
     @staticmethod
     def _last_layer(module: Any) -> tuple[nn.Linear, int, int | None] | None:
@@ -224,7 +230,7 @@ class FederatedLabelAttack(FederatedAuditHooks, Callback):
             metrics["epsilon_lower_bound_max"] = self.running_max
             metrics["epsilon_single_round"] = float(single_round)
         self.rounds.append({"round": float(fl_round.index), "noise_multiplier": z, **metrics})
-        tb.log_scalars(trainer, {names.tag(FAMILY, k): v for k, v in metrics.items()}, int(trainer.global_step))
+        self.output.scalars({names.tag(FAMILY, k): v for k, v in metrics.items()}, int(trainer.global_step))
 
     def _bound(self, trainer: pl.Trainer, pl_module: Any, f: Any, w: torch.Tensor, b: torch.Tensor | None,
                logits: torch.Tensor, y: torch.Tensor, z: float, c_norm: float, delta: float, x: torch.Tensor,
@@ -314,34 +320,67 @@ class FederatedLabelAttack(FederatedAuditHooks, Callback):
     def on_exception(self, trainer: pl.Trainer, pl_module: Any, exception: BaseException) -> None:
         """SIGTERM / SIGINT: the summary of what was measured (``run_status``: ``interrupted at
         step N``), and an exit code that is not 0 (:mod:`audit_callbacks.callbacks.interrupt`)."""
-        on_interrupt(trainer, exception, lambda status: self.on_fit_end(trainer, pl_module, status=status))
+        self.output.on_exception(trainer, exception,
+                                 lambda status: self.on_fit_end(trainer, pl_module, status=status))
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: Any, status: str = "complete") -> None:
-        if not self.summary_filename or not trainer.is_global_zero:
-            return
-        acc = self.accuracy_sum / self.attacked_clients if self.attacked_clients else None
-        self.summary_path = write_summary(tb.log_dir(trainer), self.summary_filename, {
-            "callback": "FederatedLabelAttack",
-            "run_status": status,
-            "source": "Yuan, Xue, Wang & Shen (2022), Deep Gradient Attacks with Strong DP-SGD Lower Bounds for "
-                      "Label Privacy, §3 eq. (1), Alg. 1 and 3; softmax: docs/methods/label_dp_multiclass.md",
-            "threat_model": "server without secure aggregation sees each FedSGD client's clipped update, the "
-                            "global model and the client's features",
-            "attacked_clients": self.attacked_clients,
-            "accuracy": acc,
-            "delta": self.delta if self.delta is not None else float(getattr(pl_module, "delta", 1e-5) or 1e-5),
-            "noise_multiplier": self.rounds[-1].get("noise_multiplier") if self.rounds else None,
-            "noise_multiplier_is_the_release": self.noise_multiplier is None or float(self.noise_multiplier) == float(
+        self.output.bind(trainer)
+        self.output.summary_filename = self.summary_filename
+        path = self.output.finish(self.summary(pl_module, status), status)
+        if path is not None:
+            self.summary_path = path
+
+    @property
+    def accuracy(self) -> float | None:
+        """Mean noise-free attack accuracy over the attacked clients (None before any)."""
+        return self.accuracy_sum / self.attacked_clients if self.attacked_clients else None
+
+    def summary(self, pl_module: Any = None, status: str = "complete") -> dict[str, Any]:
+        """The summary JSON's content (the one schema: :mod:`audit_callbacks.auditing.output`;
+        the keys of before kept beside ``inputs`` and ``results``)."""
+        acc = self.accuracy
+        delta = self.delta if self.delta is not None else float(getattr(pl_module, "delta", 1e-5) or 1e-5)
+        noise = self.rounds[-1].get("noise_multiplier") if self.rounds else None
+        single = self.rounds[-1].get("epsilon_single_round") if self.rounds else None
+        none = "no client was attacked"
+        results = {
+            "accuracy": result_entry(acc, reason=none, method="noise-free last-layer label attack",
+                                     source=SOURCE, counts={"n": self.attacked_clients}),
+            "epsilon_lower_bound_max": result_entry(
+                self.running_max if self.attacked_clients else None, reason=none, delta=delta,
+                method="max over attacked clients", source=SOURCE, counts={"n": self.attacked_clients}),
+            "epsilon_single_round": result_entry(single, reason=none, delta=delta,
+                                                 method="gaussian mechanism, one round", source=SOURCE),
+        }
+        return summary_document(
+            "FederatedLabelAttack", run_status=status, source=SOURCE,
+            status="ok" if self.attacked_clients else f"not attacked: {none}",
+            inputs={"delta": delta, "noise_multiplier": noise, "seed": self.seed,
+                    "requested_noise_multiplier": self.noise_multiplier},
+            results=results,
+            threat_model="server without secure aggregation sees each FedSGD client's clipped update, the "
+                         "global model and the client's features",
+            attacked_clients=self.attacked_clients, accuracy=acc, delta=delta, noise_multiplier=noise,
+            noise_multiplier_is_the_release=self.noise_multiplier is None or float(self.noise_multiplier) == float(
                 getattr(pl_module, "noise_multiplier", float("nan"))),
-            "epsilon_lower_bound_max": self.running_max,
-            "flipped_clip_factors": self.flipped_clip,
-            "epsilon_single_round": self.rounds[-1].get("epsilon_single_round") if self.rounds
-            else None,
-            "skipped": dict(self.skips),
+            epsilon_lower_bound_max=self.running_max, flipped_clip_factors=self.flipped_clip,
+            epsilon_single_round=single, skipped=dict(self.skips),
             # per-round aggregates only: no per-client row (a real client's id, dataset size and
-            # attack accuracy are that client's data; issue 26)
-            "rounds": self.rounds,
-        })
+            # attack accuracy are that client's data)
+            rounds=self.rounds)
+
+    def _section(self) -> ReportSection:
+        return ReportSection(*self.report_section())
+
+    def report_section(self) -> tuple[str, dict[str, Any]]:
+        """This audit's results for the audit report (written once every audit of the run
+        finished)."""
+        return ("federated label attack (Yuan, Xue, Wang, Shen 2022)", {
+            "status": "ok" if self.attacked_clients else "not attacked: no client was attacked",
+            "accuracy": self.accuracy, "attacked_clients": self.attacked_clients,
+            "epsilon_lower_bound_max": self.running_max if self.attacked_clients else None,
+            "epsilon_single_round": self.rounds[-1].get("epsilon_single_round") if self.rounds else None,
+            "skipped": dict(self.skips), "source": SOURCE})
 
     def state_dict(self) -> dict[str, Any]:
         """The checkpointed state: aggregates only (per-round means, the attacked-client count

@@ -24,7 +24,9 @@ every logged step, together with the latest attacked step's values (running valu
 step that is not on ``log_every_n_steps`` still reaches the logger at the next logged step). The
 summary JSON holds the counts per reason. The first time a reason occurs the callback warns
 (``rank_zero_warn``) and writes the text once to the logger (TensorBoard ``add_text`` under
-``<family>/warnings`` when a ``TensorBoardLogger`` is attached).
+``<family>/warnings`` when a ``TensorBoardLogger`` is attached), through its
+:class:`~audit_callbacks.callbacks.summary.LightningOutput`, which also writes its summary (the
+one schema) and gives the run's report its section.
 
 Names. ``<family>`` is the callback's family in :mod:`audit_callbacks.names` (``label_attack``,
 ``label_dp``): every tag is ``names.tag(family, name)`` and every chart comes from
@@ -44,13 +46,14 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
 from audit_callbacks import names
+from audit_callbacks.auditing.output import ReportSection
 from audit_callbacks.backends.opacus.optimizer import (
     chain_step_hook,
     find_dp_optimizer,
     unchain_step_hook,
 )
-from audit_callbacks.callbacks import tensorboard as tb
 from audit_callbacks.callbacks.label_step import LabelStepObserver, LayerTap
+from audit_callbacks.callbacks.summary import LightningOutput
 from audit_callbacks.validation import check_optional_count
 
 __all__ = ["SKIP_REASONS", "default_labels", "linear_layers"]
@@ -79,6 +82,10 @@ def default_labels(batch: Any) -> torch.Tensor:
 
 def linear_layers(module: nn.Module) -> list[nn.Linear]:
     return [m for m in module.modules() if isinstance(m, nn.Linear)]
+
+
+def _rank_zero_warn(message: str) -> None:
+    rank_zero_warn(message, category=UserWarning)
 
 
 class CannotAudit(Exception):
@@ -113,7 +120,10 @@ class StepAuditCallback(Callback):
         self._log_this_batch = True
         self._stepped = False
         self._trainer: pl.Trainer | None = None
-        self._warned: set[str] = set()
+        #: the audit's output path: warnings once (also as TensorBoard text), the summary, the
+        #: report section, the scalars
+        self.output = LightningOutput(type(self).__name__, summary_filename, emit=_rank_zero_warn,
+                                      section=self._section, text_tag=names.tag(self.family, "warnings"))
         self.steps = 0
         self.considered = 0
         self.skips: Counter[str] = Counter()
@@ -123,13 +133,7 @@ class StepAuditCallback(Callback):
 
     # ------------------------------------------------------------------ coverage and warnings
     def _warn_once(self, key: str, message: str) -> None:
-        if key in self._warned:
-            return
-        self._warned.add(key)
-        rank_zero_warn(message, category=UserWarning)
-        writer = tb.tensorboard_writer(self._trainer) if self._trainer is not None else None
-        if writer is not None:
-            writer.add_text(names.tag(self.family, "warnings"), f"[{key}] {message}", int(self._trainer.global_step))
+        self.output.warn(key, message)
 
     def _skip(self, reason: str, message: str) -> None:
         """Count this step as skipped for ``reason`` (a key of SKIP_REASONS); warn the first time."""
@@ -177,6 +181,7 @@ class StepAuditCallback(Callback):
     # ------------------------------------------------------------------ Lightning hooks
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._trainer = trainer
+        self.output.bind(trainer)
         self.disabled_reason = None
         self.optimizer = find_dp_optimizer(trainer.optimizers)
         if self.optimizer is None:
@@ -244,7 +249,29 @@ class StepAuditCallback(Callback):
         latest = {**self._latest, "attacked_fraction": self.attacked_fraction,
                   "skip_reason": float(SKIP_REASONS.get(self.last_reason, -1))}
         metrics = {names.tag(self.family, k): float(v) for k, v in latest.items() if v is not None and math.isfinite(v)}
-        tb.log_scalars(trainer, metrics, int(trainer.global_step))
+        self.output.scalars(metrics, int(trainer.global_step))
+
+    def report_section(self) -> tuple[str, dict[str, Any]]:
+        """This audit's results for the audit report: ``(title, {key: value})``."""
+        raise NotImplementedError
+
+    def _section(self) -> ReportSection:
+        return ReportSection(*self.report_section())
+
+    def _finish(self, trainer: pl.Trainer, summary: dict[str, Any], status: str) -> None:
+        """Hand the summary to the output path (the run's folder, rank zero; the report once
+        every audit of the run has finished)."""
+        self.output.bind(trainer)
+        self.output.summary_filename = self.summary_filename
+        path = self.output.finish(summary, status)
+        if path is not None:
+            self.summary_path = path
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        """SIGTERM / SIGINT: the summary of what was measured (``run_status``: ``interrupted at
+        step N``), and an exit code that is not 0 (:mod:`audit_callbacks.callbacks.interrupt`)."""
+        self.output.on_exception(trainer, exception,
+                                 lambda status: self.on_fit_end(trainer, pl_module, status=status))
 
     def _teardown_hooks(self) -> None:
         if self._tap is not None:

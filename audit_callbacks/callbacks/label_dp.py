@@ -23,13 +23,11 @@ from audit_callbacks.attacks.label_gradients import (
     gradient_scale,
 )
 from audit_callbacks.attacks.label_reconstruction import factorize_layer
+from audit_callbacks.auditing.output import result_entry, summary_document
 from audit_callbacks.backends.opacus.accounting import accountant_epsilon
 from audit_callbacks.backends.opacus.optimizer import find_accountant
-from audit_callbacks.callbacks import tensorboard as tb
-from audit_callbacks.callbacks.interrupt import on_interrupt
 from audit_callbacks.callbacks.label_base import CannotAudit, StepAuditCallback, linear_layers
 from audit_callbacks.callbacks.label_step import LabelStepObserver
-from audit_callbacks.callbacks.summary import write_summary
 from audit_callbacks.estimators.gaussian import gaussian_epsilon
 from audit_callbacks.estimators.label_dp import extrapolation_factor, label_dp_lower_bound
 from audit_callbacks.validation import check_delta, check_flag, check_optional_count
@@ -191,7 +189,7 @@ class LabelDPLowerBound(StepAuditCallback):
         self._delta_used = self.delta if self.delta is not None else (float(own) if own else 1e-5)
         self._accountant, _ = find_accountant(self.optimizer)
         drawn = [q.tag for q in names.family(self.family) if self.second_last or "second_last" not in q.name]
-        tb.add_custom_scalars_layout(trainer, names.chart_layout(
+        self.output.sink.layout(names.chart_layout(
             [self.family], only=drawn,
             extra={names.SECTIONS[self.family]: {"model accuracy": [r"^val.*acc.*$"]}}))
 
@@ -324,43 +322,56 @@ class LabelDPLowerBound(StepAuditCallback):
             return None
         return float(gaussian_epsilon(float(self.optimizer.noise_multiplier), self._delta_used, sensitivity=2.0))
 
-    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        """SIGTERM / SIGINT: the summary of what was measured (``run_status``: ``interrupted at
-        step N``), and an exit code that is not 0 (:mod:`audit_callbacks.callbacks.interrupt`)."""
-        on_interrupt(trainer, exception, lambda status: self.on_fit_end(trainer, pl_module, status=status))
-
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, status: str = "complete") -> None:
-        if not self.summary_filename or not trainer.is_global_zero:
-            return
+        self._finish(trainer, self.summary(status), status)
+
+    def summary(self, status: str = "complete") -> dict[str, Any]:
+        """The summary JSON's content (the one schema: :mod:`audit_callbacks.auditing.output`;
+        the keys of before kept beside ``inputs`` and ``results``)."""
         last = self.records[-1] if self.records else {}
         opt = self.optimizer
-        self.summary_path = write_summary(tb.log_dir(trainer), self.summary_filename, {
-            "callback": "LabelDPLowerBound",
-            "run_status": status,
-            "source": SOURCE,
-            "threat_model": "one release of one DP-SGD step on a known batch; the adversary runs the "
-                            "last-layer (and second-last-layer) label attack",
-            "num_classes": self.num_classes,
-            "flipped_norms": self.flipped_norms,
-            "delta": self._delta_used,
+        attacked = bool(self.attacked_steps)
+        not_attacked = "no step could be attacked (see skips)"
+        inputs = {
+            "num_classes": self.num_classes, "delta": self._delta_used,
             "noise_multiplier": float(opt.noise_multiplier) if opt is not None else None,
             "max_grad_norm": float(opt.max_grad_norm) if opt is not None else None,
             "expected_batch_size": opt.expected_batch_size if opt is not None else None,
-            **self.coverage(),
+            "every_n_steps": self.every_n_steps, "second_last": self.second_last,
+        }
+        values = {
             # no step attacked: "not attacked", never a bound of 0.0 that reads as a measurement
-            "status": "ok" if self.attacked_steps else "not attacked: no step could be attacked "
-                      "(see skips)",
-            "epsilon_lower_bound_max": self.running_max if self.attacked_steps else None,
+            "epsilon_lower_bound_max": self.running_max if attacked else None,
             "epsilon_lower_bound_second_last_max": (self.running_max_second_last
-                                                    if self.second_last and self.attacked_steps else None),
+                                                    if self.second_last and attacked else None),
             "epsilon_lower_bound_extrapolated": last.get("epsilon_lower_bound_extrapolated"),
             "epsilon_single_step": self.epsilon_single_step,
             "epsilon_accountant": accountant_epsilon(self._accountant, self._delta_used),
-            "records": self.records,
-        })
+        }
+        method = {"epsilon_lower_bound_max": "max over attacked steps of the last-layer label attack",
+                  "epsilon_lower_bound_second_last_max": "max over attacked steps, second-last layer",
+                  "epsilon_lower_bound_extrapolated": "mean batch bound x (1 + log M / log N)",
+                  "epsilon_single_step": "gaussian mechanism, sensitivity 2C",
+                  "epsilon_accountant": "opacus accountant"}
+        results = {
+            name: result_entry(value, delta=self._delta_used, method=method[name], source=SOURCE,
+                               counts={"attacked_steps": self.attacked_steps},
+                               reason=not_attacked if name.startswith("epsilon_lower_bound") else "unknown")
+            for name, value in values.items()}
+        return summary_document(
+            "LabelDPLowerBound", run_status=status, source=SOURCE,
+            status="ok" if attacked else f"not attacked: {not_attacked}",
+            inputs=inputs, results=results,
+            threat_model="one release of one DP-SGD step on a known batch; the adversary runs the "
+                         "last-layer (and second-last-layer) label attack",
+            num_classes=self.num_classes, flipped_norms=self.flipped_norms, delta=self._delta_used,
+            noise_multiplier=inputs["noise_multiplier"], max_grad_norm=inputs["max_grad_norm"],
+            expected_batch_size=inputs["expected_batch_size"], **self.coverage(), **values,
+            records=self.records)
 
     def report_section(self) -> tuple[str, dict[str, Any]]:
-        """This audit's results for the audit report (``CanaryAudit`` writes it at fit end)."""
+        """This audit's results for the audit report (written once every audit of the run
+        finished)."""
         last = self.records[-1] if self.records else {}
         return ("label-DP lower bound (Yuan, Xue, Wang, Shen 2022)", {
             "status": "ok" if self.attacked_steps else "not attacked: no step could be attacked",

@@ -18,11 +18,9 @@ from torchmetrics.functional.classification import binary_accuracy, multiclass_a
 from audit_callbacks import names
 from audit_callbacks.attacks.label_gradients import gradient_scale
 from audit_callbacks.attacks.label_reconstruction import reconstruct_labels
-from audit_callbacks.callbacks import tensorboard as tb
-from audit_callbacks.callbacks.interrupt import on_interrupt
+from audit_callbacks.auditing.output import result_entry, summary_document
 from audit_callbacks.callbacks.label_base import CannotAudit, StepAuditCallback, linear_layers
 from audit_callbacks.callbacks.label_step import LabelStepObserver
-from audit_callbacks.callbacks.summary import write_summary
 from audit_callbacks.validation import check_count
 
 __all__ = ["LabelReconstructionAttack", "recover_label_counts"]
@@ -233,7 +231,7 @@ class LabelReconstructionAttack(StepAuditCallback):
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_fit_start(trainer, pl_module)
-        tb.add_custom_scalars_layout(trainer, names.chart_layout(
+        self.output.sink.layout(names.chart_layout(
             [self.family], extra={names.SECTIONS[self.family]: {"model accuracy": [r"^val.*acc.*$"]}}))
 
     @property
@@ -263,29 +261,32 @@ class LabelReconstructionAttack(StepAuditCallback):
         p = self._published
         return p["count_correct"] / p["count_attacked"] if p["count_attacked"] else None
 
-    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        """SIGTERM / SIGINT: the summary of what was measured (``run_status``: ``interrupted at
-        step N``), and an exit code that is not 0 (:mod:`audit_callbacks.callbacks.interrupt`)."""
-        on_interrupt(trainer, exception, lambda status: self.on_fit_end(trainer, pl_module, status=status))
-
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, status: str = "complete") -> None:
-        if not self.summary_filename or not trainer.is_global_zero:
-            return
-        self.summary_path = write_summary(tb.log_dir(trainer), self.summary_filename, {
-            "callback": "LabelReconstructionAttack",
-            "run_status": status,
-            "source": SOURCE,
-            "threat_model": "sees the privatized aggregated gradient of one linear layer and the layer's "
-                            "per-example inputs for the batch",
-            "layer": repr(self.layer),
-            **self.coverage(),
-            "status": self._status(),
-            "min_examples": self.min_examples,
-            "accuracy": self.published_accuracy,
-            "accuracy_examples": self._published["attacked"],
-            "count_accuracy": self.published_count_accuracy,
-            "count_accuracy_examples": self._published["count_attacked"],
-        })
+        self._finish(trainer, self.summary(status), status)
+
+    def summary(self, status: str = "complete") -> dict[str, Any]:
+        """The summary JSON's content (the one schema: :mod:`audit_callbacks.auditing.output`;
+        the keys of before kept beside ``inputs`` and ``results``)."""
+        why = self._status()
+        reason = why if why != "ok" else "not computed"
+        results = {
+            "accuracy": result_entry(self.published_accuracy, reason=reason, method="last-layer label attack",
+                                     source=SOURCE, counts={"n": int(self._published["attacked"])}),
+            "count_accuracy": result_entry(self.published_count_accuracy, reason="no label counts attacked",
+                                           method="label-count attack", source=SOURCE,
+                                           counts={"n": int(self._published["count_attacked"])}),
+        }
+        return summary_document(
+            "LabelReconstructionAttack", run_status=status, status=why, source=SOURCE,
+            inputs={"layer": repr(self.layer), "min_examples": self.min_examples,
+                    "every_n_steps": self.every_n_steps},
+            results=results,
+            threat_model="sees the privatized aggregated gradient of one linear layer and the layer's "
+                         "per-example inputs for the batch",
+            layer=repr(self.layer), **self.coverage(), min_examples=self.min_examples,
+            accuracy=self.published_accuracy, accuracy_examples=self._published["attacked"],
+            count_accuracy=self.published_count_accuracy,
+            count_accuracy_examples=self._published["count_attacked"])
 
     def _status(self) -> str:
         if not self.attacked_steps:
@@ -297,7 +298,8 @@ class LabelReconstructionAttack(StepAuditCallback):
         return "ok"
 
     def report_section(self) -> tuple[str, dict[str, Any]]:
-        """This audit's results for the audit report (``CanaryAudit`` writes it at fit end)."""
+        """This audit's results for the audit report (written once every audit of the run
+        finished)."""
         return ("label reconstruction attack (Yuan, Xue, Wang, Shen 2022)", {
             "status": self._status(),
             "accuracy": self.published_accuracy, "accuracy_examples": self._published["attacked"],

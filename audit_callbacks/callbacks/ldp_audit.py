@@ -83,9 +83,8 @@ from audit_callbacks.attacks import (
     ldp_epsilon_test,
     measurable_ceiling,
 )
-from audit_callbacks.callbacks import tensorboard as tb
-from audit_callbacks.callbacks.interrupt import on_interrupt
-from audit_callbacks.callbacks.summary import write_summary
+from audit_callbacks.auditing.output import ReportSection, result_entry, summary_document
+from audit_callbacks.callbacks.summary import LightningOutput
 from audit_callbacks.estimators import (
     clopper_pearson_upper,
     epsilon_from_error_rates,
@@ -263,7 +262,10 @@ class LDPAudit(FederatedAuditHooks, Callback):
         self.last_audited_round = 0
         self.update_norms = {"count": 0, "at_clip": 0, "sum": 0.0, "max": 0.0}
         self.summary_path: str | None = None
-        self._warned: set[str] = set()
+        #: the audit's output path: warnings once (the set is checkpointed), the summary, the
+        #: report section, the scalars and layout
+        self.output = LightningOutput("LDPAudit", summary_filename, emit=_emit,
+                                  section=self._section)
         self._layout_written = False
         self._dim = 0
 
@@ -290,8 +292,9 @@ class LDPAudit(FederatedAuditHooks, Callback):
             raise ValueError("the model has no trainable parameters")
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.output.bind(trainer)
         if not self._layout_written:
-            tb.add_custom_scalars_layout(trainer, names.chart_layout(
+            self.output.sink.layout(names.chart_layout(
                 [FAMILY], only=self._tags(),
                 extra={names.SECTIONS[FAMILY]: {"accuracy": ["^val/accuracy$"]}}))
             self._layout_written = True
@@ -330,19 +333,21 @@ class LDPAudit(FederatedAuditHooks, Callback):
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         """SIGTERM / SIGINT: the summary of what was measured (``run_status``: ``interrupted at
         step N``), and an exit code that is not 0 (:mod:`audit_callbacks.callbacks.interrupt`)."""
-        on_interrupt(trainer, exception, lambda status: self.on_fit_end(trainer, pl_module, status=status))
+        self.output.on_exception(trainer, exception,
+                                 lambda status: self.on_fit_end(trainer, pl_module, status=status))
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, status: str = "complete") -> None:
+        self.output.bind(trainer)
         if not isinstance(pl_module, DPFedAvgMixin) or pl_module.randomizer is None:
+            self.output.done(status)
             return
         current = int(pl_module.round)
         if current > 0 and current != self.last_audited_round:
             self.audit(trainer, pl_module, current)
-        if trainer.is_global_zero:
-            self.summary_path = write_summary(
-                tb.log_dir(trainer), self.summary_filename,
-                {**self.audit_summary(pl_module), "run_status": status},
-            )
+        self.output.summary_filename = self.summary_filename
+        path = self.output.finish(self.audit_summary(pl_module, status=status), status)
+        if path is not None:
+            self.summary_path = path
 
     # ------------------------------------------------------------------ the audit
     def _clip_norm(self, pl_module: DPFedAvg) -> float:
@@ -452,6 +457,7 @@ class LDPAudit(FederatedAuditHooks, Callback):
                 "trials": res.trials, "alpha": res.alpha, "method": res.method,
                 "mechanism": res.mechanism, "seed": test_seed,
             }
+            rec["results"] = _results(rec)  # the AuditResults of this test, made once
             records.append(rec)
             for key in ("epsilon0", "epsilon0_lower_bound", "norm_g1"):
                 if key != "norm_g1" or name in _GRADIENT_ADVERSARIES:
@@ -462,7 +468,8 @@ class LDPAudit(FederatedAuditHooks, Callback):
         self.history.extend(records)
         self.last_audited_round = int(round_idx)
         if trainer is not None:
-            tb.log_scalars(trainer, metrics, int(round_idx))
+            self.output.bind(trainer)
+            self.output.scalars(metrics, int(round_idx))
         return records
 
     def _flag(self, name: str, rec: dict[str, Any], mechanism: str) -> None:
@@ -480,12 +487,7 @@ class LDPAudit(FederatedAuditHooks, Callback):
         )
 
     def _warn_once(self, key: str, message: str, category: type[Warning]) -> None:
-        if key in self._warned:
-            return
-        self._warned.add(key)
-        warnings.warn(message, category, stacklevel=3)
-        if category is BrokenRandomizerWarning:
-            rank_zero_only(_log.error)(message)
+        self.output.warn(key, message, category)
 
     def _run_exact_audit(self, trainer: pl.Trainer, pl_module: DPFedAvg) -> None:
         rnd = pl_module.randomizer
@@ -502,7 +504,9 @@ class LDPAudit(FederatedAuditHooks, Callback):
             "x_high": float(wit.x_high), "x_low": float(wit.x_low), "y": float(wit.y),
             "flagged": bool(flagged),
         }
-        tb.log_scalars(trainer, {
+        self.exact["result"] = exact_result(self.exact)  # made once, when measured
+        self.output.bind(trainer)
+        self.output.scalars({
             names.tag(FAMILY, "epsilon_exact_per_coordinate"): wit.epsilon,
             names.tag(FAMILY, "epsilon_claimed_per_coordinate"): claimed,
         }, 0)
@@ -520,77 +524,108 @@ class LDPAudit(FederatedAuditHooks, Callback):
             )
 
     # ------------------------------------------------------------------ summary
+    def _section(self) -> ReportSection:
+        return ReportSection(*self.report_section())
+
     def report_section(self) -> tuple[str, dict[str, Any]]:
-        """This audit's results for the audit report (``CanaryAudit`` writes it at fit end):
-        per adversary, the mean empirical epsilon0 and its largest lower bound; the flag."""
+        """This audit's results for the audit report (written once every audit of the run
+        finished): per adversary, the mean empirical epsilon0 and its largest lower bound; the
+        flag."""
         out: dict[str, Any] = {"flagged": bool(self.flags)}
         for name in self.adversaries:
             recs = [r for r in self.history if r["adversary"] == name]
             if recs:
                 out[f"epsilon0_mean_{name}"] = float(np.mean([r["epsilon0"] for r in recs]))
                 out[f"epsilon0_lower_bound_max_{name}"] = float(max(r["epsilon0_lower_bound"] for r in recs))
+        if self.exact is not None:
+            out["epsilon_exact_per_coordinate"] = self.exact["epsilon_exact_per_coordinate"]
+        out["source"] = SOURCE
         return "local DP: empirical epsilon0 (Matsumoto et al.)", out
 
-    def audit_summary(self, pl_module: DPFedAvg | None = None) -> dict[str, Any]:
-        """The JSON-able summary written at fit end (also callable any time).
+    def audit_summary(self, pl_module: DPFedAvg | None = None, *, status: str = "complete") -> dict[str, Any]:
+        """The summary written at fit end (also callable any time), in the one schema
+        (:mod:`audit_callbacks.auditing.output`).
 
-        Each record's ``epsilon0`` (with its lower and upper bounds) and
-        ``epsilon0_lower_bound_familywise``, and the exact audit's
-        ``epsilon_exact_per_coordinate``, are :class:`AuditResult` dicts (:func:`epsilon0_result`,
-        :func:`familywise_result`, :func:`exact_result`); every other key that is a quantity of
-        :mod:`audit_callbacks.names` has its name (``tags`` maps each name to its tag). It holds
-        no real client's id and no value computed from one client's data: the crafted pairs'
+        ``results``: the last audit's ``epsilon0_<adversary>`` (with its one-sided bounds) and
+        ``epsilon0_lower_bound_<adversary>``, the exact audit's
+        ``epsilon_exact_per_coordinate``, ``epsilon0_claimed``, ``epsilon0_ceiling`` and
+        ``client_updates_at_clip``. ``history``: each audit's record with its epsilon0 test and
+        family-wise bound as :class:`AuditResult` dicts (made when the test ran). It holds no
+        real client's id and no value computed from one client's data: the crafted pairs'
         norms and cosine are replaced by whether the pair reached the clip norm
         (``g1_at_clip``); they stay in :attr:`history`, in memory only."""
         rnd = getattr(pl_module, "randomizer", None)
         by_adv: dict[str, dict[str, Any]] = {}
+        results: dict[str, dict[str, Any]] = {}
         for name in self.adversaries:
             recs = [r for r in self.history if r["adversary"] == name]
             if not recs:
+                results[f"epsilon0_{name}"] = result_entry(None, reason="not audited")
+                results[f"epsilon0_lower_bound_{name}"] = result_entry(None, reason="not audited")
                 continue
+            last = _published(recs[-1])
             by_adv[name] = {
                 "audits": len(recs),
-                "last": _public(recs[-1]),
+                "last": last,
                 "epsilon0_mean": float(np.mean([r["epsilon0"] for r in recs])),
                 "epsilon0_lower_bound_max": float(max(r["epsilon0_lower_bound"] for r in recs)),
                 "audits_with_norm_at_least_clip": int(sum(_at_clip(r) for r in recs)),
             }
+            test = last["epsilon0"]
+            results[f"epsilon0_{name}"] = test
+            results[f"epsilon0_lower_bound_{name}"] = result_entry(
+                recs[-1]["epsilon0_lower_bound"], alpha=test["alpha"], delta=0.0,
+                method=f"{test['method']}_lower_bound", source=SOURCE, counts=test["counts"])
         n = self.update_norms["count"]
-        return {
-            "callback": "LDPAudit",
-            "source": SOURCE,
-            "inputs": {
-                "randomizer": repr(rnd),
-                "dim": self._dim,
-                "epsilon0_claimed": self._claimed(pl_module) if rnd is not None else None,
-                "clip_norm": self._clip_norm(pl_module) if rnd is not None else None,
-                "module_clip_norm": getattr(pl_module, "clip_norm", None),
-                "trials": self.trials,
-                "alpha": self.alpha,
-                "every_n_rounds": self.every_n_rounds,
-                "adversaries": list(self.adversaries),
-                "seed": self.seed,
-                "epsilon0_ceiling": measurable_ceiling(self.trials, self.alpha),
-                "rounds": int(getattr(pl_module, "round", 0) or 0),
-            },
-            "tags": {q.name: q.tag for q in names.family(FAMILY)},
-            "flag_rule": "family-wise: audit k tests at alpha / (A k (k + 1)); flag when that "
-                         "lower bound exceeds the claimed epsilon0 (P(any false flag) <= alpha)",
-            "flagged": bool(self.flags),
-            "flags": self.flags,
-            "exact_audit": None if self.exact is None else {
-                "epsilon_exact_per_coordinate": exact_result(self.exact),
+        claimed = self._claimed(pl_module) if rnd is not None else None
+        inputs = {
+            "randomizer": repr(rnd),
+            "dim": self._dim,
+            "epsilon0_claimed": claimed,
+            "clip_norm": self._clip_norm(pl_module) if rnd is not None else None,
+            "module_clip_norm": getattr(pl_module, "clip_norm", None),
+            "trials": self.trials,
+            "alpha": self.alpha,
+            "every_n_rounds": self.every_n_rounds,
+            "adversaries": list(self.adversaries),
+            "seed": self.seed,
+            "epsilon0_ceiling": measurable_ceiling(self.trials, self.alpha),
+            "rounds": int(getattr(pl_module, "round", 0) or 0),
+        }
+        share = (self.update_norms["at_clip"] / n) if n else None
+        results.update(
+            epsilon0_claimed=result_entry(claimed, reason="no randomizer", method="the randomizer's claim"),
+            epsilon0_ceiling=result_entry(inputs["epsilon0_ceiling"], method="measurable ceiling",
+                                          source=SOURCE, counts={"trials": self.trials}),
+            client_updates_at_clip=result_entry(share, reason="no client update seen",
+                                                method="share of clipped client updates", counts={"n": n}),
+        )
+        if self.exact is not None:
+            results["epsilon_exact_per_coordinate"] = self.exact.get("result") or exact_result(self.exact)
+            results["epsilon_claimed_per_coordinate"] = result_entry(
+                self.exact["epsilon_claimed_per_coordinate"], method="the randomizer's claim")
+        return summary_document(
+            "LDPAudit", run_status=status, source=SOURCE,
+            status="ok" if self.history else "not audited: no round was audited",
+            inputs=inputs, results=results,
+            tags={q.name: q.tag for q in names.family(FAMILY)},
+            flag_rule="family-wise: audit k tests at alpha / (A k (k + 1)); flag when that "
+                      "lower bound exceeds the claimed epsilon0 (P(any false flag) <= alpha)",
+            flagged=bool(self.flags),
+            flags=self.flags,
+            exact_audit=None if self.exact is None else {
+                "epsilon_exact_per_coordinate": results["epsilon_exact_per_coordinate"],
                 "epsilon_claimed_per_coordinate": self.exact["epsilon_claimed_per_coordinate"],
                 "flagged": self.exact["flagged"],
             },
-            "adversaries": by_adv,
-            "client_update_norms": {  # aggregates only: no client's own value
+            adversaries=by_adv,
+            client_update_norms={  # aggregates only: no client's own value
                 "count": n,
-                "client_updates_at_clip": (self.update_norms["at_clip"] / n) if n else None,
+                "client_updates_at_clip": share,
                 "mean": (self.update_norms["sum"] / n) if n else None,
             },
-            "history": [_public(r) for r in self.history],
-        }
+            history=[_published(r) for r in self.history],
+        )
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
@@ -603,19 +638,19 @@ class LDPAudit(FederatedAuditHooks, Callback):
             "audits": self.audits,
             "last_audited_round": self.last_audited_round,
             "update_norms": dict(self.update_norms),
-            "warned": sorted(self._warned),
+            "warned": sorted(self.output.warned),
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not state_dict:
             return
-        self.history = [dict(r) for r in state_dict["history"]]
+        self.history = [{**r, "results": r.get("results") or _results(r)} for r in state_dict["history"]]
         self.flags = [dict(f) for f in state_dict["flags"]]
         self.exact = None if state_dict["exact"] is None else dict(state_dict["exact"])
         self.audits = int(state_dict["audits"])
         self.last_audited_round = int(state_dict["last_audited_round"])
         self.update_norms = dict(state_dict["update_norms"])
-        self._warned = set(state_dict["warned"])
+        self.output.warned = set(state_dict["warned"])
 
 
 # ------------------------------------------------------------------------------ results
@@ -677,6 +712,12 @@ _RESULT_FIELDS = ("epsilon0", "epsilon0_capped", "epsilon0_lower_bound", "epsilo
                   "familywise_alpha", "delta", "tp", "fn", "fp", "tn", "alpha", "seed")
 
 
+def _results(rec: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A test's two results, made when it ran (or for a record of an older checkpoint)."""
+    return {"epsilon0": epsilon0_result(rec).to_dict(),
+            "epsilon0_lower_bound_familywise": familywise_result(rec).to_dict()}
+
+
 def _at_clip(rec: dict[str, Any]) -> bool:
     """Whether the record's crafted gradient g1 had norm >= the clip norm (a resumed record
     keeps only this flag, :func:`_checkpointed`)."""
@@ -694,15 +735,19 @@ def _checkpointed(rec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _public(rec: dict[str, Any]) -> dict[str, Any]:
-    """An audit record for the summary: its epsilon0 test and family-wise bound as
-    :class:`AuditResult` dicts, without the audited client's id or values computed from its
-    data."""
+def _published(rec: dict[str, Any]) -> dict[str, Any]:
+    """An audit record for the summary: its two results (made when the test ran) in place of
+    their numbers, without the audited client's id or values computed from its data."""
     out = {k: rec[k] for k in ("round", "audit", "adversary")}
-    out["epsilon0"] = epsilon0_result(rec).to_dict()
-    out["epsilon0_lower_bound_familywise"] = familywise_result(rec).to_dict()
-    out.update((k, v) for k, v in rec.items()
-               if k not in out and k not in _PRIVATE_FIELDS + _RESULT_FIELDS)
-    if "norm_g1" in rec:
-        out["g1_at_clip"] = bool(rec["norm_g1"] >= rec["clip_norm"] * (1 - 1e-6))
+    out.update(rec["results"])
+    out.update((k, v) for k, v in _checkpointed(rec).items()
+               if k not in out and k != "results" and k not in _RESULT_FIELDS)
     return out
+
+
+def _emit(message: str, category: type[Warning] = UserWarning) -> None:
+    """Warn (every rank, as before); a broken randomizer is also logged as an error on rank
+    zero."""
+    warnings.warn(message, category, stacklevel=4)
+    if category is BrokenRandomizerWarning:
+        rank_zero_only(_log.error)(message)

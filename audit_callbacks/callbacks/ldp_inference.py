@@ -51,9 +51,8 @@ from lightning.pytorch.callbacks import Callback
 
 from audit_callbacks import names
 from audit_callbacks.attacks import LDPFLInferenceAttack
-from audit_callbacks.callbacks import tensorboard as tb
-from audit_callbacks.callbacks.interrupt import on_interrupt
-from audit_callbacks.callbacks.summary import write_summary
+from audit_callbacks.auditing.output import ReportSection, result_entry, summary_document
+from audit_callbacks.callbacks.summary import LightningOutput
 from audit_callbacks.federated.dp_fedavg import DPFedAvgMixin
 from audit_callbacks.federated.protocol import FederatedAuditHooks, FederatedRound
 from audit_callbacks.validation import check_count, check_positive, check_real, check_seed
@@ -120,6 +119,9 @@ class LDPInferenceAudit(FederatedAuditHooks, Callback):
         self.history: list[dict[str, Any]] = []
         self.last: dict[str, Any] = {}
         self.summary_path: str | None = None
+        #: the audit's output path: the summary, the report section, the scalars and layout
+        self.output = LightningOutput("LDPInferenceAudit", summary_filename,
+                                  section=self._section)
         self._target_sum: np.ndarray | None = None
         self._target_count = 0
         self._pending_state: dict[str, Any] | None = None
@@ -164,8 +166,9 @@ class LDPInferenceAudit(FederatedAuditHooks, Callback):
             self._pending_state = None
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.output.bind(trainer)
         if not self._layout_written:
-            tb.add_custom_scalars_layout(trainer, names.chart_layout(
+            self.output.sink.layout(names.chart_layout(
                 [FAMILY], only=[names.tag(FAMILY, f"{k}_{m}") for m in self.modes for k in _KEYS]))
             self._layout_written = True
 
@@ -194,32 +197,57 @@ class LDPInferenceAudit(FederatedAuditHooks, Callback):
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         """SIGTERM / SIGINT: the summary of what was measured (``run_status``: ``interrupted at
         step N``), and an exit code that is not 0 (:mod:`audit_callbacks.callbacks.interrupt`)."""
-        on_interrupt(trainer, exception, lambda status: self.on_fit_end(trainer, pl_module, status=status))
+        self.output.on_exception(trainer, exception,
+                                 lambda status: self.on_fit_end(trainer, pl_module, status=status))
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, status: str = "complete") -> None:
+        self.output.bind(trainer)
         if not self.attacks:
+            self.output.done(status)
             return
         rounds = next(iter(self.attacks.values())).rounds
         if rounds and (not self.history or self.history[-1]["round"] != int(pl_module.round)):
             self._predict_and_log(trainer, int(pl_module.round))
-        if trainer.is_global_zero:
-            self.summary_path = write_summary(tb.log_dir(trainer), self.summary_filename, {
-                "callback": "LDPInferenceAudit",
-                "run_status": status,
-                "source": SOURCE,
-                "inputs": {
-                    "randomizer": repr(pl_module.randomizer),
-                    "center": self._c, "radius": self._r, "modes": list(self.modes),
-                    "weights": None if self.weights is None else int(self.weights.size),
-                    "dim": int(pl_module.num_parameters), "seed": self.seed,
-                    "rounds": int(pl_module.round),
-                },
-                "target": "mean over all released rows of randomizer.project(clipped update)",
-                "tags": {q.name: q.tag for q in names.family(FAMILY)
-                         if any(q.name.endswith(f"_{m}") for m in self.modes)},
-                "final": self.history[-1] if self.history else None,
-                "history": self.history,
-            })
+        self.output.summary_filename = self.summary_filename
+        path = self.output.finish(self.summary(pl_module, status), status)
+        if path is not None:
+            self.summary_path = path
+
+    def summary(self, pl_module: Any, status: str = "complete") -> dict[str, Any]:
+        """The summary JSON's content (the one schema: :mod:`audit_callbacks.auditing.output`;
+        ``final`` and ``history`` kept beside ``inputs`` and ``results``)."""
+        final = self.history[-1] if self.history else None
+        results = {
+            f"{key}_{mode}": result_entry((final or {}).get(f"{key}_{mode}"),
+                                          reason="no round observed" if final is None else "not computed",
+                                          method=f"ldp_fl_inference_{mode}", source=SOURCE,
+                                          counts={"rows": int(final["rows"])} if final else {})
+            for mode in self.modes for key in _KEYS}
+        return summary_document(
+            "LDPInferenceAudit", run_status=status, source=SOURCE,
+            status="ok" if final is not None else "not attacked: no round observed",
+            inputs={
+                "randomizer": repr(pl_module.randomizer),
+                "center": self._c, "radius": self._r, "modes": list(self.modes),
+                "weights": None if self.weights is None else int(self.weights.size),
+                "dim": int(pl_module.num_parameters), "seed": self.seed,
+                "rounds": int(pl_module.round),
+            },
+            results=results,
+            target="mean over all released rows of randomizer.project(clipped update)",
+            tags={q.name: q.tag for q in names.family(FAMILY)
+                  if any(q.name.endswith(f"_{m}") for m in self.modes)},
+            final=final, history=self.history)
+
+    def _section(self) -> ReportSection:
+        return ReportSection(*self.report_section())
+
+    def report_section(self) -> tuple[str, dict[str, Any]]:
+        """This audit's results for the audit report: the last round's errors and confidences."""
+        final = self.history[-1] if self.history else {}
+        return ("local-DP inference attack (Varun et al. 2024)", {
+            "status": "ok" if final else "not attacked: no round observed",
+            **{k: v for k, v in final.items()}, "source": SOURCE})
 
     # ------------------------------------------------------------------ prediction
     def target(self) -> np.ndarray:
@@ -247,7 +275,8 @@ class LDPInferenceAudit(FederatedAuditHooks, Callback):
         rec["rows"] = self._target_count
         self.history.append(rec)
         if trainer is not None:
-            tb.log_scalars(trainer, metrics, round_idx)
+            self.output.bind(trainer)
+            self.output.scalars(metrics, round_idx)
         return rec
 
     # ------------------------------------------------------------------ state

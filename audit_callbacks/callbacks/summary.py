@@ -1,6 +1,8 @@
-"""The run's own folder of a Lightning run, where a callback writes its summary at fit end.
+"""The run's own folder of a Lightning run, where every audit writes its summary at fit end,
+and the report handed to the run's loggers.
 
-The JSON itself is written atomically by :func:`audit_callbacks.auditing.files.write_summary`.
+The callbacks reach both through their :class:`~audit_callbacks.auditing.output.AuditOutput`;
+the JSON itself is written atomically by :func:`audit_callbacks.auditing.files.write_summary`.
 """
 
 from __future__ import annotations
@@ -8,6 +10,7 @@ from __future__ import annotations
 import os
 import warnings
 import weakref
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from audit_callbacks.auditing.files import (
@@ -18,8 +21,11 @@ from audit_callbacks.auditing.files import (
     versions,
     write_summary,
 )
+from audit_callbacks.auditing.output import AuditOutput, AuditRun
+from audit_callbacks.callbacks.interrupt import on_interrupt
+from audit_callbacks.callbacks.tensorboard import LightningSink, log_scalars
 
-__all__ = ["publish_report", "report_sections", "run_dir", "summary_dir", "to_jsonable", "versions",
+__all__ = ["LightningOutput", "LightningRun", "publish_report", "run_dir", "summary_dir", "to_jsonable", "versions",
            "write_summary"]
 
 # Trainer -> the fresh folder of a run without a logger: every callback of one run writes there.
@@ -72,19 +78,6 @@ def summary_dir(trainer: Any, filename: str) -> str:
     return directory
 
 
-def report_sections(trainer: Any) -> dict[str, dict[str, Any]]:
-    """The other audits' results for the audit report: every callback of the trainer with a
-    ``report_section()`` (the label and local-DP callbacks) gives ``{title: {key: value}}``."""
-    sections: dict[str, dict[str, Any]] = {}
-    for cb in getattr(trainer, "callbacks", None) or []:
-        section = getattr(cb, "report_section", None)
-        if callable(section):
-            got = section()
-            if got:
-                sections[got[0]] = got[1]
-    return sections
-
-
 def publish_report(trainer: Any, paths: tuple[str, str] | None) -> None:
     """Attach the audit report to the run's loggers where they take it: the Markdown as
     TensorBoard text (``audit/report``), both files as MLflow artifacts or W&B files. A logger
@@ -106,3 +99,88 @@ def publish_report(trainer: Any, paths: tuple[str, str] | None) -> None:
                     logger.experiment.save(path, base_path=os.path.dirname(html), policy="now")
         except Exception:  # noqa: BLE001 - a logger's failure never loses the files or the fit
             continue
+
+
+# Trainer -> the audits of its run (every callback of one Trainer shares it).
+_RUNS: weakref.WeakKeyDictionary[Any, LightningRun] = weakref.WeakKeyDictionary()
+
+
+class LightningRun(AuditRun):
+    """The audits of one Trainer: its run folder (:func:`run_dir`, chosen on first use), rank
+    zero writes, and the report goes to its loggers (:func:`publish_report`)."""
+
+    def __init__(self, trainer: Any) -> None:
+        super().__init__()
+        self.trainer = trainer
+
+    @classmethod
+    def of(cls, trainer: Any) -> LightningRun:
+        """The run of ``trainer`` (one per Trainer, shared by every callback)."""
+        try:
+            run = _RUNS.get(trainer)
+            if run is None:
+                run = _RUNS[trainer] = cls(trainer)
+        except TypeError:  # a stand-in that takes no weak reference: a run of its own
+            run = cls(trainer)
+        return run
+
+    @property
+    def writes(self) -> bool:
+        return bool(getattr(self.trainer, "is_global_zero", True))
+
+    @property
+    def directory(self) -> str | None:
+        if self._directory is None:
+            self._directory = run_dir(self.trainer)
+        return self._directory
+
+    def publish(self, paths: tuple[str, str]) -> None:
+        publish_report(self.trainer, paths)
+
+
+class LightningOutput(AuditOutput):
+    """A Lightning callback's output path: bound to the Trainer's run at fit start; scalars
+    through every logger, the rest through its ``TensorBoardLogger``
+    (:class:`~audit_callbacks.callbacks.tensorboard.LightningSink`); warnings' text at the
+    trainer's step."""
+
+    @property
+    def trainer(self) -> Any:
+        return getattr(self.run, "trainer", None)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Without the run and its sink (a pickled or copied callback joins a run at its next
+        fit start, as Lightning's spawned processes do)."""
+        return {**self.__dict__, "run": None, "_sink": None}
+
+    def bind(self, trainer: Any) -> LightningOutput:
+        """Join ``trainer``'s run (at fit start; a repeated fit joins again, and a call for the
+        trainer already bound only makes sure of it)."""
+        if self.trainer is not trainer:
+            self.run = LightningRun.of(trainer)
+            self._sink = None
+        assert self.run is not None
+        self.run.register(self)
+        return self
+
+    @property
+    def sink(self) -> Any:
+        if self._sink is None and self.trainer is not None:
+            self._sink = LightningSink(self.trainer)
+        return super().sink
+
+    @property
+    def step(self) -> int:
+        return int(getattr(self.trainer, "global_step", 0))
+
+    def scalars(self, values: Mapping[str, float | None], step: int) -> None:
+        """Through every logger of the Trainer (rank zero; as ``LearningRateMonitor`` does)."""
+        if self.trainer is None:
+            return super().scalars(values, step)
+        self._write(log_scalars, self.trainer, dict(values), step)
+
+    def on_exception(self, trainer: Any, exception: BaseException, finish: Callable[[str], Any]) -> bool:
+        """A callback's ``on_exception``: on SIGTERM / SIGINT, ``finish(status)``
+        (``interrupted at step N``) and an exit code that is not 0
+        (:func:`audit_callbacks.callbacks.interrupt.on_interrupt`)."""
+        return on_interrupt(trainer, exception, finish)

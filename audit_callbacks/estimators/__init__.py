@@ -62,6 +62,7 @@ from .last_iterate import (
 from .lower_bound import (
     estimate_epsilon_lower_bound_from_cosines,
 )
+from .planner import AuditPlan, plan_audit
 from .result import AuditResult
 from .score_auditor import CanaryScoreAuditor
 from .shuffle import (
@@ -126,4 +127,6 @@ __all__ = [
     "two_gaussians_delta",
     "valid_bound_values",
     "watched_lower_bound",
+    "AuditPlan",
+    "plan_audit",
 ]

@@ -138,7 +138,7 @@ class CanaryStrategy(AuditFrontEnd, Strategy):
             return self.summary_path
         self._finished_at = rounds = self.auditor.backend.rounds
         self.summary_path = self.auditor.finish(
-            self.sink, step=rounds, directory=self.sink.run_dir, filename=self.summary_filename,
+            step=rounds, output=self.output.bind_directory(self.sink.run_dir, self.sink),
             histograms=self.log_histograms, extra={"versions": flower_versions()})
         self.sink.close()
         return self.summary_path

@@ -184,9 +184,10 @@ class OpacusCanaryAudit(AuditFrontEnd):
         if directory is None:
             raise ValueError(f"{self.name}.write: log_dir is None here and at construction")
         sink = self._sink(directory)
+        self.output.bind_directory(directory, sink)
         self.summary_path = self.auditor.finish(
-            sink, step=self.steps, directory=directory, filename=self.summary_filename,
-            histograms=self.log_histograms, figures=self.log_figures)
+            step=self.steps, output=self.output, histograms=self.log_histograms,
+            figures=self.log_figures)
         sink.close()
         return self.summary_path
 
