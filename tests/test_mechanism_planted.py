@@ -31,12 +31,7 @@ def _model():
 
 def _checks(audit) -> dict:
     """Every mechanism check's result at plain alpha (the summary's statement)."""
-    out = {}
-    for stat in audit.auditor.statistics:
-        results = getattr(stat, "results", None)
-        if results is not None:
-            out.update(results(0.05))
-    return out
+    return audit.auditor.mechanism_checks()
 
 
 def _train(*, optimizer="sgd", steps=30, poisson=True, bmm=False, bug=None, sigma=1.0, seed=0,
@@ -104,29 +99,29 @@ class _nullcontext:
                                     {"optimizer": "adam"}, {"optimizer": "sgd", "bmm": True}])
 def test_correct_opacus_runs_pass_every_check(config):
     checks = _checks(_train(**config))
-    assert {"noise_scale", "fresh_noise", "sampler"} <= set(checks)
+    assert {"noise_scale_ratio", "fresh_noise_ratio", "batch_size_variance_ratio"} <= set(checks)
     for name, res in checks.items():
         assert not res.details["rejected"], (name, res.details)
-    assert checks["noise_scale"].value > 0.95 and checks["fresh_noise"].value > 1.5
+    assert checks["noise_scale_ratio"].value > 0.95 and checks["fresh_noise_ratio"].value > 1.5
 
 
 def test_reused_noise_is_flagged():
     checks = _checks(_train(bug="reused_noise"))
-    assert checks["fresh_noise"].details["rejected"] and checks["fresh_noise"].value < 0.5
+    assert checks["fresh_noise_ratio"].details["rejected"] and checks["fresh_noise_ratio"].value < 0.5
 
 
 def test_a_layer_without_noise_is_flagged_and_named():
     checks = _checks(_train(bug="missing_noise"))
-    for name in ("noise_scale", "fresh_noise"):
+    for name in ("noise_scale_ratio", "fresh_noise_ratio"):
         assert checks[name].details["rejected"], name
         assert checks[name].details["group"].startswith(("params[2]", "params[3]")), checks[name].details
 
 
 def test_shuffled_batches_under_poisson_accounting_are_flagged():
     checks = _checks(_train(poisson=False))
-    assert checks["sampler"].details["rejected"]
-    assert checks["sampler"].details["sampling"] == "fixed-size batches of 64"
-    assert not checks["noise_scale"].details["rejected"]
+    assert checks["batch_size_variance_ratio"].details["rejected"]
+    assert checks["batch_size_variance_ratio"].details["sampling"] == "fixed-size batches of 64"
+    assert not checks["noise_scale_ratio"].details["rejected"]
 
 
 def test_noise_from_a_seeded_global_generator_is_named(monkeypatch):
@@ -178,16 +173,62 @@ def _fedavg(*, bug=None, momentum=0.0, rounds=20, seed=0):
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
 def test_correct_fedavg_runs_pass_the_noise_checks(momentum):
     checks = _checks(_fedavg(momentum=momentum))
-    assert {"noise_scale", "fresh_noise"} <= set(checks) and "sampler" not in checks
+    assert {"noise_scale_ratio", "fresh_noise_ratio"} <= set(checks) and "batch_size_variance_ratio" not in checks
     for name, res in checks.items():
         assert not res.details["rejected"], (name, res.details)
 
 
 def test_fedavg_noise_reused_every_round_is_flagged():
     checks = _checks(_fedavg(bug="reused_noise"))
-    assert checks["fresh_noise"].details["rejected"]
+    assert checks["fresh_noise_ratio"].details["rejected"]
 
 
 def test_fedavg_a_tensor_without_noise_is_flagged_and_named():
     checks = _checks(_fedavg(bug="missing_noise"))
-    assert checks["noise_scale"].details["rejected"] and checks["noise_scale"].details["group"] == "2.bias"
+    assert checks["noise_scale_ratio"].details["rejected"] and checks["noise_scale_ratio"].details["group"] == "2.bias"
+
+
+# ------------------------------------------------------------------ the verdict, every view
+def test_the_verdict_names_the_failed_check(tmp_path):
+    """Reused noise: the report's verdicts, the summary JSON and its TensorBoard code say
+    which check failed, on which tensor; training was not stopped."""
+    import json
+
+    audit = _train(bug="reused_noise")
+    report = audit.report()
+    word, sentence = report.mechanism_verdict()
+    assert word == "violation" and "repeats" in sentence
+    assert report.verdicts()["all_iterates"] == (word, sentence)
+    assert report.scalars()["audit/verdict_mechanism"] == 2.0
+    path = audit.write(str(tmp_path))
+    with open(path, encoding="utf-8") as fh:
+        summary = json.load(fh)
+    assert summary["verdict_mechanism"] == "violation"
+    assert summary["verdict_all_iterates"] == "violation" and "repeats" in summary["verdict_all_iterates_sentence"]
+    assert summary["results"]["fresh_noise_ratio"]["details"]["rejected"] is True
+
+
+def test_shuffled_batches_make_the_claim_unproven():
+    report = _train(poisson=False).report()
+    word, sentence = report.verdicts()["all_iterates"]
+    assert word in ("unproven", "violation", "suspicious")
+    if word == "unproven":
+        assert "fixed-size batches of 64" in sentence and "poisson_sampling=True" in sentence
+    assert report.mechanism_verdict()[0] == "unproven"
+
+
+def test_a_correct_run_reads_consistent():
+    report = _train().report()
+    assert report.mechanism_verdict()[0] == "consistent"
+    assert report.scalars()["audit/verdict_mechanism"] == 0.0
+
+
+def test_the_report_shows_the_mechanism_verdict(tmp_path):
+    import pathlib
+
+    audit = _train(bug="missing_noise")
+    audit.write(str(tmp_path))
+    html = next(pathlib.Path(tmp_path).rglob("audit_report.html")).read_text()
+    md = next(pathlib.Path(tmp_path).rglob("audit_report.md")).read_text()
+    assert 'class="verdict violation"><b>checks of the mechanism' in html
+    assert "checks of the mechanism**: violation: the noise" in md

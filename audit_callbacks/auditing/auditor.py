@@ -50,6 +50,8 @@ from audit_callbacks.canary.projection import Projection
 from audit_callbacks.canary.statistics import CanaryStatistics
 from audit_callbacks.canary.vectors import CanarySet, hadamard_length
 from audit_callbacks.estimators.canary_report import canary_estimates
+from audit_callbacks.estimators.result import AuditResult
+from audit_callbacks.estimators.valid_bounds import spent_alpha
 
 __all__ = ["CanaryAuditor", "NoEstimateYet", "ReportSink", "Warn"]
 
@@ -339,12 +341,29 @@ class CanaryAuditor:
                       f"estimate to mean anything (at least {MIN_CANARIES}); pass a larger num_canaries")
             estimates = {n: replace(e, status=status) for n, e in estimates.items()}
         return CanaryReport(
+            checks=self.mechanism_checks(index), noise_source=self._noise_source(),
             estimates=estimates, skipped=skipped, **self.backend.analytic(delta),
             epsilon_last_iterate_heuristic=self._last_iterate(delta),
             max_participations=int(self.participations.max(initial=0)),
             num_canaries_participated=int(took.sum()), statistics=stats,
             progress=int(self.backend.progress()), step=int(step), index=index, alpha=alpha,
         )
+
+    def mechanism_checks(self, index: int | None = None) -> dict[str, AuditResult]:
+        """The checks of the mechanism over every release so far (noise scale and fresh noise
+        per parameter tensor, the sampler), by name, at the level spent for the logged point
+        ``index`` (None: plain alpha), as the valid bounds (``docs/methods/mechanism_checks.md``)."""
+        level = self.config.alpha if index is None else spent_alpha(self.config.alpha, index)
+        out: dict[str, AuditResult] = {}
+        for stat in self.statistics:
+            results = getattr(stat, "results", None)
+            if results is not None:
+                out.update(results(level))
+        return out
+
+    def _noise_source(self) -> str | None:
+        found = getattr(self.backend, "noise_source", None)
+        return found.message if found is not None and found.replayable else None
 
     def _matched(self, delta: float, bootstrap: int) -> tuple[Any, str | None]:
         """The matched all-iterates statistic's ``(scores, estimate)``, its scores as their
@@ -468,7 +487,7 @@ class CanaryAuditor:
         (``{threat_model: (word, sentence)}``) is ``suspicious`` or ``violation``; the
         training goes on."""
         flagged = [f"{tm}: {sentence}" for tm, (word, sentence) in verdicts.items()
-                   if word in ("suspicious", "violation")]
+                   if word in ("suspicious", "violation", "unproven")]
         if flagged:
             self.warn("verdict", f"{self.name}: the audit contradicts the claimed privacy "
                       f"({'; '.join(flagged)}). Training goes on; see docs/methods/verdicts.md")

@@ -64,6 +64,17 @@ def _verdict(summary: Mapping[str, Any], tm: str) -> tuple[str, str]:
     return (word, sentence) if isinstance(word, str) and isinstance(sentence, str) else verdict(summary, tm)
 
 
+#: the verdict words (each a CSS class of the report)
+_WORDS = ("consistent", "suspicious", "unproven", "violation", "unchecked")
+
+
+def _mechanism(summary: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The summary's verdict of the checks of the mechanism, or None (a summary without it)."""
+    word = summary.get(names.VERDICT_MECHANISM)
+    sentence = summary.get(f"{names.VERDICT_MECHANISM}_sentence")
+    return (word, sentence) if isinstance(word, str) and isinstance(sentence, str) else None
+
+
 def _headline_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One row a threat model: its estimate with interval, valid bound, reference, ratio."""
     rows = []
@@ -160,6 +171,7 @@ text-align:left;vertical-align:top}th{background:#f4f4f4}td.num{text-align:right
 .verdict{padding:.6em 1em;margin:.4em 0;border-radius:4px;font-size:1.05em}
 .violation{background:#fbe3e3;border-left:6px solid #c62828}
 .suspicious{background:#fff4d6;border-left:6px solid #ef8f00}
+.unproven{background:#fff4d6;border-left:6px solid #ef8f00}
 .consistent{background:#e5f4e7;border-left:6px solid #2e7d32}
 .unchecked{background:#eee;border-left:6px solid #777}
 img{max-width:100%;border:1px solid #eee}.small{color:#666;font-size:.9em}
@@ -201,10 +213,13 @@ def render_html(summary: Mapping[str, Any] | None, images: Mapping[str, str],
            f"<title>Privacy audit report: {_e(callback)}</title><style>{_CSS}</style></head><body>",
            f"<h1>Privacy audit report: {_e(callback)} {_e(training)}</h1>", "<h2>Verdict</h2>"]
     rows = _headline_rows(summary)
-    for row in rows:
-        word, sentence = row["verdict"]
-        out.append(f'<div class="verdict {word}"><b>{_e(_TITLES[row["threat_model"]])}</b>: '
-                   f"{_e(sentence)}</div>")
+    verdicts = [(_TITLES[row["threat_model"]], *row["verdict"]) for row in rows]
+    mechanism = _mechanism(summary)
+    if mechanism is not None:
+        verdicts.append(("checks of the mechanism", *mechanism))
+    for title, word, sentence in verdicts:
+        css = word if word in _WORDS else "unchecked"  # a class name, never a summary's markup
+        out.append(f'<div class="verdict {css}"><b>{_e(title)}</b>: {_e(sentence)}</div>')
     out.append("<h2>Headline numbers</h2><table><tr><th>threat model</th><th>estimate</th>"
                "<th>interval</th><th>valid lower bound</th><th>reference</th><th>value</th>"
                "<th>estimate / reference</th><th>status</th></tr>")
@@ -261,6 +276,9 @@ def render_markdown(summary: Mapping[str, Any] | None, figure_titles: Sequence[s
              "", "## Verdict", ""]
     rows = _headline_rows(summary)
     lines += [f"- **{_TITLES[r['threat_model']]}**: {r['verdict'][1]}" for r in rows]
+    mechanism = _mechanism(summary)
+    if mechanism is not None:
+        lines.append(f"- **checks of the mechanism**: {mechanism[1]}")
     lines += ["", "## Headline numbers", "",
               "| threat model | estimate | interval | valid lower bound | reference | value "
               "| estimate / reference | status |", "|---|---|---|---|---|---|---|---|"]

@@ -19,7 +19,8 @@ from audit_callbacks.auditing.output import SCHEMA
 from audit_callbacks.estimators.canary_report import SOURCE, THREAT_MODELS, estimate_names
 from audit_callbacks.estimators.result import AuditResult
 
-__all__ = ["VERDICT_CODES", "CanaryReport", "fmt", "summary_estimates", "summary_json", "verdict"]
+__all__ = ["VERDICT_CODES", "CanaryReport", "fmt", "mechanism_verdict", "summary_estimates",
+           "summary_json", "verdict"]
 
 #: The report's fields that are logged beside the estimates (names of family ``audit``).
 _FIELDS = ("epsilon_analytic", "epsilon_analytic_rdp", "epsilon_analytic_prv",
@@ -30,7 +31,7 @@ REFERENCES = {"final_model": ("epsilon_final_model", "epsilon_last_iterate_heuri
               "all_iterates": ("epsilon_all_iterates", "epsilon_analytic")}
 
 #: A verdict's scalar code in TensorBoard (``audit/verdict_<tm>``); ``unchecked`` is not logged.
-VERDICT_CODES = {"consistent": 0, "suspicious": 1, "violation": 2}
+VERDICT_CODES = {"consistent": 0, "suspicious": 1, "unproven": 1, "violation": 2}
 
 
 def fmt(value: Any) -> str:
@@ -80,15 +81,87 @@ def verdict(summary: Mapping[str, Any], threat_model: str) -> tuple[str, str]:
         confidence=(estimate.get("details") or {}).get("confidence"),
         estimate_status=estimate.get("status", "not computed"),
         reference=summary.get(reference_name), ratio=summary.get(f"epsilon_ratio_{threat_model}"),
-        alpha=(summary.get("inputs") or {}).get("alpha"))
+        alpha=(summary.get("inputs") or {}).get("alpha"),
+        mechanism=(summary[names.VERDICT_MECHANISM], summary[f"{names.VERDICT_MECHANISM}_sentence"])
+        if names.VERDICT_MECHANISM in summary else None)
 
 
 def judge(threat_model: str, *, claim: Any, claim_status: str, bound: Any, estimate: Any, lower: Any,
           upper: Any, confidence: Any, estimate_status: str, reference: Any, ratio: Any,
-          alpha: Any) -> tuple[str, str]:
+          alpha: Any, mechanism: tuple[str, str] | None = None) -> tuple[str, str]:
     """:func:`verdict` on its numbers: the claimed epsilon (and its status when it is not
     finite), the valid lower bound, the headline estimate with its interval, confidence and
-    status, the reference, the ratio and the audit's alpha."""
+    status, the reference, the ratio and the audit's alpha. A ``mechanism`` verdict
+    (:func:`mechanism_verdict`) of ``violation`` is every threat model's verdict (the claim
+    assumes the mechanism the checks found broken); one of ``unproven`` replaces
+    ``consistent``."""
+    word, sentence = _judge(threat_model, claim=claim, claim_status=claim_status, bound=bound,
+                            estimate=estimate, lower=lower, upper=upper, confidence=confidence,
+                            estimate_status=estimate_status, reference=reference, ratio=ratio,
+                            alpha=alpha)
+    if mechanism is not None:
+        if mechanism[0] == "violation" and word != "violation":
+            return mechanism
+        if mechanism[0] == "unproven" and word == "consistent":
+            return mechanism[0], f"{mechanism[1]}; the canaries: {sentence}"
+    return word, sentence
+
+
+def mechanism_verdict(checks: Mapping[str, Any], noise_source: str | None = None, *,
+                      progress: int | None = None) -> tuple[str, str]:
+    """``(word, sentence)`` of the checks of the mechanism (``docs/methods/mechanism_checks.md``).
+
+    * ``violation``: the noise-scale or fresh-noise check failed on some parameter tensor (the
+      noise is missing, short of the claim, or the same in consecutive releases); each check's
+      false-alarm rate is at most its level, whatever the gradients do.
+    * ``unproven``: the batch sizes are not those of the Poisson sampling the accountant assumes
+      (the claim's amplification by sampling is not shown to hold).
+    * ``consistent``: every check passed. ``unchecked``: no check could run.
+
+    ``checks`` maps a check's name to its result (an ``AuditResult`` or its summary dict).
+    A noise replayable from a public seed (``noise_source``) is said in the sentence, not in the
+    word: one run's releases cannot show it.
+    """
+    def details(res: Any) -> dict[str, Any]:
+        return (res.get("details") if isinstance(res, Mapping) else getattr(res, "details", None)) or {}
+
+    def value(res: Any) -> Any:
+        return res.get("value") if isinstance(res, Mapping) else getattr(res, "value", None)
+
+    over = f" over {progress} releases" if progress else ""
+    fresh, scale = checks.get(names.FRESH_NOISE_RATIO), checks.get(names.NOISE_SCALE_RATIO)
+    if fresh is not None and details(fresh).get("rejected"):
+        d = details(fresh)
+        return "violation", (f"violation: the noise repeats across releases (fresh-noise ratio "
+                             f"{fmt(_number(value(fresh)))} on {d.get('group')}, below the bound 1 "
+                             f"of fresh noise{over}, p = {fmt(_number(d.get('p_value')))})")
+    if scale is not None and details(scale).get("rejected"):
+        d = details(scale)
+        return "violation", (f"violation: the noise on {d.get('group')} is missing or short of the "
+                             f"claim (noise-scale ratio {fmt(_number(value(scale)))} of the claimed "
+                             f"variance{over}, p = {fmt(_number(d.get('p_value')))})")
+    sampler = checks.get(names.BATCH_SIZE_VARIANCE_RATIO)
+    if sampler is not None and details(sampler).get("rejected"):
+        d = details(sampler)
+        how = d.get("sampling", "variable")
+        drawn = (f"the loader draws {how}" if how != "variable" else
+                 f"the batch sizes (mean {fmt(_number(d.get('mean')))}, variance "
+                 f"{fmt(_number(d.get('variance')))}) are not Binomial(N, q)'s (mean "
+                 f"{fmt(_number(d.get('expected_mean')))}, variance "
+                 f"{fmt(_number(d.get('expected_variance')))})")
+        return "unproven", (f"unproven: the accountant assumes Poisson sampling, {drawn}; the "
+                            "claimed epsilon does not hold for this loader (use Opacus' "
+                            "poisson_sampling=True)")
+    if not checks:
+        return "unchecked", "unchecked: no check of the mechanism could run"
+    passed = ", ".join(sorted(checks))
+    note = f"; but {noise_source}" if noise_source else ""
+    return "consistent", f"consistent: the checks of the mechanism passed ({passed}){note}"
+
+
+def _judge(threat_model: str, *, claim: Any, claim_status: str, bound: Any, estimate: Any, lower: Any,
+           upper: Any, confidence: Any, estimate_status: str, reference: Any, ratio: Any,
+           alpha: Any) -> tuple[str, str]:
     claim = _number(claim)
     if claim is None:
         return "unchecked", f"unchecked: no finite claimed epsilon (analytic epsilon: {claim_status})"
@@ -140,6 +213,11 @@ class CanaryReport:
         index: the logged point it is (its valid bounds at the level spent for that point),
             or None (plain alpha: the summary's).
         alpha: the audit's 1 - confidence (the run-level level of the verdicts' bounds).
+        checks: the checks of the mechanism, by name (``noise_scale_ratio``,
+            ``fresh_noise_ratio``, ``batch_size_variance_ratio``): each an
+            :class:`~audit_callbacks.estimators.AuditResult` whose ``details["rejected"]`` says
+            whether it failed, at the level spent for ``index`` (``docs/methods/mechanism_checks.md``).
+        noise_source: why the noise is replayable from a public seed, or None.
     """
 
     estimates: dict[str, AuditResult]
@@ -155,6 +233,8 @@ class CanaryReport:
     step: int = 0
     index: int | None = None
     alpha: float = 0.05
+    checks: dict[str, AuditResult] = field(default_factory=dict)
+    noise_source: str | None = None
 
     def value(self, name: str) -> float | None:
         """The value of estimate ``name``, or None when it was skipped."""
@@ -167,9 +247,12 @@ class CanaryReport:
         out: dict[str, float | None] = {}
         ratios = self.ratios()
         codes = {f"verdict_{tm}": VERDICT_CODES.get(word) for tm, (word, _) in self.verdicts().items()}
+        codes[names.VERDICT_MECHANISM] = VERDICT_CODES.get(self.mechanism_verdict()[0])
         for q in names.family("audit"):
             if q.name in codes:
                 value = codes[q.name]
+            elif q.name in self.checks:
+                value = self.checks[q.name].value
             elif q.name in _FIELDS:
                 value = getattr(self, q.name)
             elif q.name in ratios:
@@ -186,6 +269,7 @@ class CanaryReport:
         ratios = self.ratios()
         status = ("infinite: no DP noise (noise_multiplier = 0)" if self.epsilon_analytic == math.inf
                   else "unknown")
+        mechanism = self.mechanism_verdict()
         out: dict[str, tuple[str, str]] = {}
         for tm, (estimate_name, reference_name) in REFERENCES.items():
             est = self.estimates.get(estimate_name)
@@ -199,8 +283,12 @@ class CanaryReport:
                 estimate_status=est.status if est is not None else
                 f"skipped: {self.skipped.get(estimate_name, 'not computed')}",
                 reference=getattr(self, reference_name), ratio=ratios[f"epsilon_ratio_{tm}"],
-                alpha=self.alpha)
+                alpha=self.alpha, mechanism=mechanism)
         return out
+
+    def mechanism_verdict(self) -> tuple[str, str]:
+        """``(word, sentence)`` of the checks of the mechanism (:func:`mechanism_verdict`)."""
+        return mechanism_verdict(self.checks, self.noise_source, progress=self.progress)
 
     def ratios(self) -> dict[str, float | None]:
         """``epsilon_ratio_<tm>``: each threat model's headline estimate over its reference
@@ -259,6 +347,12 @@ def summary_json(
             max_participations=report.max_participations,
             num_canaries_participated=report.num_canaries_participated,
         )
+    if report is not None:
+        for name, res in report.checks.items():
+            estimates[name] = {**res.to_dict(), "status": f"stale: from step {report.step}" if stale
+                               else res.status}
+        word, sentence = report.mechanism_verdict()
+        summary[names.VERDICT_MECHANISM], summary[f"{names.VERDICT_MECHANISM}_sentence"] = word, sentence
     for tm in REFERENCES:  # the claim each threat model is checked against (verdict)
         word, sentence = verdict(summary, tm)
         summary[f"verdict_{tm}"], summary[f"verdict_{tm}_sentence"] = word, sentence

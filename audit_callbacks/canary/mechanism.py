@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from audit_callbacks import names
 from audit_callbacks.estimators.mechanism_checks import noise_energy_check, sampler_check
 from audit_callbacks.estimators.result import AuditResult
 
@@ -129,8 +130,8 @@ class NoiseChecks:
         return int(n1), int(n2)
 
     def results(self, alpha: float) -> dict[str, AuditResult]:
-        """The noise-scale and fresh-noise checks at level ``alpha`` over every release so far
-        (each at least 1 release / 1 difference; none before)."""
+        """``{noise_scale_ratio, fresh_noise_ratio}``: the noise-scale and fresh-noise checks at
+        level ``alpha`` over every release so far (each from 1 release / 1 difference on)."""
         if self._buffers is None:
             return {}
         n1, n2 = self.counts()
@@ -138,10 +139,10 @@ class NoiseChecks:
         sizes = np.asarray(self.sizes, dtype=np.float64)
         out = {}
         if n1:
-            out["noise_scale"] = noise_energy_check(e1, sizes * n1, self.noise_std, alpha=alpha,
+            out[names.NOISE_SCALE_RATIO] = noise_energy_check(e1, sizes * n1, self.noise_std, alpha=alpha,
                                                     check="noise_scale", groups=self.names)
         if n2:
-            out["fresh_noise"] = noise_energy_check(e2, sizes * n2, self.noise_std, alpha=alpha,
+            out[names.FRESH_NOISE_RATIO] = noise_energy_check(e2, sizes * n2, self.noise_std, alpha=alpha,
                                                     check="fresh_noise", groups=self.names)
         for res in out.values():
             res.details["releases"] = n1 if res.details["check"] == "noise_scale" else n2
@@ -198,8 +199,8 @@ class SamplerCheck:
         return torch.ones((), dtype=torch.bool)
 
     def results(self, alpha: float) -> dict[str, AuditResult]:
-        """The sampler check over the steps of the most common (population, rate), from 2
-        steps on."""
+        """``{batch_size_variance_ratio}``: the sampler check over the steps of the most common
+        (population, rate), from 2 steps on."""
         by_key: Counter[tuple[int, float]] = Counter()
         for (n, q, _), count in self.histogram.items():
             by_key[(n, q)] += count
@@ -210,7 +211,7 @@ class SamplerCheck:
             return {}
         sizes = np.concatenate([np.full(c, s) for (n2, q2, s), c in sorted(self.histogram.items())
                                 if (n2, q2) == (n, q)])
-        return {"sampler": sampler_check(sizes.astype(np.float64), n, q, alpha=alpha)}
+        return {names.BATCH_SIZE_VARIANCE_RATIO: sampler_check(sizes.astype(np.float64), n, q, alpha=alpha)}
 
     def state_dict(self) -> dict[str, Any]:
         """The histogram of batch sizes (counts of the sampler's draws, no example)."""

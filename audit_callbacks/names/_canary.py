@@ -6,6 +6,7 @@ Andrew et al., "One-shot Empirical Privacy Estimation for Federated Learning" (I
 from __future__ import annotations
 
 from ._keys import (
+    BATCH_SIZE_VARIANCE_RATIO,
     EPSILON_ALL_ITERATES,
     EPSILON_ALL_ITERATES_MATCHED,
     EPSILON_ALL_ITERATES_MAX_COSINE,
@@ -22,9 +23,12 @@ from ._keys import (
     EPSILON_RATIO_ALL_ITERATES,
     EPSILON_RATIO_FINAL_MODEL,
     FAMILY_AUDIT,
+    FRESH_NOISE_RATIO,
+    NOISE_SCALE_RATIO,
     NUM_CANARIES_PARTICIPATED,
     VERDICT_ALL_ITERATES,
     VERDICT_FINAL_MODEL,
+    VERDICT_MECHANISM,
 )
 from ._quantity import Quantity
 
@@ -42,7 +46,8 @@ SOURCES: dict[str, str] = {
 def _quantities() -> list[Quantity]:
     final, allit, ratio = "final model: estimate, bound, reference", \
         "all iterates: estimate, bound, reference", "estimate / reference"
-    verdict = "verdict (0 consistent, 1 suspicious, 2 violation)"
+    verdict = "verdict (0 consistent, 1 suspicious or unproven, 2 violation)"
+    checks = "mechanism checks (at least 1 for the claimed mechanism)"
     return [
         Quantity(FAMILY_AUDIT, EPSILON_FINAL_MODEL, final,
                  "empirical epsilon, final-model adversary: the equal-variance two-Gaussian fit "
@@ -101,6 +106,25 @@ def _quantities() -> list[Quantity]:
                  "1 suspicious (the estimate's interval lies above the claim), 2 violation (the "
                  "valid lower bound epsilon_lower_bound_all_iterates exceeds it); not logged when "
                  "unchecked. The summary holds the word and verdict_all_iterates_sentence"),
+        Quantity(FAMILY_AUDIT, NOISE_SCALE_RATIO, checks,
+                 "the releases' energy over the claimed noise's, sum ||r_t||^2 / (m T s^2), on the "
+                 "parameter tensor where it is smallest: at least about 1 with the claimed noise "
+                 "on every tensor; its chi-square lower-tail test flags noise missing or short "
+                 "(docs/methods/mechanism_checks.md F1, F3)"),
+        Quantity(FAMILY_AUDIT, FRESH_NOISE_RATIO, checks,
+                 "the energy of consecutive releases' differences over the claimed noise's, on "
+                 "the tensor where it is smallest: about 2 with fresh noise, near 0 when the noise "
+                 "repeats; flagged below the chi-square bound 1 (docs/methods/mechanism_checks.md "
+                 "F2)"),
+        Quantity(FAMILY_AUDIT, BATCH_SIZE_VARIANCE_RATIO, checks,
+                 "the variance of the steps' real batch sizes over Binomial(N, q)'s N q (1 - q): "
+                 "about 1 under the Poisson sampling the accountant assumes, about 0 for "
+                 "fixed-size shuffled batches (docs/methods/mechanism_checks.md F4)"),
+        Quantity(FAMILY_AUDIT, VERDICT_MECHANISM, verdict,
+                 "the checks of the mechanism: 0 consistent, 1 unproven (the loader is not the "
+                 "sampler the accountant assumes, or the noise is replayable from a public "
+                 "seed), 2 violation (the noise is missing, short or repeated on some tensor); "
+                 "the summary holds the word and verdict_mechanism_sentence"),
     ]
 
 

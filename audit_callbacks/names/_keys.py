@@ -43,6 +43,10 @@ EPSILON_RATIO_ALL_ITERATES = "epsilon_ratio_all_iterates"
 NUM_CANARIES_PARTICIPATED = "num_canaries_participated"
 VERDICT_FINAL_MODEL = "verdict_final_model"
 VERDICT_ALL_ITERATES = "verdict_all_iterates"
+NOISE_SCALE_RATIO = "noise_scale_ratio"
+FRESH_NOISE_RATIO = "fresh_noise_ratio"
+BATCH_SIZE_VARIANCE_RATIO = "batch_size_variance_ratio"
+VERDICT_MECHANISM = "verdict_mechanism"
 
 # -- label callbacks (label_attack, label_dp, fl_label_attack) ------------------------------------
 ACCURACY = "accuracy"
