@@ -448,7 +448,9 @@ class CanaryAuditor:
         report = self.try_report(bootstrap=self.config.bootstrap if complete else 0, step=step)
         summary = {**self.summary(report, status=status), **(extra or {})}
         self._warn_verdict({tm: (summary[f"verdict_{tm}"], summary[f"verdict_{tm}_sentence"])
-                            for tm in REFERENCES})
+                            for tm in REFERENCES},
+                           (summary[names.VERDICT_MECHANISM], summary[f"{names.VERDICT_MECHANISM}_sentence"])
+                           if names.VERDICT_MECHANISM in summary else None)
         path = output.write_summary(summary)
         self.log(last, sink, step=step, histograms=histograms and complete)
         drawn: dict[str, Any] = {}
@@ -482,15 +484,23 @@ class CanaryAuditor:
         finished with a summary written; None before."""
         return self._section
 
-    def _warn_verdict(self, verdicts: dict[str, tuple[str, str]]) -> None:
-        """One warning a run (key ``verdict``) the first time a threat model's verdict
-        (``{threat_model: (word, sentence)}``) is ``suspicious`` or ``violation``; the
-        training goes on."""
-        flagged = [f"{tm}: {sentence}" for tm, (word, sentence) in verdicts.items()
-                   if word in ("suspicious", "violation", "unproven")]
-        if flagged:
-            self.warn("verdict", f"{self.name}: the audit contradicts the claimed privacy "
-                      f"({'; '.join(flagged)}). Training goes on; see docs/methods/verdicts.md")
+    def _warn_verdict(self, verdicts: dict[str, tuple[str, str]],
+                      mechanism: tuple[str, str] | None = None) -> None:
+        """One warning a run (key ``verdict``) the first time a verdict is ``suspicious``,
+        ``unproven`` or ``violation``: the mechanism's (``(word, sentence)``) where its checks
+        failed, else each threat model's (``{threat_model: (word, sentence)}``); the training
+        goes on."""
+        if mechanism is not None and mechanism[0] in ("violation", "unproven"):
+            flagged = {mechanism[1]: mechanism[0]}
+        else:
+            flagged = {f"{tm}: {sentence}": word for tm, (word, sentence) in verdicts.items()
+                       if word in ("suspicious", "violation")}
+        if not flagged:
+            return
+        what = "contradicts" if any(w != "unproven" for w in flagged.values()) else "cannot confirm"
+        self.warn("verdict", f"{self.name}: the audit {what} the claimed privacy: "
+                  f"{'; '.join(flagged)}. Training goes on; see docs/methods/verdicts.md and "
+                  "docs/methods/mechanism_checks.md")
 
     def _sink(self, write: Callable[..., None], *args: Any) -> None:
         """Call a sink's ``write(*args)``; an ``OSError`` (a full disk, a closed writer) is
@@ -514,7 +524,7 @@ class CanaryAuditor:
             self.logged_points += 1
             self.history.append((step, report.value("epsilon_all_iterates"), report.epsilon_analytic,
                                  report.value("epsilon_final_model")))
-            self._warn_verdict(report.verdicts())
+            self._warn_verdict(report.verdicts(), report.mechanism_verdict())
             self._sink(sink.scalars, report.scalars(), step)
             text = getattr(sink, "text", None)
             if text is not None:
