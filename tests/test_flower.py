@@ -114,6 +114,10 @@ def test_summary_and_tensorboard(tmp_path):
     assert "audit/cosine_final_observed" in acc.Tags()["histograms"]
     assert not list((tmp_path / "version_0").glob(".audit_summary.json.*"))  # the temp file was renamed
     assert strategy.last_report.progress == 6
+    # the checks of the mechanism ran on every floating array of the released model
+    assert summary["verdict_mechanism"] == "consistent", summary["verdict_mechanism_sentence"]
+    assert summary["results"]["fresh_noise_ratio"]["counts"]["groups"] == len(strategy.auditor.backend.layout.entries)
+    assert "audit/noise_scale_ratio" in tags and "audit/verdict_mechanism" in tags
 
 
 def test_canary_enters_the_clipped_sum_before_the_noise(tmp_path):

@@ -261,8 +261,10 @@ class FlowerBackend(BackendBase):
             if find_attribute(self.strategy, name):
                 return NoMatchedStatistic(f"the wrapped strategy has a server optimizer ({name}): its "
                                           "noisy aggregate cannot be recovered from the released models")
+        floating = tuple((key, int(np.prod(shape, dtype=np.int64))) for key, shape, dtype in self.layout.entries
+                         if np.issubdtype(np.dtype(dtype), np.floating))
         return NoisyAverageDelta(clip_norm=self.clip_norm, divisor=int(m),
-                                 noise_multiplier=self.noise_multiplier)
+                                 noise_multiplier=self.noise_multiplier, tensors=floating)
 
     # ------------------------------------------------------------------ a round
     def _tick(self, server_round: int, since: float, inner: float = 0.0) -> None:
