@@ -85,6 +85,7 @@ class OpacusBackend(BackendBase):
         self._optimizer, self._loader, self.world_size = opt, loader, int(world_size)
         super().__init__(int(sum(p.numel() for p in opt.params)), num_examples(self.loader()))
         self._tensors = tensor_layout(opt.params, module)
+        self._module_seeds = _hparam_seeds(module)
         self.noise_source: NoiseSource | None = None
         if getattr(module, "delta", None) is not None:
             self.default_delta = float(module.delta)
@@ -188,7 +189,7 @@ class OpacusBackend(BackendBase):
 
     def _check_noise_source(self, opt: Any) -> None:
         """Warn once where Opacus draws the noise from a publicly seeded generator."""
-        seeds = [self.seed] + [int(s) for s in _logged_seeds(self.auditor)]
+        seeds = [self.seed, *_logged_seeds(self.auditor), *self._module_seeds]
         self.noise_source = noise_source(opt, logged_seeds=seeds)
         if self.noise_source.replayable:
             self.warn("noise_source", f"{getattr(self.auditor, 'name', 'CanaryAudit')}: "
@@ -395,6 +396,15 @@ def tensor_layout(params: Any, module: Any = None) -> tuple[tuple[str, int], ...
             names.setdefault(id(p), name.replace("_module.", ""))
     return tuple((names.get(id(p), f"params[{i}] {tuple(p.shape)}"), int(p.numel()))
                  for i, p in enumerate(params))
+
+
+def _hparam_seeds(module: Any) -> list[int]:
+    """The integers a LightningModule's logged hyperparameters hold under a name with "seed"."""
+    hparams = getattr(module, "hparams", None)
+    if not hasattr(hparams, "items"):
+        return []
+    return [int(v) for k, v in hparams.items()
+            if "seed" in str(k).lower() and isinstance(v, int) and not isinstance(v, bool)]
 
 
 def _logged_seeds(auditor: Any) -> list[int]:
