@@ -1,4 +1,4 @@
-"""A checksum over an audit state, so that a damaged state is refused at load (issue 26).
+"""A checksum over an audit state, so that a damaged state is refused at load.
 
 The state a front end checkpoints (:meth:`CanaryAuditor.state_dict`) carries ``checksum``: the
 SHA-256 of a canonical serialisation of each of its fields (one level deep, so that a mismatch

@@ -7,7 +7,7 @@ WriterSink`, which writes that PNG into the event as it is) and the HTML report
 (:mod:`~audit_callbacks.auditing.html_report`) of the same figure share one drawing and one
 PNG encoding.
 
-Drawing is most of a fit end's fixed cost (issue 28): matplotlib's text layout is ~0.5-1 ms a
+Drawing is most of a fit end's fixed cost: matplotlib's text layout is ~0.5-1 ms a
 text artist and a tick ~0.5 ms more, so the figures keep few ticks, make none outside the
 view (:class:`InViewLocator`), draw no mathtext, and place titles and legends without a search.
 """

@@ -1,6 +1,6 @@
 """Summary files: JSON written atomically into a run's own folder (no Lightning, no Flower).
 
-What holds for every file written here (issue 26): a reader never sees a partial file (a
+What holds for every file written here: a reader never sees a partial file (a
 temporary file, ``fsync``'d, then renamed); a failed write (disk full) leaves nothing under the
 final name; no run replaces a file another run wrote (:func:`write_text`); a folder two runs
 took at once is detected (:func:`claim_dir`).

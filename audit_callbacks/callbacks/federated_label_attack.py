@@ -115,7 +115,7 @@ class FederatedLabelAttack(FederatedAuditHooks, Callback):
         self.running_max = 0.0
         self.flipped_clip: str | None = None
         # one row per attacked client, in memory only (a real client's id, dataset size and
-        # noise-free attack accuracy): never summarized or checkpointed (issue 26)
+        # noise-free attack accuracy): never summarized or checkpointed
         self.history: list[dict[str, float]] = []
         self.attacked_clients = 0  # aggregates over every attacked client (summary, checkpoint)
         self.accuracy_sum = 0.0

@@ -80,7 +80,7 @@ class LabelReconstructionAttack(StepAuditCallback):
 
     No label oracle in the outputs. An attacked step's accuracy against the true labels, with
     its batch size, tells an attacker how many of the attack's own guesses were right in that
-    batch; combined with the guesses it recovers the labels (issue 26: 200/200 at z = 20, where
+    batch; combined with the guesses it recovers the labels (200/200 at z = 20, where
     the attack alone got 47.5%). So nothing per step is written anywhere: the accuracy reaches
     the logger, the summary and the checkpoint only as aggregates over blocks of at least
     ``min_examples`` attacked examples. ``label_attack/accuracy`` is the running accuracy over

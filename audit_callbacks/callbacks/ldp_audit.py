@@ -1,6 +1,6 @@
 """``LDPAudit``: the empirical epsilon-0 test of a client randomizer, inside a DP-FedAvg run.
 
-Paper 000 (Alg. 2, Table 2, §4.4, Figure 4) and Matsumoto et al. (workshop version) (Table 1); docs/methods/ldp.md, C1-C3. Attach it to
+"Measuring Local and Shuffled Privacy of Gradient Randomized Response" (Alg. 2, Table 2, §4.4, Figure 4) and Matsumoto, Takahashi, Liew & Oguchi (its workshop version, Table 1); docs/methods/ldp.md, C1-C3. Attach it to
 a ``Trainer`` that fits :class:`~audit_callbacks.federated.DPFedAvg` with ``randomizer=...``.
 Every ``every_n_rounds`` rounds, and at fit end, it plays the distinguishing game of
 :func:`~audit_callbacks.attacks.ldp_epsilon_test` against the run's OWN randomizer, once per
@@ -630,7 +630,7 @@ class LDPAudit(FederatedAuditHooks, Callback):
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         """The checkpointed state. Records keep no real client's id, norms or cosine
-        (:func:`_checkpointed`; issue 26): a checkpoint is an output like the summary."""
+        (:func:`_checkpointed`): a checkpoint is an output like the summary."""
         return {
             "history": [_checkpointed(r) for r in self.history],
             "flags": [dict(f) for f in self.flags],

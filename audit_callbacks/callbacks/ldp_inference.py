@@ -1,6 +1,6 @@
 """``LDPInferenceAudit``: the LDP-FL inference attack of Varun et al. 2024 (§3.1), round by round.
 
-Paper 002 §3.1 (steps 1-4, eq. 2 and eq. 10) and its appendix; docs/methods/ldp.md, C5. Attach it to a
+Varun, Feng, Wang, Sural & Hong, CODASPY 2024, §3.1 (steps 1-4, eq. 2 and eq. 10) and its appendix; docs/methods/ldp.md, C5. Attach it to a
 ``Trainer`` that fits :class:`~audit_callbacks.federated.DPFedAvg` with a per-coordinate
 randomizer that has a domain ``[c - r, c + r]`` (:class:`~audit_callbacks.mechanisms.TwoPoint`,
 :class:`~audit_callbacks.mechanisms.Staircase`, :class:`~audit_callbacks.mechanisms.GRR`, ...).

@@ -1,4 +1,4 @@
-"""The audit planner: what a canary audit can show, before training (issue 36, item 2).
+"""The audit planner: what a canary audit can show, before training.
 
 :func:`plan_audit` takes a run's settings (k observed and k' unobserved canaries, the model
 dimension d, the canary kind, T steps or rounds at sampling rate q, the noise multiplier
