@@ -63,10 +63,12 @@ class CentralDataModule(L.LightningDataModule):
         self.seed = check_seed(seed, "seed")
         self.eval_batch_size = check_count(eval_batch_size, "eval_batch_size", minimum=1)
         self.sampling_seed = None if sampling_seed is None else check_seed(sampling_seed, "sampling_seed")
+        # what Lightning logs (hparams.yaml, checkpoints): the split and the sampling's mode; the
+        # batch size stays out (the audits' summaries carry the sampling rate, and a key named
+        # batch_size is what the artifact scan looks for as a per-step record)
         self.save_hyperparameters({
-            "dataset": dataset, "batch_size": self.batch_size, "poisson": self.poisson,
-            "shuffle": self.shuffle, "val_fraction": self.val_fraction, "seed": self.seed,
-            "eval_batch_size": self.eval_batch_size, "sampling_seed": self.sampling_seed,
+            "dataset": dataset, "poisson": self.poisson, "shuffle": self.shuffle,
+            "val_fraction": self.val_fraction, "seed": self.seed, "sampling_seed": self.sampling_seed,
             "batch_sampling": sampling_mark(self.sampling_seed),
         })
         self.train_set: TensorDataset | None = None
