@@ -231,7 +231,7 @@ class DPFedAvgMixin:
         sampling_seed: int | None = None,
     ) -> None:
         super().__init__()
-        # checked once, in their canonical types; save_hyperparameters below reads these locals
+        # checked once, in their canonical types; save_hyperparameters below logs these values
         clients_per_round = check_count(clients_per_round, "clients_per_round", minimum=1)
         noise_multiplier = check_real(noise_multiplier, "noise_multiplier", low=0.0)
         clip_norm = check_positive(clip_norm, "clip_norm")
