@@ -68,7 +68,10 @@ class FederatedDataModule(L.LightningDataModule):
         eval_batch_size: batch size of the validation/test loaders.
         data_root: folder of the downloadable data sets (see :mod:`datamodules.vision`).
         download: fetch missing MNIST/EMNIST/CIFAR-10 files.
-        seed: seed of the train/test split and of the partition.
+        seed: seed of the train/test split and of the partition, both public (logged as
+            ``seed``); it drives no secret draw: ``DPFedAvg`` samples the cohorts and local
+            batches from its own ``sampling_seed`` (secret by default), logged under that name,
+            so the two never clash in Lightning's hparams merge.
         features: custom inputs [N, ...] (float); requires ``labels``.
         labels: custom integer labels [N].
         emnist_split: EMNIST split for ``dataset="emnist"``.

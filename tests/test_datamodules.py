@@ -614,3 +614,25 @@ def test_federated_with_lightning_trainer(tmp_path: Path) -> None:
     assert module.ticks == [0, 1, 2, 0, 1, 2]
     assert module.client_counts == [10] * 6
     assert module.val_examples == 2 * len(dm.test_dataset)
+
+
+@pytest.mark.parametrize("bad", [-1, 2.5, True, "3"])
+def test_central_sampling_seed_is_checked_by_name(bad: object) -> None:
+    from datamodules.central import CentralDataModule
+
+    with pytest.raises(ValueError, match="sampling_seed"):
+        CentralDataModule("breast_cancer", sampling_seed=bad)
+
+
+def test_central_split_seed_never_drives_the_batches() -> None:
+    """The public split seed and the secret batches are separate: two modules with one split
+    seed and no sampling seed draw different batches from the same split."""
+    from datamodules.central import CentralDataModule
+
+    a, b = CentralDataModule("breast_cancer", seed=5), CentralDataModule("breast_cancer", seed=5)
+    a.setup("fit")
+    b.setup("fit")
+    assert torch.equal(a.train_set.tensors[0], b.train_set.tensors[0])
+    xa = torch.cat([x for x, _ in a.train_dataloader()])
+    xb = torch.cat([x for x, _ in b.train_dataloader()])
+    assert xa.shape != xb.shape or not torch.equal(xa, xb)

@@ -103,13 +103,14 @@ BAD: list[tuple[str, str, tuple[Any, ...]]] = [
     ("DPFedAvg", "clip_norm", (0.0, math.inf, True, "1")),
     ("DPFedAvg", "delta", (0.0, 1.0, None, True)),
     ("DPFedAvg", "seed", SEED),
+    ("DPFedAvg", "sampling_seed", SEED),
     ("DPFedAvg", "reproducible_noise", FLAG),
     ("DPFedAvg", "sampling", ("round-robin", None, "Uniform")),
     ("DPFedAvg", "num_classes", (1, 2.5, True)),
     ("DPFedAvg", "loss_fn", ("cross_entropy",)),
     ("CohortSampler", "population", (-1, 10.0, True, None)),
     ("CohortSampler", "cohort_size", (0, 3.0, True, None)),
-    ("CohortSampler", "seed", (*SEED, None)),
+    ("CohortSampler", "seed", SEED),  # None: secret sampling (OS entropy)
     ("CohortSampler", "rule", ("round-robin", None)),
     # the DP-SGD model of the examples
     ("DPSGDClassifier", "lr", (0.0, math.nan, True)),

@@ -24,7 +24,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:.*(backward hook|does not have m
 def _fit(tmp_path, callbacks, *, dataset="breast_cancer", noise=1.0, hidden=(64, 64), epochs=2, batch=32,
          logger=False, accumulate=1, classes=1, poisson=True, log_every=1):
     pl.seed_everything(0, verbose=False)
-    dm = CentralDataModule(dataset, batch_size=batch, poisson=poisson, seed=0)
+    dm = CentralDataModule(dataset, batch_size=batch, poisson=poisson, seed=0,
+                           sampling_seed=0)  # reproducible batches: runs are compared
     inputs = 30 if dataset == "breast_cancer" else 64
     module = DPSGDClassifier(MLP(inputs, classes, hidden=hidden), lr=0.3, noise_multiplier=noise,
                              max_grad_norm=1.0, noise_seed=0)

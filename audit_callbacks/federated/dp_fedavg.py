@@ -56,7 +56,7 @@ from audit_callbacks.federated.protocol import (
     VirtualClientSumOwner,
 )
 from audit_callbacks.federated.round import REAL_CLIENT, Cohort, FederatedRound
-from audit_callbacks.federated.sampling import SAMPLING_RULES, CohortSampler
+from audit_callbacks.federated.sampling import SAMPLING_RULES, CohortSampler, sampling_mark
 from audit_callbacks.names import (
     ACCURACY,
     CLIENT_LOSS,
@@ -125,6 +125,22 @@ def _clients_of(block: _VirtualBlock, local: np.ndarray) -> str:
             f"({type(block.owner).__name__})")
 
 
+def _check_trainable(model: nn.Module) -> None:
+    """Refuse a model DP-FedAvg cannot train: not an ``nn.Module``, or with no trainable
+    parameter (torch's optimizer would fail later, naming neither the model nor why)."""
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model must be a torch.nn.Module (or a LightningModule), got {type(model).__name__}")
+    params = list(model.parameters())
+    if not params:
+        raise ValueError(f"model ({type(model).__name__}) has no parameters: DP-FedAvg has nothing to train")
+    if not any(p.requires_grad for p in params):
+        raise ValueError(
+            f"model ({type(model).__name__}) has no trainable parameters: all {len(params)} have "
+            "requires_grad=False (frozen); unfreeze the ones DP-FedAvg should train "
+            "(p.requires_grad_(True)): only those are sampled, clipped, noised and updated"
+        )
+
+
 class DPFedAvgMixin:
     """DP-FedAvg over a user model, one round per ``training_step``.
 
@@ -153,15 +169,27 @@ class DPFedAvgMixin:
         num_classes: for the accuracy metric (default: ``trainer.datamodule.num_classes``).
         client_datasets: the real clients' ``TensorDataset``s (default:
             ``trainer.datamodule.client_datasets``).
-        seed: seeds cohort sampling and local shuffling (and the noise, only with
-            ``reproducible_noise``).
+        sampling_seed: None (default, secret sampling): the cohorts and the clients' local
+            batches are drawn from generators seeded from OS entropy, never logged and never
+            saved in a checkpoint (a resume draws from fresh ones: uniform and Poisson cohorts
+            are i.i.d. across rounds, so nothing changes in law; a shuffled pass starts afresh).
+            An integer: reproducible sampling from it (cohorts ``sampling_seed``, local batches
+            ``sampling_seed + 1``), checkpointed so a resume samples the uninterrupted run's
+            cohorts; it is logged in ``hparams`` as ``cohort_sampling: "reproducible from seed
+            N: the claim assumes secret batches and does not hold for anyone holding the logs"``
+            (secret runs log ``cohort_sampling: "secret: ..."``). The analytic epsilon assumes
+            known rounds and holds either way; an amplified claim would not hold for anyone
+            holding a reproducible run's logs.
+        seed: the former name of ``sampling_seed`` (kept; the two must agree if both are given).
+            Not logged under this name, so it never clashes with a datamodule's ``seed``.
         reproducible_noise: False (default, secure): the server's DP noise and the local
             randomizer's draws come from generators seeded from OS entropy, never logged and
             never saved in a checkpoint, so nobody can regenerate the noise from
             ``hparams.yaml`` or a checkpoint and subtract it from a released model (as Opacus'
             ``secure_mode`` intends). A resumed run then draws fresh noise: its estimates agree
             with an uninterrupted run's within their intervals, not bit for bit. True: they are
-            seeded from ``seed`` and checkpointed, so runs and resumes are exactly reproducible -
+            seeded from ``sampling_seed`` (0 when not given: a reproducible run samples
+            reproducibly too) and checkpointed, so runs and resumes are exactly reproducible -
             for tests and debugging only: anyone with the logs can remove the noise, and the
             run has no differential privacy against them.
 
@@ -170,7 +198,9 @@ class DPFedAvgMixin:
             and ``local_batch_size`` >= 1, ``local_epochs`` >= 0, ``num_classes`` None or >= 2;
             finite reals: ``noise_multiplier`` and ``local_lr`` >= 0, ``clip_norm`` and
             ``server_lr`` > 0, ``server_momentum`` in [0, 1), ``delta`` in (0, 1); ``seed`` an
-            integer >= 0; ``reproducible_noise`` a bool; ``sampling`` one of the rules); no
+            integer >= 0 or None, as ``sampling_seed``, and the two agreeing; ``reproducible_noise`` a
+            bool; ``sampling`` one of the rules); a ``model`` with no trainable parameter
+            (frozen, naming the model's class); no
             clients; a population smaller than the cohort; a client update with NaN or inf
             entries (lower ``local_lr``; a finite but huge one is clipped, never refused); a
             virtual client whose owner writes a row of the wrong shape (naming the owner and
@@ -196,11 +226,12 @@ class DPFedAvgMixin:
         num_classes: int | None = None,
         client_datasets: Sequence[torch.utils.data.Dataset] | None = None,
         randomizer: Any | None = None,
-        seed: int = 0,
+        seed: int | None = None,
         reproducible_noise: bool = False,
+        sampling_seed: int | None = None,
     ) -> None:
         super().__init__()
-        # checked once, in their canonical types; save_hyperparameters below reads these locals
+        # checked once, in their canonical types; save_hyperparameters below logs these values
         clients_per_round = check_count(clients_per_round, "clients_per_round", minimum=1)
         noise_multiplier = check_real(noise_multiplier, "noise_multiplier", low=0.0)
         clip_norm = check_positive(clip_norm, "clip_norm")
@@ -212,15 +243,33 @@ class DPFedAvgMixin:
         sampling = check_choice(sampling, "sampling", SAMPLING_RULES)
         delta = check_delta(delta)
         num_classes = check_optional_count(num_classes, "num_classes", minimum=2)
-        seed = check_seed(seed)
+        seed = None if seed is None else check_seed(seed)
+        sampling_seed = None if sampling_seed is None else check_seed(sampling_seed, "sampling_seed")
         reproducible_noise = check_flag(reproducible_noise, "reproducible_noise")
+        if seed is not None and sampling_seed is not None and seed != sampling_seed:
+            raise ValueError(f"sampling_seed={sampling_seed} and seed={seed} (its former name) disagree; "
+                             "pass sampling_seed only")
+        sampling_seed = sampling_seed if sampling_seed is not None else seed
+        if sampling_seed is None and reproducible_noise:
+            sampling_seed = 0  # a reproducible run is reproducible throughout (the former default seed)
         if loss_fn is not None and not callable(loss_fn):
             raise ValueError(f"loss_fn must be None or a callable (logits, y) -> loss, got {loss_fn!r}")
         if randomizer is not None and not (
             callable(getattr(randomizer, "randomize", None)) and callable(getattr(randomizer, "debias", None))
         ):
             raise TypeError("randomizer must have randomize(x, generator) and debias(y) methods")
-        self.save_hyperparameters(ignore=["model", "loss_fn", "client_datasets", "randomizer"])
+        _check_trainable(model)
+        # the hyper-parameters Lightning logs: no `seed` (FederatedDataModule's split seed has that
+        # name, and Lightning refuses to merge two different values of one key); the sampling's
+        # seed only in reproducible mode, with the mark that says what it means
+        self.save_hyperparameters({
+            "clients_per_round": clients_per_round, "noise_multiplier": noise_multiplier,
+            "clip_norm": clip_norm, "local_epochs": local_epochs, "local_lr": local_lr,
+            "local_batch_size": local_batch_size, "server_lr": server_lr,
+            "server_momentum": server_momentum, "sampling": sampling, "delta": delta,
+            "num_classes": num_classes, "reproducible_noise": reproducible_noise,
+            "sampling_seed": sampling_seed, "cohort_sampling": sampling_mark(sampling_seed),
+        })
         self.randomizer = randomizer
         self.automatic_optimization = False
         self.model = model
@@ -235,7 +284,7 @@ class DPFedAvgMixin:
         self.server_momentum = server_momentum
         self.sampling = sampling
         self.delta = delta
-        self.seed = seed
+        self.seed = sampling_seed
         self.reproducible_noise = reproducible_noise
         self._num_classes = num_classes
         self._client_datasets = list(client_datasets) if client_datasets is not None else None
@@ -247,7 +296,7 @@ class DPFedAvgMixin:
         self._noise_gen: torch.Generator | None = None
         self._ldp_gen: torch.Generator | None = None
         self._local_gen = torch.Generator(device="cpu")
-        self._local_gen.manual_seed(self.seed + 1)
+        self._local_gen.manual_seed(self._sampling_generator_seed(1))
         self._worker: list[nn.Module] = []  # not a registered submodule
         self.round = 0
         self.val_accuracy: MulticlassAccuracy | None = None
@@ -738,6 +787,16 @@ class DPFedAvgMixin:
             self._ldp_gen = gen
         return self._ldp_gen
 
+    @property
+    def reproducible_sampling(self) -> bool:
+        """True when the cohorts and the clients' local batches follow from ``sampling_seed``."""
+        return self.seed is not None
+
+    def _sampling_generator_seed(self, offset: int) -> int:
+        """``sampling_seed + offset`` in reproducible mode, else 63 bits of OS entropy (kept
+        only inside the generator, which is never saved)."""
+        return self.seed + offset if self.seed is not None else secrets.randbits(63)
+
     def _generator_seed(self, offset: int) -> int:
         """``seed + offset`` with ``reproducible_noise``, else 63 bits of OS entropy (kept only
         inside the generator, which is never saved)."""
@@ -801,7 +860,9 @@ class DPFedAvgMixin:
     def _state(self) -> dict[str, Any]:
         """The module's federated state now: round, local shuffling generator, sampler,
         participations (and, only with ``reproducible_noise``, the noise generators)."""
-        state: dict[str, Any] = {"round": self.round, "local_gen": self._local_gen.get_state()}
+        state: dict[str, Any] = {"round": self.round}
+        if self.reproducible_sampling:  # secret local batches: never written anywhere
+            state["local_gen"] = self._local_gen.get_state()
         if self._sampler is not None:
             assert self._participations is not None
             state["sampler"] = self._sampler.state_dict()
@@ -830,7 +891,8 @@ class DPFedAvgMixin:
         if state is None:
             return
         self.round = int(state["round"])
-        self._local_gen.set_state(state["local_gen"])
+        if self.reproducible_sampling and "local_gen" in state:
+            self._local_gen.set_state(state["local_gen"])
         self._sampler = None
         self._pending_state = state
 

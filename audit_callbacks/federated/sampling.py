@@ -8,21 +8,49 @@ Three rules over a population of N client ids ``0..N-1``:
   m a cohort takes the tail of one permutation and the head of the next (never the same id twice).
 * ``"poisson"``: each id joins independently with probability m / N (variable cohort size).
 
-The sampler owns a seeded :class:`numpy.random.Generator`; ``state_dict``/``load_state_dict``
-restore it exactly, so a resumed run samples the same cohorts as an uninterrupted one.
+Secret by default: without a ``seed`` the sampler's :class:`numpy.random.Generator` is seeded
+with 128 bits of OS entropy (:mod:`secrets`), kept only inside the generator, never logged and
+never in ``state_dict``: nobody holding the logs or a checkpoint can replay the cohorts, which
+an amplified (subsampled) claim assumes are secret. A resumed secret sampler draws from a fresh
+entropy-seeded generator: for ``"uniform"`` and ``"poisson"`` the rounds are i.i.d., so the
+resumed run samples from the same law as an uninterrupted one; ``"shuffle"`` starts a fresh
+pass (the interrupted pass's remaining order is secret and is not saved).
+
+Reproducible mode (tests, debugging): an explicit integer ``seed``; ``state_dict`` /
+``load_state_dict`` then restore the generator exactly, so a resumed run samples the same
+cohorts as an uninterrupted one, and :func:`sampling_mark` says so in what the run logs.
 """
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
 import numpy as np
 
 from audit_callbacks.validation import check_choice, check_count, check_seed
 
-__all__ = ["SAMPLING_RULES", "CohortSampler"]
+__all__ = ["SAMPLING_RULES", "SECRET_SAMPLING", "CohortSampler", "sampling_mark"]
 
 SAMPLING_RULES = ("uniform", "shuffle", "poisson")
+
+#: What a run with secret sampling logs about its batches or cohorts.
+SECRET_SAMPLING = "secret: drawn from OS entropy, never logged or checkpointed"
+
+
+def sampling_mark(seed: int | None) -> str:
+    """The line a run logs about its sampling (batches or cohorts): :data:`SECRET_SAMPLING`
+    without a seed, else ``"reproducible from seed N: the claim assumes secret batches and does
+    not hold for anyone holding the logs"``."""
+    if seed is None:
+        return SECRET_SAMPLING
+    return (f"reproducible from seed {int(seed)}: the claim assumes secret batches and does not "
+            "hold for anyone holding the logs")
+
+
+def entropy_seed() -> int:
+    """128 bits of OS entropy, for a generator whose seed is never written anywhere."""
+    return secrets.randbits(128)
 
 
 def _plain(obj: Any) -> Any:
@@ -41,19 +69,21 @@ class CohortSampler:
         population: N, the number of client ids (real and virtual).
         cohort_size: m, the (expected, for Poisson) number of clients per round; 1 <= m <= N.
         rule: one of ``"uniform"``, ``"shuffle"``, ``"poisson"``.
-        seed: seed of the sampler's generator.
+        seed: None (default): secret sampling, the generator seeded from OS entropy and never
+            saved; an integer >= 0: reproducible sampling from that seed (its state is saved
+            by :meth:`state_dict`).
 
     Raises:
         ValueError: naming the argument: an unknown ``rule``; ``population`` not an integer >= 0,
-            ``cohort_size`` not one >= 1, ``seed`` not one >= 0; a cohort larger than the
-            population.
+            ``cohort_size`` not one >= 1, ``seed`` not None or one >= 0; a cohort larger than
+            the population.
     """
 
-    def __init__(self, population: int, cohort_size: int, rule: str = "uniform", seed: int = 0):
+    def __init__(self, population: int, cohort_size: int, rule: str = "uniform", seed: int | None = None):
         rule = check_choice(rule, "rule", SAMPLING_RULES)
         cohort_size = check_count(cohort_size, "cohort_size", minimum=1)
         population = check_count(population, "population")
-        seed = check_seed(seed)
+        seed = None if seed is None else check_seed(seed)
         if population < cohort_size:
             raise ValueError(
                 f"the population ({population} clients, canaries included) is smaller than the "
@@ -62,8 +92,14 @@ class CohortSampler:
         self.population = population
         self.cohort_size = cohort_size
         self.rule = rule
-        self._rng = np.random.default_rng(seed)
+        self.seed = seed
+        self._rng = np.random.default_rng(entropy_seed() if seed is None else seed)
         self._queue: list[int] = []
+
+    @property
+    def reproducible(self) -> bool:
+        """True when the cohorts follow from a seed (and :meth:`state_dict` holds the generator)."""
+        return self.seed is not None
 
     @property
     def sampling_rate(self) -> float:
@@ -97,15 +133,21 @@ class CohortSampler:
         return np.asarray(chosen, dtype=np.int64)
 
     def state_dict(self) -> dict[str, Any]:
-        return {
+        """The sampler's settings, plus, only in reproducible mode, its generator and the rest of
+        the current shuffled pass (a secret sampler's state would predict the next cohorts)."""
+        state: dict[str, Any] = {
             "population": self.population,
             "cohort_size": self.cohort_size,
             "rule": self.rule,
-            "rng": _plain(self._rng.bit_generator.state),
-            "queue": list(self._queue),
         }
+        if self.reproducible:
+            state["rng"] = _plain(self._rng.bit_generator.state)
+            state["queue"] = list(self._queue)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Check the settings against this sampler's; restore the generator where both the state
+        and this sampler are reproducible (a secret sampler keeps its fresh generator)."""
         if (state["population"], state["cohort_size"], state["rule"]) != (
             self.population, self.cohort_size, self.rule,
         ):
@@ -114,5 +156,6 @@ class CohortSampler:
                 f"{(state['population'], state['cohort_size'], state['rule'])} vs "
                 f"{(self.population, self.cohort_size, self.rule)}"
             )
-        self._rng.bit_generator.state = state["rng"]
-        self._queue = list(state["queue"])
+        if self.reproducible and "rng" in state:
+            self._rng.bit_generator.state = state["rng"]
+            self._queue = list(state["queue"])
