@@ -188,7 +188,8 @@ def _module(
         max_grad_norm=clip,
         delta=args.delta,
         # no noise_seed: the DP noise comes from an OS-entropy seed that is never logged (the
-        # --seed above seeds the data split, the batches and the canaries, and is logged)
+        # --seed above seeds the data split and the canaries, and is logged; the Poisson
+        # batches come from OS entropy, never logged)
     )
     return module, dm
 

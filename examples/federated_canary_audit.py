@@ -77,8 +77,7 @@ def main(argv: list[str] | None = None) -> dict:
         server_lr=args.server_lr,
         server_momentum=args.server_momentum,
         sampling=args.sampling,
-        delta=args.delta,
-        seed=args.seed,
+        delta=args.delta,  # cohorts and local batches: secret (OS entropy, never logged)
     )
     audit = CanaryAudit(args.canaries, args.unobserved, canaries=args.kind, seed=args.seed)
     logger = TensorBoardLogger(args.log_dir, name="federated_canary_audit")

@@ -77,7 +77,7 @@ def make_client_app(shards: list[tuple[torch.Tensor, torch.Tensor]], args: argpa
     def train(msg: Message, context: Context) -> Message:
         torch.set_num_threads(1)
         pid = int(context.node_config["partition-id"])
-        gen = torch.Generator().manual_seed(1000 * int(msg.content["config"]["server-round"]) + pid)
+        gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little"))  # secret
         arrays, loss = local_sgd(make_model(), msg.content["arrays"], *shards[pid], epochs=epochs,
                                  lr=lr, batch_size=8, generator=gen)
         metrics = MetricRecord({"num-examples": 1, "train_loss": loss})

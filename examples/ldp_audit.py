@@ -104,8 +104,7 @@ def train_one(eps0: float, args: argparse.Namespace) -> dict:
         server_lr=args.server_lr,
         server_momentum=0.0,
         sampling="uniform",
-        randomizer=LDPSGD(eps0, args.clip_norm),
-        seed=args.seed,
+        randomizer=LDPSGD(eps0, args.clip_norm),  # cohorts: secret (OS entropy)
     )
     audit = LDPAudit(trials=args.trials, alpha=args.alpha, every_n_rounds=args.audit_every, seed=args.seed)
     logger = TensorBoardLogger(args.out, name=f"eps0_{eps0:g}", version=0)

@@ -297,7 +297,7 @@ def train_one(name: str | None, eps: float | None, seed: int, args: argparse.Nam
     module = DPFedAvg(
         model, clients_per_round=args.clients_per_round, noise_multiplier=0.0, clip_norm=args.clip_norm,
         local_epochs=1, local_lr=args.local_lr, local_batch_size=8, server_lr=args.server_lr,
-        server_momentum=args.server_momentum, randomizer=mech, seed=seed,
+        server_momentum=args.server_momentum, randomizer=mech,
     )
     callbacks = []
     if mech is not None:

@@ -31,7 +31,12 @@ import torch
 from opacus.accountants import PRVAccountant, RDPAccountant
 
 from audit_callbacks.backends.base import BackendBase, num_batches, num_examples
-from audit_callbacks.backends.opacus.accounting import accountant_epsilon, analytic_epsilons
+from audit_callbacks.backends.opacus.accounting import (
+    PRV_MAX_POINTS,
+    accountant_epsilon,
+    analytic_epsilons,
+    prv_epsilon_status,
+)
 from audit_callbacks.backends.opacus.buffers import FlatGather, flat_parameters
 from audit_callbacks.backends.opacus.injector import GradientCanaryInjector
 from audit_callbacks.backends.opacus.noise_source import NoiseSource, noise_source
@@ -310,7 +315,11 @@ class OpacusBackend(BackendBase):
         if not history and self.injector.steps:
             opt = self.injector.optimizer
             history = [(float(opt.noise_multiplier), self.injector.sample_rate, self.injector.steps)]
-        out = analytic_epsilons(history, delta)
+        # the run's own accountant's epsilon is computed whatever its cost (it is the claim);
+        # a PRV epsilon beside an RDP run only up to its bound (a status says when skipped)
+        bound = None if isinstance(acc, PRVAccountant) else PRV_MAX_POINTS
+        out = analytic_epsilons(history, delta, max_prv_points=bound)
+        self._prv_status = prv_epsilon_status(history, delta, bound) if out["prv"] is None else "ok"
         # the run's own accountant is Opacus' RDP or PRV one (make_private's default: PRV) on
         # this history: its epsilon is one just computed, not a second PRV computation
         same = {RDPAccountant: "rdp", PRVAccountant: "prv"}.get(type(acc))
@@ -320,6 +329,11 @@ class OpacusBackend(BackendBase):
             own = accountant_epsilon(acc, delta) if history else None
         return {"epsilon_analytic": out["rdp"] if own is None else own,
                 "epsilon_analytic_rdp": out["rdp"], "epsilon_analytic_prv": out["prv"]}
+
+    def summary_status(self) -> dict[str, str]:
+        """``epsilon_analytic_prv_status`` where the PRV epsilon was skipped (its cost bound)."""
+        status = getattr(self, "_prv_status", "ok")
+        return {} if status == "ok" else {"epsilon_analytic_prv_status": status}
 
     def last_iterate(self, delta: float) -> float | None:
         """The last-iterate heuristic of DP-SGD (Steinke et al., ICLR 2025): Bin(T, q) +
