@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("flwr")
 pytest.importorskip("ray")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_example_quick(tmp_path):

@@ -1,7 +1,7 @@
 """The dashboard as a person sees it (issue 27): TensorBoard's Custom Scalars tab of a run with
 the three DP-SGD callbacks, rendered by headless Chromium. Skipped, with the reason, where no
 Chromium is installed (``apt-get install chromium``); the layout itself is checked without a
-browser in ``tests/test_dashboard.py``."""
+browser in ``tests/callbacks/test_dashboard.py``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.test_dashboard import _fit
+from tests.callbacks.test_dashboard import _fit
 
 BROWSER = next((b for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
 pytestmark = [

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from _common import HookTimer  # noqa: E402
 
 

@@ -331,7 +331,7 @@ def test_a_clipping_that_writes_outside_the_canaries_coordinates_sends_every_row
     # a clip that adds 1e-9 beyond the first n coordinates (d = 15, n = 8): a least-squares
     # residual of ~1e-17 of |clipped|^2 that a tolerance would call a scaling, but not one
     from audit_callbacks.federated import DPFedAvg
-    from tests.test_fedavg_canary_clipping import run
+    from tests.federated.test_fedavg_canary_clipping import run
 
     class TailClip(DPFedAvg):
         calls: list[int] = []

@@ -37,7 +37,7 @@ from audit_callbacks.auditing.figures import (
 )
 from audit_callbacks.auditing.html_report import history_figure
 from audit_callbacks.auditing.sinks import WriterSink
-from tests.test_auditor import _auditor
+from tests.auditing.test_auditor import _auditor
 
 pytest.importorskip("tensorboard")
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402

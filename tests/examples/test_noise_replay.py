@@ -2,7 +2,7 @@
 ``examples/dpsgd_label_audit.py`` draw the DP noise from an OS-entropy seed that is never
 logged; the explicit reproducible mode (``noise_seed=...``) never draws a step's noise twice,
 across a second ``configure_optimizers`` or a resume. The DP-FedAvg path is covered in
-tests/test_reliability.py.
+tests/auditing/test_reliability.py.
 
 Every Gaussian draw Opacus makes goes through ``opacus.optimizers.optimizer._generate_noise``;
 the tests wrap it and record ``(std, shape, generator, draw)``.
@@ -26,7 +26,7 @@ from models.dpsgd import DPSGDClassifier
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*(backward hook|does not have many workers|secure RNG).*")
 
-EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples",
+EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples",
                        "dpsgd_label_audit.py")
 
 

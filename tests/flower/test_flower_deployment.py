@@ -26,7 +26,7 @@ import pytest
 pytest.importorskip("flwr")
 
 BIN = Path(sys.executable).parent
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ROUNDS, CANARIES = 2, 6
 
 

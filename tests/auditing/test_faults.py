@@ -39,9 +39,9 @@ from audit_callbacks.auditing.sinks import WriterSink
 from audit_callbacks.callbacks import CanaryAudit
 from audit_callbacks.callbacks.summary import run_dir
 from tests._federated import digits_dpfedavg, fit
-from tests.test_auditor import SimulatedBackend
+from tests.auditing.test_auditor import SimulatedBackend
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "sigterm_fit.py")
+SCRIPT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts", "sigterm_fit.py")
 
 
 # ------------------------------------------------------------------ signals

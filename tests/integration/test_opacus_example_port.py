@@ -5,7 +5,7 @@ no logger.
 
 Opacus' example cannot ``fit`` the same module twice: its ``configure_optimizers`` calls
 ``make_private(module=self)`` every time and Opacus refuses to hook a model twice. Repeated fits
-of a module that keeps its optimizer are tested in ``tests/test_users_scripts.py``.
+of a module that keeps its optimizer are tested in ``tests/integration/test_users_scripts.py``.
 """
 
 import csv

@@ -15,7 +15,7 @@ from audit_callbacks.auditing.html_report import verdict as html_verdict
 from audit_callbacks.auditing.report import VERDICT_CODES, verdict
 from audit_callbacks.auditing.sinks import WriterSink
 from audit_callbacks.estimators import gaussian_epsilon
-from tests.test_auditor import SimulatedBackend
+from tests.auditing.test_auditor import SimulatedBackend
 
 
 class BuggyBackend(SimulatedBackend):

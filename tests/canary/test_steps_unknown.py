@@ -33,7 +33,7 @@ from audit_callbacks.canary.vectors import CanarySet
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*(backward hook|does not have many workers|secure RNG).*")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DELTA = 1e-5
 
 

@@ -31,7 +31,7 @@ from audit_callbacks.canary.vectors import CanarySet
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*(backward hook|does not have many workers|secure RNG).*")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "scripts" / "ddp_dpsgd.py"
 TIMEOUT_S = 240  # a hung rendezvous fails the test instead of blocking CI
 

@@ -125,7 +125,7 @@ def test_every_estimate_in_the_summary_has_a_status(tmp_path):
         summary = json.load(fh)
     assert {e["status"] for e in summary["estimates"].values()} == {f"stale: from step {step}"}
     # fewer than 2 canaries can never give an estimate: refused up front (the summary of a run
-    # in which fewer than 2 took part is tested in tests/test_auditor.py)
+    # in which fewer than 2 took part is tested in tests/auditing/test_auditor.py)
     with pytest.raises(ValueError, match="num_canaries"):
         CanaryAudit(1, 10)
 

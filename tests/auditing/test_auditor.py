@@ -19,7 +19,7 @@ from audit_callbacks.backends.base import CanaryBackend
 from audit_callbacks.callbacks import CanaryAudit
 from audit_callbacks.estimators import gaussian_epsilon
 
-PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "audit_callbacks"
+PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "audit_callbacks"
 
 
 class SimulatedBackend(CanaryBackend):

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 BENCHMARKS = ROOT / "benchmarks"
 

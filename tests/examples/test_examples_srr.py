@@ -19,7 +19,7 @@ from scipy.stats import binom, binomtest
 
 from audit_callbacks.mechanisms import GRR, Staircase, TwoPoint, exact_epsilon
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "srr_vs_two_point.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "srr_vs_two_point.py"
 
 
 def _load():

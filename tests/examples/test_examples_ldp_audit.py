@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "ldp_audit.py")
+EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples", "ldp_audit.py")
 
 
 def load_example():

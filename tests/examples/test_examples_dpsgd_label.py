@@ -16,7 +16,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from audit_callbacks.estimators.gaussian import gaussian_epsilon
 
 EXAMPLE = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "dpsgd_label_audit.py"
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples", "dpsgd_label_audit.py"
 )
 
 pytestmark = pytest.mark.filterwarnings(

@@ -182,7 +182,7 @@ def test_no_logged_seed_or_checkpoint_regenerates_the_noise(tmp_path):
     the canary seed, a checkpoint saved at a round's end and one saved mid-round) tries every
     logged seed, with small offsets, and every generator state in the checkpoints, replayed
     from the start: none gives any of the noise vectors the run drew (extends
-    tests/test_reliability.py to the canary seed and mid-round checkpoints)."""
+    tests/auditing/test_reliability.py to the canary seed and mid-round checkpoints)."""
     dm, module = _digits(reproducible=False)
     tap = NoiseTap(module)
     audit = CanaryAudit(20, 200, seed=11, log_figures=False, log_histograms=False)

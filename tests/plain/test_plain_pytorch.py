@@ -20,7 +20,7 @@ from audit_callbacks.plain.opacus_audit import OpacusCanaryAudit
 pytestmark = pytest.mark.filterwarnings(
     "ignore:.*(backward hook|secure RNG|Optimal order|pin_memory|fewer than 2 canaries).*")
 
-FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "opacus_mnist.py")
+FIXTURE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "opacus_mnist.py")
 MARK = "# audit"
 
 
