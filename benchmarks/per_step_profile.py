@@ -10,7 +10,7 @@ the piece that costs. Each piece is a method of the audit's own objects, wrapped
 instance during a real ``trainer.fit`` (the library is not modified) and timed with
 ``perf_counter``; on CUDA the wrapper synchronises the device before and after each call, so a
 piece's time includes the kernels it launched (the synchronisations themselves are the
-profile's, not the audit's: the audit makes none per step, see ``tests/test_no_host_sync.py``).
+profile's, not the audit's: the audit makes none per step, see ``tests/auditing/test_no_host_sync.py``).
 No estimate runs during the timed steps (``every_n_epochs`` beyond the run); the fit-end
 estimate, figures and report are not counted here (``canary_overhead.py`` times them).
 
