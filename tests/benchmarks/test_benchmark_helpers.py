@@ -3,13 +3,9 @@ and how it counts, not how long) and ``canary_overhead.matched_baseline`` (the b
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import lightning.pytorch as pl
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from _common import HookTimer  # noqa: E402
+from benchmarks._common import HookTimer
 
 
 class _Backend:
@@ -72,7 +68,7 @@ def test_attach_audit_wraps_the_backend_once_setup_has_bound_it() -> None:
 
 
 def test_the_matched_baseline_takes_the_audited_runs_step_on_the_same_real_updates() -> None:
-    import canary_overhead as co
+    from benchmarks import canary_overhead as co
 
     cfg = co.train_config(clients=500, clients_per_round=50, server_lr=0.9)
     base = co.matched_baseline(cfg, {"hadamard": {"num_canaries": 1000}, "gaussian": {"num_canaries": 1000}})

@@ -6,15 +6,10 @@ levels) is ``benchmarks/watched_coverage.py``."""
 
 from __future__ import annotations
 
-import os
-import sys
-
 import numpy as np
 from scipy import stats
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "benchmarks"))
-
-import watched_coverage  # noqa: E402
+from benchmarks import watched_coverage
 
 
 def test_the_maximum_of_every_logged_series_covers():
