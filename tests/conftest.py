@@ -59,6 +59,10 @@ SLOW: tuple[str, ...] = (
     # over ~2 s
     "tests/benchmarks/test_watched_coverage.py::test_the_maximum_of_every_logged_series_covers",
     "tests/callbacks/test_canary_audit.py::test_resume_gives_the_same_estimate",
+    "tests/callbacks/test_canary_audit_dpsgd.py::test_accountant_untouched_and_validate_after_fit_with_every_callback",
+    "tests/callbacks/test_canary_audit_dpsgd.py::test_cached_rdp_epsilon_equals_the_opacus_accountant",
+    "tests/callbacks/test_canary_audit_dpsgd.py::test_estimate_separates_loud_from_quiet_noise",
+    "tests/callbacks/test_canary_audit_dpsgd.py::test_lightning_gradient_accumulation_charges_canaries_like_the_accountant",
     "tests/callbacks/test_federated_label_attack.py::test_central_noise_lowers_accuracy_as_the_integral_predicts",
     "tests/callbacks/test_label_callbacks.py::test_ghost_norms_equal_the_per_example_gradient_norms",
     "tests/callbacks/test_label_multiclass_callbacks.py::test_digits_mlp_bound_every_step_below_single_step_and_matching_the_attack",
