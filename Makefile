@@ -1,10 +1,17 @@
 # Two commands do everything on a fresh machine: `make demo` and `make test`.
+#
+#   make test       CI (.ci/run): ruff, then every test, the slow ones included.
+#   make test-fast  while developing: ruff, then every test not marked slow (pytest -m "not slow":
+#                   no subprocess, DDP, Flower deployment, example or screenshot run), under two
+#                   minutes on 2 cores. The `slow` marker is registered in pyproject.toml.
+#   make bench      the benchmarks' default runs through the runner (python -m benchmarks NAME
+#                   [args]; python -m benchmarks lists them), each writing benchmarks/results/.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo examples test lint bench clean
+.PHONY: install demo examples test test-fast lint bench clean
 
 install: $(STAMP)
 
@@ -31,11 +38,15 @@ test: $(STAMP)
 	$(PY) -m ruff check .
 	PYTHONPATH=. $(PY) -m pytest -q
 
+test-fast: $(STAMP)
+	$(PY) -m ruff check .
+	PYTHONPATH=. $(PY) -m pytest -q -m "not slow"
+
 bench: $(STAMP)
-	PYTHONPATH=. $(PY) benchmarks/gaussian_one_shot.py
-	PYTHONPATH=. $(PY) benchmarks/canary_overhead.py
-	PYTHONPATH=. $(PY) benchmarks/label_audit_overhead.py
-	PYTHONPATH=. $(PY) benchmarks/ldp_trials.py
+	PYTHONPATH=. $(PY) -m benchmarks gaussian_one_shot
+	PYTHONPATH=. $(PY) -m benchmarks canary_overhead
+	PYTHONPATH=. $(PY) -m benchmarks label_audit_overhead
+	PYTHONPATH=. $(PY) -m benchmarks ldp_trials
 
 clean:
 	rm -rf $(VENV) lightning_logs .pytest_cache

@@ -1,10 +1,14 @@
-"""Shared helpers of the benchmark scripts: machine info, peak RSS, JSON output.
+"""The benchmarks' harness: the command line written once (:func:`parser`), the one writer of
+``benchmarks/results/<name>.json`` with the machine it ran on (:func:`write_json`: CPU, cores,
+torch/numpy versions, device), timers, peak RSS.
 
-Not part of the library; imported by the scripts in this folder only.
+Not part of the library; imported by the benchmarks of this package only.
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import json
 import math
 import os
@@ -15,18 +19,54 @@ import time
 from pathlib import Path
 from typing import Any
 
+ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
+
+def load_example(name: str) -> Any:
+    """``examples/<name>.py`` as the module ``name``, loaded from its file (the name
+    ``examples`` is taken in site-packages by Opacus' own examples package, and the benchmarks
+    edit no ``sys.path``); the module already loaded under that name, if any (the examples
+    import ``_cli`` by that name)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
 # --accelerator {auto,cpu,gpu}: one helper for the examples and the benchmarks (examples/_cli.py)
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
-from _cli import (  # noqa: E402, F401 - re-exported for the benchmarks
-    ACCELERATORS,
-    add_accelerator_argument,
-    device_name,
-    resolve_accelerator,
-    torch_device,
-    trainer_kwargs,
-)
+_cli = load_example("_cli")
+ACCELERATORS = _cli.ACCELERATORS
+add_accelerator_argument = _cli.add_accelerator_argument
+device_name = _cli.device_name
+resolve_accelerator = _cli.resolve_accelerator
+torch_device = _cli.torch_device
+trainer_kwargs = _cli.trainer_kwargs
+
+
+def parser(doc: str | None, *, quick: str | None = None, output: str | None = None,
+           summary: bool = False) -> argparse.ArgumentParser:
+    """A benchmark's command line: its docstring as the description (``summary``: the first
+    paragraph only), ``--quick`` (a smoke test; ``quick`` is its help) and ``--output`` (a file
+    name under ``benchmarks/results/``, default None; ``output`` is its help) when given."""
+    text = doc or ""
+    if summary:
+        p = argparse.ArgumentParser(description=text.split("\n\n")[0])
+    else:
+        p = argparse.ArgumentParser(description=text, formatter_class=argparse.RawDescriptionHelpFormatter)
+    if quick is not None:
+        p.add_argument("--quick", action="store_true", help=quick or None)
+    if output is not None:
+        p.add_argument("--output", default=None, help=output)
+    return p
 
 
 def synchronize() -> None:
@@ -223,8 +263,23 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
+def current_device() -> str:
+    """The device the run used: the CUDA device's name once CUDA was initialised, else the CPU's."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return device_name(torch.device("cuda"))
+    return device_name(torch.device("cpu"))
+
+
 def write_json(name: str, payload: dict[str, Any]) -> Path:
-    """Write ``payload`` to ``benchmarks/results/<name>`` (pretty, sorted keys kept in order)."""
+    """Write ``payload`` to ``benchmarks/results/<name>`` (pretty, keys in their order): the one
+    writer of every result file, each with the machine it ran on (``payload["machine"]``,
+    :func:`machine_info`, added when the benchmark did not, and its ``device``)."""
+    payload = dict(payload)
+    machine = dict(payload.get("machine") or machine_info())
+    machine.setdefault("device", current_device())
+    payload["machine"] = machine
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     path = RESULTS_DIR / name
     with open(path, "w", encoding="utf-8") as fh:
@@ -248,9 +303,6 @@ def timed_fit(trainer: Any, module: Any, datamodule: Any, profile: Any = None) -
         if profile is not None:
             profile.disable()
     return time.perf_counter() - start
-
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def short_path(path: str) -> str:

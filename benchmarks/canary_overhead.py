@@ -56,7 +56,14 @@ from typing import Any
 import lightning.pytorch as pl
 import numpy as np
 import torch
-from _common import (
+from lightning.pytorch.loggers import TensorBoardLogger
+
+from audit_callbacks.callbacks import CanaryAudit
+from audit_callbacks.canary.statistics import CanaryStatistics
+from audit_callbacks.canary.vectors import CanarySet
+from audit_callbacks.federated import DPFedAvg
+from benchmarks._common import (
+    ROOT,
     HookTimer,
     add_accelerator_argument,
     device_name,
@@ -65,6 +72,7 @@ from _common import (
     load_average,
     machine_info,
     median_interval,
+    parser,
     peak_rss_mb,
     synchronize,
     timed_fit,
@@ -72,12 +80,6 @@ from _common import (
     trainer_kwargs,
     write_json,
 )
-from lightning.pytorch.loggers import TensorBoardLogger
-
-from audit_callbacks.callbacks import CanaryAudit
-from audit_callbacks.canary.statistics import CanaryStatistics
-from audit_callbacks.canary.vectors import CanarySet
-from audit_callbacks.federated import DPFedAvg
 from datamodules import FederatedDataModule
 from models import MLP, build_model
 
@@ -433,9 +435,9 @@ def _vm_hwm_mib() -> float | None:
 def memory_benchmark(cfg: dict[str, Any], threads: int) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for variant in ("baseline", *KINDS):
-        cmd = [sys.executable, os.path.abspath(__file__), "--memory-child", variant,
+        cmd = [sys.executable, "-m", "benchmarks", "canary_overhead", "--memory-child", variant,
                "--memory-config", json.dumps(cfg), "--threads", str(threads)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT)
         if proc.returncode != 0:
             raise RuntimeError(f"memory child {variant} failed:\n{proc.stderr[-4000:]}")
         res = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])
@@ -461,7 +463,7 @@ def memory_benchmark(cfg: dict[str, Any], threads: int) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------- main
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__, quick="smoke test: tiny versions of everything", output="file name under benchmarks/results/")
     p.add_argument("--fed-rounds", type=int, default=100, help="(1) rounds a fit (issue 28: >= 100)")
     p.add_argument("--fed-rounds-per-epoch", type=int, default=25, help="(1) rounds between estimates")
     p.add_argument("--fed-reps", type=int, default=5, help="(1) ABBA pairs per kind")
@@ -474,8 +476,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--memory-rounds", type=int, default=4)
     p.add_argument("--skip", default="", help="comma-separated: federated,demo,pass,memory")
     p.add_argument("--threads", type=int, default=1, help="torch threads of the fits (default 1)")
-    p.add_argument("--quick", action="store_true", help="smoke test: tiny versions of everything")
-    p.add_argument("--output", default=None, help="file name under benchmarks/results/")
     add_accelerator_argument(p)
     p.add_argument("--memory-child", choices=["baseline", *KINDS], help=argparse.SUPPRESS)
     p.add_argument("--memory-config", help=argparse.SUPPRESS)

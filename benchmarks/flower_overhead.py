@@ -35,29 +35,28 @@ version).
 
 from __future__ import annotations
 
-import argparse
 import random
 import statistics
-import sys
 import tempfile
 import time
 from importlib import metadata
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from _common import machine_info, write_json  # noqa: E402
-from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict  # noqa: E402
-from flwr.serverapp.strategy import (  # noqa: E402
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
+from flwr.serverapp.strategy import (
     DifferentialPrivacyServerSideFixedClipping,
     FedAvg,
 )
 
-from audit_callbacks.flower import CanaryStrategy, LocalGrid, local_sgd  # noqa: E402
+from audit_callbacks.flower import CanaryStrategy, LocalGrid, local_sgd
+from benchmarks._common import (
+    load_example,
+    machine_info,
+    parser,
+    write_json,
+)
 
 
 def _digits_handler(hidden: int, n: int, seed: int):
@@ -133,8 +132,7 @@ def run_once(scenario: dict[str, Any], audited: bool, seed: int) -> dict[str, An
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true")
+    p = parser(__doc__, quick="")
     p.add_argument("--repeats", type=int, default=2, help="ABBA pairs per scenario")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--no-simulation", action="store_true", help="skip the Ray simulation run")
@@ -189,8 +187,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     simulation = None
     if not args.quick and not args.no_simulation:
         # the example's Flower simulation (Ray): the wrapper's share of a real runtime's round
-        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
-        import flower_canary_audit as example
+        example = load_example("flower_canary_audit")
 
         with tempfile.TemporaryDirectory() as tmp:
             res = example.main(["--rounds", str(args.simulation_rounds), "--log-dir", tmp])

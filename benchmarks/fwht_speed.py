@@ -17,23 +17,23 @@ for a device other than the CPU), with ``machine_info()`` and the device name.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from typing import Any
 
 import torch
-from _common import (
+
+from audit_callbacks.canary.vectors import fwht
+from benchmarks._common import (
     add_accelerator_argument,
     device_name,
     git_state,
     machine_info,
     median_interval,
+    parser,
     torch_device,
     write_json,
 )
-
-from audit_callbacks.canary.vectors import fwht
 
 
 def fwht_old(x: torch.Tensor) -> torch.Tensor:
@@ -112,16 +112,15 @@ def sweep(logs: list[int], reps: int, device: torch.device) -> list[dict[str, An
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_accelerator_argument(parser)
-    parser.add_argument("--quick", action="store_true", help="a few sizes, 3 pairs each: a smoke test")
-    parser.add_argument("--reps", type=int, default=15, help="interleaved pairs per size (default 15)")
-    parser.add_argument("--max-log2", type=int, default=24, help="largest m tried of n = 2^m (default 24)")
-    parser.add_argument("--threads", default="0,1",
+def main(argv: list[str] | None = None) -> None:
+    p = parser(__doc__, quick="a few sizes, 3 pairs each: a smoke test", summary=True)
+    add_accelerator_argument(p)
+    p.add_argument("--reps", type=int, default=15, help="interleaved pairs per size (default 15)")
+    p.add_argument("--max-log2", type=int, default=24, help="largest m tried of n = 2^m (default 24)")
+    p.add_argument("--threads", default="0,1",
                         help="comma-separated torch CPU thread counts, one sweep each; 0: torch's default "
                              "(default '0,1': 1 thread is steadier on a shared machine)")
-    args = parser.parse_args()
+    args = p.parse_args(argv)
     device = torch_device(args.accelerator)  # ValueError for gpu without CUDA
     logs = [10, 12, 14, 16, 17, 18, 19, 20, 21, 24]
     reps = args.reps

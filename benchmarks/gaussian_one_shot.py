@@ -29,10 +29,15 @@ import time
 
 import numpy as np
 import torch
-from _common import machine_info, peak_rss_mb, write_json
 
 from audit_callbacks.canary.vectors import CanarySet
 from audit_callbacks.estimators import estimate_epsilon_from_cosines, gaussian_epsilon
+from benchmarks._common import (
+    machine_info,
+    parser,
+    peak_rss_mb,
+    write_json,
+)
 
 SIGMAS = (4.22, 1.54, 0.541)  # analytic epsilon 1, 3, 10 at delta = 1e-6 (Andrew et al. 2024 Table 2)
 
@@ -51,9 +56,9 @@ FITS = ("unequal", "equal")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = parser(__doc__, quick="smoke test: d = 20000, k = 200, 3 seeds, 200 resamples",
+               output="file name under benchmarks/results/ (default gaussian_one_shot.json, "
+                      "gaussian_one_shot_quick.json with --quick)")
     p.add_argument("--seeds", type=int, default=10, help="number of seeds (0..seeds-1)")
     p.add_argument("--dim", type=int, default=1_000_000, help="dimension d")
     p.add_argument("--canaries", type=int, default=1000, help="number of canaries k")
@@ -64,11 +69,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ideal-reps", type=int, default=300,
                    help="Monte-Carlo repetitions of the idealized model (0: skip)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    p.add_argument("--quick", action="store_true",
-                   help="smoke test: d = 20000, k = 200, 3 seeds, 200 resamples")
-    p.add_argument("--output", default=None,
-                   help="file name under benchmarks/results/ (default gaussian_one_shot.json, "
-                        "gaussian_one_shot_quick.json with --quick)")
     args = p.parse_args(argv)
     if args.quick:
         args.dim, args.canaries, args.seeds, args.bootstrap = 20_000, 200, 3, 200

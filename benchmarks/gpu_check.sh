@@ -3,10 +3,10 @@
 #
 #   bash benchmarks/gpu_check.sh          # on the device machine, from the repository root
 #
-# 1. per_step_profile.py: where the per-step (per-round) canary work goes at d ~ 10^6
+# 1. per_step_profile: where the per-step (per-round) canary work goes at d ~ 10^6
 #    (target <= 0.5 ms a step);
-# 2. fwht_speed.py: the Walsh-Hadamard transform against the butterfly loop (target >= 4x at 2^21);
-# 3. gpu_overhead.py: what a user pays, audited / baseline fit time by interleaved pairs (targets
+# 2. fwht_speed: the Walsh-Hadamard transform against the butterfly loop (target >= 4x at 2^21);
+# 3. gpu_overhead: what a user pays, audited / baseline fit time by interleaved pairs (targets
 #    Opacus CNN <= 1.05x with CanaryAudit, <= 1.08x with all three callbacks; DP-FedAvg <= 1.03x
 #    at 100 rounds), then one more fit per audited variant with every hook timed.
 #
@@ -39,12 +39,13 @@ print("device", torch.cuda.get_device_name(0) if torch.cuda.is_available() else 
 EOF
 
 status=0
-step() {  # step SECONDS SCRIPT ARGS...: run under a time limit, then copy what it wrote to $OUT
+step() {  # step SECONDS BENCHMARK ARGS...: python -m benchmarks BENCHMARK ARGS under a time limit,
+          # then copy what it wrote to $OUT
     local limit=$1 rc
     shift
     touch "$STAMP"
     echo "== $(date +%T) $*"
-    timeout "$limit" "$PY" "$@" "${QUICK_FLAG[@]}" 2>&1 | grep -v -E "Warning: |warnings\.warn\(|rank_zero_warn\("
+    timeout "$limit" "$PY" -m benchmarks "$@" "${QUICK_FLAG[@]}" 2>&1 | grep -v -E "Warning: |warnings\.warn\(|rank_zero_warn\("
     rc=${PIPESTATUS[0]}
     if [[ $rc -ne 0 ]]; then echo "!! $1 stopped (exit $rc)"; status=1; fi
     if [[ -n "$OUT" ]]; then
@@ -52,9 +53,9 @@ step() {  # step SECONDS SCRIPT ARGS...: run under a time limit, then copy what 
     fi
 }
 
-step 150 benchmarks/per_step_profile.py --accelerator "$ACCEL"
-step 60 benchmarks/fwht_speed.py --accelerator "$ACCEL" --threads 0 --reps 9
-step 330 benchmarks/gpu_overhead.py --accelerator "$ACCEL"
+step 150 per_step_profile --accelerator "$ACCEL"
+step 60 fwht_speed --accelerator "$ACCEL" --threads 0 --reps 9
+step 330 gpu_overhead --accelerator "$ACCEL"
 echo "== $(date +%T) done"
 rm -f "$STAMP"
 if [[ -n "$OUT" ]]; then ls -l "$OUT"; fi

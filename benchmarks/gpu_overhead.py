@@ -42,7 +42,6 @@ Output: tables on stdout and ``benchmarks/results/gpu_overhead_<device>.json`` (
 
 from __future__ import annotations
 
-import argparse
 import logging
 import tempfile
 import warnings
@@ -51,7 +50,13 @@ from typing import Any
 import lightning.pytorch as pl
 import numpy as np
 import torch
-from _common import (
+from lightning.pytorch.loggers import TensorBoardLogger
+from opacus.data_loader import DPDataLoader
+from torch.utils.data import DataLoader, TensorDataset
+
+from audit_callbacks.callbacks import CanaryAudit, LabelDPLowerBound, LabelReconstructionAttack
+from audit_callbacks.federated import DPFedAvg
+from benchmarks._common import (
     HookTimer,
     add_accelerator_argument,
     device_name,
@@ -59,16 +64,11 @@ from _common import (
     interleaved_pairs,
     machine_info,
     median_interval,
+    parser,
     timed_fit,
     torch_device,
     write_json,
 )
-from lightning.pytorch.loggers import TensorBoardLogger
-from opacus.data_loader import DPDataLoader
-from torch.utils.data import DataLoader, TensorDataset
-
-from audit_callbacks.callbacks import CanaryAudit, LabelDPLowerBound, LabelReconstructionAttack
-from audit_callbacks.federated import DPFedAvg
 from datamodules import FederatedDataModule
 from models import build_model, num_parameters
 from models.dpsgd import DPSGDClassifier
@@ -257,17 +257,16 @@ def print_table(title: str, res: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_accelerator_argument(parser)
-    parser.add_argument("--quick", action="store_true", help="tiny sizes, one pair, no warm-up: a smoke test")
-    parser.add_argument("--scenarios", default="opacus,fedavg", help="comma-separated: opacus, fedavg")
-    parser.add_argument("--reps", type=int, default=None, help="pairs per variant (default: by device)")
-    parser.add_argument("--opacus-epochs", type=int, default=None)
-    parser.add_argument("--opacus-examples", type=int, default=None)
-    parser.add_argument("--fedavg-rounds", type=int, default=None)
-    parser.add_argument("--no-breakdown", dest="breakdown", action="store_false",
+    p = parser(__doc__, quick="tiny sizes, one pair, no warm-up: a smoke test", summary=True)
+    add_accelerator_argument(p)
+    p.add_argument("--scenarios", default="opacus,fedavg", help="comma-separated: opacus, fedavg")
+    p.add_argument("--reps", type=int, default=None, help="pairs per variant (default: by device)")
+    p.add_argument("--opacus-epochs", type=int, default=None)
+    p.add_argument("--opacus-examples", type=int, default=None)
+    p.add_argument("--fedavg-rounds", type=int, default=None)
+    p.add_argument("--no-breakdown", dest="breakdown", action="store_false",
                         help="skip the extra per-hook timed fit of each audited variant")
-    args = parser.parse_args(argv)
+    args = p.parse_args(argv)
     quiet()
     device = torch_device(args.accelerator)  # ValueError for gpu without CUDA
     sizes = SIZES["quick" if args.quick else device.type]

@@ -65,20 +65,21 @@ from typing import Any
 import lightning.pytorch as pl
 import numpy as np
 import torch
-from _common import (
+from lightning.pytorch.loggers import TensorBoardLogger
+
+from audit_callbacks.callbacks import LabelDPLowerBound, LabelReconstructionAttack
+from benchmarks._common import (
     add_accelerator_argument,
     load_average,
     machine_info,
     median_interval,
+    parser,
     profile_tables,
     timed_fit,
     timing_subclass,
     trainer_kwargs,
     write_json,
 )
-from lightning.pytorch.loggers import TensorBoardLogger
-
-from audit_callbacks.callbacks import LabelDPLowerBound, LabelReconstructionAttack
 from datamodules.central import CentralDataModule
 from models import MLP, num_parameters
 from models.dpsgd import DPSGDClassifier
@@ -338,9 +339,8 @@ def _hashes() -> dict[str, str]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = parser(__doc__, quick="smoke test: 4 epochs, 1 round, no profile",
+               output="file name under benchmarks/results/")
     p.add_argument(
         "--epochs",
         type=int,
@@ -359,8 +359,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="breast_cancer: binary (one sigmoid logit); digits: 10 classes (softmax, the multi-class bound)",
     )
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    p.add_argument("--quick", action="store_true", help="smoke test: 4 epochs, 1 round, no profile")
-    p.add_argument("--output", default=None, help="file name under benchmarks/results/")
     add_accelerator_argument(p)
     args = p.parse_args(argv)
     if args.quick:

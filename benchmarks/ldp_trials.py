@@ -26,7 +26,6 @@ import time
 
 import numpy as np
 import torch
-from _common import machine_info, peak_rss_mb, write_json
 
 from audit_callbacks.attacks import dummy_pair, ldp_epsilon_test
 from audit_callbacks.estimators.shuffle import (
@@ -36,6 +35,12 @@ from audit_callbacks.estimators.shuffle import (
     shuffle_test,
 )
 from audit_callbacks.mechanisms import LDPSGD
+from benchmarks._common import (
+    machine_info,
+    parser,
+    peak_rss_mb,
+    write_json,
+)
 
 PAPER_ANCHORS = {
     "trials_1000_seconds": 2.2,
@@ -53,12 +58,8 @@ TABLE3 = [  # (eps0, n, paper theoretical, paper measured) at delta = 1e-6
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
+    p = parser(__doc__, quick="small sizes, for a smoke test", output="result file name in benchmarks/results")
     p.add_argument("--repeats", type=int, default=3, help="timed repetitions of the fast path")
-    p.add_argument("--output", default=None, help="result file name in benchmarks/results")
     return p.parse_args(argv)
 
 

@@ -53,13 +53,17 @@ import sys
 import time
 
 import numpy as np
-from _common import machine_info, write_json
 from scipy import stats
 from scipy.optimize import brentq
 
 from audit_callbacks.estimators import CanaryScoreAuditor, gaussian_epsilon, gaussian_epsilon_array
 from audit_callbacks.estimators.one_run import fdp_mu, guess_counts, one_run_epsilon
 from audit_callbacks.estimators.valid_bounds import METHODS, spent_alpha, valid_bound_values
+from benchmarks._common import (
+    machine_info,
+    parser,
+    write_json,
+)
 
 # jax_privacy auditing on identical arrays (50 data sets), and the parametric GDP bound's
 # reference simulation (300 data sets); None where no number was given.
@@ -75,8 +79,7 @@ ESTIMATES = ("estimate_equal", "estimate_unequal")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__, quick="20 data sets, eps 1 and 8", output="JSON name in benchmarks/results/")
     p.add_argument("--eps", type=float, nargs="+", default=[0.5, 1.0, 4.0, 8.0])
     p.add_argument("--sets", type=int, default=300, help="data sets per epsilon")
     p.add_argument("--k", type=int, default=1000, help="in- and out-canaries each")
@@ -85,8 +88,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--alpha", type=float, default=0.05)
     p.add_argument("--scores", choices=("cosine", "gaussian"), default="cosine")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true", help="20 data sets, eps 1 and 8")
-    p.add_argument("--output", default=None, help="JSON name in benchmarks/results/")
     p.add_argument("--valid", action="store_true",
                    help="coverage of the valid bounds (issue 24) instead of the comparison")
     p.add_argument("--mus", type=float, nargs="+", default=[1.0, 2.0, 4.0],

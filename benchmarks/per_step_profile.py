@@ -10,7 +10,7 @@ the piece that costs. Each piece is a method of the audit's own objects, wrapped
 instance during a real ``trainer.fit`` (the library is not modified) and timed with
 ``perf_counter``; on CUDA the wrapper synchronises the device before and after each call, so a
 piece's time includes the kernels it launched (the synchronisations themselves are the
-profile's, not the audit's: the audit makes none per step, see ``tests/test_no_host_sync.py``).
+profile's, not the audit's: the audit makes none per step, see ``tests/auditing/test_no_host_sync.py``).
 No estimate runs during the timed steps (``every_n_epochs`` beyond the run); the fit-end
 estimate, figures and report are not counted here (``canary_overhead.py`` times them).
 
@@ -42,7 +42,6 @@ mean and 90th percentile per piece in milliseconds, with the device name and the
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 import time
 from collections import defaultdict
@@ -51,20 +50,28 @@ from typing import Any
 import lightning.pytorch as pl
 import numpy as np
 import torch
-from _common import (
+
+from audit_callbacks.callbacks import CanaryAudit
+from audit_callbacks.federated import DPFedAvg
+from benchmarks._common import (
     add_accelerator_argument,
     device_name,
     git_state,
     machine_info,
+    parser,
     synchronize,
     timed_fit,
     torch_device,
     write_json,
 )
-from gpu_overhead import FEDAVG_CNN, OPACUS_CNN, RandomImages, emnist_shaped, make_trainer, quiet
-
-from audit_callbacks.callbacks import CanaryAudit
-from audit_callbacks.federated import DPFedAvg
+from benchmarks.gpu_overhead import (
+    FEDAVG_CNN,
+    OPACUS_CNN,
+    RandomImages,
+    emnist_shaped,
+    make_trainer,
+    quiet,
+)
 from models import build_model, num_parameters
 from models.dpsgd import DPSGDClassifier
 
@@ -205,18 +212,17 @@ def print_table(title: str, res: dict[str, Any], unit: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_accelerator_argument(parser)
-    parser.add_argument("--quick", action="store_true", help="a few steps: a smoke test")
-    parser.add_argument("--scenarios", default="opacus,fedavg", help="comma-separated: opacus, fedavg")
-    parser.add_argument("--steps", type=int, default=None, help="(1) logical steps (default: GPU 200, CPU 40)")
-    parser.add_argument("--batch-size", type=int, default=None, help="(1) expected batch (default: GPU 256, CPU 32)")
-    parser.add_argument("--rounds", type=int, default=None, help="(2) rounds (default: GPU 50, CPU 12)")
-    parser.add_argument("--real-per-round", type=int, default=None, help="(2) real clients a round (GPU 50, CPU 20)")
-    parser.add_argument("--threads", type=int, default=1,
+    p = parser(__doc__, quick="a few steps: a smoke test", summary=True)
+    add_accelerator_argument(p)
+    p.add_argument("--scenarios", default="opacus,fedavg", help="comma-separated: opacus, fedavg")
+    p.add_argument("--steps", type=int, default=None, help="(1) logical steps (default: GPU 200, CPU 40)")
+    p.add_argument("--batch-size", type=int, default=None, help="(1) expected batch (default: GPU 256, CPU 32)")
+    p.add_argument("--rounds", type=int, default=None, help="(2) rounds (default: GPU 50, CPU 12)")
+    p.add_argument("--real-per-round", type=int, default=None, help="(2) real clients a round (GPU 50, CPU 20)")
+    p.add_argument("--threads", type=int, default=1,
                         help="torch threads (default 1, as the other benchmarks: on a shared host, several "
                              "OpenMP threads wait for each other at every op whenever another process takes a core)")
-    args = parser.parse_args(argv)
+    args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     quiet()
     device = torch_device(args.accelerator)

@@ -29,27 +29,25 @@ The cases live in ``planted_opacus.py``, ``planted_fedavg.py`` and ``planted_flo
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from scipy.stats import binomtest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from _common import add_accelerator_argument, git_state, machine_info, write_json  # noqa: E402
+from benchmarks._common import (
+    add_accelerator_argument,
+    git_state,
+    machine_info,
+    parser,
+    write_json,
+)
 
 FLAGS = ("suspicious", "violation")
 
 
 def all_cases() -> dict[str, Any]:
     """Every case of the three set-ups, by name."""
-    import planted_fedavg
-    import planted_flower
-    import planted_opacus
+    from benchmarks import planted_fedavg, planted_flower, planted_opacus
 
     return {**planted_opacus.CASES, **planted_fedavg.CASES, **planted_flower.CASES}
 
@@ -80,21 +78,21 @@ def summarise(name: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=20, help="seeds per planted bug (default 20)")
-    parser.add_argument("--correct-seeds", type=int, default=60,
+    p = parser(__doc__, summary=True)
+    p.add_argument("--seeds", type=int, default=20, help="seeds per planted bug (default 20)")
+    p.add_argument("--correct-seeds", type=int, default=60,
                         help="seeds per correct set-up (default 60)")
-    parser.add_argument("--cases", nargs="*", default=None, help="a subset of the cases")
-    parser.add_argument("--output", default="planted_bugs.json", help="results file name")
-    add_accelerator_argument(parser)  # the DP-FedAvg cases' Trainer; the others run plain loops on the CPU
-    args = parser.parse_args(argv)
+    p.add_argument("--cases", nargs="*", default=None, help="a subset of the cases")
+    p.add_argument("--output", default="planted_bugs.json", help="results file name")
+    add_accelerator_argument(p)  # the DP-FedAvg cases' Trainer; the others run plain loops on the CPU
+    args = p.parse_args(argv)
     if args.seeds < 1 or args.correct_seeds < 1:
-        parser.error("--seeds and --correct-seeds must be >= 1")
+        p.error("--seeds and --correct-seeds must be >= 1")
     cases = all_cases()
     names = args.cases or list(cases)
     unknown = sorted(set(names) - set(cases))
     if unknown:
-        parser.error(f"unknown cases {unknown}; known: {sorted(cases)}")
+        p.error(f"unknown cases {unknown}; known: {sorted(cases)}")
 
     results: dict[str, Any] = {}
     print(f"{'case':<22} {'n':>3} {'suspicious':>11} {'violation':>10} {'flagged':>8}  95% interval   target  s/run")

@@ -31,27 +31,22 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import sys
 import tempfile
 import time
 import warnings
 from collections.abc import Callable
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _common
+import lightning.pytorch as pl
+import torch
 
-import lightning.pytorch as pl  # noqa: E402
-import torch  # noqa: E402
-from _common import trainer_kwargs  # noqa: E402
-from _planted import case_result  # noqa: E402
-
-from audit_callbacks.callbacks import CanaryAudit  # noqa: E402
-from audit_callbacks.federated import DPFedAvg  # noqa: E402
-from audit_callbacks.federated.clipping import clip_updates_  # noqa: E402
-from datamodules import FederatedDataModule  # noqa: E402
-from models import MLP  # noqa: E402
+from audit_callbacks.callbacks import CanaryAudit
+from audit_callbacks.federated import DPFedAvg
+from audit_callbacks.federated.clipping import clip_updates_
+from benchmarks._common import trainer_kwargs
+from benchmarks._planted import case_result
+from datamodules import FederatedDataModule
+from models import MLP
 
 __all__ = ["CASES", "Clip2C", "run"]
 

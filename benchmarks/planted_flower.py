@@ -29,24 +29,19 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _planted
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
+from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from _planted import case_result  # noqa: E402
-from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict  # noqa: E402
-from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg  # noqa: E402
-
-from audit_callbacks.flower import CanaryStrategy, LocalGrid  # noqa: E402
+from audit_callbacks.flower import CanaryStrategy, LocalGrid
+from benchmarks._planted import case_result
 
 __all__ = ["CASES", "ServerClip2C", "run"]
 

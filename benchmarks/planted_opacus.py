@@ -27,26 +27,21 @@ epsilon, every estimate with its interval, the valid lower bounds and the run's 
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 import warnings
 from collections.abc import Callable
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _planted
+import torch
+from opacus import PrivacyEngine
+from opacus.data_loader import DPDataLoader
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
-import torch  # noqa: E402
-from _planted import case_result  # noqa: E402
-from opacus import PrivacyEngine  # noqa: E402
-from opacus.data_loader import DPDataLoader  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
-
-from audit_callbacks.plain.opacus_audit import OpacusCanaryAudit  # noqa: E402
-from datamodules.breast_cancer import load_breast_cancer_tensors  # noqa: E402
-from models import MLP  # noqa: E402
+from audit_callbacks.plain.opacus_audit import OpacusCanaryAudit
+from benchmarks._planted import case_result
+from datamodules.breast_cancer import load_breast_cancer_tensors
+from models import MLP
 
 __all__ = ["CASES", "run"]
 

@@ -25,31 +25,31 @@ Writes ``benchmarks/results/tightness.json``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
-import os
-import sys
 import tempfile
 import time
 import warnings
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import lightning.pytorch as pl
+import numpy as np
+import torch
 
-import lightning.pytorch as pl  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from _common import add_accelerator_argument, machine_info, trainer_kwargs, write_json  # noqa: E402
-
-from audit_callbacks.callbacks import CanaryAudit  # noqa: E402
-from audit_callbacks.estimators.valid_bounds import tightest_valid_lower_bound  # noqa: E402
-from audit_callbacks.federated import DPFedAvg  # noqa: E402
-from datamodules import FederatedDataModule  # noqa: E402
-from datamodules.central import CentralDataModule  # noqa: E402
-from models import MLP, build_model  # noqa: E402
-from models.dpsgd import DPSGDClassifier  # noqa: E402
+from audit_callbacks.callbacks import CanaryAudit
+from audit_callbacks.estimators.valid_bounds import tightest_valid_lower_bound
+from audit_callbacks.federated import DPFedAvg
+from benchmarks._common import (
+    add_accelerator_argument,
+    machine_info,
+    parser,
+    trainer_kwargs,
+    write_json,
+)
+from datamodules import FederatedDataModule
+from datamodules.central import CentralDataModule
+from models import MLP, build_model
+from models.dpsgd import DPSGDClassifier
 
 DELTA_FL, DELTA_SGD = 1e-6, 1e-5
 KEYS = ("epsilon_all_iterates", "epsilon_all_iterates_matched", "epsilon_all_iterates_max_cosine",
@@ -155,8 +155,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="one seed, 40 rounds, 10 epochs")
+    p = parser(__doc__, quick="one seed, 40 rounds, 10 epochs")
     add_accelerator_argument(p)
     args = p.parse_args(argv)
     quiet()

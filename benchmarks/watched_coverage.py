@@ -23,22 +23,19 @@ Writes ``benchmarks/results/watched_coverage.json``.
 
 from __future__ import annotations
 
-import argparse
-import os
-import sys
 import time
 from typing import Any
 
 import numpy as np
 from scipy import stats
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from _common import machine_info, write_json  # noqa: E402
-
-from audit_callbacks.estimators import AuditResult, gaussian_epsilon_array  # noqa: E402
-from audit_callbacks.estimators.canary_report import canary_estimates  # noqa: E402
+from audit_callbacks.estimators import AuditResult, gaussian_epsilon_array
+from audit_callbacks.estimators.canary_report import canary_estimates
+from benchmarks._common import (
+    machine_info,
+    parser,
+    write_json,
+)
 
 TAGS = ("epsilon_lower_bound_all_iterates", "epsilon_lower_bound_final_model",
         "epsilon_gdp_lower_bound_all_iterates", "epsilon_gdp_lower_bound_final_model")
@@ -87,7 +84,7 @@ def exceed_rates(runs: list[list[dict[str, Any]]]) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--data-sets", type=int, default=300)
     args = p.parse_args(argv)
     settings = [dict(k=200, k_un=1000, rounds=20, q=0.2, z=z, checkpoints=5, delta=1e-5)

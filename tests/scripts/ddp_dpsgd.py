@@ -1,6 +1,6 @@
 """CanaryAudit on Opacus DP-SGD under Lightning's DDP (or in one process, for comparison).
 
-Launched by ``tests/test_ddp.py``; Lightning's ``strategy="ddp"`` launcher re-runs this script
+Launched by ``tests/integration/test_ddp.py``; Lightning's ``strategy="ddp"`` launcher re-runs this script
 for the other ranks. Every rank writes ``<out>/rank<r>.json`` (what its audit saw); rank 0 alone
 writes the audit's summary (``<out>/logs/.../audit_summary.json``).
 
@@ -177,7 +177,7 @@ class Classifier(pl.LightningModule):
 
 def main(argv: list[str] | None = None) -> None:
     """Train and write ``<out>/rank<r>.json``; ``argv`` as on the command line (default
-    ``sys.argv[1:]``), so that ``tests/test_ddp.py`` can run the one-process reference in its
+    ``sys.argv[1:]``), so that ``tests/integration/test_ddp.py`` can run the one-process reference in its
     own interpreter."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", required=True)

@@ -1,4 +1,4 @@
-"""A long DP-FedAvg fit with ``CanaryAudit``, for ``tests/test_faults.py`` to stop with a signal.
+"""A long DP-FedAvg fit with ``CanaryAudit``, for ``tests/auditing/test_faults.py`` to stop with a signal.
 
 The run writes ``<out>/started`` once a few rounds were taken, then goes on (slowly) for far
 longer than the test waits; the test sends SIGTERM (or SIGINT) and checks the exit code and the

@@ -1,0 +1,159 @@
+"""Verdicts per threat model (issue 25 part 3): a simulated Gaussian mechanism run correctly and
+with a planted bug (the noise at a fraction of what the claimed epsilon assumes), the words in the
+summary, the codes and sentences in TensorBoard, one warning a run, the name table."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from audit_callbacks import names
+from audit_callbacks.auditing import CanaryAuditConfig, CanaryAuditor
+from audit_callbacks.auditing.html_report import verdict as html_verdict
+from audit_callbacks.auditing.report import VERDICT_CODES, verdict
+from audit_callbacks.auditing.sinks import WriterSink
+from audit_callbacks.estimators import gaussian_epsilon
+from tests.auditing.test_auditor import SimulatedBackend
+
+
+class BuggyBackend(SimulatedBackend):
+    """The noise is drawn at ``z * noise_scale`` while the analytic epsilon claims ``z``: a
+    planted bug such as Opacus' noise at sigma / 2 (``noise_scale = 0.5``)."""
+
+    def __init__(self, dim: int, z: float, noise_scale: float, seed: int = 0) -> None:
+        super().__init__(dim, z, seed=seed)
+        self.true_z = z * noise_scale
+
+    def step(self, participants: np.ndarray) -> None:
+        claimed, self.z = self.z, self.true_z
+        try:
+            super().step(participants)
+        finally:
+            self.z = claimed
+
+
+def _run(noise_scale: float, *, k: int = 400, z: float = 2.0, seed: int = 0):
+    backend = BuggyBackend(4096, z, noise_scale, seed=seed)
+    warned: list[tuple[str, str]] = []
+
+    def warn(key: str, msg: str) -> None:  # once per key, as every front end (AuditFrontEnd._warn)
+        if key not in {k for k, _ in warned}:
+            warned.append((key, msg))
+
+    auditor = CanaryAuditor(CanaryAuditConfig(k, 1000, seed=seed, delta=1e-5, bootstrap=50), backend,
+                            warn, name="Test")
+    auditor.start()
+    backend.step(np.arange(k))  # one release: every canary once, as in Andrew et al.'s Alg. 2
+    return auditor, backend, warned
+
+
+class RecordingSink(WriterSink):
+    """A sink that records what it is given (no TensorBoard)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scalar_log: list[dict] = []
+        self.text_log: list[dict] = []
+
+    def scalars(self, values, step):
+        self.scalar_log.append(dict(values))
+
+    def text(self, values, step):
+        self.text_log.append(dict(values))
+
+
+def test_a_correct_mechanism_is_consistent():
+    auditor, _, warned = _run(1.0)
+    sink = RecordingSink()
+    auditor.finish(sink, step=1, directory=None, filename="s.json", figures=False)
+    report = auditor.last_report
+    assert report.epsilon_analytic == pytest.approx(gaussian_epsilon(2.0, 1e-5))
+    assert {tm: w for tm, (w, _) in report.verdicts().items()} == {
+        "final_model": "consistent", "all_iterates": "consistent"}
+    assert sink.scalar_log[-1]["audit/verdict_all_iterates"] == VERDICT_CODES["consistent"] == 0
+    assert not [k for k, _ in warned if k == "verdict"]
+
+
+def test_noise_at_a_quarter_of_the_claimed_scale_is_a_violation_warned_once(tmp_path):
+    """z = 2 claimed, z = 0.5 drawn: the canaries' mean shift is 4x what the claim allows; the
+    valid lower bound on 400 + 1000 cosines exceeds the claimed epsilon (~2.4)."""
+    auditor, backend, warned = _run(0.25)
+    sink = RecordingSink()
+    auditor.update(sink, step=1)
+    backend.step(np.arange(400))
+    path = auditor.finish(sink, step=2, directory=str(tmp_path), filename="audit_summary.json", figures=False)
+    with open(path, encoding="utf-8") as fh:
+        summary = json.load(fh)
+    claim = summary["epsilon_analytic"]
+    bound = summary["estimates"]["epsilon_lower_bound_all_iterates"]["value"]
+    assert bound > claim
+    assert summary["verdict_all_iterates"] == "violation"
+    assert summary["verdict_all_iterates_sentence"].startswith(
+        f"violation: the valid 95% lower bound {bound:.4g} exceeds the claimed epsilon {claim:.4g}")
+    assert summary["verdict_final_model"] == "violation"
+    assert summary["run_status"] == "complete"
+    # TensorBoard: the code next to the estimates and the sentence as text, at every point
+    assert [s["audit/verdict_all_iterates"] for s in sink.scalar_log] == [2, 2]
+    assert sink.text_log[-1]["audit/verdict_all_iterates_sentence"].startswith("violation:")
+    # one warning a run, however many points were flagged
+    flagged = [m for k, m in warned if k == "verdict"]
+    assert len(flagged) == 1 and "violation" in flagged[0] and "Training goes on" in flagged[0]
+    # the report a person reads shows the summary's verdict; html_report.verdict is the same
+    assert html_verdict(summary, "all_iterates") == verdict(summary, "all_iterates") == (
+        summary["verdict_all_iterates"], summary["verdict_all_iterates_sentence"])
+
+
+@pytest.mark.parametrize("noise_scale", [1.0, 0.25])
+def test_the_report_gives_the_summary_verdicts_from_its_own_fields(noise_scale):
+    """``CanaryReport.verdicts`` reads the report's fields (no summary dict built for it): the
+    same words and sentences as the summary written from that report."""
+    auditor, _, _ = _run(noise_scale)
+    report = auditor.report(step=1)
+    summary = auditor.summary(report)
+    assert report.verdicts() == {tm: (summary[f"verdict_{tm}"], summary[f"verdict_{tm}_sentence"])
+                                 for tm in ("final_model", "all_iterates")}
+    # without a claim, and with a headline estimate skipped, the reasons agree as well
+    from dataclasses import replace
+
+    for changed in (replace(report, epsilon_analytic=None), replace(report, epsilon_analytic=float("inf")),
+                    replace(report, estimates={}, skipped={"epsilon_all_iterates": "degenerate scores"})):
+        summary = auditor.summary(changed)
+        assert changed.verdicts() == {tm: verdict(summary, tm) for tm in ("final_model", "all_iterates")}
+
+
+def test_suspicious_and_unchecked_from_the_summary():
+    """``suspicious``: the interval's lower end above the claim while the valid bound is not;
+    ``unchecked``: no finite claim."""
+    summary = {"epsilon_analytic": 1.0, "inputs": {"alpha": 0.05}, "estimates": {
+        "epsilon_all_iterates": {"value": 2.0, "lower": 1.5, "upper": 2.5, "details": {"confidence": 0.95}},
+        "epsilon_lower_bound_all_iterates": {"value": 0.8}}}
+    word, sentence = verdict(summary, "all_iterates")
+    assert word == "suspicious"
+    assert sentence.startswith("suspicious: the estimate's 95% interval lies above the claimed epsilon")
+    assert verdict({**summary, "epsilon_analytic": None}, "all_iterates")[0] == "unchecked"
+    assert verdict({**summary, "epsilon_analytic": float("inf")}, "all_iterates")[0] == "unchecked"
+
+
+def test_verdict_codes_are_in_the_name_table_with_a_chart():
+    table = {q.name: q for q in names.family("audit")}
+    for tm in ("final_model", "all_iterates"):
+        q = table[f"verdict_{tm}"]
+        assert q.chart is not None and "consistent" in q.description and "violation" in q.description
+    layout = names.chart_layout(["audit"])
+    drawn = [t for charts in layout.values() for _, pats in charts.values() for t in pats]
+    assert r"^audit/verdict_all_iterates$" in drawn
+
+
+def test_verdicts_reach_tensorboard_as_scalars_and_text(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    auditor, _, _ = _run(0.25, k=100)
+    sink = WriterSink(log_dir=str(tmp_path))
+    auditor.finish(sink, step=1, directory=str(tmp_path), filename="audit_summary.json", figures=False)
+    sink.close()
+    acc = EventAccumulator(str(tmp_path), size_guidance={"tensors": 0}).Reload()
+    assert [e.value for e in acc.Scalars("audit/verdict_all_iterates")] == [2.0]
+    text = acc.Tensors("audit/verdict_all_iterates_sentence/text_summary")[0]
+    assert text.tensor_proto.string_val[0].decode().startswith("violation:")

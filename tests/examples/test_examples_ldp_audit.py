@@ -1,0 +1,42 @@
+import csv
+import importlib.util
+import os
+
+import pytest
+
+EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples", "ldp_audit.py")
+
+
+def load_example():
+    spec = importlib.util.spec_from_file_location("ldp_audit_example", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_quick_run_writes_csv_png_and_passes_its_checks(tmp_path, capsys):
+    example = load_example()
+    out = example.main(["--quick", "--epsilons", "0.5", "4", "--out", str(tmp_path)])
+    assert out["ok"], out["checks"]
+    for key in ("reach", "gradient_flip", "closed_form", "flags"):
+        assert out["checks"][key] == [], key
+    with open(out["csv"], encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    # 2 eps0 x 2 audits (rounds 2 and 4) x 5 adversaries
+    assert len(rows) == 2 * 2 * 5
+    assert {r["adversary"] for r in rows} == set(example.ADVERSARY_NAMES)
+    assert {float(r["epsilon0_claimed"]) for r in rows} == {0.5, 4.0}
+    for r in rows:
+        assert float(r["epsilon0_lower_bound"]) <= float(r["epsilon0"])
+        assert r["flagged"] == "False"
+        if r["adversary"] == "dummy":
+            assert float(r["epsilon0_expected"]) == pytest.approx(float(r["epsilon0_claimed"]))
+            assert float(r["norm_g1"]) == pytest.approx(float(r["clip_norm"]), rel=1e-5)
+    with open(out["png"], "rb") as fh:
+        assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
+    for eps0 in ("0.5", "4"):
+        assert os.path.exists(os.path.join(str(tmp_path), f"eps0_{eps0}", "version_0", "ldp_audit_summary.json"))
+    printed = capsys.readouterr().out
+    assert "[PASS] dummy and collusion reach eps0" in printed
+    assert "[FAIL]" not in printed
+    assert "client gradient norms seen" in printed
