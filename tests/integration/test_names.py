@@ -14,7 +14,7 @@ import pytest
 
 from audit_callbacks import names
 
-PACKAGE = Path(__file__).resolve().parents[1] / "audit_callbacks"
+PACKAGE = Path(__file__).resolve().parents[2] / "audit_callbacks"
 
 #: Names that are also ordinary parameter, attribute or state names (``check_positive(clip_norm,
 #: "clip_norm")``, ``state["round"]``) or plain words: a bare literal of one is allowed; its tag

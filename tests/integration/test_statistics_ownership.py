@@ -8,7 +8,7 @@ import pathlib
 
 from audit_callbacks.canary.base import MATCHED, CanaryStatistic
 
-PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "audit_callbacks"
+PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "audit_callbacks"
 CANARY = PACKAGE / "canary"
 OWNER = PACKAGE / "auditing" / "auditor.py"
 #: the methods by which a statistic is fed or read
