@@ -92,7 +92,7 @@ def _headline_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 def _sources(summary: Mapping[str, Any]) -> list[str]:
     out = [summary["source"]] if summary.get("source") else []
-    for est in (summary.get("estimates") or {}).values():
+    for est in (summary.get("results") or summary.get("estimates") or {}).values():
         src = est.get("source")
         if src and src not in out:
             out.append(src)
@@ -237,7 +237,7 @@ def render_html(summary: Mapping[str, Any] | None, images: Mapping[str, str],
     out.append(_table(analytic))
     out.append("<h2>Every estimate</h2><table><tr><th>name</th><th>value</th><th>interval</th>"
                "<th>status</th><th>what it is</th></tr>")
-    for n, est in (summary.get("estimates") or {}).items():
+    for n, est in (summary.get("results") or summary.get("estimates") or {}).items():
         out.append(f"<tr><th>{_e(n)}</th>{_num_td(est.get('value'))}<td class='num'>"
                    f"{_e(interval(est.get('lower'), est.get('upper')))}</td>"
                    f"<td>{_e(est.get('status', '-'))}</td><td class='small'>"
@@ -288,7 +288,7 @@ def render_markdown(summary: Mapping[str, Any] | None, figure_titles: Sequence[s
                      f"{_REFERENCE_TITLES[r['reference_name']]} | {fmt(r['reference'])} | "
                      f"{fmt(r['ratio'])} | {cell(r['status'])} |")
     lines += ["", "## Every estimate", "", "| name | value | interval | status |", "|---|---|---|---|"]
-    for n, est in (summary.get("estimates") or {}).items():
+    for n, est in (summary.get("results") or summary.get("estimates") or {}).items():
         lines.append(f"| {n} | {fmt(est.get('value'))} | {interval(est.get('lower'), est.get('upper'))} "
                      f"| {cell(est.get('status', '-'))} |")
     if figure_titles:

@@ -332,7 +332,7 @@ def summary_json(
         },
         "inputs": inputs,
         "tags": {q.name: q.tag for q in names.family("audit")},
-        "results": estimates,
+        "results": dict(estimates),  # the estimates and (below) the checks of the mechanism
         "estimates": estimates,
     }
     if report is not None:
@@ -349,7 +349,7 @@ def summary_json(
         )
     if report is not None:
         for name, res in report.checks.items():
-            estimates[name] = {**res.to_dict(), "status": f"stale: from step {report.step}" if stale
+            summary["results"][name] = {**res.to_dict(), "status": f"stale: from step {report.step}" if stale
                                else res.status}
         word, sentence = report.mechanism_verdict()
         summary[names.VERDICT_MECHANISM], summary[f"{names.VERDICT_MECHANISM}_sentence"] = word, sentence

@@ -107,13 +107,16 @@ class NoiseChecks:
             cur.copy_(vec)
         torch.sub(cur, b["prev"], out=b["diff"])
         squares = torch.stack(torch._foreach_norm(self._views)).to(torch.float64).square_()
-        ok = torch.isfinite(squares[:m].sum())
-        pair = ok & b["has_prev"]
-        mask = torch.cat((ok.expand(m), pair.expand(m)))
+        finite = torch.isfinite(squares.view(2, m)).all(1)
+        ok = finite[0]
+        # a non-finite release becomes the previous one too: the next difference is then not
+        # finite and skipped, and the one after is whole again (no conditional copy of d values)
+        pair = finite[1] & ok & b["has_prev"]
+        mask = torch.stack((ok, pair)).repeat_interleave(m)
         b["e"].add_(torch.where(mask, squares, 0.0))
         b["n"].add_(torch.stack((ok, pair)))
-        torch.where(ok, cur, b["prev"], out=b["prev"])
-        b["has_prev"].logical_or_(ok)
+        b["prev"].copy_(cur)
+        b["has_prev"].fill_(True)
         return ok
 
     def restart(self) -> None:
