@@ -333,7 +333,7 @@ class CanaryAuditor:
             bootstrap=bootstrap, seed=seed, index=index,
         )
         if matched_skip:
-            skipped["epsilon_all_iterates_matched"] = matched_skip
+            skipped[names.EPSILON_ALL_ITERATES_MATCHED] = matched_skip
         took_part = int(took.sum())
         if took_part < MIN_CANARIES:  # an estimate from a handful of canaries means little
             status = f"too few canaries (k = {took_part})"
@@ -522,16 +522,16 @@ class CanaryAuditor:
         if report.progress != self._last_logged:
             self._last_logged = report.progress
             self.logged_points += 1
-            self.history.append((step, report.value("epsilon_all_iterates"), report.epsilon_analytic,
-                                 report.value("epsilon_final_model")))
+            self.history.append((step, report.value(names.EPSILON_ALL_ITERATES), report.epsilon_analytic,
+                                 report.value(names.EPSILON_FINAL_MODEL)))
             self._warn_verdict(report.verdicts(), report.mechanism_verdict())
             self._sink(sink.scalars, report.scalars(), step)
             text = getattr(sink, "text", None)
             if text is not None:
-                self._sink(text, {f"audit/verdict_{tm}_sentence": sentence
+                self._sink(text, {f"{names.FAMILY_AUDIT}/verdict_{tm}_sentence": sentence
                                   for tm, (_, sentence) in report.verdicts().items()}, step)
             if histograms:
-                self._sink(sink.histograms, {f"audit/cosine_{key}": value
+                self._sink(sink.histograms, {f"{names.FAMILY_AUDIT}/cosine_{key}": value
                                              for key, value in report.statistics.items()}, step)
         if figures:
             from audit_callbacks.auditing.figures import canary_figures
@@ -544,10 +544,10 @@ class CanaryAuditor:
         chart_layout`, family ``audit``, with only the analytic epsilons the backend gives),
         and the validation accuracy beside them."""
         analytic = set(self.backend.analytic_names)
-        keep = [q.tag for q in names.family("audit")
-                if not q.name.startswith("epsilon_analytic") or q.name in analytic]
-        return names.chart_layout(["audit"], only=keep, extra={
-            names.SECTIONS["audit"]: {"accuracy": [r"^val.*acc.*$"]}})
+        keep = [q.tag for q in names.family(names.FAMILY_AUDIT)
+                if not q.name.startswith(names.EPSILON_ANALYTIC) or q.name in analytic]
+        return names.chart_layout([names.FAMILY_AUDIT], only=keep, extra={
+            names.SECTIONS[names.FAMILY_AUDIT]: {"accuracy": [r"^val.*acc.*$"]}})
 
     def logged(self, progress: int) -> bool:
         """Whether a report at ``progress`` was already logged."""

@@ -39,9 +39,9 @@ HTML_FILENAME = "audit_report.html"
 MARKDOWN_FILENAME = "audit_report.md"
 
 _TITLES = {"final_model": "final model", "all_iterates": "all iterates"}
-_REFERENCE_TITLES = {"epsilon_last_iterate_heuristic": "last-iterate heuristic (not a bound)",
-                     "epsilon_analytic": "analytic epsilon (the claim)"}
-_DESCRIPTIONS = {q.name: q.description for q in names.family("audit")}
+_REFERENCE_TITLES = {names.EPSILON_LAST_ITERATE_HEURISTIC: "last-iterate heuristic (not a bound)",
+                     names.EPSILON_ANALYTIC: "analytic epsilon (the claim)"}
+_DESCRIPTIONS = {q.name: q.description for q in names.family(names.FAMILY_AUDIT)}
 
 
 def interval(lower: Any, upper: Any) -> str:
@@ -230,9 +230,9 @@ def render_html(summary: Mapping[str, Any] | None, images: Mapping[str, str],
             f"{_num_td(row['bound'])}<td>{_e(_REFERENCE_TITLES[row['reference_name']])}</td>"
             f"{_num_td(row['reference'])}{_num_td(row['ratio'])}<td>{_e(row['status'])}</td></tr>")
     out.append("</table>")
-    analytic = {k: summary.get(k) for k in ("epsilon_analytic", "epsilon_analytic_rdp",
-                                            "epsilon_analytic_prv", "epsilon_analytic_status",
-                                            "num_canaries_participated", "max_participations")
+    analytic = {k: summary.get(k) for k in (names.EPSILON_ANALYTIC, names.EPSILON_ANALYTIC_RDP,
+                                            names.EPSILON_ANALYTIC_PRV, "epsilon_analytic_status",
+                                            names.NUM_CANARIES_PARTICIPATED, "max_participations")
                 if k in summary}
     out.append(_table(analytic))
     out.append("<h2>Every estimate</h2><table><tr><th>name</th><th>value</th><th>interval</th>"

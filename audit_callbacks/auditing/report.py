@@ -23,12 +23,12 @@ __all__ = ["VERDICT_CODES", "CanaryReport", "fmt", "mechanism_verdict", "summary
            "summary_json", "verdict"]
 
 #: The report's fields that are logged beside the estimates (names of family ``audit``).
-_FIELDS = ("epsilon_analytic", "epsilon_analytic_rdp", "epsilon_analytic_prv",
-           "epsilon_last_iterate_heuristic", "num_canaries_participated")
+_FIELDS = (names.EPSILON_ANALYTIC, names.EPSILON_ANALYTIC_RDP, names.EPSILON_ANALYTIC_PRV,
+           names.EPSILON_LAST_ITERATE_HEURISTIC, names.NUM_CANARIES_PARTICIPATED)
 
 #: Each threat model's headline estimate and the reference it is compared with.
-REFERENCES = {"final_model": ("epsilon_final_model", "epsilon_last_iterate_heuristic"),
-              "all_iterates": ("epsilon_all_iterates", "epsilon_analytic")}
+REFERENCES = {"final_model": (names.EPSILON_FINAL_MODEL, names.EPSILON_LAST_ITERATE_HEURISTIC),
+              "all_iterates": (names.EPSILON_ALL_ITERATES, names.EPSILON_ANALYTIC)}
 
 #: A verdict's scalar code in TensorBoard (``audit/verdict_<tm>``); ``unchecked`` is not logged.
 VERDICT_CODES = {"consistent": 0, "suspicious": 1, "unproven": 1, "violation": 2}
@@ -74,7 +74,7 @@ def verdict(summary: Mapping[str, Any], threat_model: str) -> tuple[str, str]:
     estimates = summary.get("estimates") or {}
     estimate = estimates.get(estimate_name) or {}
     return judge(
-        threat_model, claim=summary.get("epsilon_analytic"),
+        threat_model, claim=summary.get(names.EPSILON_ANALYTIC),
         claim_status=summary.get("epsilon_analytic_status", "unknown"),
         bound=(estimates.get(f"epsilon_lower_bound_{threat_model}") or {}).get("value"),
         estimate=estimate.get("value"), lower=estimate.get("lower"), upper=estimate.get("upper"),
@@ -182,7 +182,7 @@ def _judge(threat_model: str, *, claim: Any, claim_status: str, bound: Any, esti
         return "unchecked", f"unchecked: no estimate ({estimate_status})"
     sentence = (f"consistent: the valid lower bound {fmt(bound)} and the estimate "
                 f"{fmt(estimate)} do not contradict the claimed epsilon {fmt(claim)}")
-    if reference_name != "epsilon_analytic":
+    if reference_name != names.EPSILON_ANALYTIC:
         sentence += (f"; last-iterate heuristic {fmt(_number(reference))}, estimate / heuristic "
                      f"{fmt(_number(ratio))}")
     return "consistent", sentence
@@ -248,7 +248,7 @@ class CanaryReport:
         ratios = self.ratios()
         codes = {f"verdict_{tm}": VERDICT_CODES.get(word) for tm, (word, _) in self.verdicts().items()}
         codes[names.VERDICT_MECHANISM] = VERDICT_CODES.get(self.mechanism_verdict()[0])
-        for q in names.family("audit"):
+        for q in names.family(names.FAMILY_AUDIT):
             if q.name in codes:
                 value = codes[q.name]
             elif q.name in self.checks:
@@ -331,7 +331,7 @@ def summary_json(
                             "one where larger; reference: the analytic epsilon",
         },
         "inputs": inputs,
-        "tags": {q.name: q.tag for q in names.family("audit")},
+        "tags": {q.name: q.tag for q in names.family(names.FAMILY_AUDIT)},
         "results": dict(estimates),  # the estimates and (below) the checks of the mechanism
         "estimates": estimates,
     }

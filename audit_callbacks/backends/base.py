@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
+from audit_callbacks import names
 from audit_callbacks.canary.base import NoMatchedStatistic, ReleaseModel
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -111,7 +112,7 @@ class BackendBase:
     training = "abstract"
     sign = 1.0
     default_delta = 1e-6
-    analytic_names: tuple[str, ...] = ("epsilon_analytic",)
+    analytic_names: tuple[str, ...] = (names.EPSILON_ANALYTIC,)
 
     def __init__(self, dim: int, population: int | None) -> None:
         self.dim = int(dim)

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from audit_callbacks import names
 from audit_callbacks.backends.base import BackendBase, LightningHooks, total_rounds
 from audit_callbacks.canary.base import NoisyAverageDelta, NoMatchedStatistic, ReleaseModel
 
@@ -281,7 +282,7 @@ class FedAvgBackend(LightningHooks, BackendBase):
         adversary knows them (the module's ``analytic_epsilon``); ``inf`` without noise."""
         assert self.auditor is not None
         max_part = int(self.auditor.participations.max(initial=0))
-        return {"epsilon_analytic": self.module.analytic_epsilon(max_part)}
+        return {names.EPSILON_ANALYTIC: self.module.analytic_epsilon(max_part)}
 
     def summary_inputs(self) -> dict[str, Any]:
         m = self.module

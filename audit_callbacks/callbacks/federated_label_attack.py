@@ -65,7 +65,7 @@ def _emit(message: str) -> None:
 
 __all__ = ["FederatedLabelAttack"]
 
-FAMILY = "fl_label_attack"  # its quantities in audit_callbacks.names
+FAMILY = names.FAMILY_FL_LABEL_ATTACK  # its quantities in audit_callbacks.names
 
 _CHUNK_ENTRIES = 8_000_000  # float64 entries of per-pair gradients held at once (64 MB)
 
@@ -126,7 +126,7 @@ class FederatedLabelAttack(FederatedAuditHooks, Callback):
         #: report section, the scalars
         self.output = LightningOutput("FederatedLabelAttack", summary_filename, emit=_emit,
                                   section=self._section,
-                                  text_tag=names.tag(FAMILY, "warnings"))
+                                  text_tag=names.tag(FAMILY, names.WARNINGS))
         self._gen = torch.Generator().manual_seed(self.seed)
 
     def _warn_once(self, trainer: pl.Trainer, key: str, message: str) -> None:
@@ -200,35 +200,35 @@ class FederatedLabelAttack(FederatedAuditHooks, Callback):
             y = y_all.reshape(-1).to(torch.int64)
             accs.append(float((pred == y).double().mean()))
             row_out = {"round": float(fl_round.index), "client": float(cid),
-                       "accuracy": accs[-1], "examples": float(n)}
+                       names.ACCURACY: accs[-1], "examples": float(n)}
             if z > 0:
                 noise = torch.randn(upd.shape[0], generator=self._gen, dtype=torch.float64) * (z * c_norm)
                 wn = w - noise[w_off:w_off + k * p].reshape(k, p)
                 bn = b - noise[b_off:b_off + k] if b is not None else None
                 pred_n = reconstruct_labels(feats, wn, bn, factorization=f)
                 noised.append(float((pred_n == y).double().mean()))
-                row_out["accuracy_noised"] = noised[-1]
+                row_out[names.ACCURACY_NOISED] = noised[-1]
                 res = self._bound(trainer, pl_module, f, w, b, logits, y, z, c_norm, delta, x_all, updates[row])
                 if res is not None:
                     expected.append(res.expected_attack_accuracy.value)
                     bounds.append(res.epsilon_lower_bound.value)
                     single_round = res.epsilon_single_round.value
-                    row_out["expected_accuracy_noised"] = expected[-1]
-                    row_out["epsilon_lower_bound"] = bounds[-1]
+                    row_out[names.EXPECTED_ACCURACY_NOISED] = expected[-1]
+                    row_out[names.EPSILON_LOWER_BOUND] = bounds[-1]
             self.history.append(row_out)
             self.attacked_clients += 1
             self.accuracy_sum += accs[-1]
         if not accs:
             return
-        metrics = {"accuracy": float(np.mean(accs)), "attacked_clients": len(accs)}  # names of FAMILY
+        metrics = {names.ACCURACY: float(np.mean(accs)), names.ATTACKED_CLIENTS: len(accs)}  # names of FAMILY
         if noised:
-            metrics["accuracy_noised"] = float(np.mean(noised))
+            metrics[names.ACCURACY_NOISED] = float(np.mean(noised))
         if bounds:
             self.running_max = max(self.running_max, max(bounds))
-            metrics["expected_accuracy_noised"] = float(np.mean(expected))
-            metrics["epsilon_lower_bound"] = float(max(bounds))
-            metrics["epsilon_lower_bound_max"] = self.running_max
-            metrics["epsilon_single_round"] = float(single_round)
+            metrics[names.EXPECTED_ACCURACY_NOISED] = float(np.mean(expected))
+            metrics[names.EPSILON_LOWER_BOUND] = float(max(bounds))
+            metrics[names.EPSILON_LOWER_BOUND_MAX] = self.running_max
+            metrics[names.EPSILON_SINGLE_ROUND] = float(single_round)
         self.rounds.append({"round": float(fl_round.index), "noise_multiplier": z, **metrics})
         self.output.scalars({names.tag(FAMILY, k): v for k, v in metrics.items()}, int(trainer.global_step))
 
@@ -341,16 +341,16 @@ class FederatedLabelAttack(FederatedAuditHooks, Callback):
         acc = self.accuracy
         delta = self.delta if self.delta is not None else float(getattr(pl_module, "delta", 1e-5) or 1e-5)
         noise = self.rounds[-1].get("noise_multiplier") if self.rounds else None
-        single = self.rounds[-1].get("epsilon_single_round") if self.rounds else None
+        single = self.rounds[-1].get(names.EPSILON_SINGLE_ROUND) if self.rounds else None
         none = "no client was attacked"
         results = {
-            "accuracy": result_entry(acc, reason=none, method="noise-free last-layer label attack",
-                                     source=SOURCE, counts={"n": self.attacked_clients}),
-            "epsilon_lower_bound_max": result_entry(
+            names.ACCURACY: result_entry(acc, reason=none, method="noise-free last-layer label attack",
+                                         source=SOURCE, counts={"n": self.attacked_clients}),
+            names.EPSILON_LOWER_BOUND_MAX: result_entry(
                 self.running_max if self.attacked_clients else None, reason=none, delta=delta,
                 method="max over attacked clients", source=SOURCE, counts={"n": self.attacked_clients}),
-            "epsilon_single_round": result_entry(single, reason=none, delta=delta,
-                                                 method="gaussian mechanism, one round", source=SOURCE),
+            names.EPSILON_SINGLE_ROUND: result_entry(single, reason=none, delta=delta,
+                                                    method="gaussian mechanism, one round", source=SOURCE),
         }
         return summary_document(
             "FederatedLabelAttack", run_status=status, source=SOURCE,
@@ -377,22 +377,22 @@ class FederatedLabelAttack(FederatedAuditHooks, Callback):
         finished)."""
         return ("federated label attack (Yuan, Xue, Wang, Shen 2022)", {
             "status": "ok" if self.attacked_clients else "not attacked: no client was attacked",
-            "accuracy": self.accuracy, "attacked_clients": self.attacked_clients,
-            "epsilon_lower_bound_max": self.running_max if self.attacked_clients else None,
-            "epsilon_single_round": self.rounds[-1].get("epsilon_single_round") if self.rounds else None,
+            names.ACCURACY: self.accuracy, names.ATTACKED_CLIENTS: self.attacked_clients,
+            names.EPSILON_LOWER_BOUND_MAX: self.running_max if self.attacked_clients else None,
+            names.EPSILON_SINGLE_ROUND: self.rounds[-1].get(names.EPSILON_SINGLE_ROUND) if self.rounds else None,
             "skipped": dict(self.skips), "source": SOURCE})
 
     def state_dict(self) -> dict[str, Any]:
         """The checkpointed state: aggregates only (per-round means, the attacked-client count
         and accuracy sum, the skips, the running maximum) and the attack's generator; no row of
         a real client (``history`` starts empty after a resume)."""
-        return {"attacked_clients": self.attacked_clients, "accuracy_sum": self.accuracy_sum,
+        return {names.ATTACKED_CLIENTS: self.attacked_clients, "accuracy_sum": self.accuracy_sum,
                 "rounds": [dict(r) for r in self.rounds],
                 "skips": dict(self.skips), "running_max": self.running_max, "generator": self._gen.get_state()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.history = []
-        self.attacked_clients = int(state_dict.get("attacked_clients", 0))
+        self.attacked_clients = int(state_dict.get(names.ATTACKED_CLIENTS, 0))
         self.accuracy_sum = float(state_dict.get("accuracy_sum", 0.0))
         self.rounds = [dict(r) for r in state_dict.get("rounds", [])]
         self.skips = Counter({str(k): int(v) for k, v in state_dict.get("skips", {}).items()})

@@ -123,7 +123,7 @@ class StepAuditCallback(Callback):
         #: the audit's output path: warnings once (also as TensorBoard text), the summary, the
         #: report section, the scalars
         self.output = LightningOutput(type(self).__name__, summary_filename, emit=_rank_zero_warn,
-                                      section=self._section, text_tag=names.tag(self.family, "warnings"))
+                                      section=self._section, text_tag=names.tag(self.family, names.WARNINGS))
         self.steps = 0
         self.considered = 0
         self.skips: Counter[str] = Counter()
@@ -159,7 +159,7 @@ class StepAuditCallback(Callback):
     def coverage(self) -> dict[str, Any]:
         """For the summary JSON: steps seen, considered, attacked, skipped per reason."""
         return {"steps": self.steps, "considered_steps": self.considered, "attacked_steps": self.attacked_steps,
-                "attacked_fraction": self.attacked_fraction, "skipped": dict(self.skips),
+                names.ATTACKED_FRACTION: self.attacked_fraction, "skipped": dict(self.skips),
                 "skip_reason_codes": SKIP_REASONS, "disabled_reason": self.disabled_reason}
 
     # ------------------------------------------------------------------ to implement
@@ -246,8 +246,8 @@ class StepAuditCallback(Callback):
         stepped, self._stepped = self._stepped, False
         if not (self._log_this_batch and stepped) or self.last_reason is None:
             return  # a batch that accumulates gradients logs nothing: its values would be the last step's
-        latest = {**self._latest, "attacked_fraction": self.attacked_fraction,
-                  "skip_reason": float(SKIP_REASONS.get(self.last_reason, -1))}
+        latest = {**self._latest, names.ATTACKED_FRACTION: self.attacked_fraction,
+                  names.SKIP_REASON: float(SKIP_REASONS.get(self.last_reason, -1))}
         metrics = {names.tag(self.family, k): float(v) for k, v in latest.items() if v is not None and math.isfinite(v)}
         self.output.scalars(metrics, int(trainer.global_step))
 

@@ -260,14 +260,15 @@ class LabelDPLowerBound(StepAuditCallback):
         # the step's results by name (expected_attack_accuracy only where every row's P0 was
         # computed: on logged steps with max_pairs), then the run's running values
         record = {"step": float(self.steps), **{k: r.value for k, r in res.results().items()},
-                  "epsilon_lower_bound_max": self.running_max,
-                  "epsilon_lower_bound_extrapolated": self._sum / attacked * extrapolation_factor(attacked, n_e)}
+                  names.EPSILON_LOWER_BOUND_MAX: self.running_max,
+                  names.EPSILON_LOWER_BOUND_EXTRAPOLATED:
+                      self._sum / attacked * extrapolation_factor(attacked, n_e)}
         if self.second_last:
             sl = self._second_last(data, probs, y, norms, kw)
             if sl is not None:
                 self.running_max_second_last = max(self.running_max_second_last, sl)
-                record["epsilon_lower_bound_second_last"] = sl
-            record["epsilon_lower_bound_second_last_max"] = self.running_max_second_last
+                record[names.EPSILON_LOWER_BOUND_SECOND_LAST] = sl
+            record[names.EPSILON_LOWER_BOUND_SECOND_LAST_MAX] = self.running_max_second_last
         self.records.append(record)
         return {k: v for k, v in record.items() if k != "step"}
 
@@ -312,8 +313,8 @@ class LabelDPLowerBound(StepAuditCallback):
             return
         self.epsilon_accountant = accountant_epsilon(self._accountant, self._delta_used)
         if self.epsilon_accountant is not None:
-            pl_module.log(names.tag(self.family, "epsilon_accountant"), self.epsilon_accountant, on_step=False,
-                          on_epoch=True)
+            pl_module.log(names.tag(self.family, names.EPSILON_ACCOUNTANT), self.epsilon_accountant,
+                          on_step=False, on_epoch=True)
 
     @property
     def epsilon_single_step(self) -> float | None:
@@ -341,22 +342,22 @@ class LabelDPLowerBound(StepAuditCallback):
         }
         values = {
             # no step attacked: "not attacked", never a bound of 0.0 that reads as a measurement
-            "epsilon_lower_bound_max": self.running_max if attacked else None,
-            "epsilon_lower_bound_second_last_max": (self.running_max_second_last
-                                                    if self.second_last and attacked else None),
-            "epsilon_lower_bound_extrapolated": last.get("epsilon_lower_bound_extrapolated"),
-            "epsilon_single_step": self.epsilon_single_step,
-            "epsilon_accountant": accountant_epsilon(self._accountant, self._delta_used),
+            names.EPSILON_LOWER_BOUND_MAX: self.running_max if attacked else None,
+            names.EPSILON_LOWER_BOUND_SECOND_LAST_MAX: (self.running_max_second_last
+                                                        if self.second_last and attacked else None),
+            names.EPSILON_LOWER_BOUND_EXTRAPOLATED: last.get(names.EPSILON_LOWER_BOUND_EXTRAPOLATED),
+            names.EPSILON_SINGLE_STEP: self.epsilon_single_step,
+            names.EPSILON_ACCOUNTANT: accountant_epsilon(self._accountant, self._delta_used),
         }
-        method = {"epsilon_lower_bound_max": "max over attacked steps of the last-layer label attack",
-                  "epsilon_lower_bound_second_last_max": "max over attacked steps, second-last layer",
-                  "epsilon_lower_bound_extrapolated": "mean batch bound x (1 + log M / log N)",
-                  "epsilon_single_step": "gaussian mechanism, sensitivity 2C",
-                  "epsilon_accountant": "opacus accountant"}
+        method = {names.EPSILON_LOWER_BOUND_MAX: "max over attacked steps of the last-layer label attack",
+                  names.EPSILON_LOWER_BOUND_SECOND_LAST_MAX: "max over attacked steps, second-last layer",
+                  names.EPSILON_LOWER_BOUND_EXTRAPOLATED: "mean batch bound x (1 + log M / log N)",
+                  names.EPSILON_SINGLE_STEP: "gaussian mechanism, sensitivity 2C",
+                  names.EPSILON_ACCOUNTANT: "opacus accountant"}
         results = {
             name: result_entry(value, delta=self._delta_used, method=method[name], source=SOURCE,
                                counts={"attacked_steps": self.attacked_steps},
-                               reason=not_attacked if name.startswith("epsilon_lower_bound") else "unknown")
+                               reason=not_attacked if name.startswith(names.EPSILON_LOWER_BOUND) else "unknown")
             for name, value in values.items()}
         return summary_document(
             "LabelDPLowerBound", run_status=status, source=SOURCE,
@@ -375,9 +376,9 @@ class LabelDPLowerBound(StepAuditCallback):
         last = self.records[-1] if self.records else {}
         return ("label-DP lower bound (Yuan, Xue, Wang, Shen 2022)", {
             "status": "ok" if self.attacked_steps else "not attacked: no step could be attacked",
-            "epsilon_lower_bound_max": self.running_max if self.attacked_steps else None,
-            "epsilon_lower_bound_extrapolated": last.get("epsilon_lower_bound_extrapolated"),
-            "epsilon_single_step": self.epsilon_single_step, "attacked_steps": self.attacked_steps,
+            names.EPSILON_LOWER_BOUND_MAX: self.running_max if self.attacked_steps else None,
+            names.EPSILON_LOWER_BOUND_EXTRAPOLATED: last.get(names.EPSILON_LOWER_BOUND_EXTRAPOLATED),
+            names.EPSILON_SINGLE_STEP: self.epsilon_single_step, "attacked_steps": self.attacked_steps,
             "considered_steps": self.considered, "disabled_reason": self.disabled_reason})
 
     def state_dict(self) -> dict[str, Any]:

@@ -199,9 +199,9 @@ class LabelReconstructionAttack(StepAuditCallback):
         """The aggregates the logger may see: {} before the first complete block."""
         out = {}
         if self.published_accuracy is not None:
-            out["accuracy"] = self.published_accuracy
+            out[names.ACCURACY] = self.published_accuracy
         if self.published_count_accuracy is not None:
-            out["count_accuracy"] = self.published_count_accuracy
+            out[names.COUNT_ACCURACY] = self.published_count_accuracy
         return out
 
     def _counts(self, optimizer: Any, data: dict[str, Any], b_grad: torch.Tensor | None) -> None:
@@ -270,9 +270,9 @@ class LabelReconstructionAttack(StepAuditCallback):
         why = self._status()
         reason = why if why != "ok" else "not computed"
         results = {
-            "accuracy": result_entry(self.published_accuracy, reason=reason, method="last-layer label attack",
+            names.ACCURACY: result_entry(self.published_accuracy, reason=reason, method="last-layer label attack",
                                      source=SOURCE, counts={"n": int(self._published["attacked"])}),
-            "count_accuracy": result_entry(self.published_count_accuracy, reason="no label counts attacked",
+            names.COUNT_ACCURACY: result_entry(self.published_count_accuracy, reason="no label counts attacked",
                                            method="label-count attack", source=SOURCE,
                                            counts={"n": int(self._published["count_attacked"])}),
         }

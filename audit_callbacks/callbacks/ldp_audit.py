@@ -116,7 +116,7 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
-FAMILY = "ldp"
+FAMILY = names.FAMILY_LDP
 #: Source of the per-test estimate and bounds, of the family-wise flag and of the exact audit.
 SOURCE = ("Matsumoto et al. (empirical epsilon-0 test of LDP-SGD in FL), Alg. 2, eq. 3, Table 2; "
           "docs/methods/ldp.md, C1-C3")
@@ -305,11 +305,12 @@ class LDPAudit(FederatedAuditHooks, Callback):
         """The tags this callback logs (its adversaries'), all from :mod:`audit_callbacks.names`."""
         per_adversary = [
             names.tag(FAMILY, f"{key}_{a}") for a in self.adversaries
-            for key in ("epsilon0", "epsilon0_lower_bound", "norm_g1")
-            if key != "norm_g1" or a in _GRADIENT_ADVERSARIES
+            for key in (names.EPSILON0_STEM, names.EPSILON0_LOWER_BOUND_STEM, names.NORM_G1_STEM)
+            if key != names.NORM_G1_STEM or a in _GRADIENT_ADVERSARIES
         ]
-        shared = ("epsilon0_claimed", "epsilon0_ceiling", "clip_norm", "client_updates_at_clip",
-                  "epsilon_exact_per_coordinate", "epsilon_claimed_per_coordinate")
+        shared = (names.EPSILON0_CLAIMED, names.EPSILON0_CEILING, names.CLIP_NORM,
+                  names.CLIENT_UPDATES_AT_CLIP, names.EPSILON_EXACT_PER_COORDINATE,
+                  names.EPSILON_CLAIMED_PER_COORDINATE)
         return per_adversary + [names.tag(FAMILY, n) for n in shared]
 
     # ------------------------------------------------------------------ protocol hooks
@@ -410,12 +411,12 @@ class LDPAudit(FederatedAuditHooks, Callback):
         n_classes = self._num_classes(trainer, pl_module, x)
         records: list[dict[str, Any]] = []
         metrics: dict[str, float | None] = {
-            names.tag(FAMILY, "epsilon0_claimed"): claimed,
-            names.tag(FAMILY, "epsilon0_ceiling"): ceiling,
-            names.tag(FAMILY, "clip_norm"): clip,
+            names.tag(FAMILY, names.EPSILON0_CLAIMED): claimed,
+            names.tag(FAMILY, names.EPSILON0_CEILING): ceiling,
+            names.tag(FAMILY, names.CLIP_NORM): clip,
         }
         if self.update_norms["count"]:
-            metrics[names.tag(FAMILY, "client_updates_at_clip")] = (
+            metrics[names.tag(FAMILY, names.CLIENT_UPDATES_AT_CLIP)] = (
                 self.update_norms["at_clip"] / self.update_norms["count"]
             )
         was_training = pl_module.model.training
@@ -437,19 +438,19 @@ class LDPAudit(FederatedAuditHooks, Callback):
                 "audit": k,
                 "adversary": name,
                 "client": cid,
-                "epsilon0": float(res.epsilon),
+                names.EPSILON0_STEM: float(res.epsilon),
                 "epsilon0_capped": bool(res.epsilon_capped),
-                "epsilon0_lower_bound": float(res.epsilon_lower_bound),
+                names.EPSILON0_LOWER_BOUND_STEM: float(res.epsilon_lower_bound),
                 "epsilon0_upper_bound": _finite_or_none(res.epsilon_upper_bound),
                 "epsilon0_expected": _finite_or_none(res.expected_epsilon),
-                "epsilon0_claimed": claimed,
+                names.EPSILON0_CLAIMED: claimed,
                 "ceiling": float(res.ceiling),
                 "familywise_alpha": alpha_flag,
                 "epsilon0_lower_bound_familywise": lo_flag,
                 "delta": delta,
                 "flagged": bool(flagged),
                 "exceeds_claimed_per_test": bool(res.epsilon_lower_bound > claimed * (1 + _REL_TOL)),
-                "norm_g1": float(pair.norm_g1),
+                names.NORM_G1_STEM: float(pair.norm_g1),
                 "norm_g2": float(pair.norm_g2),
                 "cosine_g1_g2": _finite_or_none(pair.cosine),
                 "clip_norm": clip,
@@ -459,8 +460,8 @@ class LDPAudit(FederatedAuditHooks, Callback):
             }
             rec["results"] = _results(rec)  # the AuditResults of this test, made once
             records.append(rec)
-            for key in ("epsilon0", "epsilon0_lower_bound", "norm_g1"):
-                if key != "norm_g1" or name in _GRADIENT_ADVERSARIES:
+            for key in (names.EPSILON0_STEM, names.EPSILON0_LOWER_BOUND_STEM, names.NORM_G1_STEM):
+                if key != names.NORM_G1_STEM or name in _GRADIENT_ADVERSARIES:
                     metrics[names.tag(FAMILY, f"{key}_{name}")] = rec[key]
             if flagged:
                 self._flag(name, rec, repr(rnd))
@@ -474,14 +475,14 @@ class LDPAudit(FederatedAuditHooks, Callback):
 
     def _flag(self, name: str, rec: dict[str, Any], mechanism: str) -> None:
         self.flags.append({k: rec[k] for k in (
-            "round", "adversary", "epsilon0", "epsilon0_lower_bound",
-            "epsilon0_lower_bound_familywise", "familywise_alpha", "epsilon0_claimed")})
+            "round", "adversary", names.EPSILON0_STEM, names.EPSILON0_LOWER_BOUND_STEM,
+            "epsilon0_lower_bound_familywise", "familywise_alpha", names.EPSILON0_CLAIMED)})
         self._warn_once(
             f"flag/{name}",
             f"LDPAudit: BROKEN RANDOMIZER: at round {rec['round']} the {name} adversary's lower "
             f"bound {rec['epsilon0_lower_bound_familywise']:.4g} (family-wise, alpha "
             f"{rec['familywise_alpha']:.3g}) exceeds the claimed epsilon0 "
-            f"{rec['epsilon0_claimed']:.4g} of {mechanism} (estimate {rec['epsilon0']:.4g}, "
+            f"{rec[names.EPSILON0_CLAIMED]:.4g} of {mechanism} (estimate {rec[names.EPSILON0_STEM]:.4g}, "
             f"{rec['trials']} trials): it does not give the privacy it states",
             BrokenRandomizerWarning,
         )
@@ -499,21 +500,21 @@ class LDPAudit(FederatedAuditHooks, Callback):
         claimed = float(rnd.epsilon_per_coordinate)
         flagged = wit.epsilon > claimed * (1.0 + _REL_TOL)
         self.exact = {
-            "epsilon_exact_per_coordinate": float(wit.epsilon),
-            "epsilon_claimed_per_coordinate": claimed,
+            names.EPSILON_EXACT_PER_COORDINATE: float(wit.epsilon),
+            names.EPSILON_CLAIMED_PER_COORDINATE: claimed,
             "x_high": float(wit.x_high), "x_low": float(wit.x_low), "y": float(wit.y),
             "flagged": bool(flagged),
         }
         self.exact["result"] = exact_result(self.exact)  # made once, when measured
         self.output.bind(trainer)
         self.output.scalars({
-            names.tag(FAMILY, "epsilon_exact_per_coordinate"): wit.epsilon,
-            names.tag(FAMILY, "epsilon_claimed_per_coordinate"): claimed,
+            names.tag(FAMILY, names.EPSILON_EXACT_PER_COORDINATE): wit.epsilon,
+            names.tag(FAMILY, names.EPSILON_CLAIMED_PER_COORDINATE): claimed,
         }, 0)
         if flagged:
             self.flags.append({"round": 0, "adversary": "exact_audit",
-                               "epsilon_exact_per_coordinate": float(wit.epsilon),
-                               "epsilon_claimed_per_coordinate": claimed})
+                               names.EPSILON_EXACT_PER_COORDINATE: float(wit.epsilon),
+                               names.EPSILON_CLAIMED_PER_COORDINATE: claimed})
             self._warn_once(
                 "flag/exact",
                 f"LDPAudit: BROKEN RANDOMIZER: the exact audit of {rnd!r} gives a per-coordinate "
@@ -535,10 +536,11 @@ class LDPAudit(FederatedAuditHooks, Callback):
         for name in self.adversaries:
             recs = [r for r in self.history if r["adversary"] == name]
             if recs:
-                out[f"epsilon0_mean_{name}"] = float(np.mean([r["epsilon0"] for r in recs]))
-                out[f"epsilon0_lower_bound_max_{name}"] = float(max(r["epsilon0_lower_bound"] for r in recs))
+                out[f"epsilon0_mean_{name}"] = float(np.mean([r[names.EPSILON0_STEM] for r in recs]))
+                out[f"epsilon0_lower_bound_max_{name}"] = float(
+                    max(r[names.EPSILON0_LOWER_BOUND_STEM] for r in recs))
         if self.exact is not None:
-            out["epsilon_exact_per_coordinate"] = self.exact["epsilon_exact_per_coordinate"]
+            out[names.EPSILON_EXACT_PER_COORDINATE] = self.exact[names.EPSILON_EXACT_PER_COORDINATE]
         out["source"] = SOURCE
         return "local DP: empirical epsilon0 (Matsumoto et al.)", out
 
@@ -560,28 +562,28 @@ class LDPAudit(FederatedAuditHooks, Callback):
         for name in self.adversaries:
             recs = [r for r in self.history if r["adversary"] == name]
             if not recs:
-                results[f"epsilon0_{name}"] = result_entry(None, reason="not audited")
-                results[f"epsilon0_lower_bound_{name}"] = result_entry(None, reason="not audited")
+                for stem in (names.EPSILON0_STEM, names.EPSILON0_LOWER_BOUND_STEM):
+                    results[names.qualified(stem, name)] = result_entry(None, reason="not audited")
                 continue
             last = _published(recs[-1])
             by_adv[name] = {
                 "audits": len(recs),
                 "last": last,
-                "epsilon0_mean": float(np.mean([r["epsilon0"] for r in recs])),
-                "epsilon0_lower_bound_max": float(max(r["epsilon0_lower_bound"] for r in recs)),
+                "epsilon0_mean": float(np.mean([r[names.EPSILON0_STEM] for r in recs])),
+                "epsilon0_lower_bound_max": float(max(r[names.EPSILON0_LOWER_BOUND_STEM] for r in recs)),
                 "audits_with_norm_at_least_clip": int(sum(_at_clip(r) for r in recs)),
             }
-            test = last["epsilon0"]
-            results[f"epsilon0_{name}"] = test
-            results[f"epsilon0_lower_bound_{name}"] = result_entry(
-                recs[-1]["epsilon0_lower_bound"], alpha=test["alpha"], delta=0.0,
+            test = last[names.EPSILON0_STEM]
+            results[names.qualified(names.EPSILON0_STEM, name)] = test
+            results[names.qualified(names.EPSILON0_LOWER_BOUND_STEM, name)] = result_entry(
+                recs[-1][names.EPSILON0_LOWER_BOUND_STEM], alpha=test["alpha"], delta=0.0,
                 method=f"{test['method']}_lower_bound", source=SOURCE, counts=test["counts"])
         n = self.update_norms["count"]
         claimed = self._claimed(pl_module) if rnd is not None else None
         inputs = {
             "randomizer": repr(rnd),
             "dim": self._dim,
-            "epsilon0_claimed": claimed,
+            names.EPSILON0_CLAIMED: claimed,
             "clip_norm": self._clip_norm(pl_module) if rnd is not None else None,
             "module_clip_norm": getattr(pl_module, "clip_norm", None),
             "trials": self.trials,
@@ -589,21 +591,21 @@ class LDPAudit(FederatedAuditHooks, Callback):
             "every_n_rounds": self.every_n_rounds,
             "adversaries": list(self.adversaries),
             "seed": self.seed,
-            "epsilon0_ceiling": measurable_ceiling(self.trials, self.alpha),
+            names.EPSILON0_CEILING: measurable_ceiling(self.trials, self.alpha),
             "rounds": int(getattr(pl_module, "round", 0) or 0),
         }
         share = (self.update_norms["at_clip"] / n) if n else None
         results.update(
             epsilon0_claimed=result_entry(claimed, reason="no randomizer", method="the randomizer's claim"),
-            epsilon0_ceiling=result_entry(inputs["epsilon0_ceiling"], method="measurable ceiling",
+            epsilon0_ceiling=result_entry(inputs[names.EPSILON0_CEILING], method="measurable ceiling",
                                           source=SOURCE, counts={"trials": self.trials}),
             client_updates_at_clip=result_entry(share, reason="no client update seen",
                                                 method="share of clipped client updates", counts={"n": n}),
         )
         if self.exact is not None:
-            results["epsilon_exact_per_coordinate"] = self.exact.get("result") or exact_result(self.exact)
-            results["epsilon_claimed_per_coordinate"] = result_entry(
-                self.exact["epsilon_claimed_per_coordinate"], method="the randomizer's claim")
+            results[names.EPSILON_EXACT_PER_COORDINATE] = self.exact.get("result") or exact_result(self.exact)
+            results[names.EPSILON_CLAIMED_PER_COORDINATE] = result_entry(
+                self.exact[names.EPSILON_CLAIMED_PER_COORDINATE], method="the randomizer's claim")
         return summary_document(
             "LDPAudit", run_status=status, source=SOURCE,
             status="ok" if self.history else "not audited: no round was audited",
@@ -614,14 +616,14 @@ class LDPAudit(FederatedAuditHooks, Callback):
             flagged=bool(self.flags),
             flags=self.flags,
             exact_audit=None if self.exact is None else {
-                "epsilon_exact_per_coordinate": results["epsilon_exact_per_coordinate"],
-                "epsilon_claimed_per_coordinate": self.exact["epsilon_claimed_per_coordinate"],
+                names.EPSILON_EXACT_PER_COORDINATE: results[names.EPSILON_EXACT_PER_COORDINATE],
+                names.EPSILON_CLAIMED_PER_COORDINATE: self.exact[names.EPSILON_CLAIMED_PER_COORDINATE],
                 "flagged": self.exact["flagged"],
             },
             adversaries=by_adv,
             client_update_norms={  # aggregates only: no client's own value
                 "count": n,
-                "client_updates_at_clip": share,
+                names.CLIENT_UPDATES_AT_CLIP: share,
                 "mean": (self.update_norms["sum"] / n) if n else None,
             },
             history=[_published(r) for r in self.history],
@@ -665,7 +667,8 @@ def epsilon0_result(rec: dict[str, Any]) -> AuditResult:
     """
     capped = bool(rec["epsilon0_capped"])
     return AuditResult(
-        value=rec["epsilon0"], lower=rec["epsilon0_lower_bound"], upper=rec["epsilon0_upper_bound"],
+        value=rec[names.EPSILON0_STEM], lower=rec[names.EPSILON0_LOWER_BOUND_STEM],
+        upper=rec["epsilon0_upper_bound"],
         alpha=rec["alpha"], delta=0.0, method=f"ldp_test_{rec['method']}", source=SOURCE,
         counts={k: int(rec[k]) for k in ("tp", "fn", "fp", "tn", "trials")},
         details={
@@ -696,7 +699,7 @@ def exact_result(exact: dict[str, Any]) -> dict[str, Any]:
     infinite (output ``y`` impossible under input ``x_low``), only ``status`` (saying so) and
     ``details``, as the canary summary does for an estimate it has not got."""
     details = {k: exact[k] for k in ("x_high", "x_low", "y")}
-    eps = float(exact["epsilon_exact_per_coordinate"])
+    eps = float(exact[names.EPSILON_EXACT_PER_COORDINATE])
     if not math.isfinite(eps):
         return {"status": f"infinite: output {exact['y']:g} has probability 0 under input "
                           f"{exact['x_low']:g} and not under {exact['x_high']:g}",
@@ -705,24 +708,24 @@ def exact_result(exact: dict[str, Any]) -> dict[str, Any]:
                        details=details).to_dict()
 
 
-_PRIVATE_FIELDS = ("client", "norm_g1", "norm_g2", "cosine_g1_g2")
+_PRIVATE_FIELDS = ("client", names.NORM_G1_STEM, "norm_g2", "cosine_g1_g2")
 # Fields of a record that its two AuditResults carry in the summary (``trials`` stays beside).
-_RESULT_FIELDS = ("epsilon0", "epsilon0_capped", "epsilon0_lower_bound", "epsilon0_upper_bound",
-                  "epsilon0_expected", "ceiling", "epsilon0_lower_bound_familywise",
+_RESULT_FIELDS = (names.EPSILON0_STEM, "epsilon0_capped", names.EPSILON0_LOWER_BOUND_STEM,
+                  "epsilon0_upper_bound", "epsilon0_expected", "ceiling", "epsilon0_lower_bound_familywise",
                   "familywise_alpha", "delta", "tp", "fn", "fp", "tn", "alpha", "seed")
 
 
 def _results(rec: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """A test's two results, made when it ran (or for a record of an older checkpoint)."""
-    return {"epsilon0": epsilon0_result(rec).to_dict(),
+    return {names.EPSILON0_STEM: epsilon0_result(rec).to_dict(),
             "epsilon0_lower_bound_familywise": familywise_result(rec).to_dict()}
 
 
 def _at_clip(rec: dict[str, Any]) -> bool:
     """Whether the record's crafted gradient g1 had norm >= the clip norm (a resumed record
     keeps only this flag, :func:`_checkpointed`)."""
-    if "norm_g1" in rec:
-        return bool(rec["norm_g1"] >= rec["clip_norm"])
+    if names.NORM_G1_STEM in rec:
+        return bool(rec[names.NORM_G1_STEM] >= rec["clip_norm"])
     return bool(rec.get("g1_at_clip", False))
 
 
@@ -730,8 +733,8 @@ def _checkpointed(rec: dict[str, Any]) -> dict[str, Any]:
     """An audit record for the checkpoint: without the client's id and the values computed from
     its data (:data:`_PRIVATE_FIELDS`); ``g1_at_clip`` (what the summary shows of them) kept."""
     out = {k: v for k, v in rec.items() if k not in _PRIVATE_FIELDS}
-    if "norm_g1" in rec:
-        out["g1_at_clip"] = bool(rec["norm_g1"] >= rec["clip_norm"] * (1 - 1e-6))
+    if names.NORM_G1_STEM in rec:
+        out["g1_at_clip"] = bool(rec[names.NORM_G1_STEM] >= rec["clip_norm"] * (1 - 1e-6))
     return out
 
 

@@ -60,9 +60,9 @@ from audit_callbacks.validation import check_count, check_positive, check_real, 
 __all__ = ["INFERENCE_MODES", "LDPInferenceAudit"]
 
 INFERENCE_MODES: tuple[str, ...] = ("debiased", "raw")
-FAMILY = "ldp_inference"
-#: The quantities logged per mode: ``names.tag(FAMILY, f"{key}_{mode}")``.
-_KEYS = ("error", "error_median", "error_max", "confidence")
+FAMILY = names.FAMILY_LDP_INFERENCE
+#: The quantities logged per mode: ``names.tag(FAMILY, names.qualified(key, mode))``.
+_KEYS = (names.ERROR_STEM, names.ERROR_MEDIAN_STEM, names.ERROR_MAX_STEM, names.CONFIDENCE_STEM)
 SOURCE = ("Varun et al. 2024 §3.1 (inference attack on LDP-FL), eq. 2 and eq. 10; "
           "docs/methods/ldp.md, C5")
 
@@ -169,7 +169,7 @@ class LDPInferenceAudit(FederatedAuditHooks, Callback):
         self.output.bind(trainer)
         if not self._layout_written:
             self.output.sink.layout(names.chart_layout(
-                [FAMILY], only=[names.tag(FAMILY, f"{k}_{m}") for m in self.modes for k in _KEYS]))
+                [FAMILY], only=[names.tag(FAMILY, names.qualified(k, m)) for m in self.modes for k in _KEYS]))
             self._layout_written = True
 
     # ------------------------------------------------------------------ protocol hooks
@@ -218,11 +218,11 @@ class LDPInferenceAudit(FederatedAuditHooks, Callback):
         ``final`` and ``history`` kept beside ``inputs`` and ``results``)."""
         final = self.history[-1] if self.history else None
         results = {
-            f"{key}_{mode}": result_entry((final or {}).get(f"{key}_{mode}"),
-                                          reason="no round observed" if final is None else "not computed",
-                                          method=f"ldp_fl_inference_{mode}", source=SOURCE,
-                                          counts={"rows": int(final["rows"])} if final else {})
-            for mode in self.modes for key in _KEYS}
+            name: result_entry((final or {}).get(name),
+                               reason="no round observed" if final is None else "not computed",
+                               method=f"ldp_fl_inference_{mode}", source=SOURCE,
+                               counts={"rows": int(final["rows"])} if final else {})
+            for mode in self.modes for key in _KEYS for name in (names.qualified(key, mode),)}
         return summary_document(
             "LDPInferenceAudit", run_status=status, source=SOURCE,
             status="ok" if final is not None else "not attacked: no round observed",
@@ -264,14 +264,15 @@ class LDPInferenceAudit(FederatedAuditHooks, Callback):
             pred = attack.predict(target=target)
             self.last[mode] = pred
             err = pred.error
-            rec[f"error_{mode}"] = float(np.mean(err))
-            rec[f"error_median_{mode}"] = float(np.median(err))
-            rec[f"error_max_{mode}"] = float(np.max(err))
-            rec[f"confidence_{mode}"] = (
+            rec[names.qualified(names.ERROR_STEM, mode)] = float(np.mean(err))
+            rec[names.qualified(names.ERROR_MEDIAN_STEM, mode)] = float(np.median(err))
+            rec[names.qualified(names.ERROR_MAX_STEM, mode)] = float(np.max(err))
+            rec[names.qualified(names.CONFIDENCE_STEM, mode)] = (
                 None if pred.confidence is None else float(np.mean(pred.confidence))
             )
             for key in _KEYS:
-                metrics[names.tag(FAMILY, f"{key}_{mode}")] = rec[f"{key}_{mode}"]
+                name = names.qualified(key, mode)
+                metrics[names.tag(FAMILY, name)] = rec[name]
         rec["rows"] = self._target_count
         self.history.append(rec)
         if trainer is not None:

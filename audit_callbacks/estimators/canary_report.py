@@ -47,6 +47,18 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy import stats
 
+from audit_callbacks.names import (
+    EPSILON_ALL_ITERATES,
+    EPSILON_ALL_ITERATES_MATCHED,
+    EPSILON_ALL_ITERATES_MAX_COSINE,
+    EPSILON_FINAL_MODEL,
+    EPSILON_FINAL_MODEL_UNEQUAL_FIT,
+    EPSILON_GDP_LOWER_BOUND_ALL_ITERATES,
+    EPSILON_GDP_LOWER_BOUND_FINAL_MODEL,
+    EPSILON_LOWER_BOUND_ALL_ITERATES,
+    EPSILON_LOWER_BOUND_FINAL_MODEL,
+)
+
 from .result import AuditResult
 from .score_auditor import CanaryScoreAuditor, share_bootstrap
 from .valid_bounds import check_bound_arguments, spent_alpha, tightest_valid_lower_bounds
@@ -62,13 +74,13 @@ SOURCE = ("Andrew, Kairouz, Oh, Oprea, McMahan, Suriyakumar: One-shot Empirical 
 def estimate_names(threat_model: str) -> dict[str, str]:
     """The estimate names of one threat model: ``{kind: name}``."""
     if threat_model == "final_model":
-        return {"estimate": "epsilon_final_model", "unequal_fit": "epsilon_final_model_unequal_fit",
-                "lower_bound": "epsilon_lower_bound_final_model",
-                "gdp_lower_bound": "epsilon_gdp_lower_bound_final_model"}
-    return {"estimate": "epsilon_all_iterates", "matched": "epsilon_all_iterates_matched",
-            "max_cosine": "epsilon_all_iterates_max_cosine",
-            "lower_bound": "epsilon_lower_bound_all_iterates",
-            "gdp_lower_bound": "epsilon_gdp_lower_bound_all_iterates"}
+        return {"estimate": EPSILON_FINAL_MODEL, "unequal_fit": EPSILON_FINAL_MODEL_UNEQUAL_FIT,
+                "lower_bound": EPSILON_LOWER_BOUND_FINAL_MODEL,
+                "gdp_lower_bound": EPSILON_GDP_LOWER_BOUND_FINAL_MODEL}
+    return {"estimate": EPSILON_ALL_ITERATES, "matched": EPSILON_ALL_ITERATES_MATCHED,
+            "max_cosine": EPSILON_ALL_ITERATES_MAX_COSINE,
+            "lower_bound": EPSILON_LOWER_BOUND_ALL_ITERATES,
+            "gdp_lower_bound": EPSILON_GDP_LOWER_BOUND_ALL_ITERATES}
 
 
 def cosine_null_pdf(t: ArrayLike, dim: int) -> np.ndarray:

@@ -49,6 +49,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord, Re
 from flwr.serverapp import Grid
 from flwr.serverapp.exception import InconsistentMessageReplies
 
+from audit_callbacks import names
 from audit_callbacks.backends.base import BackendBase
 from audit_callbacks.canary.base import NoisyAverageDelta, NoMatchedStatistic, ReleaseModel
 from audit_callbacks.estimators import gaussian_epsilon
@@ -508,13 +509,13 @@ class FlowerBackend(BackendBase):
         assert self.auditor is not None
         max_part = int(self.auditor.participations.max(initial=0))
         if self.noise_multiplier <= 0:
-            return {"epsilon_analytic": math.inf}
+            return {names.EPSILON_ANALYTIC: math.inf}
         if max_part < 1:
-            return {"epsilon_analytic": 0.0}
+            return {names.EPSILON_ANALYTIC: 0.0}
         if not self.short_rounds:
-            return {"epsilon_analytic": gaussian_epsilon(self.noise_multiplier, delta, compositions=max_part)}
+            return {names.EPSILON_ANALYTIC: gaussian_epsilon(self.noise_multiplier, delta, compositions=max_part)}
         mu = math.sqrt(float(self.inverse_variance.max()))  # each canary's rounds at their z_eff
-        return {"epsilon_analytic": gaussian_epsilon(1.0, delta, sensitivity=mu)}
+        return {names.EPSILON_ANALYTIC: gaussian_epsilon(1.0, delta, sensitivity=mu)}
 
     def estimate_flag(self) -> str | None:
         """Why every estimate is flagged (unequal client weights), or None."""

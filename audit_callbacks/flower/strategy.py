@@ -12,6 +12,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
+from audit_callbacks import names
 from audit_callbacks.auditing import CanaryAuditConfig
 from audit_callbacks.auditing.frontend import AuditFrontEnd
 from audit_callbacks.auditing.sinks import WriterSink
@@ -123,7 +124,7 @@ class CanaryStrategy(AuditFrontEnd, Strategy):
         def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
             res = evaluate_fn(server_round, arrays) if evaluate_fn is not None else None
             if res is not None:
-                self.sink.scalars(numeric_metrics(res, "val/"), self._offset + server_round)
+                self.sink.scalars(numeric_metrics(res, f"{names.FAMILY_VAL}/"), self._offset + server_round)
             return res
 
         result = super().start(grid, initial_arrays, num_rounds, timeout, train_config,

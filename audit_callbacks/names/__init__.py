@@ -13,9 +13,10 @@ The table is assembled from one file per kind of audit (split by concept): ``_ca
 
 Every name and family is a constant defined once (``_keys``, re-exported here:
 ``EPSILON_ALL_ITERATES``, ``FAMILY_AUDIT``...); the rows above are built from them, and code
-outside this package imports them instead of spelling a name (``tests/test_names.py`` walks the
-package for literals). :func:`markdown_table` renders the table as ``docs/tags.md``
-(:data:`REGENERATE` rewrites it; a test checks that it is current).
+outside this package imports them instead of spelling a name
+(``tests/integration/test_names.py`` walks the package for literals). :func:`markdown_table`
+renders the table as ``docs/tags.md`` (:data:`REGENERATE` rewrites it; a test checks that it is
+current).
 """
 
 from __future__ import annotations

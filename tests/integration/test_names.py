@@ -25,26 +25,6 @@ GENERIC = frozenset({
     names.EPSILON0_STEM, names.ERROR_STEM, names.CONFIDENCE_STEM,
 })
 
-#: Files another change still has to move to the constants; the set only shrinks (a file listed
-#: here without a literal left fails too).
-PENDING = frozenset({
-    "audit_callbacks/auditing/auditor.py",
-    "audit_callbacks/auditing/html_report.py",
-    "audit_callbacks/auditing/report.py",
-    "audit_callbacks/backends/base.py",
-    "audit_callbacks/backends/fedavg.py",
-    "audit_callbacks/backends/opacus/backend.py",
-    "audit_callbacks/callbacks/federated_label_attack.py",
-    "audit_callbacks/callbacks/label_base.py",
-    "audit_callbacks/callbacks/label_dp.py",
-    "audit_callbacks/callbacks/label_reconstruction.py",
-    "audit_callbacks/callbacks/ldp_audit.py",
-    "audit_callbacks/callbacks/ldp_inference.py",
-    "audit_callbacks/estimators/canary_report.py",
-    "audit_callbacks/flower/backend.py",
-    "audit_callbacks/flower/strategy.py",
-})
-
 _STEMS = {names.EPSILON0_STEM, names.EPSILON0_LOWER_BOUND_STEM, names.NORM_G1_STEM,
           names.ERROR_STEM, names.ERROR_MEDIAN_STEM, names.ERROR_MAX_STEM, names.CONFIDENCE_STEM}
 _NAMES = {q.name for q in names.QUANTITIES} | _STEMS
@@ -101,15 +81,9 @@ def _rel(path: Path) -> str:
 
 def test_no_quantity_name_literal_outside_names() -> None:
     found = {_rel(p): h for p in _modules() if (h := literals(p))}
-    new = {f: h for f, h in found.items() if f not in PENDING}
-    assert not new, (
+    assert not found, (
         "quantity names spelled as literals (import the constants of audit_callbacks.names): "
-        + "; ".join(f"{f}: {h}" for f, h in sorted(new.items())))
-
-
-def test_pending_only_shrinks() -> None:
-    clean = sorted(f for f in PENDING if not (PACKAGE.parent / f).exists() or not literals(PACKAGE.parent / f))
-    assert not clean, f"no literal left: remove from tests/test_names.py PENDING: {clean}"
+        + "; ".join(f"{f}: {h}" for f, h in sorted(found.items())))
 
 
 @pytest.mark.parametrize("source", [

@@ -44,6 +44,7 @@ from audit_callbacks.backends.opacus.optimizer import find_accountant, find_dp_o
 from audit_callbacks.backends.opacus.sampling import LoaderCanarySampling, find_poisson_sampler
 from audit_callbacks.canary.base import NoisySum, NoMatchedStatistic, ReleaseModel
 from audit_callbacks.estimators.last_iterate import dpsgd_last_iterate_epsilon
+from audit_callbacks.names import EPSILON_ANALYTIC, EPSILON_ANALYTIC_PRV, EPSILON_ANALYTIC_RDP
 
 __all__ = ["OpacusBackend", "dp_optimizer"]
 
@@ -79,7 +80,7 @@ class OpacusBackend(BackendBase):
     training = "Opacus DP-SGD"
     sign = -1.0
     default_delta = 1e-5
-    analytic_names = ("epsilon_analytic", "epsilon_analytic_rdp", "epsilon_analytic_prv")
+    analytic_names = (EPSILON_ANALYTIC, EPSILON_ANALYTIC_RDP, EPSILON_ANALYTIC_PRV)
 
     def __init__(
         self, optimizer: Any, loader: Loader, warn: Callable[[str, str], None], *,
@@ -309,7 +310,7 @@ class OpacusBackend(BackendBase):
         (``epsilon_analytic``, ``epsilon_analytic_rdp``, ``epsilon_analytic_prv``; ``inf``
         without noise)."""
         if float(self.injector.optimizer.noise_multiplier) == 0:
-            return dict.fromkeys(("epsilon_analytic", "epsilon_analytic_rdp", "epsilon_analytic_prv"), math.inf)
+            return dict.fromkeys((EPSILON_ANALYTIC, EPSILON_ANALYTIC_RDP, EPSILON_ANALYTIC_PRV), math.inf)
         acc = self.accountant
         history = list(getattr(acc, "history", None) or [])
         if not history and self.injector.steps:
@@ -327,8 +328,8 @@ class OpacusBackend(BackendBase):
             own = out[same]
         else:
             own = accountant_epsilon(acc, delta) if history else None
-        return {"epsilon_analytic": out["rdp"] if own is None else own,
-                "epsilon_analytic_rdp": out["rdp"], "epsilon_analytic_prv": out["prv"]}
+        return {EPSILON_ANALYTIC: out["rdp"] if own is None else own,
+                EPSILON_ANALYTIC_RDP: out["rdp"], EPSILON_ANALYTIC_PRV: out["prv"]}
 
     def summary_status(self) -> dict[str, str]:
         """``epsilon_analytic_prv_status`` where the PRV epsilon was skipped (its cost bound)."""
