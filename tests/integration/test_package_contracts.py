@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
 
 import pytest
 
@@ -231,3 +232,19 @@ def test_the_cycle_check_sees_cycles_through_a_package_init():
     assert _cycles(graph) == [["a", "pkg", "pkg.b", "a"]]
     assert _cycles({"a": {"pkg"}, "pkg": {"pkg.b"}, "pkg.b": set()}) == []
     assert "audit_callbacks.callbacks.canary_audit" in _module_imports()["audit_callbacks.callbacks"]
+
+
+def test_the_top_of_the_package_holds_only_entry_points_and_shared_validation():
+    """At most four modules beside ``__init__.py`` at the top of ``audit_callbacks/``; the
+    layers live in their folders."""
+    top = sorted(p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py")
+    assert len(top) <= 4, top
+
+
+def test_no_issue_narration_or_numbered_paper_in_the_package():
+    """Docstrings say what the code does and cite authors and venues, not "issue 26" or
+    "Paper 000" (the tracker and the paper files are not shipped with the package)."""
+    pattern = re.compile(r"\b(issue\s+#?\d+|paper\s+0\d\d)\b", re.IGNORECASE)
+    found = [f"{p.relative_to(PACKAGE.parent)}:{i}" for p in PACKAGE.rglob("*.py")
+             for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    assert not found, found
