@@ -34,7 +34,7 @@ sweep point), ``label_dp_bounds.png`` (two panels, log scales), ``label_dp_multi
 ``label_dp_multiclass.png`` (d), and the TensorBoard run ``audited_run/version_0`` with the
 three callbacks' summary JSON files.
 
-Check printed (and asserted by tests/test_examples_dpsgd_label.py): no per-batch bound (last
+Check printed (and asserted by tests/examples/test_examples_dpsgd_label.py): no per-batch bound (last
 layer, second-last layer, Gaussian-pair) ever exceeds the single-step upper bound, and per step the Gaussian-pair order
 sign test <= optimal test <= exact pair (layer) <= exact pair (all parameters) <= single step
 holds. The extrapolated bound is an estimate, not a bound; it is printed against the single-step

@@ -665,7 +665,7 @@ def reconstruct_labels_malicious_input_layer(
 
     Source: Yuan et al. 2022 Alg. 5, eq. 6-7.
 
-    Example (worked, as in tests/test_label_reconstruction.py):
+    Example (worked, as in tests/attacks/test_label_reconstruction.py):
         >>> import torch
         >>> from torch import nn
         >>> _ = torch.manual_seed(0)

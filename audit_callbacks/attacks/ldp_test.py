@@ -10,7 +10,7 @@ ceiling) are computed by :func:`audit_callbacks.estimators.error_rates.epsilon_f
 whose module docstring states exactly how (and why the ceiling is 4.91 / 11.82 for 10^3 / 10^6 trials, not
 the 5.6 / 12.5 of Matsumoto et al. §4.1, which :func:`paper_measurable_ceiling` reproduces).
 
-Two paths, identical in distribution (tests/test_ldp_test.py checks it with KS and chi-square
+Two paths, identical in distribution (tests/attacks/test_ldp_test.py checks it with KS and chi-square
 tests):
 
 * ``"batched"`` (any :class:`LocalRandomizer`): rows g_b stacked in batches [B, d], randomized

@@ -216,7 +216,7 @@ class FedAvgBackend(LightningHooks, BackendBase):
         When the clipping merely scaled it (``clipped_i * raw_0 == raw_i * clipped_0`` for every
         coordinate i), the sum of the unit canaries is scaled by the float64 ratio ``clipped_0 /
         raw_0`` times the canary norm (rounded to the dtype; the previous float64 least squares
-        gave the same multiplier in every draw tested, tests/test_per_round_ops.py); otherwise
+        gave the same multiplier in every draw tested, tests/backends/test_per_round_ops.py); otherwise
         every canary's row goes through the clipping, chunk by chunk, instead. The device and
         dtype are those of the round's ``theta``. Gaussian canaries: chunk by chunk, each row
         clipped by the module.

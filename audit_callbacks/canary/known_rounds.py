@@ -383,7 +383,7 @@ class KnownRoundScores:
         resampled mean). Its share of the interval is about ``P_in / (k' T)`` of the variance
         (P_in participations against k' T unobserved rounds), and at k' above ~20,000 the
         normal limit's error is below 1% of that share (Berry-Esseen); the coverage is checked
-        against the index-by-index bootstrap in tests/test_estimate_round2_equivalence.py.
+        against the index-by-index bootstrap in tests/estimators/test_estimate_round2_equivalence.py.
         """
         k = self.k
         counts, sums = self.counts, self.sums

@@ -246,7 +246,7 @@ class StepsUnknownScores:
         computed as ``(y - 0.5) / sigma^2`` (the same float64 value: the factors of 2 are exact),
         in place on one new tensor; ``y = dots / C`` is ``dots`` itself when C = 1; the constant
         ``log1p(-q)`` and the zero are 0-dim device tensors made once per q and device; the sums
-        are updated in place (no slice, no copy back). ``tests/test_opacus_step_ops.py`` checks
+        are updated in place (no slice, no copy back). ``tests/backends/test_opacus_step_ops.py`` checks
         the bits against the reference over clip norms, rates and noise multipliers."""
         y = dots / self.max_grad_norm if self.max_grad_norm != 1.0 else dots  # x / 1.0 is x
         if y.dtype != torch.float64:  # (CanarySet.dots gives float64)

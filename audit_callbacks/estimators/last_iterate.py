@@ -285,7 +285,7 @@ def _epsilon_nonnegative(mix: _Mixture, delta: float) -> float:
     root finding of the general case (eps outside, the boundary inside) becomes one root
     finding per direction, about 10x fewer evaluations of L. The same epsilon up to root
     finding: b and a to ``1e-12 / max(1, s_max)``, so epsilon to about 1e-12 (the general
-    case's ``xtol``); tests/test_estimate_round2_equivalence.py compares it with the nested
+    case's ``xtol``); tests/estimators/test_estimate_round2_equivalence.py compares it with the nested
     version within 1e-9 relative.
 
     Brackets: L(0) <= 0 (each ``s x - s^2 / 2 <= 0`` at x = 0 and the weights sum to <= 1);

@@ -18,7 +18,7 @@ Two ways of choosing tau:
   so the nominal confidence is not guaranteed. Measured (1000 simulated Gaussian mechanisms,
   dim 1e4, delta 1e-5, alpha 0.05, final model): the bound exceeds the true eps in 3% of runs
   at true eps 2 (k = 500) but in 7% at eps 1, 13% at eps 0.5 and 22% at eps 0.25; see
-  tests/test_estimators_lower_bound.py for the full table.
+  tests/estimators/test_estimators_lower_bound.py for the full table.
 * ``threshold="heldout"``: observed (and unobserved) are split at random into two halves
   (``numpy.random.default_rng(seed)``); tau maximises eps_lo on the first half and the bound is
   evaluated with the second half's counts at that single tau. The second half is independent

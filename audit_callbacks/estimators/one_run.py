@@ -309,7 +309,7 @@ def fdp_rejects(
     steps the lanes that did not move in the last step are dropped (the loop ends when none
     is left); the i/(n - i) factors of a chunk are computed at once. The final r and h, and
     so the answers, are bit for bit those of the masked step-by-step recursion (kept in
-    ``tests/test_estimator_speed_equivalence.py``). A lane with r outside [0, 1] or a
+    ``tests/estimators/test_estimator_speed_equivalence.py``). A lane with r outside [0, 1] or a
     non-finite h (impossible for levels in (0, 1) and 0 <= v <= n <= m) does not move.
 
     Args:

@@ -26,7 +26,7 @@ Shuffle model (docs/methods/ldp.md, C4, Matsumoto et al. §5)
   (guess D iff K >= tau = n e^eps0/(1 + e^eps0)); :func:`shuffle_dummy_test_rates` gives its
   exact population FPR/FNR.
 
-Reproduced at delta = 1e-6 (tests/test_shuffle.py): bound (1, 432) 0.674, (1, 1000) 0.488,
+Reproduced at delta = 1e-6 (tests/estimators/test_shuffle.py): bound (1, 432) 0.674, (1, 1000) 0.488,
 (2, 974) 0.950, (2, 1000) 0.942, (4, 6454) 1.101, (4, 10000) 0.958 (Matsumoto et al.: 0.67, 0.48,
 0.95, 0.94, 1.1, 0.96 -- 0.488 rounds to 0.49, the paper prints 0.48); exact epsilon of the dummy
 pair 0.203, 0.127, 0.329, 0.323, 0.411, 0.315; population eq.-3 value of the tau test 0.041,

@@ -3,7 +3,7 @@
 It runs a Message API strategy's ``start`` loop (sampling, DP wrappers, aggregation: all
 Flower's own code) without a SuperLink, a network or Ray: for tests, the cross-check against
 :class:`~audit_callbacks.federated.DPFedAvg` and the overhead benchmark. The multi-process test
-(``tests/test_flower_deployment.py``) and the example use Flower's real runtimes.
+(``tests/flower/test_flower_deployment.py``) and the example use Flower's real runtimes.
 """
 
 from __future__ import annotations
