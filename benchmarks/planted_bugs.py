@@ -50,9 +50,10 @@ CANARY_FLAGS = ("suspicious", "violation")
 
 def all_cases() -> dict[str, Any]:
     """Every case of the three set-ups, by name."""
-    from benchmarks import planted_fedavg, planted_flower, planted_opacus
+    from benchmarks import planted_fedavg, planted_flower, planted_lightning, planted_opacus
 
-    return {**planted_opacus.CASES, **planted_fedavg.CASES, **planted_flower.CASES}
+    return {**planted_opacus.CASES, **planted_lightning.CASES, **planted_fedavg.CASES,
+            **planted_flower.CASES}
 
 
 def rate(count: int, n: int) -> dict[str, float]:
