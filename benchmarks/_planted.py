@@ -24,6 +24,9 @@ def case_result(summary: dict[str, Any], *, seed: int, start: float, **extra: An
         "seed": seed,
         **extra,
         "verdicts": {tm: verdict(summary, tm)[0] for tm in THREAT_MODELS},
+        "verdict_mechanism": summary.get("verdict_mechanism"),
+        "verdict_mechanism_sentence": summary.get("verdict_mechanism_sentence"),
+        "noise_replayable": bool(((summary.get("inputs") or {}).get("noise_source") or {}).get("replayable")),
         "epsilon_analytic": summary.get("epsilon_analytic"),
         "epsilon_last_iterate_heuristic": summary.get("epsilon_last_iterate_heuristic"),
         "estimates": {k: {f: est.get(k, {}).get(f) for f in ("value", "lower", "upper", "status")}

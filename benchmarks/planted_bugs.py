@@ -42,14 +42,18 @@ from benchmarks._common import (
     write_json,
 )
 
-FLAGS = ("suspicious", "violation")
+FLAGS = ("suspicious", "violation", "unproven")
+#: the words a verdict from the canaries alone can say (the definition before the checks of the
+#: mechanism, reported beside it as ``flagged_by_canaries``)
+CANARY_FLAGS = ("suspicious", "violation")
 
 
 def all_cases() -> dict[str, Any]:
     """Every case of the three set-ups, by name."""
-    from benchmarks import planted_fedavg, planted_flower, planted_opacus
+    from benchmarks import planted_fedavg, planted_flower, planted_lightning, planted_opacus
 
-    return {**planted_opacus.CASES, **planted_fedavg.CASES, **planted_flower.CASES}
+    return {**planted_opacus.CASES, **planted_lightning.CASES, **planted_fedavg.CASES,
+            **planted_flower.CASES}
 
 
 def rate(count: int, n: int) -> dict[str, float]:
@@ -61,13 +65,19 @@ def rate(count: int, n: int) -> dict[str, float]:
 def summarise(name: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Rates of ``suspicious``, ``violation`` and flagged (either) over the runs of one case."""
     n = len(runs)
-    words = [list(r["verdicts"].values()) for r in runs]
+    words = [[*r["verdicts"].values(), r.get("verdict_mechanism")] for r in runs]
     planted = not name.endswith("_correct")
-    flagged = sum(any(w in FLAGS for w in ws) for ws in words)
+    flagged = sum(any(w in FLAGS for w in ws) or bool(r.get("noise_replayable"))
+                  for ws, r in zip(words, runs, strict=True))
     out = {
         "planted_bug": planted,
         "suspicious": rate(sum("suspicious" in ws for ws in words), n),
         "violation": rate(sum("violation" in ws for ws in words), n),
+        "unproven": rate(sum("unproven" in ws for ws in words), n),
+        "mechanism_flagged": rate(sum(r.get("verdict_mechanism") in FLAGS for r in runs), n),
+        "noise_replayable": rate(sum(bool(r.get("noise_replayable")) for r in runs), n),
+        "flagged_by_canaries": rate(sum(any(w in CANARY_FLAGS for w in r["verdicts"].values())
+                                        for r in runs), n),
         "flagged": rate(flagged, n),
         "target": ">= 0.95 flagged" if planted else "<= 0.05 flagged",
     }
@@ -109,9 +119,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"{'ok  ' if res['meets_target'] else 'MISS'}  {seconds:5.1f}")
     payload = {
         "benchmark": "planted_bugs",
-        "question": "does the audit flag planted clipping, noise and sampling bugs (issue 25)?",
-        "flagged_when": "any threat model's verdict is 'suspicious' or 'violation' "
-                        "(docs/methods/verdicts.md); the claim is the analytic epsilon",
+        "question": "does the audit flag planted clipping, noise and sampling bugs, reused or "
+                    "missing noise, shuffled batches under Poisson accounting and a seeded noise "
+                    "generator?",
+        "flagged_when": "any verdict (a threat model's or the checks of the mechanism') is "
+                        "'suspicious', 'violation' or 'unproven', or the summary says the noise is "
+                        "replayable from a public seed (docs/methods/verdicts.md, "
+                        "docs/methods/mechanism_checks.md); the claim is the analytic epsilon; "
+                        "flagged_by_canaries: the threat models' suspicious or violation alone",
         "seeds_per_planted_bug": args.seeds,
         "seeds_per_correct_setup": args.correct_seeds,
         "accelerator": args.accelerator,

@@ -19,6 +19,11 @@ another's score and the estimate scatters beyond its bootstrap interval (measure
 3 of 20 correct runs flagged). Just below a power of two (2,035 = 2,048 - 13) every |cos| is
 below 0.007.
 
+The checks of the mechanism meet two more bug classes, ``fedavg_reused_noise`` (the same noise
+vector every round: :class:`ReusedNoise`) and ``fedavg_bias_without_noise`` (the output layer's
+bias without noise: :class:`BiasWithoutNoise`), and two more correct set-ups: server momentum
+0.9 (server learning rate 0.1) and fixed-size (uniform) cohorts.
+
 ``CASES[name](seed)`` runs one seed (the data split, the canaries, the sampling and the noise
 all follow ``seed``) and returns a JSON-able dict: the verdict word of each threat model
 (``audit_callbacks.auditing.html_report.verdict`` on the run's summary), the analytic
@@ -48,7 +53,7 @@ from benchmarks._planted import case_result
 from datamodules import FederatedDataModule
 from models import MLP
 
-__all__ = ["CASES", "Clip2C", "run"]
+__all__ = ["CASES", "BiasWithoutNoise", "Clip2C", "ReusedNoise", "run"]
 
 ROUNDS, CLIENTS, PER_ROUND, CANARIES, Z, DELTA, HIDDEN, BOOTSTRAP = 30, 40, 20, 400, 1.0, 1e-5, 27, 1000
 
@@ -61,7 +66,26 @@ class Clip2C(DPFedAvg):
         return clip_updates_(updates, 2 * self.clip_norm)
 
 
-def run(seed: int, module_class: type[DPFedAvg] = DPFedAvg, accelerator: str = "auto") -> dict[str, Any]:
+class ReusedNoise(DPFedAvg):
+    """The planted bug: the same noise vector added every round (drawn once)."""
+
+    def _noise(self, d: int, like: torch.Tensor) -> torch.Tensor:
+        if getattr(self, "_fixed_noise", None) is None:
+            self._fixed_noise = super()._noise(d, like).clone()
+        return self._fixed_noise.clone()
+
+
+class BiasWithoutNoise(DPFedAvg):
+    """The planted bug: the output layer's bias (the last 10 coordinates) gets no noise."""
+
+    def _noise(self, d: int, like: torch.Tensor) -> torch.Tensor:
+        noise = super()._noise(d, like)
+        noise[-10:] = 0.0
+        return noise
+
+
+def run(seed: int, module_class: type[DPFedAvg] = DPFedAvg, accelerator: str = "auto", *,
+        server_momentum: float = 0.0, sampling: str = "poisson") -> dict[str, Any]:
     """One seed of the set-up above with ``module_class`` (``DPFedAvg`` or :class:`Clip2C`), the
     Trainer on ``accelerator`` (``--accelerator``: auto, cpu or gpu)."""
     start = time.perf_counter()
@@ -72,8 +96,9 @@ def run(seed: int, module_class: type[DPFedAvg] = DPFedAvg, accelerator: str = "
     dm = FederatedDataModule("digits", num_clients=CLIENTS, rounds_per_epoch=ROUNDS, seed=seed)
     dm.setup("fit")
     module = module_class(MLP(64, 10, hidden=(HIDDEN,)), clients_per_round=PER_ROUND, noise_multiplier=Z,
-                          clip_norm=1.0, local_lr=0.1, local_batch_size=16, server_lr=1.0,
-                          server_momentum=0.0, sampling="poisson", delta=DELTA, seed=seed,
+                          clip_norm=1.0, local_lr=0.1, local_batch_size=16,
+                          server_lr=1.0 - server_momentum if server_momentum else 1.0,
+                          server_momentum=server_momentum, sampling=sampling, delta=DELTA, seed=seed,
                           reproducible_noise=True)
     audit = CanaryAudit(CANARIES, canaries="hadamard", seed=seed, bootstrap=BOOTSTRAP, log_histograms=False,
                         log_figures=False)
@@ -92,4 +117,10 @@ def run(seed: int, module_class: type[DPFedAvg] = DPFedAvg, accelerator: str = "
 CASES: dict[str, Callable[..., dict[str, Any]]] = {  # (seed, accelerator="auto")
     "fedavg_correct": lambda seed, accelerator="auto": run(seed, DPFedAvg, accelerator),
     "fedavg_clip_2c": lambda seed, accelerator="auto": run(seed, Clip2C, accelerator),
+    "fedavg_reused_noise": lambda seed, accelerator="auto": run(seed, ReusedNoise, accelerator),
+    "fedavg_bias_without_noise": lambda seed, accelerator="auto": run(seed, BiasWithoutNoise, accelerator),
+    "fedavg_momentum_correct": lambda seed, accelerator="auto": run(seed, DPFedAvg, accelerator,
+                                                                   server_momentum=0.9),
+    "fedavg_uniform_correct": lambda seed, accelerator="auto": run(seed, DPFedAvg, accelerator,
+                                                                  sampling="uniform"),
 }

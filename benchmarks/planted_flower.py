@@ -43,7 +43,7 @@ from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, 
 from audit_callbacks.flower import CanaryStrategy, LocalGrid
 from benchmarks._planted import case_result
 
-__all__ = ["CASES", "ServerClip2C", "run"]
+__all__ = ["CASES", "ReusedNoise", "ServerClip2C", "run"]
 
 ROUNDS, CLIENTS, PER_ROUND, CANARIES, Z, CLIP, DELTA = 30, 40, 20, 400, 1.0, 1.0, 1e-5
 LOCAL_STEPS, LR = 5, 0.5
@@ -69,6 +69,19 @@ class ServerClip2C(DifferentialPrivacyServerSideFixedClipping):
             self.clipping_norm = clip
 
 
+class ReusedNoise(DifferentialPrivacyServerSideFixedClipping):
+    """The planted bug: the wrapper's noise drawn from a generator re-seeded every round (the
+    same noise vector each round)."""
+
+    def _add_noise_to_aggregated_arrays(self, aggregated_arrays: ArrayRecord) -> ArrayRecord:
+        state = np.random.get_state()
+        np.random.seed(1234)
+        try:
+            return super()._add_noise_to_aggregated_arrays(aggregated_arrays)
+        finally:
+            np.random.set_state(state)
+
+
 def _shards(seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """Digits split over the clients at random (``seed``): ``(x [n_i, 64] in [0, 1], y [n_i])``."""
     from sklearn.datasets import load_digits
@@ -79,13 +92,14 @@ def _shards(seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
             for idx in np.array_split(order, CLIENTS)]
 
 
-def _handler(shards: list[tuple[np.ndarray, np.ndarray]]) -> Callable[[Any, int], RecordDict]:
-    """Node i: ``LOCAL_STEPS`` full-batch gradient steps of softmax regression on its shard."""
+def _handler(shards: list[tuple[np.ndarray, np.ndarray]], local_steps: int = LOCAL_STEPS
+             ) -> Callable[[Any, int], RecordDict]:
+    """Node i: ``local_steps`` full-batch gradient steps of softmax regression on its shard."""
     def handler(msg: Any, i: int) -> RecordDict:
         x, y = shards[i]
         arrays = msg.content["arrays"]
         w, b = arrays["w"].numpy().copy(), arrays["b"].numpy().copy()
-        for _ in range(LOCAL_STEPS):
+        for _ in range(local_steps):
             logits = x @ w.T + b
             p = np.exp(logits - logits.max(1, keepdims=True))
             p /= p.sum(1, keepdims=True)
@@ -98,21 +112,22 @@ def _handler(shards: list[tuple[np.ndarray, np.ndarray]]) -> Callable[[Any, int]
 
 
 def run(seed: int, wrapper: type[DifferentialPrivacyServerSideFixedClipping]
-        = DifferentialPrivacyServerSideFixedClipping) -> dict[str, Any]:
+        = DifferentialPrivacyServerSideFixedClipping, *, per_round: int = PER_ROUND,
+        local_steps: int = LOCAL_STEPS) -> dict[str, Any]:
     """One seed of the set-up above with ``wrapper`` (Flower's or :class:`ServerClip2C`)."""
     start = time.perf_counter()
     logging.getLogger("flwr").setLevel(logging.ERROR)
     torch.set_num_threads(1)
     random.seed(seed)  # FedAvg's cohorts
     np.random.seed(10_000 + seed)  # the DP wrapper's noise (reproducible on purpose, see above)
-    fraction = PER_ROUND / (CLIENTS + CANARIES)
+    fraction = per_round / (CLIENTS + CANARIES)
     fedavg = FedAvg(fraction_train=fraction, fraction_evaluate=0.0, min_available_nodes=CLIENTS)
-    dp = wrapper(fedavg, Z, CLIP, PER_ROUND)
+    dp = wrapper(fedavg, Z, CLIP, per_round)
     init = ArrayRecord({"w": Array(np.zeros((10, 64), np.float32)), "b": Array(np.zeros(10, np.float32))})
     with tempfile.TemporaryDirectory() as root:
         strategy = CanaryStrategy(dp, num_canaries=CANARIES, seed=seed, delta=DELTA, bootstrap=100,
                                   log_dir=root, log_histograms=False, every_n_rounds=ROUNDS)
-        strategy.start(LocalGrid(CLIENTS, _handler(_shards(seed))), init, num_rounds=ROUNDS)
+        strategy.start(LocalGrid(CLIENTS, _handler(_shards(seed), local_steps)), init, num_rounds=ROUNDS)
         with open(strategy.summary_path, encoding="utf-8") as fh:
             summary = json.load(fh)
     return case_result(summary, seed=seed, start=start)
@@ -121,4 +136,7 @@ def run(seed: int, wrapper: type[DifferentialPrivacyServerSideFixedClipping]
 CASES: dict[str, Callable[[int], dict[str, Any]]] = {
     "flower_correct": lambda seed: run(seed, DifferentialPrivacyServerSideFixedClipping),
     "flower_clip_2c": lambda seed: run(seed, ServerClip2C),
+    "flower_reused_noise": lambda seed: run(seed, ReusedNoise),
+    "flower_small_cohort_correct": lambda seed: run(seed, per_round=10),
+    "flower_more_local_steps_correct": lambda seed: run(seed, local_steps=20),
 }

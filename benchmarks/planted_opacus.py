@@ -17,6 +17,22 @@ summary). The planted bugs, which the accountant does not know about:
 * ``opacus_sampling_2q``: the model trains on a ``DPDataLoader`` of rate 2q while
   ``make_private`` (and so the accountant) was given the loader of rate q.
 
+The checks of the mechanism (``docs/methods/mechanism_checks.md``) meet four more bug classes
+and two more correct set-ups:
+
+* ``opacus_reused_noise``: the noise generator re-seeded before every step (the same noise
+  vector each step);
+* ``opacus_layer_without_noise``: the output layer's parameters get no noise;
+* ``opacus_shuffled_batches``: ``DataLoader(shuffle=True)`` with ``poisson_sampling=False``,
+  the accountant still assuming Poisson sampling at 1 / len(loader);
+* ``opacus_seeded_global_generator``: no ``noise_generator``, so Opacus draws from torch's
+  global generator, seeded with the run's public seed;
+* ``opacus_momentum_correct`` (SGD with momentum 0.9) and ``opacus_adam_bmm_correct`` (Adam
+  under ``BatchMemoryManager`` with physical batches of 16).
+
+The correct set-ups seed their noise generator with a 64-bit number derived from the seed and
+never logged (reproducible for the benchmark, not public to the noise-source check).
+
 ``CASES[name](seed)`` runs one seed (model initialisation, Poisson batches, DP noise and the
 canaries all follow ``seed``) and returns a JSON-able dict: the verdict word of each threat
 model (``audit_callbacks.auditing.html_report.verdict`` on the run's summary), the analytic
@@ -27,6 +43,7 @@ epsilon, every estimate with its interval, the valid lower bounds and the run's 
 
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
 from collections.abc import Callable
@@ -35,6 +52,7 @@ from typing import Any
 import torch
 from opacus import PrivacyEngine
 from opacus.data_loader import DPDataLoader
+from opacus.utils.batch_memory_manager import BatchMemoryManager
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -46,7 +64,10 @@ from models import MLP
 __all__ = ["CASES", "run"]
 
 BATCH, HIDDEN, SIGMA, CLIP, EPOCHS, K, LR, DELTA, BOOTSTRAP = 64, 255, 1.5, 1.0, 20, 400, 0.5, 1e-5, 100
-BUGS = ("correct", "clip_2c", "noise_half", "sampling_2q")
+BUGS = ("correct", "clip_2c", "noise_half", "sampling_2q", "reused_noise", "layer_without_noise",
+        "shuffled_batches", "seeded_global_generator", "momentum_correct", "adam_bmm_correct")
+#: a 64-bit noise seed per run, never logged: reproducible for the benchmark, not public
+NOISE_SEED_SHIFT = 33
 
 
 def _plant(opt: Any, bug: str) -> None:
@@ -75,6 +96,24 @@ def _plant(opt: Any, bug: str) -> None:
                 opt.noise_multiplier = sigma  # the accountant's hook, after this, reads sigma
 
         opt.add_noise = half_noise
+    elif bug == "reused_noise":  # the noise generator re-seeded before every step
+        add_noise = opt.add_noise
+
+        def same_noise() -> None:
+            opt.generator = torch.Generator().manual_seed(1 << 40)
+            add_noise()
+
+        opt.add_noise = same_noise
+    elif bug == "layer_without_noise":  # the output layer's parameters get no noise
+        add_noise = opt.add_noise
+        last = opt.params[-2:]
+
+        def no_noise_on_the_output_layer() -> None:
+            add_noise()
+            for p in last:
+                p.grad = p.summed_grad.view_as(p).clone()
+
+        opt.add_noise = no_noise_on_the_output_layer
 
 
 def run(seed: int, bug: str = "correct") -> dict[str, Any]:
@@ -87,16 +126,25 @@ def run(seed: int, bug: str = "correct") -> dict[str, Any]:
         raise ValueError(f"bug must be one of {BUGS}, got {bug!r}")
     start = time.perf_counter()
     torch.set_num_threads(1)
-    torch.manual_seed(seed)
+    torch.manual_seed(seed)  # the model's initialisation (and, for one bug, the noise)
     x, y = load_breast_cancer_tensors()
     data = TensorDataset(x, y.float())
     net = MLP(30, 1, hidden=(HIDDEN,))
+    if bug == "momentum_correct":
+        optimizer = torch.optim.SGD(net.parameters(), lr=LR / 5, momentum=0.9)
+    elif bug == "adam_bmm_correct":
+        optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
+    else:
+        optimizer = torch.optim.SGD(net.parameters(), lr=LR)
+    shuffled = bug == "shuffled_batches"
+    noise = {} if bug == "seeded_global_generator" else {
+        "noise_generator": torch.Generator().manual_seed((10_000 + seed) << NOISE_SEED_SHIFT)}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model, opt, loader = PrivacyEngine().make_private(
-            module=net, optimizer=torch.optim.SGD(net.parameters(), lr=LR),
-            data_loader=DataLoader(data, batch_size=BATCH), noise_multiplier=SIGMA, max_grad_norm=CLIP,
-            poisson_sampling=True, noise_generator=torch.Generator().manual_seed(10_000 + seed))
+            module=net, optimizer=optimizer,
+            data_loader=DataLoader(data, batch_size=BATCH, shuffle=shuffled), noise_multiplier=SIGMA,
+            max_grad_norm=CLIP, poisson_sampling=not shuffled, **noise)
         if bug == "sampling_2q":  # the model trains on a loader of rate 2q; the accountant has q
             loader = DPDataLoader(data, sample_rate=2 * loader.sample_rate,
                                   generator=torch.Generator().manual_seed(20_000 + seed))
@@ -104,11 +152,14 @@ def run(seed: int, bug: str = "correct") -> dict[str, Any]:
         audit = OpacusCanaryAudit(opt, data_loader=loader, num_canaries=K, seed=seed, delta=DELTA,
                                   bootstrap=BOOTSTRAP, canaries="hadamard")
         for _ in range(EPOCHS):
-            for xb, yb in loader:
-                opt.zero_grad()
-                nn.functional.binary_cross_entropy_with_logits(
-                    model(xb).squeeze(-1), yb, reduction="sum").div(BATCH).backward()
-                opt.step()
+            batches = (BatchMemoryManager(data_loader=loader, max_physical_batch_size=16, optimizer=opt)
+                       if bug == "adam_bmm_correct" else contextlib.nullcontext(loader))
+            with batches as physical:
+                for xb, yb in physical:
+                    opt.zero_grad()
+                    nn.functional.binary_cross_entropy_with_logits(
+                        model(xb).squeeze(-1), yb, reduction="sum").div(BATCH).backward()
+                    opt.step()
         report = audit.auditor.try_report(bootstrap=BOOTSTRAP, step=audit.steps)
         summary = audit.auditor.summary(report)
         audit.detach()
