@@ -43,8 +43,9 @@ from benchmarks._common import (
 )
 
 FLAGS = ("suspicious", "violation", "unproven")
-#: the words a verdict from the canaries alone can say (the definition before the checks of the
-#: mechanism, reported beside it as ``flagged_by_canaries``)
+#: the words of the threat models' verdicts counted before the checks of the mechanism existed
+#: (reported beside the new definition as ``threat_model_flagged``; a failed noise check is also
+#: each threat model's ``violation``)
 CANARY_FLAGS = ("suspicious", "violation")
 
 
@@ -76,7 +77,7 @@ def summarise(name: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
         "unproven": rate(sum("unproven" in ws for ws in words), n),
         "mechanism_flagged": rate(sum(r.get("verdict_mechanism") in FLAGS for r in runs), n),
         "noise_replayable": rate(sum(bool(r.get("noise_replayable")) for r in runs), n),
-        "flagged_by_canaries": rate(sum(any(w in CANARY_FLAGS for w in r["verdicts"].values())
+        "threat_model_flagged": rate(sum(any(w in CANARY_FLAGS for w in r["verdicts"].values())
                                         for r in runs), n),
         "flagged": rate(flagged, n),
         "target": ">= 0.95 flagged" if planted else "<= 0.05 flagged",
@@ -126,7 +127,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         "'suspicious', 'violation' or 'unproven', or the summary says the noise is "
                         "replayable from a public seed (docs/methods/verdicts.md, "
                         "docs/methods/mechanism_checks.md); the claim is the analytic epsilon; "
-                        "flagged_by_canaries: the threat models' suspicious or violation alone",
+                        "threat_model_flagged: a threat model's suspicious or violation (the old definition; "
+                        "a failed noise check is also each threat model's violation)",
         "seeds_per_planted_bug": args.seeds,
         "seeds_per_correct_setup": args.correct_seeds,
         "accelerator": args.accelerator,
