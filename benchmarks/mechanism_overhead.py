@@ -23,7 +23,14 @@ import numpy as np
 import torch
 
 from audit_callbacks.canary import base, mechanism
-from benchmarks._common import interleaved_pairs, machine_info, median_interval, parser, write_json
+from benchmarks._common import (
+    add_accelerator_argument,
+    interleaved_pairs,
+    machine_info,
+    median_interval,
+    parser,
+    write_json,
+)
 from benchmarks.canary_overhead import fit_once, quiet, train_config
 from datamodules import FederatedDataModule
 
@@ -60,6 +67,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--output", default="mechanism_overhead.json")
+    add_accelerator_argument(p)
     args = p.parse_args(argv)
     if args.quick:
         args.rounds, args.reps = 6, 1
@@ -67,7 +75,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     quiet()
     cfg = train_config(clients=500, clients_per_round=50, rounds=args.rounds, rounds_per_epoch=25,
                        local_batch_size=1, noise_multiplier=0.3, cnn={"channels": [32, 64], "hidden": 400},
-                       accelerator="cpu")
+                       accelerator=args.accelerator)
     dm = FederatedDataModule("digits", num_clients=cfg["clients"], rounds_per_epoch=cfg["rounds_per_epoch"],
                              seed=cfg["seed"])
     dm.setup("fit")

@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="seeds per correct set-up (default 60)")
     p.add_argument("--cases", nargs="*", default=None, help="a subset of the cases")
     p.add_argument("--output", default="planted_bugs.json", help="results file name")
-    add_accelerator_argument(p)  # the DP-FedAvg cases' Trainer; the others run plain loops on the CPU
+    add_accelerator_argument(p)  # the DP-FedAvg and Lightning cases' Trainer; the others run plain loops on the CPU
     args = p.parse_args(argv)
     if args.seeds < 1 or args.correct_seeds < 1:
         p.error("--seeds and --correct-seeds must be >= 1")
@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name in names:
         seeds = args.correct_seeds if name.endswith("_correct") else args.seeds
         start = time.perf_counter()
-        runs = [cases[name](seed, args.accelerator) if name.startswith("fedavg_") else cases[name](seed)
+        runs = [cases[name](seed, args.accelerator) if name.startswith(("fedavg_", "lightning_"))
+                else cases[name](seed)
                 for seed in range(seeds)]
         seconds = (time.perf_counter() - start) / seeds
         res = results[name] = {**summarise(name, runs), "seconds_per_run": seconds, "runs": runs}

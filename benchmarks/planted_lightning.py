@@ -5,7 +5,7 @@ trainer's own loader.
 One case is one Lightning fit of ``models.DPSGDClassifier`` (an MLP 30-64-1 on scikit-learn's
 breast cancer, 455 training examples, z-scored; noise multiplier 1.5, C = 1, SGD, its noise from
 an OS-entropy generator) over ``datamodules.CentralDataModule`` with ``CanaryAudit`` (Hadamard
-canaries), EPOCHS epochs on the CPU. The planted bugs, which the accountant does not know about:
+canaries), EPOCHS epochs (the Trainer on ``--accelerator``). The planted bugs, which the accountant does not know about:
 
 * ``lightning_shuffled_batches``: the datamodule's loader is a shuffled ``DataLoader`` of fixed
   batches (``poisson=False``), Lightning's default, while Opacus' accountant assumes Poisson
@@ -33,6 +33,7 @@ import lightning.pytorch as pl
 import torch
 
 from audit_callbacks.callbacks import CanaryAudit
+from benchmarks._common import trainer_kwargs
 from benchmarks._planted import case_result
 from datamodules.central import CentralDataModule
 from models import MLP
@@ -70,8 +71,9 @@ class _Planted(DPSGDClassifier):
         return opt
 
 
-def run(seed: int, bug: str = "correct") -> dict[str, Any]:
-    """One seed of the set-up above with ``bug`` (one of :data:`BUGS`).
+def run(seed: int, bug: str = "correct", accelerator: str = "auto") -> dict[str, Any]:
+    """One seed of the set-up above with ``bug`` (one of :data:`BUGS`), the Trainer on
+    ``accelerator`` (``--accelerator``: auto, cpu or gpu).
 
     Raises:
         ValueError: an unknown ``bug``.
@@ -91,7 +93,7 @@ def run(seed: int, bug: str = "correct") -> dict[str, Any]:
                         log_figures=False)
     with tempfile.TemporaryDirectory() as root, warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trainer = pl.Trainer(logger=False, callbacks=[audit], accelerator="cpu", max_epochs=EPOCHS,
+        trainer = pl.Trainer(logger=False, callbacks=[audit], **trainer_kwargs(accelerator), max_epochs=EPOCHS,
                              enable_progress_bar=False, enable_model_summary=False,
                              enable_checkpointing=False, num_sanity_val_steps=0, limit_val_batches=0,
                              default_root_dir=root)
@@ -101,6 +103,6 @@ def run(seed: int, bug: str = "correct") -> dict[str, Any]:
     return case_result(summary, seed=seed, start=start, bug=bug)
 
 
-CASES: dict[str, Callable[[int], dict[str, Any]]] = {
-    f"lightning_{bug}": (lambda seed, bug=bug: run(seed, bug)) for bug in BUGS
+CASES: dict[str, Callable[..., dict[str, Any]]] = {  # (seed, accelerator="auto")
+    f"lightning_{bug}": (lambda seed, accelerator="auto", bug=bug: run(seed, bug, accelerator)) for bug in BUGS
 }
