@@ -20,7 +20,6 @@ FAMILY_LDP = "ldp"
 FAMILY_LDP_INFERENCE = "ldp_inference"
 FAMILY_FL = "fl"
 FAMILY_PRIVACY = "privacy"
-FAMILY_TRAIN = "train"
 FAMILY_VAL = "val"
 FAMILY_TEST = "test"
 
@@ -87,10 +86,9 @@ CLIENT_UPDATES_AT_CLIP = "client_updates_at_clip"
 EPSILON_EXACT_PER_COORDINATE = "epsilon_exact_per_coordinate"
 EPSILON_CLAIMED_PER_COORDINATE = "epsilon_claimed_per_coordinate"
 
-# -- DPFedAvg's own metrics (fl, privacy, train, val, test) ---------------------------------------
+# -- DPFedAvg's own metrics (fl, privacy, val, test) -------------------------------------------
 ROUND = "round"
 COHORT_SIZE = "cohort_size"
-CLIENT_LOSS = "client_loss"
 LOSS = "loss"
 
 
