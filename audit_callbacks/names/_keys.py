@@ -70,8 +70,9 @@ ATTACKED_CLIENTS = "attacked_clients"
 EPSILON_SINGLE_ROUND = "epsilon_single_round"
 
 # -- local DP (ldp, ldp_inference) ----------------------------------------------------------------
-#: per adversary: ``epsilon0_<adversary>``, ``epsilon0_lower_bound_<adversary>``,
-#: ``norm_g1_<adversary>``; per attack mode: ``error_<mode>``... (see :func:`qualified`).
+#: per adversary: ``epsilon0_<adversary>``, ``epsilon0_lower_bound_<adversary>``; per attack
+#: mode: ``error_<mode>``... (see :func:`qualified`). ``norm_g1`` is the key of a record's crafted
+#: |g1| in memory only (a real example's value: no tag, docs/security.md).
 EPSILON0_STEM = "epsilon0"
 EPSILON0_LOWER_BOUND_STEM = "epsilon0_lower_bound"
 NORM_G1_STEM = "norm_g1"
