@@ -277,7 +277,8 @@ class LDPAudit(FederatedAuditHooks, Callback):
         self.exact: dict[str, Any] | None = None
         self.audits = 0
         self.last_audited_round = 0
-        self.update_norms = {"count": 0, "at_clip": 0, "sum": 0.0, "max": 0.0}
+        #: aggregates over every real client update so far (no largest norm: one client's value)
+        self.update_norms = {"count": 0, "at_clip": 0, "sum": 0.0}
         self.summary_path: str | None = None
         #: the audit's output path: warnings once (the set is checkpointed), the summary, the
         #: report section, the scalars and layout
@@ -341,7 +342,6 @@ class LDPAudit(FederatedAuditHooks, Callback):
         self.update_norms["count"] += int(norms.size)
         self.update_norms["at_clip"] += int(np.count_nonzero(norms >= clip * (1 - 1e-6)))
         self.update_norms["sum"] += float(norms.sum())
-        self.update_norms["max"] = max(self.update_norms["max"], float(norms.max()))
 
     def on_federated_round_end(self, trainer: pl.Trainer, pl_module: Any, fl_round: FederatedRound) -> None:
         if fl_round.index % self.every_n_rounds == 0:
@@ -675,7 +675,7 @@ class LDPAudit(FederatedAuditHooks, Callback):
         self.exact = None if state_dict["exact"] is None else dict(state_dict["exact"])
         self.audits = int(state_dict["audits"])
         self.last_audited_round = int(state_dict["last_audited_round"])
-        self.update_norms = dict(state_dict["update_norms"])
+        self.update_norms = {k: v for k, v in state_dict["update_norms"].items() if k != "max"}
         self.output.warned = set(state_dict["warned"])
 
 

@@ -190,6 +190,12 @@ def test_federated_label_and_ldp_runs_leave_no_real_client_in_any_artifact(tmp_p
     assert any(p.endswith(".ckpt") for p in docs)
     # LDPAudit's summary keeps its public per-audit records under "history" (no client fields)
     assert _forbidden(docs, events, allowed=frozenset({"history"})) == []
+    # the checkpointed norm counts are aggregates over every update: no largest norm (one
+    # client's value), no gradient adversary's closed form or test seed
+    ckpt = next(d for p, d in docs.items() if p.endswith("last.ckpt"))
+    state = next(v for k, v in ckpt["callbacks"].items() if "LDPAudit" in k)
+    assert set(state["update_norms"]) == {"count", "at_clip", "sum"}
+    assert not [r for r in state["history"] if r["adversary"] != "dummy" and {"epsilon0_expected", "seed"} & set(r)]
 
 
 def test_the_ldp_example_leaves_no_real_example_in_any_artifact(tmp_path):
