@@ -191,9 +191,10 @@ def _e(value: Any) -> str:
 
 
 #: characters that open Markdown markup anywhere in a line: code spans, emphasis, links and
-#: images, strike-through, table cells, and the backslash itself (so a value's trailing ``\``
-#: cannot escape the cell's ``|``)
-_MARKDOWN_SPECIAL = re.compile(r"([\\`*\[\]|~])")
+#: images, table cells, and the backslash itself (so a value's trailing ``\`` cannot escape the
+#: cell's ``|``); ``~`` (strike-through) becomes an entity, since not every renderer (Python-
+#: Markdown, TensorBoard's) takes ``\~``
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*\[\]|])")
 #: an underscore that can open or close emphasis: not between two letters or digits
 _MARKDOWN_UNDERSCORE = re.compile(r"(?<![0-9A-Za-z])_|_(?![0-9A-Za-z])")
 #: every line break a Markdown renderer (or a text editor) may honour
@@ -205,12 +206,13 @@ def markdown_text(value: Any) -> str:
 
     Dicts and lists as JSON, numbers as :func:`fmt`; then line breaks become spaces, ``&``,
     ``<`` and ``>`` HTML entities (no raw HTML or autolink), and the characters of Markdown's
-    inline markup (``\\ ` * [ ] | ~``, and ``_`` where it can delimit emphasis) are
-    backslash-escaped; an intraword ``_`` (``num_canaries``) stays as it is.
+    inline markup (``\\ ` * [ ] |``, and ``_`` where it can delimit emphasis) are
+    backslash-escaped and ``~`` is ``&#126;``; an intraword ``_`` (``num_canaries``) stays as it
+    is. The text renders as itself in CommonMark, GitHub's Markdown and Python-Markdown.
     """
     text = _LINE_BREAKS.sub(" ", _plain(value))
     text = html.escape(text, quote=False)
-    text = _MARKDOWN_SPECIAL.sub(r"\\\1", text)
+    text = _MARKDOWN_SPECIAL.sub(r"\\\1", text).replace("~", "&#126;")
     return _MARKDOWN_UNDERSCORE.sub(r"\\_", text)
 
 

@@ -241,18 +241,21 @@ def test_crafted_summary_markdown_escapes_every_value():
     assert len(settings) == 2 + len(summary["inputs"])
     estimates = next(t for t in tables if t[0][0] == "name")
     assert len(estimates) == 2 + len(summary["estimates"])
-    # rendered by a renderer that passes raw HTML (as MLflow's and W&B's may): no tag from the run
-    page = MarkdownIt("commonmark", {"html": True}).enable("table").render(md)
-    parsed = _Tags(page)
-    allowed = {"h1", "h2", "p", "ul", "li", "strong", "table", "thead", "tbody", "tr", "th", "td"}
-    assert {t for t, _ in parsed.tags} <= allowed, {t for t, _ in parsed.tags} - allowed
-    assert not [a for _, attrs in parsed.tags for a in attrs if a != "style"]
-    # ... and each value shows as itself, on one line
-    text = "".join(parsed.text)
-    for value in (_EVIL, _MARKUP, "<img src=x onerror=alert(1)>", "Evil<script>alert(1)</script>Accountant|x y",
-                  "FedAvg(accept_failures=True | fraction_fit=0.1)  # injected heading | x | y | |---|---|",
-                  "<b>key</b>|k ey", "<h1>section</h1>|x # h"):
-        assert value in text, value
+    # rendered by renderers that pass raw HTML (as MLflow's and W&B's may; TensorBoard's text
+    # plugin uses Python-Markdown): no tag from the run, and each value shows as itself, on one line
+    import markdown
+
+    for page in (MarkdownIt("commonmark", {"html": True}).enable("table").enable("strikethrough").render(md),
+                 markdown.markdown(md, extensions=["tables"])):
+        parsed = _Tags(page)
+        allowed = {"h1", "h2", "p", "ul", "li", "strong", "table", "thead", "tbody", "tr", "th", "td"}
+        assert {t for t, _ in parsed.tags} <= allowed, {t for t, _ in parsed.tags} - allowed
+        assert not [a for _, attrs in parsed.tags for a in attrs if a not in ("style", "align")]
+        text = "".join(parsed.text)
+        for value in (_EVIL, _MARKUP, "<img src=x onerror=alert(1)>", "Evil<script>alert(1)</script>Accountant|x y",
+                      "FedAvg(accept_failures=True | fraction_fit=0.1)  # injected heading | x | y | |---|---|",
+                      "<b>key</b>|k ey", "<h1>section</h1>|x # h"):
+            assert value in text, value
     # the escaping function: one line, no raw markup; intraword underscores kept
     from audit_callbacks.auditing.html_report import markdown_text
 
