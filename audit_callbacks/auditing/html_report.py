@@ -16,6 +16,13 @@ into the summary as ``verdict_<tm>``), per threat model; the claim is the analyt
   (its lower end exceeds it); an estimate, not a bound, so a sign to look closer.
 * ``consistent``: neither.
 * ``unchecked``: no finite claimed epsilon (no DP noise, or unknown), or no estimate.
+
+Escaping. Every value that comes from a run (class names, reprs, keys, statuses, sentences,
+section titles, sources) is escaped for the format it lands in: in the HTML by
+:func:`html.escape` (a verdict word becomes a CSS class only when it is one of :data:`_WORDS`,
+and is escaped even then); in the Markdown by :func:`markdown_text`, which turns line breaks
+into spaces (a value never breaks a table row) and escapes ``|``, the HTML characters and the
+Markdown markup, so the report shows the same text wherever it is rendered (MLflow, W&B).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import html
 import json
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -32,8 +40,8 @@ from audit_callbacks import names
 from audit_callbacks.auditing.files import write_text
 from audit_callbacks.auditing.report import REFERENCES, fmt, verdict
 
-__all__ = ["HTML_FILENAME", "MARKDOWN_FILENAME", "fmt", "history_figure", "interval", "render_html",
-           "render_markdown", "verdict", "write_report"]
+__all__ = ["HTML_FILENAME", "MARKDOWN_FILENAME", "fmt", "history_figure", "interval", "markdown_text",
+           "render_html", "render_markdown", "verdict", "write_report"]
 
 HTML_FILENAME = "audit_report.html"
 MARKDOWN_FILENAME = "audit_report.md"
@@ -182,6 +190,32 @@ def _e(value: Any) -> str:
     return html.escape(str(value))
 
 
+#: characters that open Markdown markup anywhere in a line: code spans, emphasis, links and
+#: images, table cells, and the backslash itself (so a value's trailing ``\`` cannot escape the
+#: cell's ``|``); ``~`` (strike-through) becomes an entity, since not every renderer (Python-
+#: Markdown, TensorBoard's) takes ``\~``
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*\[\]|])")
+#: an underscore that can open or close emphasis: not between two letters or digits
+_MARKDOWN_UNDERSCORE = re.compile(r"(?<![0-9A-Za-z])_|_(?![0-9A-Za-z])")
+#: every line break a Markdown renderer (or a text editor) may honour
+_LINE_BREAKS = re.compile(r"\r\n|[\r\n\v\f\x1c-\x1e\x85\u2028\u2029]")
+
+
+def markdown_text(value: Any) -> str:
+    """``value`` as Markdown text that renders as itself, on one line, inside a table cell.
+
+    Dicts and lists as JSON, numbers as :func:`fmt`; then line breaks become spaces, ``&``,
+    ``<`` and ``>`` HTML entities (no raw HTML or autolink), and the characters of Markdown's
+    inline markup (``\\ ` * [ ] |``, and ``_`` where it can delimit emphasis) are
+    backslash-escaped and ``~`` is ``&#126;``; an intraword ``_`` (``num_canaries``) stays as it
+    is. The text renders as itself in CommonMark, GitHub's Markdown and Python-Markdown.
+    """
+    text = _LINE_BREAKS.sub(" ", _plain(value))
+    text = html.escape(text, quote=False)
+    text = _MARKDOWN_SPECIAL.sub(r"\\\1", text).replace("~", "&#126;")
+    return _MARKDOWN_UNDERSCORE.sub(r"\\_", text)
+
+
 def _num_td(value: Any) -> str:
     data = f' data-value="{_e(repr(float(value)))}"' if _number(value) is not None else ""
     return f'<td class="num"{data}>{_e(fmt(value))}</td>'
@@ -219,7 +253,7 @@ def render_html(summary: Mapping[str, Any] | None, images: Mapping[str, str],
         verdicts.append(("checks of the mechanism", *mechanism))
     for title, word, sentence in verdicts:
         css = word if word in _WORDS else "unchecked"  # a class name, never a summary's markup
-        out.append(f'<div class="verdict {css}"><b>{_e(title)}</b>: {_e(sentence)}</div>')
+        out.append(f'<div class="verdict {_e(css)}"><b>{_e(title)}</b>: {_e(sentence)}</div>')
     out.append("<h2>Headline numbers</h2><table><tr><th>threat model</th><th>estimate</th>"
                "<th>interval</th><th>valid lower bound</th><th>reference</th><th>value</th>"
                "<th>estimate / reference</th><th>status</th></tr>")
@@ -246,7 +280,7 @@ def render_html(summary: Mapping[str, Any] | None, images: Mapping[str, str],
     if images:
         out.append("<h2>Figures</h2>")
         for title, data in images.items():
-            out.append(f"<h3>{_e(title)}</h3><img alt='{_e(title)}' src='data:image/png;base64,{data}'>")
+            out.append(f"<h3>{_e(title)}</h3><img alt='{_e(title)}' src='data:image/png;base64,{_e(data)}'>")
     for section, values in (extra or {}).items():
         out.append(f"<h2>{_e(section)}</h2>{_table(values)}")
     out.append("<h2>Threat models</h2>")
@@ -261,44 +295,46 @@ def render_html(summary: Mapping[str, Any] | None, images: Mapping[str, str],
 
 def render_markdown(summary: Mapping[str, Any] | None, figure_titles: Sequence[str] = (),
                     extra: Mapping[str, Mapping[str, Any]] | None = None) -> str:
-    """The report's Markdown (the figures are in the HTML only)."""
-    def cell(v: Any) -> str:
-        return _plain(v).replace("|", "\\|")
+    """The report's Markdown (the figures are in the HTML only); every value from the run
+    through :func:`markdown_text`."""
+    cell = markdown_text
+
+    def section_table(section: Any, values: Mapping[str, Any]) -> list[str]:
+        return (["", f"## {cell(section)}", "", "| | |", "|---|---|"]
+                + [f"| {cell(k)} | {cell(v)} |" for k, v in values.items()])
 
     if summary is None:
         lines = ["# Privacy audit report"]
         for section, values in (extra or {}).items():
-            lines += ["", f"## {section}", "", "| | |", "|---|---|"]
-            lines += [f"| {k} | {cell(v)} |" for k, v in values.items()]
+            lines += section_table(section, values)
         return "\n".join(lines) + "\n"
     callback = summary.get("callback", "canary audit")
-    lines = [f"# Privacy audit report: {callback} {(summary.get('inputs') or {}).get('training', '')}",
-             "", "## Verdict", ""]
+    training = (summary.get("inputs") or {}).get("training", "")
+    lines = [f"# Privacy audit report: {cell(callback)} {cell(training)}", "", "## Verdict", ""]
     rows = _headline_rows(summary)
-    lines += [f"- **{_TITLES[r['threat_model']]}**: {r['verdict'][1]}" for r in rows]
+    lines += [f"- **{_TITLES[r['threat_model']]}**: {cell(r['verdict'][1])}" for r in rows]
     mechanism = _mechanism(summary)
     if mechanism is not None:
-        lines.append(f"- **checks of the mechanism**: {mechanism[1]}")
+        lines.append(f"- **checks of the mechanism**: {cell(mechanism[1])}")
     lines += ["", "## Headline numbers", "",
               "| threat model | estimate | interval | valid lower bound | reference | value "
               "| estimate / reference | status |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {_TITLES[r['threat_model']]} | {fmt(r['estimate'])} | "
-                     f"{interval(r['lower'], r['upper'])} | {fmt(r['bound'])} | "
-                     f"{_REFERENCE_TITLES[r['reference_name']]} | {fmt(r['reference'])} | "
-                     f"{fmt(r['ratio'])} | {cell(r['status'])} |")
+        lines.append(f"| {_TITLES[r['threat_model']]} | {cell(r['estimate'])} | "
+                     f"{cell(interval(r['lower'], r['upper']))} | {cell(r['bound'])} | "
+                     f"{_REFERENCE_TITLES[r['reference_name']]} | {cell(r['reference'])} | "
+                     f"{cell(r['ratio'])} | {cell(r['status'])} |")
     lines += ["", "## Every estimate", "", "| name | value | interval | status |", "|---|---|---|---|"]
     for n, est in (summary.get("results") or summary.get("estimates") or {}).items():
-        lines.append(f"| {n} | {fmt(est.get('value'))} | {interval(est.get('lower'), est.get('upper'))} "
-                     f"| {cell(est.get('status', '-'))} |")
+        lines.append(f"| {cell(n)} | {cell(est.get('value'))} | "
+                     f"{cell(interval(est.get('lower'), est.get('upper')))} | {cell(est.get('status', '-'))} |")
     if figure_titles:
-        lines += ["", f"Figures ({', '.join(figure_titles)}): see {HTML_FILENAME}."]
+        lines += ["", f"Figures ({', '.join(cell(t) for t in figure_titles)}): see {HTML_FILENAME}."]
     for section, values in (extra or {}).items():
-        lines += ["", f"## {section}", "", "| | |", "|---|---|"]
-        lines += [f"| {k} | {cell(v)} |" for k, v in values.items()]
+        lines += section_table(section, values)
     lines += ["", "## Settings", "", "| setting | value |", "|---|---|"]
-    lines += [f"| {k} | {cell(v)} |" for k, v in (summary.get("inputs") or {}).items()]
-    lines += ["", "## Sources", ""] + [f"- {s}" for s in _sources(summary)]
+    lines += [f"| {cell(k)} | {cell(v)} |" for k, v in (summary.get("inputs") or {}).items()]
+    lines += ["", "## Sources", ""] + [f"- {cell(s)}" for s in _sources(summary)]
     return "\n".join(lines) + "\n"
 
 

@@ -5,7 +5,7 @@ a ``Trainer`` that fits :class:`~audit_callbacks.federated.DPFedAvg` with ``rand
 Every ``every_n_rounds`` rounds, and at fit end, it plays the distinguishing game of
 :func:`~audit_callbacks.attacks.ldp_epsilon_test` against the run's OWN randomizer, once per
 crafting adversary, with pairs (g1, g2) built by :func:`~audit_callbacks.attacks.craft_pair` from
-the current global model and one (seeded, randomly chosen) client's data:
+the current global model and one randomly chosen client's data (secret by default, below):
 
 =============  ===========================================================================
 benign         gradients of two random examples of the client
@@ -30,7 +30,7 @@ key followed by ``_<adversary>``:
   (``epsilon_for_dim(d)``: eps0 for LDP-SGD, d * eps for per-coordinate mechanisms);
 * ``ldp/epsilon0_ceiling``: the largest lower bound ``trials`` trials can show
   (:func:`~audit_callbacks.attacks.measurable_ceiling`); no estimate above it is measurable;
-* ``ldp/norm_g1_<adversary>``: |g1| of the crafted pair, and ``ldp/clip_norm`` (L);
+* ``ldp/clip_norm``: L;
 * ``ldp/client_updates_at_clip``: the share of real clients' updates (so far) that DP-FedAvg
   clipped to its clip norm, i.e. whose raw norm was at least the clip norm;
 * for discrete per-coordinate mechanisms, once at step 0: ``ldp/epsilon_exact_per_coordinate``
@@ -39,7 +39,7 @@ key followed by ``_<adversary>``:
 
 The Custom Scalars layout comes from :func:`audit_callbacks.names.chart_layout`: one chart holds
 the estimates, lower bounds, the claimed eps0 and the ceiling; another ``val/accuracy`` (logged by
-DP-FedAvg); a third the gradient norms and L.
+DP-FedAvg); a third L.
 
 Summary (``audit_summary``, written at fit end): each audit's epsilon0 with its lower and upper
 bounds, and its family-wise lower bound, is an
@@ -57,9 +57,21 @@ the claimed eps0 (relative tolerance 1e-9), or the exact audit exceeds the claim
 epsilon, the callback warns (:class:`BrokenRandomizerWarning`, once per adversary) and logs an
 error on rank zero. ``audit_summary`` lists every flag.
 
-State: ``state_dict`` holds the history of every audit, the warnings given and the norm counts;
-each audit's randomness (client, examples, the trials) is derived from ``(seed, round,
-adversary)``, so a run resumed from a checkpoint ends with the same numbers.
+No value of a real client or example in any artifact (docs/security.md). The gradient
+adversaries' pairs are gradients of one real client's examples, so the crafted pairs' norms and
+cosine, the closed-form value of the pair (``epsilon0_expected``, a function of its norms) and
+the test's seed (with it and the counts, the pair's geometry can be fitted) stay in
+:attr:`history`, in memory only: no tag, summary field or checkpoint holds them. The audited
+client, its examples and the trials are drawn from ``seed``; with ``seed=None`` (the default)
+from OS entropy held in memory only, never logged or checkpointed, so no artifact tells which
+client an audit used. An explicit ``seed`` is the reproducible mode: the summary marks it
+(``inputs.audit_randomness``), and anyone holding the summary can tell which client each
+audit used.
+
+State: ``state_dict`` holds the history of every audit (without those fields), the warnings
+given and the norm counts. Each audit's randomness (client, examples, the trials) is derived
+from ``(seed, round, adversary)``, so with an explicit ``seed`` a run resumed from a checkpoint
+ends with the same numbers; with the secret default the audits after the resume draw afresh.
 """
 
 from __future__ import annotations
@@ -194,7 +206,9 @@ class LDPAudit(FederatedAuditHooks, Callback):
         alpha: the lower bounds are one-sided 1 - alpha; also the family-wise level of the flag.
         every_n_rounds: audit after every n-th round (and always at fit end).
         adversaries: names from :data:`ADVERSARY_NAMES` (default: all five).
-        seed: seeds every audit (with the round and the adversary).
+        seed: seeds every audit (with the round and the adversary): the reproducible mode,
+            marked in the summary. ``None`` (default): secret OS entropy, never logged or
+            checkpointed.
         num_classes: classes for the label-flip adversary (default: the datamodule's
             ``num_classes``, else the model's output width).
         collusion_steps, collusion_lr: the server's malicious training (collusion adversary).
@@ -209,7 +223,8 @@ class LDPAudit(FederatedAuditHooks, Callback):
         TypeError: at ``setup``, if the module is not a ``DPFedAvg`` or has no randomizer.
 
     Attributes (after fit): ``history`` (one dict per adversary and audit, keyed by the names
-    of :mod:`audit_callbacks.names`: ``epsilon0``, ``epsilon0_lower_bound``, ``norm_g1``...;
+    of :mod:`audit_callbacks.names`: ``epsilon0``, ``epsilon0_lower_bound``, and, in memory
+    only, the crafted pair's ``norm_g1``...;
     :func:`epsilon0_result` makes one an :class:`AuditResult`), ``flags``, ``exact`` (the exact
     audit, keys ``epsilon_exact_per_coordinate``, ``epsilon_claimed_per_coordinate``, the
     witness and ``flagged``; or None), ``summary_path``.
@@ -221,7 +236,7 @@ class LDPAudit(FederatedAuditHooks, Callback):
         alpha: float = 0.05,
         every_n_rounds: int = 10,
         adversaries: Sequence[str] = ADVERSARY_NAMES,
-        seed: int = 0,
+        seed: int | None = None,
         *,
         num_classes: int | None = None,
         collusion_steps: int = 100,
@@ -246,7 +261,9 @@ class LDPAudit(FederatedAuditHooks, Callback):
         self.alpha = alpha
         self.every_n_rounds = every_n_rounds
         self.adversaries = advs
-        self.seed = check_seed(seed, "seed")
+        #: the audit's seed when reproducible; None: secret (``_entropy``, in memory only)
+        self.seed = None if seed is None else check_seed(seed, "seed")
+        self._entropy = self.seed if self.seed is not None else int(np.random.SeedSequence().entropy)
         self.num_classes = check_optional_count(num_classes, "num_classes", minimum=2)
         self.collusion_steps = check_count(collusion_steps, "collusion_steps", minimum=0)
         self.collusion_lr = check_positive(collusion_lr, "collusion_lr")
@@ -260,7 +277,8 @@ class LDPAudit(FederatedAuditHooks, Callback):
         self.exact: dict[str, Any] | None = None
         self.audits = 0
         self.last_audited_round = 0
-        self.update_norms = {"count": 0, "at_clip": 0, "sum": 0.0, "max": 0.0}
+        #: aggregates over every real client update so far (no largest norm: one client's value)
+        self.update_norms = {"count": 0, "at_clip": 0, "sum": 0.0}
         self.summary_path: str | None = None
         #: the audit's output path: warnings once (the set is checkpointed), the summary, the
         #: report section, the scalars and layout
@@ -305,8 +323,7 @@ class LDPAudit(FederatedAuditHooks, Callback):
         """The tags this callback logs (its adversaries'), all from :mod:`audit_callbacks.names`."""
         per_adversary = [
             names.tag(FAMILY, f"{key}_{a}") for a in self.adversaries
-            for key in (names.EPSILON0_STEM, names.EPSILON0_LOWER_BOUND_STEM, names.NORM_G1_STEM)
-            if key != names.NORM_G1_STEM or a in _GRADIENT_ADVERSARIES
+            for key in (names.EPSILON0_STEM, names.EPSILON0_LOWER_BOUND_STEM)
         ]
         shared = (names.EPSILON0_CLAIMED, names.EPSILON0_CEILING, names.CLIP_NORM,
                   names.CLIENT_UPDATES_AT_CLIP, names.EPSILON_EXACT_PER_COORDINATE,
@@ -325,7 +342,6 @@ class LDPAudit(FederatedAuditHooks, Callback):
         self.update_norms["count"] += int(norms.size)
         self.update_norms["at_clip"] += int(np.count_nonzero(norms >= clip * (1 - 1e-6)))
         self.update_norms["sum"] += float(norms.sum())
-        self.update_norms["max"] = max(self.update_norms["max"], float(norms.max()))
 
     def on_federated_round_end(self, trainer: pl.Trainer, pl_module: Any, fl_round: FederatedRound) -> None:
         if fl_round.index % self.every_n_rounds == 0:
@@ -403,7 +419,7 @@ class LDPAudit(FederatedAuditHooks, Callback):
         claimed = self._claimed(pl_module)
         clip = self._clip_norm(pl_module)
         ceiling = measurable_ceiling(self.trials, self.alpha)
-        base = np.random.SeedSequence([self.seed, int(round_idx)])
+        base = np.random.SeedSequence([self._entropy, int(round_idx)])
         client_ss, *adv_ss = base.spawn(1 + len(ADVERSARY_NAMES))
         cid = int(np.random.default_rng(client_ss).integers(pl_module.num_real_clients))
         x, y = pl_module.client_data(cid)  # DP-FedAvg's tensors of real client `cid`
@@ -460,9 +476,8 @@ class LDPAudit(FederatedAuditHooks, Callback):
             }
             rec["results"] = _results(rec)  # the AuditResults of this test, made once
             records.append(rec)
-            for key in (names.EPSILON0_STEM, names.EPSILON0_LOWER_BOUND_STEM, names.NORM_G1_STEM):
-                if key != names.NORM_G1_STEM or name in _GRADIENT_ADVERSARIES:
-                    metrics[names.tag(FAMILY, f"{key}_{name}")] = rec[key]
+            for key in (names.EPSILON0_STEM, names.EPSILON0_LOWER_BOUND_STEM):
+                metrics[names.tag(FAMILY, f"{key}_{name}")] = rec[key]
             if flagged:
                 self._flag(name, rec, repr(rnd))
         pl_module.model.train(was_training)
@@ -525,6 +540,13 @@ class LDPAudit(FederatedAuditHooks, Callback):
             )
 
     # ------------------------------------------------------------------ summary
+    def randomness(self) -> str:
+        """Where the audit's draws (client, examples, trials) come from, for the summary."""
+        if self.seed is None:
+            return SECRET_RANDOMNESS
+        return (f"reproducible from seed {self.seed}: anyone holding the logs can tell which "
+                "real client each audit used")
+
     def _section(self) -> ReportSection:
         return ReportSection(*self.report_section())
 
@@ -553,9 +575,10 @@ class LDPAudit(FederatedAuditHooks, Callback):
         ``epsilon_exact_per_coordinate``, ``epsilon0_claimed``, ``epsilon0_ceiling`` and
         ``client_updates_at_clip``. ``history``: each audit's record with its epsilon0 test and
         family-wise bound as :class:`AuditResult` dicts (made when the test ran). It holds no
-        real client's id and no value computed from one client's data: the crafted pairs'
-        norms and cosine are replaced by whether the pair reached the clip norm
-        (``g1_at_clip``); they stay in :attr:`history`, in memory only."""
+        real client's id and no value computed from one client's data (the crafted pairs'
+        norms and cosine, the gradient adversaries' closed-form value and test seed): they
+        stay in :attr:`history`, in memory only. ``inputs.seed`` is the audit's seed in the
+        reproducible mode, None when secret; ``inputs.audit_randomness`` says which."""
         rnd = getattr(pl_module, "randomizer", None)
         by_adv: dict[str, dict[str, Any]] = {}
         results: dict[str, dict[str, Any]] = {}
@@ -571,7 +594,6 @@ class LDPAudit(FederatedAuditHooks, Callback):
                 "last": last,
                 "epsilon0_mean": float(np.mean([r[names.EPSILON0_STEM] for r in recs])),
                 "epsilon0_lower_bound_max": float(max(r[names.EPSILON0_LOWER_BOUND_STEM] for r in recs)),
-                "audits_with_norm_at_least_clip": int(sum(_at_clip(r) for r in recs)),
             }
             test = last[names.EPSILON0_STEM]
             results[names.qualified(names.EPSILON0_STEM, name)] = test
@@ -591,6 +613,7 @@ class LDPAudit(FederatedAuditHooks, Callback):
             "every_n_rounds": self.every_n_rounds,
             "adversaries": list(self.adversaries),
             "seed": self.seed,
+            "audit_randomness": self.randomness(),
             names.EPSILON0_CEILING: measurable_ceiling(self.trials, self.alpha),
             "rounds": int(getattr(pl_module, "round", 0) or 0),
         }
@@ -631,8 +654,9 @@ class LDPAudit(FederatedAuditHooks, Callback):
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        """The checkpointed state. Records keep no real client's id, norms or cosine
-        (:func:`_checkpointed`): a checkpoint is an output like the summary."""
+        """The checkpointed state. Records keep no real client's id, norms, cosine, closed-form
+        value or test seed (:func:`_checkpointed`), and the secret entropy is not in it: a
+        checkpoint is an output like the summary."""
         return {
             "history": [_checkpointed(r) for r in self.history],
             "flags": [dict(f) for f in self.flags],
@@ -651,7 +675,7 @@ class LDPAudit(FederatedAuditHooks, Callback):
         self.exact = None if state_dict["exact"] is None else dict(state_dict["exact"])
         self.audits = int(state_dict["audits"])
         self.last_audited_round = int(state_dict["last_audited_round"])
-        self.update_norms = dict(state_dict["update_norms"])
+        self.update_norms = {k: v for k, v in state_dict["update_norms"].items() if k != "max"}
         self.output.warned = set(state_dict["warned"])
 
 
@@ -709,6 +733,10 @@ def exact_result(exact: dict[str, Any]) -> dict[str, Any]:
 
 
 _PRIVATE_FIELDS = ("client", names.NORM_G1_STEM, "norm_g2", "cosine_g1_g2")
+_PRIVATE_GRADIENT_FIELDS = ("epsilon0_expected", "seed")
+#: ``inputs.audit_randomness`` of a summary whose audit drew from secret OS entropy.
+SECRET_RANDOMNESS = ("secret: the audited client, examples and trials come from OS entropy, "
+                     "never logged or checkpointed")
 # Fields of a record that its two AuditResults carry in the summary (``trials`` stays beside).
 _RESULT_FIELDS = (names.EPSILON0_STEM, "epsilon0_capped", names.EPSILON0_LOWER_BOUND_STEM,
                   "epsilon0_upper_bound", "epsilon0_expected", "ceiling", "epsilon0_lower_bound_familywise",
@@ -721,29 +749,41 @@ def _results(rec: dict[str, Any]) -> dict[str, dict[str, Any]]:
             "epsilon0_lower_bound_familywise": familywise_result(rec).to_dict()}
 
 
-def _at_clip(rec: dict[str, Any]) -> bool:
-    """Whether the record's crafted gradient g1 had norm >= the clip norm (a resumed record
-    keeps only this flag, :func:`_checkpointed`)."""
-    if names.NORM_G1_STEM in rec:
-        return bool(rec[names.NORM_G1_STEM] >= rec["clip_norm"])
-    return bool(rec.get("g1_at_clip", False))
-
-
 def _checkpointed(rec: dict[str, Any]) -> dict[str, Any]:
     """An audit record for the checkpoint: without the client's id and the values computed from
-    its data (:data:`_PRIVATE_FIELDS`); ``g1_at_clip`` (what the summary shows of them) kept."""
-    out = {k: v for k, v in rec.items() if k not in _PRIVATE_FIELDS}
-    if names.NORM_G1_STEM in rec:
-        out["g1_at_clip"] = bool(rec[names.NORM_G1_STEM] >= rec["clip_norm"] * (1 - 1e-6))
+    its data (:func:`_private_fields`), also inside its results' ``details``."""
+    private = _private_fields(rec)
+    out = {k: v for k, v in rec.items() if k not in private}
+    if "results" in rec:
+        out["results"] = {name: _without_private_details(res, private)
+                          for name, res in rec["results"].items()}
     return out
+
+
+def _private_fields(rec: dict[str, Any]) -> tuple[str, ...]:
+    """The fields of a record computed from a real client's data: its id and the crafted
+    pair's norms and cosine; for the gradient adversaries also the pair's closed-form value
+    (a function of the norms: for gradient flip below L it gives |g1|) and the test's seed
+    (with it and the counts, the pair's geometry can be fitted)."""
+    if rec.get("adversary") in _GRADIENT_ADVERSARIES:
+        return _PRIVATE_FIELDS + _PRIVATE_GRADIENT_FIELDS
+    return _PRIVATE_FIELDS
+
+
+def _without_private_details(result: dict[str, Any], private: tuple[str, ...]) -> dict[str, Any]:
+    details = result.get("details")
+    if not isinstance(details, dict):
+        return dict(result)
+    return {**result, "details": {k: v for k, v in details.items() if k not in private}}
 
 
 def _published(rec: dict[str, Any]) -> dict[str, Any]:
     """An audit record for the summary: its two results (made when the test ran) in place of
     their numbers, without the audited client's id or values computed from its data."""
     out = {k: rec[k] for k in ("round", "audit", "adversary")}
-    out.update(rec["results"])
-    out.update((k, v) for k, v in _checkpointed(rec).items()
+    kept = _checkpointed(rec)
+    out.update(kept["results"])
+    out.update((k, v) for k, v in kept.items()
                if k not in out and k != "results" and k not in _RESULT_FIELDS)
     return out
 

@@ -59,13 +59,11 @@ from audit_callbacks.federated.round import REAL_CLIENT, Cohort, FederatedRound
 from audit_callbacks.federated.sampling import SAMPLING_RULES, CohortSampler, sampling_mark
 from audit_callbacks.names import (
     ACCURACY,
-    CLIENT_LOSS,
     COHORT_SIZE,
     EPSILON_ANALYTIC,
     FAMILY_FL,
     FAMILY_PRIVACY,
     FAMILY_TEST,
-    FAMILY_TRAIN,
     FAMILY_VAL,
     LOSS,
     ROUND,
@@ -755,14 +753,13 @@ class DPFedAvgMixin:
         return replace(fl_round, model_delta=self.flat_parameters() - fl_round.theta)
 
     def _log_round(self, fl_round: FederatedRound) -> None:
-        """``fl/round``, ``fl/cohort_size``, ``train/client_loss`` and
-        ``privacy/epsilon_analytic`` (:mod:`audit_callbacks.names`), at the round's step."""
+        """``fl/round``, ``fl/cohort_size`` and ``privacy/epsilon_analytic``
+        (:mod:`audit_callbacks.names`), at the round's step. The cohort's mean local loss
+        (``fl_round.client_loss``) is not logged: it is an un-noised value of the round's real
+        clients, so it stays in the round passed to the hooks, in memory (docs/security.md)."""
         self.log(tag(FAMILY_FL, ROUND), float(fl_round.index), on_step=True, on_epoch=False, batch_size=1)
         self.log(tag(FAMILY_FL, COHORT_SIZE), float(fl_round.cohort.size), on_step=True, on_epoch=False,
                  batch_size=1)
-        if math.isfinite(fl_round.client_loss):
-            self.log(tag(FAMILY_TRAIN, CLIENT_LOSS), fl_round.client_loss, on_step=True, on_epoch=True,
-                     batch_size=1)
         eps = self.analytic_epsilon()
         if eps == math.inf and not self._warned_no_noise:
             self._warned_no_noise = True

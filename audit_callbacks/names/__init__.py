@@ -8,8 +8,8 @@ test walks this table against every logged tag and JSON key.
 
 The table is assembled from one file per kind of audit (split by concept): ``_canary``
 (family ``audit``), ``_label`` (``label_attack``, ``label_dp``, ``fl_label_attack``), ``_ldp``
-(``ldp``, ``ldp_inference``) and ``_federated`` (``DPFedAvg``'s own ``fl``, ``privacy`` and
-``train`` metrics).
+(``ldp``, ``ldp_inference``) and ``_federated`` (``DPFedAvg``'s own ``fl``, ``privacy``, ``val`` and
+``test`` metrics).
 
 Every name and family is a constant defined once (``_keys``, re-exported here:
 ``EPSILON_ALL_ITERATES``, ``FAMILY_AUDIT``...); the rows above are built from them, and code
@@ -32,7 +32,6 @@ from ._keys import (
     ATTACKED_CLIENTS,
     ATTACKED_FRACTION,
     BATCH_SIZE_VARIANCE_RATIO,
-    CLIENT_LOSS,
     CLIENT_UPDATES_AT_CLIP,
     CLIP_NORM,
     COHORT_SIZE,
@@ -85,7 +84,6 @@ from ._keys import (
     FAMILY_LDP_INFERENCE,
     FAMILY_PRIVACY,
     FAMILY_TEST,
-    FAMILY_TRAIN,
     FAMILY_VAL,
     FRESH_NOISE_RATIO,
     LOSS,
@@ -117,7 +115,6 @@ __all__ = [
     "FAMILY_LDP_INFERENCE",
     "FAMILY_FL",
     "FAMILY_PRIVACY",
-    "FAMILY_TRAIN",
     "FAMILY_VAL",
     "FAMILY_TEST",
     "EPSILON_FINAL_MODEL",
@@ -173,7 +170,6 @@ __all__ = [
     "EPSILON_CLAIMED_PER_COORDINATE",
     "ROUND",
     "COHORT_SIZE",
-    "CLIENT_LOSS",
     "LOSS",
 ]
 

@@ -1,24 +1,22 @@
-"""DPFedAvg's own metrics (families ``fl``, ``privacy``, ``train``, ``val``, ``test``).
+"""DPFedAvg's own metrics (families ``fl``, ``privacy``, ``val``, ``test``).
 
 Logged by :class:`~audit_callbacks.federated.DPFedAvg` through ``self.log``: the round's
 scalars at every round (the step), the evaluation metrics once per validation / test epoch
 (``val`` and ``test``, when the wrapped model has no ``validation_step`` / ``test_step`` of its
 own).
-``train/client_loss`` is logged with ``on_step`` and ``on_epoch``, so Lightning hands it to the
-loggers as ``train/client_loss_step`` and ``train/client_loss_epoch``.
+No ``train`` family: the round's mean local loss is an un-noised value of its real clients and
+is not logged (docs/security.md).
 """
 
 from __future__ import annotations
 
 from ._keys import (
     ACCURACY,
-    CLIENT_LOSS,
     COHORT_SIZE,
     EPSILON_ANALYTIC,
     FAMILY_FL,
     FAMILY_PRIVACY,
     FAMILY_TEST,
-    FAMILY_TRAIN,
     FAMILY_VAL,
     LOSS,
     ROUND,
@@ -31,7 +29,6 @@ __all__ = ["QUANTITIES", "SECTIONS", "SOURCES"]
 SECTIONS: dict[str, str] = {
     FAMILY_FL: "federated training",
     FAMILY_PRIVACY: "privacy (analytic)",
-    FAMILY_TRAIN: "training",
     FAMILY_VAL: "validation",
     FAMILY_TEST: "test",
 }
@@ -43,7 +40,6 @@ SOURCES: dict[str, str] = {
     FAMILY_FL: _DPFEDAVG,
     FAMILY_PRIVACY: "the Gaussian mechanism composed over rounds: Balle & Wang, ICML 2018 (analytic "
                     "Gaussian mechanism); Dong, Roth & Su, JRSS B 2022 (Gaussian DP composition)",
-    FAMILY_TRAIN: _DPFEDAVG,
     FAMILY_VAL: _DPFEDAVG,
     FAMILY_TEST: _DPFEDAVG,
 }
@@ -53,8 +49,6 @@ QUANTITIES: list[Quantity] = [
     Quantity(FAMILY_FL, COHORT_SIZE, None,
              "clients in the round, real and virtual (varies under Poisson sampling or scheduled "
              "canaries; the noisy sum is always divided by clients_per_round)"),
-    Quantity(FAMILY_TRAIN, CLIENT_LOSS, None,
-             "the real clients' mean local training loss in the round (over their local steps)"),
     Quantity(FAMILY_PRIVACY, EPSILON_ANALYTIC, None,
              "epsilon at delta of the Gaussian mechanism composed over the rounds of the "
              "most-sampled real client, if the adversary knows the rounds (inf without noise)"),

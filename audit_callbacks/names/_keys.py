@@ -20,7 +20,6 @@ FAMILY_LDP = "ldp"
 FAMILY_LDP_INFERENCE = "ldp_inference"
 FAMILY_FL = "fl"
 FAMILY_PRIVACY = "privacy"
-FAMILY_TRAIN = "train"
 FAMILY_VAL = "val"
 FAMILY_TEST = "test"
 
@@ -71,8 +70,9 @@ ATTACKED_CLIENTS = "attacked_clients"
 EPSILON_SINGLE_ROUND = "epsilon_single_round"
 
 # -- local DP (ldp, ldp_inference) ----------------------------------------------------------------
-#: per adversary: ``epsilon0_<adversary>``, ``epsilon0_lower_bound_<adversary>``,
-#: ``norm_g1_<adversary>``; per attack mode: ``error_<mode>``... (see :func:`qualified`).
+#: per adversary: ``epsilon0_<adversary>``, ``epsilon0_lower_bound_<adversary>``; per attack
+#: mode: ``error_<mode>``... (see :func:`qualified`). ``norm_g1`` is the key of a record's crafted
+#: |g1| in memory only (a real example's value: no tag, docs/security.md).
 EPSILON0_STEM = "epsilon0"
 EPSILON0_LOWER_BOUND_STEM = "epsilon0_lower_bound"
 NORM_G1_STEM = "norm_g1"
@@ -87,10 +87,9 @@ CLIENT_UPDATES_AT_CLIP = "client_updates_at_clip"
 EPSILON_EXACT_PER_COORDINATE = "epsilon_exact_per_coordinate"
 EPSILON_CLAIMED_PER_COORDINATE = "epsilon_claimed_per_coordinate"
 
-# -- DPFedAvg's own metrics (fl, privacy, train, val, test) ---------------------------------------
+# -- DPFedAvg's own metrics (fl, privacy, val, test) -------------------------------------------
 ROUND = "round"
 COHORT_SIZE = "cohort_size"
-CLIENT_LOSS = "client_loss"
 LOSS = "loss"
 
 

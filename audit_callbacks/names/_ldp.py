@@ -36,7 +36,6 @@ from ._keys import (
     ERROR_STEM,
     FAMILY_LDP,
     FAMILY_LDP_INFERENCE,
-    NORM_G1_STEM,
     qualified,
 )
 from ._quantity import Quantity
@@ -58,17 +57,17 @@ SOURCES: dict[str, str] = {
                           "docs/methods/ldp.md, C5",
 }
 
-# The crafting adversaries of Matsumoto et al. Table 2, weakest first; those whose pair is the
-# gradient of client data (their |g1| is logged; the dummy's is L by construction).
+# The crafting adversaries of Matsumoto et al. Table 2, weakest first. The crafted pairs' norms
+# are not registered: the gradient adversaries' pairs are gradients of real examples, and no
+# value of a real example is logged (docs/security.md).
 _ADVERSARIES = ("benign", "label_flip", "gradient_flip", "collusion", "dummy")
-_GRADIENT_ADVERSARIES = ("benign", "label_flip", "gradient_flip", "collusion")
 _MODES = {
     "debiased": "the attacker averages the mechanism's debiased values (randomizer.debias)",
     "raw": "the attacker averages the released values as they are",
 }
 
 _EPSILON0 = "epsilon0 (estimates, lower bounds, claimed)"
-_NORMS = "gradient norms vs clip norm"
+_NORMS = "clip norm"
 _ERROR = "prediction error / domain"
 _CONFIDENCE = "confidence score"
 
@@ -93,10 +92,6 @@ def _ldp() -> list[Quantity]:
                  "the largest lower bound the callback's number of trials can show "
                  "(measurable_ceiling(trials, alpha)); no estimate above it is measurable"),
     ]
-    for adv in _GRADIENT_ADVERSARIES:
-        out.append(Quantity(FAMILY_LDP, qualified(NORM_G1_STEM, adv), _NORMS,
-            f"|g1| of the {adv} adversary's crafted pair (gradient flip reaches epsilon0 only if "
-            "|g1| >= L)"))
     out += [
         Quantity(FAMILY_LDP, CLIP_NORM, _NORMS,
                  "L: the randomizer's clip norm (else DP-FedAvg's)"),

@@ -9,11 +9,18 @@ for what must not be there:
   which of the attack's own guesses were right): no ``accuracy_batch`` tag or key, no
   ``history`` rows, and the logged ``label_attack/accuracy`` changes only after a block of at
   least ``min_examples`` attacked examples;
-* a real client's id, dataset size, norms or cosines (federated label attack, LDP audit):
-  no such key anywhere.
+* a real client's id, dataset size, norms or cosines (federated label attack, LDP audit), or
+  the cohort's un-noised mean local loss (DP-FedAvg): no such key anywhere.
+
+Names are matched by pattern: a key or a tag's last segment is private when it IS a forbidden
+name or starts with one followed by ``_`` (``norm_g1_benign``, ``client_loss_step``), unless it
+is one of the aggregates of :data:`AGGREGATES` (issue 37: an exact comparison let
+``ldp/norm_g1_<adversary>`` and ``train/client_loss`` through).
 """
 
+import csv
 import glob
+import importlib.util
 import json
 import os
 
@@ -41,7 +48,25 @@ pytestmark = pytest.mark.filterwarnings("ignore:.*(backward hook|does not have m
 
 #: keys that would carry a per-step label oracle or a real client's data
 FORBIDDEN_KEYS = {"accuracy_batch", "batch_size", "history", "count_history", "client", "client_id",
-                  "examples", "norm_g1", "norm_g2", "cosine_g1_g2"}
+                  "examples", "norm_g1", "norm_g2", "cosine_g1_g2", "client_loss"}
+#: names that start with a forbidden one and are aggregates over many clients, none attributed
+AGGREGATES = {"client_updates_at_clip", "client_update_norms"}
+
+
+def _private(name, allowed=frozenset()):
+    """Whether a key or a tag's last segment names a forbidden value (by pattern)."""
+    if name in AGGREGATES:
+        return False
+    return any(name == k or name.startswith(f"{k}_") for k in FORBIDDEN_KEYS - allowed)
+
+
+def test_the_pattern_catches_qualified_and_suffixed_names():
+    """The names issue 37 found in the artifacts: an exact comparison passed them all."""
+    for name in ("norm_g1_benign", "norm_g1_collusion", "client_loss_step", "client_loss_epoch",
+                 "cosine_g1_g2_label_flip", "accuracy_batch", "client"):
+        assert _private(name), name
+    for name in ("client_updates_at_clip", "epsilon0_benign", "accuracy", "clip_norm", "loss"):
+        assert not _private(name), name
 
 
 def _walk(obj, path="$"):
@@ -65,6 +90,9 @@ def _artifacts(root):
         elif path.endswith(".yaml"):
             with open(path, encoding="utf-8") as fh:
                 docs[path] = yaml.safe_load(fh)
+        elif path.endswith(".csv"):
+            with open(path, encoding="utf-8", newline="") as fh:
+                docs[path] = {name: None for name in next(csv.reader(fh), [])}  # its columns
         elif path.endswith(".ckpt"):
             docs[path] = torch.load(path, weights_only=False, map_location="cpu")
         elif os.path.basename(path).startswith("events.out.tfevents"):
@@ -78,12 +106,12 @@ def _forbidden(docs, events, allowed=frozenset()):
     found = []
     for path, doc in docs.items():
         for where, key in _walk(doc):
-            if isinstance(key, str) and key in FORBIDDEN_KEYS - allowed:
+            if isinstance(key, str) and _private(key, allowed):
                 found.append(f"{path}: {where}.{key}")
     for path, acc in events.items():
         tags = acc.Tags()
         for tag in [*tags["scalars"], *tags["tensors"]]:
-            if tag.split("/")[-1].split("_text_summary")[0] in FORBIDDEN_KEYS:
+            if _private(tag.split("/")[-1].split("_text_summary")[0], allowed):
                 found.append(f"{path}: tag {tag}")
     return found
 
@@ -162,3 +190,33 @@ def test_federated_label_and_ldp_runs_leave_no_real_client_in_any_artifact(tmp_p
     assert any(p.endswith(".ckpt") for p in docs)
     # LDPAudit's summary keeps its public per-audit records under "history" (no client fields)
     assert _forbidden(docs, events, allowed=frozenset({"history"})) == []
+    # the checkpointed norm counts are aggregates over every update: no largest norm (one
+    # client's value), no gradient adversary's closed form or test seed
+    ckpt = next(d for p, d in docs.items() if p.endswith("last.ckpt"))
+    state = next(v for k, v in ckpt["callbacks"].items() if "LDPAudit" in k)
+    assert set(state["update_norms"]) == {"count", "at_clip", "sum"}
+    assert not [r for r in state["history"] if r["adversary"] != "dummy" and {"epsilon0_expected", "seed"} & set(r)]
+
+
+def test_the_ldp_example_leaves_no_real_example_in_any_artifact(tmp_path):
+    """Issue 37 item 2: ``examples/ldp_audit.py`` wrote ``ldp/norm_g1_<adversary>`` to
+    TensorBoard and |g1| (with the closed-form value of each pair) to ``ldp_audit.csv``."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    spec = importlib.util.spec_from_file_location("ldp_audit_example_scan",
+                                                  os.path.join(root, "examples", "ldp_audit.py"))
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    out = example.main(["--quick", "--epsilons", "4", "--trials", "500", "--out", str(tmp_path)])
+    assert any(r["adversary"] == "benign" and "norm_g1" in r for r in out["results"][0]["records"])  # memory
+    docs, events = _artifacts(tmp_path)
+    assert any(p.endswith("ldp_audit.csv") for p in docs) and events
+    # the summary's per-audit records are public (no client fields); the closed form of a
+    # gradient adversary's pair is a function of its norms
+    assert _forbidden(docs, events, allowed=frozenset({"history"})) == []
+    summary = next(d for p, d in docs.items() if p.endswith("ldp_audit_summary.json"))
+    assert summary["inputs"]["seed"] is None and summary["inputs"]["audit_randomness"].startswith("secret")
+    for rec in summary["history"]:
+        if rec["adversary"] != "dummy":
+            assert not {"epsilon0_expected", "seed"} & set(rec["epsilon0"]["details"]), rec
+    with open(next(p for p in docs if p.endswith("ldp_audit.csv")), encoding="utf-8") as fh:
+        assert "epsilon0_expected" not in fh.readline()

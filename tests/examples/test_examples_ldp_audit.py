@@ -2,8 +2,6 @@ import csv
 import importlib.util
 import os
 
-import pytest
-
 EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples", "ldp_audit.py")
 
 
@@ -29,9 +27,8 @@ def test_quick_run_writes_csv_png_and_passes_its_checks(tmp_path, capsys):
     for r in rows:
         assert float(r["epsilon0_lower_bound"]) <= float(r["epsilon0"])
         assert r["flagged"] == "False"
-        if r["adversary"] == "dummy":
-            assert float(r["epsilon0_expected"]) == pytest.approx(float(r["epsilon0_claimed"]))
-            assert float(r["norm_g1"]) == pytest.approx(float(r["clip_norm"]), rel=1e-5)
+    # no value of a real example: the crafted pairs' norms and closed-form values stay in memory
+    assert not {"norm_g1", "norm_g2", "cosine_g1_g2", "epsilon0_expected", "client"} & set(rows[0])
     with open(out["png"], "rb") as fh:
         assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
     for eps0 in ("0.5", "4"):
@@ -39,4 +36,5 @@ def test_quick_run_writes_csv_png_and_passes_its_checks(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "[PASS] dummy and collusion reach eps0" in printed
     assert "[FAIL]" not in printed
-    assert "client gradient norms seen" in printed
+    assert "real client updates clipped to L" in printed
+    assert "client gradient norms seen" not in printed
