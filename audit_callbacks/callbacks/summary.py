@@ -216,9 +216,13 @@ class LightningOutput(AuditOutput):
         self._ended = self._mark()
 
     def refreshing(self, status: str = "complete") -> bool:
-        """Whether a complete end only refreshes the summary written at ``on_train_end`` of
-        this fit (the same Trainer and step; the report is not written again)."""
-        return status == "complete" and getattr(self, "_ended", None) == self._mark()
+        """Whether this complete end only refreshes the summary written at ``on_train_end`` of
+        this fit (the same Trainer and step; the report is not written again). True once: the
+        fit end that asks takes it, and a later end is a whole one again."""
+        if status != "complete" or getattr(self, "_ended", None) != self._mark():
+            return False
+        self._ended = None
+        return True
 
     def done(self, status: str = "complete") -> tuple[str, str] | None:
         if self.refreshing(status):
