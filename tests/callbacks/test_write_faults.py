@@ -154,3 +154,33 @@ def test_a_logger_that_dies_mid_run_never_loses_the_label_summaries(tmp_path):
         assert summary["run_status"].startswith("failed at step ")
         assert "RuntimeError: logger connection lost" in summary["run_status"]
     assert not list(tmp_path.rglob("audit_report.*"))  # a failed run writes no report
+
+
+def test_the_six_callbacks_write_only_through_their_output_path():
+    """Every write of the six Lightning callbacks goes through its ``LightningOutput`` (whose
+    writes are guarded): no file, writer, logger or sink is reached past it."""
+    import inspect
+    import re
+
+    from audit_callbacks.callbacks import (
+        LabelDPLowerBound,
+        LabelReconstructionAttack,
+        canary_audit,
+        federated_label_attack,
+        label_base,
+        label_dp,
+        label_reconstruction,
+        ldp_audit,
+        ldp_inference,
+    )
+    from audit_callbacks.callbacks.summary import LightningOutput
+
+    for callback in (CanaryAudit(10, 20), LabelReconstructionAttack(), LabelDPLowerBound(), FederatedLabelAttack(),
+                     LDPAudit(), LDPInferenceAudit()):
+        assert isinstance(callback.output, LightningOutput), type(callback).__name__
+    direct = re.compile(r"\bopen\(|write_text\(|json\.dump|SummaryWriter|log_metrics\(|\.experiment\b|"
+                        r"\.sink\.|files\.write_summary|add_custom_scalars")
+    for module in (canary_audit, federated_label_attack, label_base, label_dp, label_reconstruction, ldp_audit,
+                   ldp_inference):
+        found = [line.strip() for line in inspect.getsource(module).splitlines() if direct.search(line)]
+        assert not found, (module.__name__, found)
