@@ -193,7 +193,8 @@ class LightningOutput(AuditOutput):
             self.run = LightningRun.of(trainer)
             self._sink = None
             try:  # the run's folder is chosen (and claimed) before its first write
-                _ = self.directory
+                if self.summary_filename:
+                    _ = self.directory
             except OSError as err:
                 self.warn(f"folder:{err}", f"{self.audit}: the run's folder cannot be made ({err}); "
                           "training goes on, the summary is tried again at the end")
