@@ -42,8 +42,10 @@ class CanaryAudit(AuditFrontEnd, FederatedAuditHooks, Callback):
             training epoch's end without one), and always at fit end. A repeated ``fit`` and a
             resumed run continue the same audit (Opacus' accountant history included).
         log_histograms, log_figures: TensorBoard extras (need a ``TensorBoardLogger``).
-        summary_filename: the JSON written at fit end in the run's own folder (checked writable
-            at fit start), with the verdicts; on SIGTERM / SIGINT: ``interrupted at step N``.
+        summary_filename: the JSON written at the training's end (``on_train_end``, before
+            Lightning's teardown; refreshed at fit end) in the run's own folder (checked
+            writable at fit start), with the verdicts; on SIGTERM / SIGINT: ``interrupted at
+            step N``.
 
     Raises:
         TypeError: neither a DP-FedAvg module nor an Opacus ``DPOptimizer`` (at fit start).

@@ -18,6 +18,12 @@ the exit code ``128 + SIGTERM`` (143, the shell's code for a process ended by SI
 scheduler or script sees the run did not finish. A training that finished before the signal was
 seen raises nothing (Lightning defers the exit) and exits 0. Any other exception is left alone.
 
+* **The fit-end window**: Lightning's teardown (``Trainer._teardown``) restores the default
+  SIGTERM handler before ``on_fit_end``; a SIGTERM there ends the process at once, with no
+  ``on_exception``. The audits therefore write their complete summaries at ``on_train_end``
+  and only refresh them at fit end
+  (:meth:`~audit_callbacks.callbacks.summary.LightningOutput.end_training`).
+
 Usage in a callback (two lines)::
 
     def on_exception(self, trainer, pl_module, exception):

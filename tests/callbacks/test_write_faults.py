@@ -184,3 +184,22 @@ def test_the_six_callbacks_write_only_through_their_output_path():
                    ldp_inference):
         found = [line.strip() for line in inspect.getsource(module).splitlines() if direct.search(line)]
         assert not found, (module.__name__, found)
+
+
+def test_the_fit_end_refreshes_the_summaries_and_writes_the_report_once(tmp_path, monkeypatch):
+    """Each summary is written at ``on_train_end`` and written again at fit end; the run's
+    report is written once (at the training's end, when every audit has its summary)."""
+    from audit_callbacks.auditing import files, html_report
+
+    written: list[str] = []
+    reports: list[str] = []
+    write_summary, write_report = files.write_summary, html_report.write_report
+    monkeypatch.setattr(files, "write_summary", lambda d, f, s: written.append(f) or write_summary(d, f, s))
+    monkeypatch.setattr(html_report, "write_report", lambda *a, **k: reports.append(a[1]) or write_report(*a, **k))
+    fit(*digits_dpfedavg(rounds_per_epoch=4), [CanaryAudit(10, 20, bootstrap=0, log_figures=False),
+                                               FederatedLabelAttack()], 4, tmp_path)
+    assert sorted(written) == sorted(["audit_summary.json", "federated_label_attack_summary.json"] * 2)
+    assert len(reports) == 1
+    folder = tmp_path / "run" / "version_0"
+    assert (folder / "audit_report.html").exists()
+    assert json.loads((folder / "audit_summary.json").read_text())["run_status"] == "complete"
