@@ -90,6 +90,7 @@ _HOOKS = (
     "_step_hook",
     "on_train_batch_end",
     "on_train_epoch_end",
+    "on_train_end",  # the summaries are written here (before Lightning's teardown)
     "on_fit_end",
     "teardown",
 )

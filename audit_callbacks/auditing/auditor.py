@@ -163,6 +163,7 @@ class CanaryAuditor:
         self.logged_points = 0  # points of the logged series so far (the valid bounds' index)
         self._output: AuditOutput | None = None  # the output path of the last finish
         self._section: ReportSection | None = None
+        self.last_summary: dict[str, Any] | None = None  # the summary the last finish wrote
         #: (step, epsilon_all_iterates, epsilon_analytic, epsilon_final_model) per logged report
         self.history: list[tuple[int, float | None, float | None, float | None]] = []
         #: the releases since the last check: ``what`` and whether it was folded (a 0-dim bool
@@ -453,6 +454,7 @@ class CanaryAuditor:
             step=step, index=self.logged_points + 1)  # the series' last point
         report = self.try_report(bootstrap=self.config.bootstrap if complete else 0, step=step)
         summary = {**self.summary(report, status=status), **(extra or {})}
+        self.last_summary = summary  # what a refresh at fit end writes again
         self._warn_verdict({tm: (summary[f"verdict_{tm}"], summary[f"verdict_{tm}_sentence"])
                             for tm in REFERENCES},
                            (summary[names.VERDICT_MECHANISM], summary[f"{names.VERDICT_MECHANISM}_sentence"])
@@ -509,13 +511,13 @@ class CanaryAuditor:
                   "docs/methods/mechanism_checks.md")
 
     def _sink(self, write: Callable[..., None], *args: Any) -> None:
-        """Call a sink's ``write(*args)``; an ``OSError`` (a full disk, a closed writer) is
-        warned once and never stops the training or the audit."""
+        """Call a sink's ``write(*args)``; any failure (a full disk, a closed writer, a logger
+        whose server is gone) is warned once and never stops the training or the audit."""
         try:
             write(*args)
-        except OSError as err:
-            self.warn("sink", f"{self.name}: a TensorBoard / logger write failed ({err}); the "
-                      "summary JSON still holds every number")
+        except Exception as err:  # noqa: BLE001 - a logger's failure never stops the fit
+            self.warn("sink", f"{self.name}: a TensorBoard / logger write failed ({type(err).__name__}: "
+                      f"{err}); the summary JSON still holds every number")
 
     # ------------------------------------------------------------------ output
     def log(self, report: CanaryReport | None, sink: ReportSink, *, step: int,

@@ -184,12 +184,14 @@ class AuditRun:
         None (nothing written) when no audit has a section or off rank zero; a failure is
         warned about (``warn(key, message)``)."""
         sections = self.sections()
-        if not sections or not self.writes or self.directory is None:
+        if not sections or not self.writes:
             return None
         from audit_callbacks.auditing.html_report import write_report
 
         canary = next((s for s in sections if s.summary is not None), None)
         try:
+            if self.directory is None:  # resolving the run's folder claims it: may fail too
+                return None
             self.report_paths = write_report(
                 canary.summary if canary is not None else None, self.directory,
                 figures=canary.figures if canary is not None else None,
@@ -295,12 +297,20 @@ class AuditOutput:
         """Scalars through the sink (None and NaN dropped)."""
         self._write(self.sink.scalars, dict(values), step)
 
+    def layout(self, layout: Mapping[str, Any]) -> None:
+        """The audit's TensorBoard custom-scalars layout through the sink (guarded like every
+        write)."""
+        self._write(self.sink.layout, dict(layout))
+
     def _write(self, write: Callable[..., None], *args: Any) -> None:
+        """Call a sink's or logger's ``write(*args)``: any failure (a full disk, a read-only
+        folder, a logger whose server is gone) is warned about once and never stops the
+        training; the summary JSON still goes to the run's folder."""
         try:
             write(*args)
-        except OSError as err:
-            self.warn("sink", f"{self.audit}: a TensorBoard / logger write failed ({err}); the "
-                      "summary JSON still holds every number")
+        except Exception as err:  # noqa: BLE001 - a logger's failure never stops the fit
+            self.warn("sink", f"{self.audit}: a TensorBoard / logger write failed ({type(err).__name__}: "
+                      f"{err}); the summary JSON still holds every number")
 
     # ------------------------------------------------------------------ the summary
     def write_summary(self, summary: Mapping[str, Any] | None) -> str | None:
@@ -310,13 +320,16 @@ class AuditOutput:
             The summary's path; None when none was written (``summary`` None, no file name,
             no folder, off rank zero, or the write failed: warned).
         """
-        if summary is None or not self.summary_filename or self.directory is None:
+        if summary is None or not self.summary_filename:
             return None
         from audit_callbacks.auditing.files import write_summary
 
         try:
+            directory = self.directory  # resolving the run's folder claims it: may fail too
+            if directory is None:
+                return None
             validate_summary(summary)
-            path = write_summary(self.directory, self.summary_filename, summary)
+            path = write_summary(directory, self.summary_filename, summary)
         except (OSError, ValueError, TypeError) as err:
             self.warn(f"write:{err}", f"{self.audit}: the summary could not be written ({err})")
             return None

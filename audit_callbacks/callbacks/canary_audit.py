@@ -42,8 +42,10 @@ class CanaryAudit(AuditFrontEnd, FederatedAuditHooks, Callback):
             training epoch's end without one), and always at fit end. A repeated ``fit`` and a
             resumed run continue the same audit (Opacus' accountant history included).
         log_histograms, log_figures: TensorBoard extras (need a ``TensorBoardLogger``).
-        summary_filename: the JSON written at fit end in the run's own folder (checked writable
-            at fit start), with the verdicts; on SIGTERM / SIGINT: ``interrupted at step N``.
+        summary_filename: the JSON written at the training's end (``on_train_end``, before
+            Lightning's teardown; refreshed at fit end) in the run's own folder (checked
+            writable at fit start), with the verdicts; on SIGTERM / SIGINT: ``interrupted at
+            step N``.
 
     Raises:
         TypeError: neither a DP-FedAvg module nor an Opacus ``DPOptimizer`` (at fit start).
@@ -92,7 +94,7 @@ class CanaryAudit(AuditFrontEnd, FederatedAuditHooks, Callback):
         self._open(None)  # a checkpoint's state
         assert self.auditor is not None
         self.auditor.start()
-        self.output.sink.layout(self.auditor.layout())
+        self.output.layout(self.auditor.layout())
         if not trainer.loggers:
             self._warn("nologger", "CanaryAudit: no logger is attached, so estimates are not logged; "
                        f"they are written to {summary_dir} at fit end")
@@ -129,6 +131,12 @@ class CanaryAudit(AuditFrontEnd, FederatedAuditHooks, Callback):
             self.auditor.update(self.output.bind(trainer).sink, step=int(trainer.global_step),
                                 histograms=self.log_histograms)
 
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """The final estimate, summary and report now, before Lightning's teardown can lose
+        them (a SIGTERM after it restored the default handler); ``on_fit_end`` refreshes the
+        summary."""
+        self.output.bind(trainer).end_training(lambda: self._finish(trainer, "complete"))
+
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._finish(trainer, "complete")
 
@@ -139,6 +147,9 @@ class CanaryAudit(AuditFrontEnd, FederatedAuditHooks, Callback):
         self.output.bind(trainer)  # only rank 0 writes the summary
         if self.auditor is None:
             self.output.done(status)
+            return
+        if self.output.refreshing(status):  # written at on_train_end: only written again
+            self.output.write_summary(self.auditor.last_summary)
             return
         self.summary_path = self.auditor.finish(step=int(trainer.global_step), status=status, output=self.output,
                                                 histograms=self.log_histograms, figures=self.log_figures)

@@ -135,7 +135,7 @@ class FederatedLabelAttack(FederatedAuditHooks, Callback):
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
         self.output.bind(trainer)
-        self.output.sink.layout(names.chart_layout([FAMILY]))
+        self.output.layout(names.chart_layout([FAMILY]))
 
     @staticmethod
     def _last_layer(module: Any) -> tuple[nn.Linear, int, int | None] | None:
@@ -316,6 +316,11 @@ class FederatedLabelAttack(FederatedAuditHooks, Callback):
         inputs, outputs = seen[-1]
         return (inputs.reshape(x.shape[0], -1).to("cpu", torch.float64),
                 outputs.reshape(x.shape[0], -1).to("cpu", torch.float64))
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        """The summary now, before Lightning's teardown can lose it (a SIGTERM after it
+        restored the default handler); ``on_fit_end`` refreshes it."""
+        self.output.bind(trainer).end_training(lambda: self.on_fit_end(trainer, pl_module))
 
     def on_exception(self, trainer: pl.Trainer, pl_module: Any, exception: BaseException) -> None:
         """SIGTERM / SIGINT: the summary of what was measured (``run_status``: ``interrupted at

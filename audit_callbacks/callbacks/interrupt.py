@@ -18,6 +18,12 @@ the exit code ``128 + SIGTERM`` (143, the shell's code for a process ended by SI
 scheduler or script sees the run did not finish. A training that finished before the signal was
 seen raises nothing (Lightning defers the exit) and exits 0. Any other exception is left alone.
 
+* **The fit-end window**: Lightning's teardown (``Trainer._teardown``) restores the default
+  SIGTERM handler before ``on_fit_end``; a SIGTERM there ends the process at once, with no
+  ``on_exception``. The audits therefore write their complete summaries at ``on_train_end``
+  and only refresh them at fit end
+  (:meth:`~audit_callbacks.callbacks.summary.LightningOutput.end_training`).
+
 Usage in a callback (two lines)::
 
     def on_exception(self, trainer, pl_module, exception):
@@ -31,7 +37,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["SIGTERM_EXIT_CODE", "interrupt_status", "is_interrupt", "on_interrupt"]
+__all__ = ["SIGTERM_EXIT_CODE", "failed_status", "interrupt_status", "is_interrupt", "on_interrupt"]
 
 #: The exit code a ``SIGTERMException`` is given: 128 + SIGTERM, as a shell reports it.
 SIGTERM_EXIT_CODE = 128 + int(signal.SIGTERM)
@@ -52,6 +58,13 @@ def interrupt_status(trainer: Any) -> str:
     """``"interrupted at step N"``, N the trainer's ``global_step`` (the optimizer steps, or
     DP-FedAvg rounds, done when the signal stopped the fit)."""
     return f"interrupted at step {int(getattr(trainer, 'global_step', 0))}"
+
+
+def failed_status(trainer: Any, exception: BaseException) -> str:
+    """``"failed at step N (<exception's class>: <message>)"``: the ``run_status`` of a summary
+    written when another exception (a logger that died mid-run) stopped the fit."""
+    message = " ".join(str(exception).split())[:200]
+    return f"failed at step {int(getattr(trainer, 'global_step', 0))} ({type(exception).__name__}: {message})"
 
 
 def on_interrupt(trainer: Any, exception: BaseException, finish: Callable[[str], Any]) -> bool:

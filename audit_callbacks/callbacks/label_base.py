@@ -267,6 +267,11 @@ class StepAuditCallback(Callback):
         if path is not None:
             self.summary_path = path
 
+    def on_train_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        """The summary now, before Lightning's teardown can lose it (a SIGTERM after it
+        restored the default handler); ``on_fit_end`` refreshes it."""
+        self.output.bind(trainer).end_training(lambda: self.on_fit_end(trainer, pl_module))
+
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         """SIGTERM / SIGINT: the summary of what was measured (``run_status``: ``interrupted at
         step N``), and an exit code that is not 0 (:mod:`audit_callbacks.callbacks.interrupt`)."""

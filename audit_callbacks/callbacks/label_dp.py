@@ -189,7 +189,7 @@ class LabelDPLowerBound(StepAuditCallback):
         self._delta_used = self.delta if self.delta is not None else (float(own) if own else 1e-5)
         self._accountant, _ = find_accountant(self.optimizer)
         drawn = [q.tag for q in names.family(self.family) if self.second_last or "second_last" not in q.name]
-        self.output.sink.layout(names.chart_layout(
+        self.output.layout(names.chart_layout(
             [self.family], only=drawn,
             extra={names.SECTIONS[self.family]: {"model accuracy": [r"^val.*acc.*$"]}}))
 

@@ -231,7 +231,7 @@ class LabelReconstructionAttack(StepAuditCallback):
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_fit_start(trainer, pl_module)
-        self.output.sink.layout(names.chart_layout(
+        self.output.layout(names.chart_layout(
             [self.family], extra={names.SECTIONS[self.family]: {"model accuracy": [r"^val.*acc.*$"]}}))
 
     @property

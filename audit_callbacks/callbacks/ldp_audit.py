@@ -312,7 +312,7 @@ class LDPAudit(FederatedAuditHooks, Callback):
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.output.bind(trainer)
         if not self._layout_written:
-            self.output.sink.layout(names.chart_layout(
+            self.output.layout(names.chart_layout(
                 [FAMILY], only=self._tags(),
                 extra={names.SECTIONS[FAMILY]: {"accuracy": ["^val/accuracy$"]}}))
             self._layout_written = True
@@ -346,6 +346,11 @@ class LDPAudit(FederatedAuditHooks, Callback):
     def on_federated_round_end(self, trainer: pl.Trainer, pl_module: Any, fl_round: FederatedRound) -> None:
         if fl_round.index % self.every_n_rounds == 0:
             self.audit(trainer, pl_module, fl_round.index)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        """The summary now, before Lightning's teardown can lose it (a SIGTERM after it
+        restored the default handler); ``on_fit_end`` refreshes it."""
+        self.output.bind(trainer).end_training(lambda: self.on_fit_end(trainer, pl_module))
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         """SIGTERM / SIGINT: the summary of what was measured (``run_status``: ``interrupted at

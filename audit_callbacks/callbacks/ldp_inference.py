@@ -168,7 +168,7 @@ class LDPInferenceAudit(FederatedAuditHooks, Callback):
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.output.bind(trainer)
         if not self._layout_written:
-            self.output.sink.layout(names.chart_layout(
+            self.output.layout(names.chart_layout(
                 [FAMILY], only=[names.tag(FAMILY, names.qualified(k, m)) for m in self.modes for k in _KEYS]))
             self._layout_written = True
 
@@ -193,6 +193,11 @@ class LDPInferenceAudit(FederatedAuditHooks, Callback):
             attack.observe(self._select(values))
         if fl_round.index % self.every_n_rounds == 0:
             self._predict_and_log(trainer, fl_round.index)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        """The summary now, before Lightning's teardown can lose it (a SIGTERM after it
+        restored the default handler); ``on_fit_end`` refreshes it."""
+        self.output.bind(trainer).end_training(lambda: self.on_fit_end(trainer, pl_module))
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         """SIGTERM / SIGINT: the summary of what was measured (``run_status``: ``interrupted at

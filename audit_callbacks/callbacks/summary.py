@@ -22,14 +22,26 @@ from audit_callbacks.auditing.files import (
     write_summary,
 )
 from audit_callbacks.auditing.output import AuditOutput, AuditRun
-from audit_callbacks.callbacks.interrupt import on_interrupt
+from audit_callbacks.callbacks.interrupt import failed_status, on_interrupt
 from audit_callbacks.callbacks.tensorboard import LightningSink, log_scalars
 
-__all__ = ["LightningOutput", "LightningRun", "publish_report", "run_dir", "summary_dir", "to_jsonable", "versions",
+__all__ = ["LightningOutput", "LightningRun", "publish_report", "diverted", "run_dir", "summary_dir", "to_jsonable", "versions",
            "write_summary"]
 
 # Trainer -> the fresh folder of a run without a logger: every callback of one run writes there.
 _RUN_DIRS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+# The run folders this process has used -> the Trainer that took each (a weak reference): a
+# second Trainer of this process gets a sibling folder.
+_OWNERS: dict[str, weakref.ref[Any]] = {}
+# The Trainers whose audits write to a folder other than their logger's (see run_dir).
+_DIVERTED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _owned_by_another(path: str, trainer: Any) -> bool:
+    """Whether another Trainer of this process took ``path`` (also one that is gone now: its
+    files are there)."""
+    owner = _OWNERS.get(os.path.realpath(path))
+    return owner is not None and owner() is not trainer
 
 
 def run_dir(trainer: Any) -> str:
@@ -37,11 +49,14 @@ def run_dir(trainer: Any) -> str:
     else a fresh ``default_root_dir/audit/version_N`` (N one more than the largest there),
     chosen once per Trainer so that every callback of the run shares it.
 
-    The folder is claimed for this process (:func:`~audit_callbacks.auditing.files.claim_dir`). Where
+    One folder, one owner: the folder is claimed for this process
+    (:func:`~audit_callbacks.auditing.files.claim_dir`) and for this Trainer within it. Where
     another process claimed it first (two runs that took the same automatic version, two
-    processes resuming one checkpoint), the run's summaries go to a fresh sibling
-    ``version_N`` instead, with a warning: no run overwrites another's. Only rank zero claims
-    (the other ranks of a DDP run are other processes of the same run).
+    processes resuming one checkpoint), or another Trainer of this process used it before (two
+    fits into one logger version), the run's audit files (summaries, report and the audits'
+    TensorBoard events) go to a fresh sibling ``version_N`` instead, with a warning: no run
+    overwrites another's, and no (tag, step) is written twice. Only rank zero claims (the
+    other ranks of a DDP run are other processes of the same run).
     """
     cached = _RUN_DIRS.get(trainer)
     if cached is not None:
@@ -50,13 +65,31 @@ def run_dir(trainer: Any) -> str:
                  if p), None)
     if path is None:
         path = fresh_version_dir(os.path.join(str(trainer.default_root_dir), "audit"))
-    if getattr(trainer, "is_global_zero", True) and not claim_dir(path):  # rank zero writes
-        taken, path = path, fresh_version_dir(os.path.dirname(os.path.abspath(path)))
-        claim_dir(path)
-        warnings.warn(f"{taken} is another run's (two runs took the same version): this run's audit "
-                      f"summaries go to {path}", UserWarning, stacklevel=2)
+    if getattr(trainer, "is_global_zero", True):  # rank zero writes
+        if _owned_by_another(path, trainer):
+            why = "another Trainer of this process wrote its audit files there"
+        elif not claim_dir(path):
+            why = "it is another run's (two runs took the same version)"
+        else:
+            why = ""
+        if why:
+            taken, path = path, fresh_version_dir(os.path.dirname(os.path.abspath(path)))
+            claim_dir(path)
+            _DIVERTED.add(trainer)
+            warnings.warn(f"{taken}: {why}: this run's audit summaries, report and audit TensorBoard "
+                          f"events go to {path}", UserWarning, stacklevel=2)
+        _OWNERS[os.path.realpath(path)] = weakref.ref(trainer)
     _RUN_DIRS[trainer] = path
     return path
+
+
+def diverted(trainer: Any) -> bool:
+    """Whether ``trainer``'s audits write to a folder of their own, not their logger's
+    (:func:`run_dir` found the logger's folder taken)."""
+    try:
+        return trainer in _DIVERTED
+    except TypeError:
+        return False
 
 
 def summary_dir(trainer: Any, filename: str) -> str:
@@ -159,9 +192,50 @@ class LightningOutput(AuditOutput):
         if self.trainer is not trainer:
             self.run = LightningRun.of(trainer)
             self._sink = None
+            try:  # the run's folder is chosen (and claimed) before its first write
+                if self.summary_filename:
+                    _ = self.directory
+            except OSError as err:
+                self.warn(f"folder:{err}", f"{self.audit}: the run's folder cannot be made ({err}); "
+                          "training goes on, the summary is tried again at the end")
         assert self.run is not None
         self.run.register(self)
         return self
+
+    # ------------------------------------------------------------------ the fit-end window
+    def _mark(self) -> tuple[int, int]:
+        return id(self.trainer), self.step
+
+    def end_training(self, end: Callable[[], Any]) -> None:
+        """A callback's ``on_train_end``: ``end()`` (the callback's fit end: the summary, and
+        the report once every audit of the run has one) now. Lightning restores SIGTERM's
+        default handler in its teardown, before ``on_fit_end``: a signal in that window kills
+        the process at once, and keeps this summary (written atomically). The fit end then
+        only refreshes it (:meth:`refreshing`)."""
+        self._ended: tuple[int, int] | None = None
+        end()
+        self._ended = self._mark()
+
+    def refreshing(self, status: str = "complete") -> bool:
+        """Whether this complete end only refreshes the summary written at ``on_train_end`` of
+        this fit (the same Trainer and step; the report is not written again). True once: the
+        fit end that asks takes it, and a later end is a whole one again."""
+        if status != "complete" or getattr(self, "_ended", None) != self._mark():
+            return False
+        self._ended = None
+        return True
+
+    def done(self, status: str = "complete") -> tuple[str, str] | None:
+        if self.refreshing(status):
+            return None
+        return super().done(status)
+
+    def finish(self, summary: Mapping[str, Any] | None, status: str = "complete") -> str | None:
+        """:meth:`AuditOutput.finish`; at the fit end after :meth:`end_training`, only the
+        summary is written again."""
+        if self.refreshing(status):
+            return self.write_summary(summary)
+        return super().finish(summary, status)
 
     @property
     def sink(self) -> Any:
@@ -182,5 +256,16 @@ class LightningOutput(AuditOutput):
     def on_exception(self, trainer: Any, exception: BaseException, finish: Callable[[str], Any]) -> bool:
         """A callback's ``on_exception``: on SIGTERM / SIGINT, ``finish(status)``
         (``interrupted at step N``) and an exit code that is not 0
-        (:func:`audit_callbacks.callbacks.interrupt.on_interrupt`)."""
-        return on_interrupt(trainer, exception, finish)
+        (:func:`audit_callbacks.callbacks.interrupt.on_interrupt`). Any other exception
+        after training steps were taken (a logger that died, a failing hook) writes the
+        summary of what was measured, ``failed at step N (<exception>)``, into the run's
+        folder, and is left to propagate; an error in that write is only warned about."""
+        if on_interrupt(trainer, exception, finish):
+            return True
+        if int(getattr(trainer, "global_step", 0)) > 0:
+            try:
+                finish(failed_status(trainer, exception))
+            except Exception as err:  # noqa: BLE001 - the fit's own exception goes on
+                self.warn("failed", f"{self.audit}: the summary could not be written after "
+                          f"{type(exception).__name__} ({type(err).__name__}: {err})")
+        return False

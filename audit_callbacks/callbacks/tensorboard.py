@@ -56,10 +56,12 @@ def log_scalars(trainer: pl.Trainer, metrics: Mapping[str, float], step: int) ->
 _LAYOUTS: weakref.WeakKeyDictionary[Any, dict[str, dict[str, Any]]] = weakref.WeakKeyDictionary()
 
 
-def add_custom_scalars_layout(trainer: pl.Trainer, layout: dict[str, dict[str, Sequence]]) -> None:
+def add_custom_scalars_layout(trainer: pl.Trainer, layout: dict[str, dict[str, Sequence]],
+                              writer: Any | None = None) -> None:
     """Merge a custom-scalars layout ``{section: {chart: ["Multiline", [tags]]}}`` into the
-    run's (one dashboard for every attached callback) and write the merged layout."""
-    writer = tensorboard_writer(trainer)
+    run's (one dashboard for every attached callback) and write the merged layout (with
+    ``writer``, default: the ``TensorBoardLogger``'s)."""
+    writer = writer if writer is not None else tensorboard_writer(trainer)
     if writer is None:
         return
     merged = _LAYOUTS.setdefault(trainer, {})
@@ -73,19 +75,38 @@ class LightningSink(WriterSink):
     given step, histograms, figures and the layout through its ``TensorBoardLogger`` (rank
     zero; nothing without one: then ``writes_images`` is False and no figure is built for it).
     A figure goes in as the PNG its one rendering encoded (:meth:`WriterSink.image`), the
-    image the HTML report embeds."""
+    image the HTML report embeds.
+
+    Where the run's folder is not its logger's (another Trainer or process used that one:
+    :func:`~audit_callbacks.callbacks.summary.run_dir`), the audits' TensorBoard events go to
+    a writer of the run's own folder instead, and their scalars to the other loggers, so no
+    (tag, step) is written twice into one TensorBoard run."""
 
     def __init__(self, trainer: pl.Trainer) -> None:
-        super().__init__(tensorboard_writer(trainer))
+        from audit_callbacks.callbacks.summary import diverted, run_dir
+
+        writer = tensorboard_writer(trainer)
+        self.own = writer is not None and diverted(trainer)
+        if self.own:
+            super().__init__(None, log_dir=run_dir(trainer))
+        else:
+            super().__init__(writer)
         self.trainer = trainer
 
     def scalars(self, values: dict[str, float | None], step: int) -> None:
         """Through every logger, and into ``trainer.callback_metrics`` (so ``ModelCheckpoint``,
         ``EarlyStopping`` and the progress bar can use them)."""
-        log_scalars(self.trainer, values, step)
+        if self.own:
+            WriterSink.scalars(self, values, step)
+            clean = clean_scalars(dict(values))
+            for logger in self.trainer.loggers if clean else ():
+                if not is_tensorboard_logger(logger):
+                    logger.log_metrics(clean, step=step)
+        else:
+            log_scalars(self.trainer, values, step)
         metrics = getattr(self.trainer, "callback_metrics", None)
         if isinstance(metrics, dict):
             metrics.update({k: torch.tensor(v) for k, v in clean_scalars(values).items()})
 
     def layout(self, layout: dict[str, dict[str, list[Any]]]) -> None:
-        add_custom_scalars_layout(self.trainer, layout)
+        add_custom_scalars_layout(self.trainer, layout, self.writer if self.own else None)

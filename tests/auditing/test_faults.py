@@ -370,3 +370,60 @@ def test_sigterm_mid_fit_writes_the_federated_label_and_ldp_interrupted_summarie
     summaries = [json.loads(p.read_text()) for p in sorted(tmp_path.rglob("*summary*.json"))]
     assert sorted(s["callback"] for s in summaries) == ["FederatedLabelAttack", "LDPAudit", "LDPInferenceAudit"]
     assert all(s["run_status"] == "interrupted at step 3" for s in summaries)
+
+
+# ------------------------------------------------------------------ the fit-end window
+FIT_END_SCRIPT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts", "sigterm_fit_end.py")
+
+
+@pytest.mark.parametrize("run, audits", [
+    ("dpsgd", ["CanaryAudit", "LabelDPLowerBound", "LabelReconstructionAttack"]),
+    ("federated", ["CanaryAudit", "FederatedLabelAttack"]),
+    ("ldp", ["LDPAudit", "LDPInferenceAudit"]),
+])
+def test_sigterm_in_the_fit_end_window_keeps_every_complete_summary(tmp_path, run, audits):
+    """Lightning's teardown restores the default SIGTERM handler before ``on_fit_end``: a
+    signal there ends the process at once. Every audit wrote its complete summary (and the
+    run's report) at ``on_train_end``, before that window."""
+    proc = subprocess.run([sys.executable, FIT_END_SCRIPT, "--out", str(tmp_path), "--run", run],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+    out = proc.stdout.decode()[-3000:]
+    assert proc.returncode == -signal.SIGTERM, out  # killed in the window, by the default handler
+    folder = tmp_path / "run" / "version_0"
+    summaries = [json.loads(p.read_text()) for p in sorted(folder.glob("*summary*.json"))]
+    assert sorted(s["callback"] for s in summaries) == audits, out
+    for summary in summaries:
+        validate_summary(summary)
+        assert summary["run_status"] == "complete"
+    assert (folder / "audit_report.md").exists() and (folder / "audit_report.html").exists()
+    assert not list(folder.glob(".tmp-*"))  # no partial file left
+
+
+# ------------------------------------------------------------------ one folder, one owner, within a process
+def test_two_trainers_of_one_process_in_one_folder_keep_both_runs(tmp_path):
+    """Two fits of one process into one logger version (``version=0`` twice): the second
+    Trainer's audit files go to a sibling folder with a warning; the first run's summary and
+    report are kept, and no audit (tag, step) is written twice into one TensorBoard run."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from audit_callbacks import names
+
+    first = fit(*digits_dpfedavg(rounds_per_epoch=4), [CanaryAudit(10, 20, seed=1, bootstrap=0)], 4, tmp_path)
+    with pytest.warns(UserWarning, match="another Trainer of this process"):
+        second = fit(*digits_dpfedavg(rounds_per_epoch=4), [CanaryAudit(10, 20, seed=2, bootstrap=0)], 4, tmp_path)
+    assert run_dir(first) == str(tmp_path / "run" / "version_0")
+    assert run_dir(second) == str(tmp_path / "run" / "version_1")
+    for version, seed in ((0, 1), (1, 2)):
+        folder = tmp_path / "run" / f"version_{version}"
+        summary = json.loads((folder / "audit_summary.json").read_text())
+        assert summary["inputs"]["seed"] == seed
+        assert (folder / "audit_report.md").exists()
+        assert not list(folder.glob("audit_summary-*.json"))
+        acc = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+        acc.Reload()
+        audit = [t for t in acc.Tags()["scalars"] if t.startswith(f"{names.FAMILY_AUDIT}/")]
+        assert audit
+        for tag in audit:
+            steps = [e.step for e in acc.Scalars(tag)]
+            assert len(steps) == len(set(steps)), (version, tag, steps)
+    assert run_dir(first) == str(tmp_path / "run" / "version_0")  # each Trainer keeps its folder
