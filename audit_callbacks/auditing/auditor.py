@@ -200,7 +200,7 @@ class CanaryAuditor:
     def release(self, model_delta: torch.Tensor | None, participants: np.ndarray | None = None, *,
                 noisy_sum: torch.Tensor | None = None, rate: float | None = None,
                 batch_size: int | None = None, batches: int = 1,
-                what: str = "a release") -> None:
+                extras: torch.Tensor | None = None, what: str = "a release") -> None:
         """One release: count the observed canaries that took part (local indices ``[m]`` in
         ``0..k-1``, repeats allowed), project each released vector onto the canaries once and
         fold it into every statistic that reads it, on its device with no host
@@ -215,6 +215,8 @@ class CanaryAuditor:
             rate: the noisy sum's Poisson rate q in (0, 1].
             batch_size: the step's real batch size (DP-SGD), read by the sampler check; None
                 when unknown. batches: the Poisson batches summed into the step.
+            extras: the change of arrays released beside the model that carry no canary (a
+                Flower model's integer buffers), read by the noise checks; or None.
             what: the release's name in warnings.
 
         A delta with NaN or inf entries is skipped (counted in the summary's
@@ -231,7 +233,7 @@ class CanaryAuditor:
                     stat.fold(release)
         if model_delta is None:
             return
-        release = Release(Projection(self.canaries, model_delta), participants, rate)
+        release = Release(Projection(self.canaries, model_delta), participants, rate, extras=extras)
         folded = self.stats.fold(release)  # first: its flag names a non-finite release
         for stat in self.statistics[1:]:
             if stat.reads == "model_delta":

@@ -130,16 +130,23 @@ def mechanism_verdict(checks: Mapping[str, Any], noise_source: str | None = None
 
     over = f" over {progress} releases" if progress else ""
     fresh, scale = checks.get(names.FRESH_NOISE_RATIO), checks.get(names.NOISE_SCALE_RATIO)
-    if fresh is not None and details(fresh).get("rejected"):
-        d = details(fresh)
-        return "violation", (f"violation: the noise repeats across releases (fresh-noise ratio "
-                             f"{fmt(_number(value(fresh)))} on {d.get('group')}, below the bound 1 "
-                             f"of fresh noise{over}, p = {fmt(_number(d.get('p_value')))})")
+    fresh_failed = fresh is not None and details(fresh).get("rejected")
     if scale is not None and details(scale).get("rejected"):
         d = details(scale)
+        also = ""
+        if fresh_failed:
+            also = (f"; consecutive releases differ by less than fresh noise would (fresh-noise ratio "
+                    f"{fmt(_number(value(fresh)))} on {details(fresh).get('group')}): it repeats or "
+                    "is missing")
         return "violation", (f"violation: the noise on {d.get('group')} is missing or short of the "
                              f"claim (noise-scale ratio {fmt(_number(value(scale)))} of the claimed "
-                             f"variance{over}, p = {fmt(_number(d.get('p_value')))})")
+                             f"variance{over}, p = {fmt(_number(d.get('p_value')))}){also}")
+    if fresh_failed:
+        d = details(fresh)
+        return "violation", (f"violation: the noise on {d.get('group')} repeats across releases "
+                             f"(fresh-noise ratio {fmt(_number(value(fresh)))}, below the bound 1 of "
+                             f"fresh noise{over}, p = {fmt(_number(d.get('p_value')))}), or is "
+                             "missing where the gradients fill its energy")
     sampler = checks.get(names.BATCH_SIZE_VARIANCE_RATIO)
     if sampler is not None and details(sampler).get("rejected"):
         d = details(sampler)

@@ -44,6 +44,8 @@ class Release:
         rate: the release's Poisson sampling rate q in (0, 1] (DP-SGD's noisy sums), or None.
         batch_size: the real examples in the step's batch (DP-SGD), or None when unknown.
         batches: the Poisson batches summed into the step (gradient accumulation), >= 1.
+        extras: the release's change of the arrays of a release model's ``extra_tensors``
+            (flat), or None.
     """
 
     projection: Projection
@@ -51,6 +53,7 @@ class Release:
     rate: float | None = None
     batch_size: int | None = None
     batches: int = 1
+    extras: torch.Tensor | None = None
 
     @property
     def vector(self) -> torch.Tensor:
@@ -104,6 +107,9 @@ class NoisyAverageDelta:
         noise_multiplier: z > 0. server_lr: eta > 0. server_momentum: beta in [0, 1).
         tensors: ``((name, numel), ...)`` of the flat delta's parameter tensors, in order (empty:
             unknown, no per-tensor noise checks).
+        extra_tensors: ``((name, numel), ...)`` of arrays released beside the model that carry no
+            canary (a Flower model's integer buffers), given with each release as its
+            ``extras``; the noise checks cover them too.
     """
 
     clip_norm: float
@@ -112,6 +118,7 @@ class NoisyAverageDelta:
     server_lr: float = 1.0
     server_momentum: float = 0.0
     tensors: tuple[tuple[str, int], ...] = ()
+    extra_tensors: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -179,7 +186,7 @@ def _noise_checks(model: ReleaseModel, canaries: CanarySet, k: int, k_un: int,
     if isinstance(model, NoisyAverageDelta) and model.tensors:
         std = model.noise_multiplier * model.clip_norm * model.server_lr / model.divisor
         return NoiseChecks(model.tensors, std, reads="model_delta", momentum=model.server_momentum,
-                           what="round")
+                           what="round", extra_tensors=model.extra_tensors)
     return None
 
 

@@ -41,18 +41,26 @@ class NoiseChecks:
         momentum: the server momentum beta of a DP-FedAvg release (the folded vector is
             ``Delta_t - beta Delta_{t-1}``), 0 otherwise.
         what: a release's name in sentences (``"step"`` or ``"round"``).
+        extra_tensors: ``[(name, numel)]`` of arrays released beside the vector that carry no
+            canary (a Flower model's integer buffers): each release's ``extras`` (their change,
+            flat) is checked with the same noise, as further groups (no momentum).
     """
 
     name = "noise_checks"
     state_key = "noise_checks"
 
     def __init__(self, tensors: Sequence[tuple[str, int]], noise_std: float, *,
-                 reads: str = "noisy_sum", momentum: float = 0.0, what: str = "step") -> None:
+                 reads: str = "noisy_sum", momentum: float = 0.0, what: str = "step",
+                 extra_tensors: Sequence[tuple[str, int]] = ()) -> None:
+        tensors = [*tensors, *extra_tensors]
         self.names = [str(n) for n, _ in tensors]
         self.sizes = [int(s) for _, s in tensors]
         if not self.sizes or min(self.sizes) < 1:
             raise ValueError("tensors must name at least one tensor, each with numel >= 1")
-        self.dim = sum(self.sizes)
+        self.extra = sum(int(s) for _, s in extra_tensors)
+        self._first_extra = len(self.sizes) - len(extra_tensors)
+        self._extra_views: list[torch.Tensor] = []
+        self.dim = sum(self.sizes) - self.extra  # the released vector's; the extras follow it
         self.noise_std = float(noise_std)
         self.reads = reads
         self.momentum = float(momentum)
@@ -69,10 +77,11 @@ class NoiseChecks:
         old = buf
         # cur and diff are one buffer, so that one fused norm covers both; e and n hold the
         # noise-scale half first, the fresh-noise half second
-        both = torch.empty(2 * self.dim, dtype=dtype, device=dev)
+        full = self.dim + self.extra
+        both = torch.empty(2 * full, dtype=dtype, device=dev)
         buf = {
-            "both": both, "cur": both[:self.dim], "diff": both[self.dim:],
-            "prev": torch.zeros(self.dim, dtype=dtype, device=dev),
+            "both": both, "cur": both[:full], "diff": both[full:],
+            "prev": torch.zeros(full, dtype=dtype, device=dev),
             "delta": torch.zeros(self.dim, dtype=dtype, device=dev),
             "e": torch.zeros(2 * m, dtype=torch.float64, device=dev),
             "n": torch.zeros(2, dtype=torch.float64, device=dev),
@@ -82,8 +91,12 @@ class NoiseChecks:
         if old is not None:  # a model moved to another device: the sums go on
             buf["e"].copy_(old["e"].to(dev))
             buf["n"].copy_(old["n"].to(dev))
+        buf["integral"] = torch.zeros(len(self.sizes) - self._first_extra, dtype=torch.int64, device=dev)
+        if old is not None:
+            buf["integral"].copy_(old["integral"].to(dev))
         self._buffers = buf
         self._views = list(torch.split(both, self.sizes + self.sizes))
+        self._extra_views = self._views[self._first_extra:len(self.sizes)]
         return buf
 
     def fold(self, release: Any) -> torch.Tensor:
@@ -97,14 +110,24 @@ class NoiseChecks:
         if vec.dtype != b["cur"].dtype:  # a half-precision release: compared in float32
             vec = vec.to(b["cur"].dtype)
         cur, m = b["cur"], len(self.sizes)
+        head = cur[:self.dim] if self.extra else cur
         if self.momentum:
-            torch.sub(vec, b["delta"], alpha=self.momentum, out=cur)
+            torch.sub(vec, b["delta"], alpha=self.momentum, out=head)
             # the previous delta only counts once one was released (a new fit restarts it)
-            torch.where(b["has_delta"], cur, vec, out=cur)
+            torch.where(b["has_delta"], head, vec, out=head)
             b["delta"].copy_(vec)
             b["has_delta"].fill_(True)
         else:
-            cur.copy_(vec)
+            head.copy_(vec)
+        if self.extra:
+            extras = getattr(release, "extras", None)
+            if extras is None or extras.numel() != self.extra:
+                cur[self.dim:].fill_(float("nan"))  # not released with it: not counted
+            else:
+                cur[self.dim:].copy_(extras.reshape(-1))
+                # an integer buffer's change with no fractional part: its noise was rounded away
+                whole = torch.stack([(v == v.round()).all() for v in self._extra_views])
+                b["integral"].add_(whole.to(torch.int64))
         torch.sub(cur, b["prev"], out=b["diff"])
         squares = torch.stack(torch._foreach_norm(self._views)).to(torch.float64).square_()
         finite = torch.isfinite(squares.view(2, m)).all(1)
@@ -138,7 +161,13 @@ class NoiseChecks:
         if self._buffers is None:
             return {}
         n1, n2 = self.counts()
-        e1, e2 = np.split(self._buffers["e"].cpu().numpy(), 2)
+        e1, e2 = np.split(self._buffers["e"].cpu().numpy().copy(), 2)
+        # an integer buffer released with no fractional change in every release: noise of std
+        # below 1/2 rounds to 0 (Flower #4868), so its noise part is exactly 0
+        if self.noise_std < 0.5 and n1 >= 2:
+            integral = self._buffers["integral"].cpu().numpy()
+            for j in np.flatnonzero(integral >= n1):
+                e1[self._first_extra + j] = e2[self._first_extra + j] = 0.0
         sizes = np.asarray(self.sizes, dtype=np.float64)
         out = {}
         if n1:

@@ -265,7 +265,8 @@ class FlowerBackend(BackendBase):
         floating = tuple((key, int(np.prod(shape, dtype=np.int64))) for key, shape, dtype in self.layout.entries
                          if np.issubdtype(np.dtype(dtype), np.floating))
         return NoisyAverageDelta(clip_norm=self.clip_norm, divisor=int(m),
-                                 noise_multiplier=self.noise_multiplier, tensors=floating)
+                                 noise_multiplier=self.noise_multiplier, tensors=floating,
+                                 extra_tensors=self.layout.integer_entries())
 
     # ------------------------------------------------------------------ a round
     def _tick(self, server_round: int, since: float, inner: float = 0.0) -> None:
@@ -285,6 +286,7 @@ class FlowerBackend(BackendBase):
         if why is not None:
             raise ValueError(f"CanaryStrategy: the global model of round {server_round}: {why}")
         self.theta_prev = self.layout.flatten(arrays)
+        self._integers_prev = self.layout.flatten_integer(arrays)
         self._prev_arrays = arrays
         if self.theta is None:
             self.theta = self.theta_prev
@@ -387,7 +389,9 @@ class FlowerBackend(BackendBase):
         theta = self.layout.flatten(arrays)
         participants = np.asarray(inserted, dtype=np.int64)
         self._effective_noise(self.offset + server_round, len(valid) + len(inserted), participants)
-        self.auditor.release(theta - self.theta_prev, participants, what=f"round {server_round}")
+        integers = self.layout.flatten_integer(arrays)
+        self.auditor.release(theta - self.theta_prev, participants, what=f"round {server_round}",
+                             extras=(integers - self._integers_prev).float() if integers.numel() else None)
         self.theta, self.released = theta, arrays
         self.round_events.setdefault(server_round, f"folded ({len(inserted)} canaries, "
                                      f"{failures} failures)")

@@ -86,6 +86,20 @@ class Layout:
                 parts.append(np.asarray(arr.numpy(), dtype=np.float32).reshape(-1))
         return torch.from_numpy(np.concatenate(parts))
 
+    def integer_entries(self) -> tuple[tuple[str, int], ...]:
+        """``((key, numel), ...)`` of the model's integer arrays (buffers such as BatchNorm's
+        ``num_batches_tracked``), which carry no canary but are released too."""
+        return tuple((key, int(np.prod(shape, dtype=np.int64))) for key, shape, dtype in self.entries
+                     if not np.issubdtype(np.dtype(dtype), np.floating))
+
+    def flatten_integer(self, record: ArrayRecord) -> torch.Tensor:
+        """The integer arrays of ``record`` (as released: integers, or floats after FedAvg's
+        average) as one flat float64 vector (CPU; empty without integer arrays)."""
+        parts = [np.asarray(arr.numpy(), dtype=np.float64).reshape(-1)
+                 for (_, _, dtype), arr in zip(self.entries, record.values(), strict=True)
+                 if not np.issubdtype(np.dtype(dtype), np.floating)]
+        return torch.from_numpy(np.concatenate(parts)) if parts else torch.zeros(0, dtype=torch.float64)
+
     def add_rows(self, record: ArrayRecord, rows: torch.Tensor) -> list[ArrayRecord]:
         """New records, one per row of ``rows`` ``[b, d]``: ``record`` plus that row on its
         floating arrays (each cast back to its dtype; integer arrays copied), with ``record``
