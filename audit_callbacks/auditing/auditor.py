@@ -66,6 +66,8 @@ CANARY_CONSTRUCTIONS = {"hadamard": "hadamard rows of H_n on n = 2^floor(log2 d)
 #: What a checkpoint without ``canary_construction`` (an older version) had built.
 _BEFORE = {"hadamard": "hadamard rows of H_n cut to d of n = 2^ceil(log2 d) coordinates",
            "gaussian": "gaussian", None: None}
+#: Gaussian canaries: warn when a release regenerates more floats than this ((k + k') * d)
+_COST_WARN_FLOATS = 10**10
 _BUFFER_BYTES = 16 << 20  # Gaussian canaries: model deltas buffered between passes
 #: releases whose labels are kept for the non-finite warning before a check reads the device
 _UNCHECKED_RELEASES = 4096
@@ -119,8 +121,9 @@ class CanaryAuditor:
         name: the front end's name in warnings and the summary (``"CanaryAudit"``...).
 
     Raises:
-        ValueError: a model with fewer than 2 parameters, more Hadamard canaries than the
-            transform length.
+        ValueError: a model with fewer than 2 parameters, more Hadamard canaries (k + k')
+            than the transform length, a default k that resolves below 2 (a population of
+            one); each names the argument to change.
     """
 
     def __init__(self, config: CanaryAuditConfig, backend: Any, warn: Warn, *,
@@ -132,17 +135,7 @@ class CanaryAuditor:
         dim = int(backend.dim)
         if dim < 2:
             raise ValueError(f"the model has {dim} trainable parameter(s); canaries need d >= 2")
-        population = backend.population
-        k = config.num_canaries if config.num_canaries is not None else (
-            min(DEFAULT_CANARIES, population) if population else DEFAULT_CANARIES)
-        if config.num_canaries is None and config.canaries == "hadamard":
-            k = min(k, hadamard_length(dim) // 2)  # a small model: room for as many unobserved
-        if config.num_unobserved is not None:
-            k_un = config.num_unobserved
-        elif config.canaries == "hadamard":
-            k_un = max(0, min(hadamard_length(dim) - k, DEFAULT_HADAMARD_UNOBSERVED))
-        else:
-            k_un = k
+        k, k_un = self._resolve_counts(config, dim, backend.population)
         canaries = CanarySet(config.seed, dim, k + k_un, kind=config.canaries)
         buffered = config.max_buffered_rounds or max(1, _BUFFER_BYTES // (4 * dim))
         self.stats = CanaryStatistics(canaries, k, k_un, sign=float(backend.sign), max_buffered=buffered)
@@ -170,6 +163,50 @@ class CanaryAuditor:
         self._unchecked: list[tuple[str, torch.Tensor]] = []
         self._nan_warned = False
         backend.attach(self)
+
+    def _resolve_counts(self, config: CanaryAuditConfig, dim: int,
+                        population: int | None) -> tuple[int, int]:
+        """k and k' from the config, the model's dimension and the real population.
+
+        Raises:
+            ValueError: the default k resolves below 2 (naming ``num_canaries``); more
+                Hadamard canaries (k + k') than rows of the transform (naming both counts).
+        """
+        k = config.num_canaries if config.num_canaries is not None else (
+            min(DEFAULT_CANARIES, population) if population else DEFAULT_CANARIES)
+        n = hadamard_length(dim)
+        if config.num_canaries is None and config.canaries == "hadamard":
+            k = min(k, n // 2)  # a small model: room for as many unobserved
+        if k < 2:
+            cap = f"min({DEFAULT_CANARIES}, the real population {population})"
+            if config.canaries == "hadamard" and n // 2 < 2:
+                cap += f" and n / 2 = {n // 2} Hadamard rows for d = {dim}"
+            raise ValueError(
+                f"{self.name}: num_canaries=None resolves to {k} ({cap}); canaries need "
+                f"num_canaries >= 2. Pass num_canaries=2 or more explicitly"
+                + (", or canaries='gaussian'" if config.canaries == "hadamard" and n // 2 < 2 else "")
+            )
+        if config.num_unobserved is not None:
+            k_un = config.num_unobserved
+        elif config.canaries == "hadamard":
+            k_un = max(0, min(n - k, DEFAULT_HADAMARD_UNOBSERVED))
+        else:
+            k_un = k
+        if config.canaries == "hadamard" and k + k_un > n:
+            raise ValueError(
+                f"{self.name}: num_canaries={config.num_canaries!r} (k = {k}) and "
+                f"num_unobserved={config.num_unobserved!r} (k' = {k_un}) need k + k' = "
+                f"{k + k_un} Hadamard canaries, but only n = {n} exist for d = {dim} "
+                f"parameters. Give num_canaries + num_unobserved <= {n}, or "
+                "canaries='gaussian'"
+            )
+        if config.canaries == "gaussian" and (k + k_un) * dim > _COST_WARN_FLOATS:
+            self.warn("cost", (
+                f"{self.name}: num_canaries={k} and num_unobserved={k_un} Gaussian canaries of "
+                f"d = {dim}: every release regenerates {(k + k_un) * dim:.2g} floats; the audit "
+                "may dominate the training's time. Give a smaller num_unobserved, or "
+                "canaries='hadamard'"))
+        return k, k_un
 
     # ------------------------------------------------------------------ what it holds
     @property
