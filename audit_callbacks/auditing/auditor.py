@@ -631,7 +631,7 @@ class CanaryAuditor:
         a SHA-256 ``checksum`` of each field (:mod:`audit_callbacks.auditing.checksum`)."""
         state = {"stats": self.stats.state_dict(), "participations": self.participations.tolist(),
                  "backend": self.backend.state_dict(), "config": self.identity(),
-                 "logged_points": self.logged_points}
+                 "settings": audit_settings(self.config), "logged_points": self.logged_points}
         for stat in self.statistics[1:]:
             state[stat.state_key] = stat.state_dict()
         state[CHECKSUM_KEY] = {"sha256": field_digests(state)}
@@ -649,6 +649,7 @@ class CanaryAuditor:
         if not verify(state, name=self.name):
             self.warn("nochecksum", f"{self.name}: the checkpoint's audit state has no checksum "
                       "(saved by an older version): it is resumed unchecked")
+        check_settings(state.get("settings") or {}, audit_settings(self.config), name=self.name)
         check_identity(state.get("config") or {}, self.identity(), name=self.name, strict=True)
         saved = np.asarray(state["participations"], dtype=np.int64)
         if saved.shape != self.participations.shape:
@@ -669,18 +670,52 @@ class CanaryAuditor:
         self.backend.load_state_dict(backend)
 
 
+#: The settings an audit's numbers depend on: a resume must keep each of them
+#: (``bootstrap`` only sets the final intervals' resamples and ``max_buffered_rounds`` a buffer).
+AUDIT_SETTINGS = ("num_canaries", "num_unobserved", "canaries", "seed", "delta", "alpha",
+                  "repeats", "sample_rate", "canary_norm_multiplier")
+
+
+def audit_settings(config: CanaryAuditConfig) -> dict[str, Any]:
+    """The settings of :data:`AUDIT_SETTINGS` as given (None where left to the default)."""
+    given = config.to_dict()
+    return {key: given[key] for key in AUDIT_SETTINGS}
+
+
+def check_settings(theirs: dict[str, Any], mine: dict[str, Any], *, name: str) -> None:
+    """Raise ``ValueError`` naming the first setting of :data:`AUDIT_SETTINGS` given
+    differently to the checkpoint's audit (None, the default, differs from any value).
+    A checkpoint saved before its settings were kept has none: nothing to compare."""
+    for key in AUDIT_SETTINGS:
+        if key in theirs and key in mine and theirs[key] != mine[key]:
+            raise ValueError(
+                f"{name}: the checkpoint's audit was run with {key}={theirs[key]!r}, this one "
+                f"with {key}={mine[key]!r}; resuming would mix two audits. Resume with "
+                f"{key}={theirs[key]!r}, or start a new run"
+            )
+
+
 def check_identity(theirs: dict[str, Any], mine: dict[str, Any], *, name: str, strict: bool) -> None:
     """Raise ``ValueError`` naming the first audit setting in which a checkpoint differs
-    (``strict``: also the resolved k and k')."""
+    (``strict``: also the resolved k and k'). A setting left to its default (None) differs
+    from any value given; a default that resolves to another k or k' is named with both."""
     fields = ["canaries", "seed", "requested_num_canaries", "delta", "training"]
     if strict:
         fields += ["num_canaries", "num_unobserved"]
     for key in fields:
-        if key in theirs and mine.get(key) is not None and theirs[key] != mine[key]:
+        if key in theirs and key in mine and theirs[key] != mine[key]:
+            setting = "num_canaries" if key == "requested_num_canaries" else key
+            if key in ("num_canaries", "num_unobserved"):  # the counts the settings resolved to
+                raise ValueError(
+                    f"{name}: the checkpoint's audit resolved {key} to {theirs[key]!r}, this one "
+                    f"to {mine[key]!r} (a setting left to its default resolves from the real "
+                    "population and the model's size, which changed); resuming would mix two "
+                    f"audits. Resume with {key}={theirs[key]!r} given explicitly, or start a new run"
+                )
             raise ValueError(
-                f"{name}: the checkpoint's audit has {key}={theirs[key]!r}, this one "
-                f"{mine[key]!r}; resuming would mix two audits. Resume with the same settings, "
-                "or start a new run"
+                f"{name}: the checkpoint's audit has {setting}={theirs[key]!r}, this one "
+                f"{mine[key]!r}; resuming would mix two audits. Resume with the same "
+                "settings, or start a new run"
             )
     built = mine.get("canary_construction")
     saved = theirs.get("canary_construction", _BEFORE.get(theirs.get("canaries")))
