@@ -613,17 +613,20 @@ class CanaryAuditor:
         ``interrupted at step N``)."""
         stale = report is None and self.last_report is not None
         self._check_non_finite()
+        claim = dict(self.backend.claim(self.delta))
+        sampling = claim.pop("claim_sampling", None)
         inputs = {
             **self.identity(), "dim": self.stats.dim, "delta": self.delta,
             "alpha": self.config.alpha,
             "participations_histogram": np.bincount(self.participations).tolist(),
             "rounds_skipped_non_finite": self.stats.rounds_skipped,
             **self.backend.summary_inputs(),
+            **({} if sampling is None else {"claim_sampling": sampling}),
         }
         return {**summary_json(report or self.last_report, stale=stale, skip_reason=self.skip_reason,
                                inputs=inputs, gradients=self.backend.sign < 0, callback=self.name,
                                status=status),
-                **self.backend.summary_status()}
+                **claim, **self.backend.summary_status()}
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
@@ -689,8 +692,8 @@ def check_settings(theirs: dict[str, Any], mine: dict[str, Any], *, name: str) -
     for key in AUDIT_SETTINGS:
         if key in theirs and key in mine and theirs[key] != mine[key]:
             raise ValueError(
-                f"{name}: the checkpoint's audit was run with {key}={theirs[key]!r}, this one "
-                f"with {key}={mine[key]!r}; resuming would mix two audits. Resume with "
+                f"{name}: the checkpoint's audit has {key}={theirs[key]!r}, this one "
+                f"{mine[key]!r}; resuming would mix two audits. Resume with "
                 f"{key}={theirs[key]!r}, or start a new run"
             )
 

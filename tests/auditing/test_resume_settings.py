@@ -41,12 +41,12 @@ def _resume(state, population=None, **config):
 
 
 @pytest.mark.parametrize("changed, pattern", [
-    ({"alpha": 0.1}, "alpha=0.05, this one with alpha=0.1"),
-    ({"sample_rate": 0.5}, "sample_rate=None, this one with sample_rate=0.5"),
-    ({"canary_norm_multiplier": 3.0}, "canary_norm_multiplier=10.0, this one with canary_norm_multiplier=3.0"),
-    ({"repeats": 2}, "repeats=None, this one with repeats=2"),
-    ({"num_unobserved": 200}, "num_unobserved=100, this one with num_unobserved=200"),
-    ({"num_canaries": None}, "num_canaries=50, this one with num_canaries=None"),
+    ({"alpha": 0.1}, "alpha=0.05, this one 0.1"),
+    ({"sample_rate": 0.5}, "sample_rate=None, this one 0.5"),
+    ({"canary_norm_multiplier": 3.0}, "canary_norm_multiplier=10.0, this one 3.0"),
+    ({"repeats": 2}, "repeats=None, this one 2"),
+    ({"num_unobserved": 200}, "num_unobserved=100, this one 200"),
+    ({"num_canaries": None}, "num_canaries=50, this one None"),
 ])
 def test_every_changed_setting_is_refused_by_name(changed, pattern):
     kept = {"num_canaries": 50, "num_unobserved": 100, "seed": 3}
@@ -81,7 +81,7 @@ def test_lightning_dpsgd_resume_with_num_canaries_left_to_its_default_is_refused
     last = str(tmp_path / "ckpt" / "last.ckpt")
     with pytest.raises(ValueError, match=r"CanaryAudit: .*num_canaries=50, this one .*None"):
         _dpsgd_fit(tmp_path / "b", CanaryAudit(seed=5, bootstrap=0), steps=8, ckpt_path=last)
-    with pytest.raises(ValueError, match=r"CanaryAudit: .*alpha=0.05, this one with alpha=0.2"):
+    with pytest.raises(ValueError, match=r"CanaryAudit: .*alpha=0.05, this one 0.2"):
         _dpsgd_fit(tmp_path / "c", CanaryAudit(50, seed=5, bootstrap=0, alpha=0.2), steps=8, ckpt_path=last)
 
 
