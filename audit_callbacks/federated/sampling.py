@@ -162,8 +162,8 @@ class CohortSampler:
         for key in ("rule", "cohort_size", "population"):
             if state[key] != getattr(self, key):
                 raise ValueError(
-                    f"the checkpoint's cohorts were sampled with {named[key]}={state[key]!r}, this "
-                    f"run has {named[key]}={getattr(self, key)!r}: resuming would change the "
+                    f"{named[key]}: the checkpoint's cohorts were sampled with {state[key]!r}, "
+                    f"this run has {getattr(self, key)!r}: resuming would change the "
                     "sampling the privacy claim and the audit assume mid-run. Resume with the "
                     "checkpoint's settings, or start a new run"
                 )
