@@ -66,6 +66,8 @@ CANARY_CONSTRUCTIONS = {"hadamard": "hadamard rows of H_n on n = 2^floor(log2 d)
 #: What a checkpoint without ``canary_construction`` (an older version) had built.
 _BEFORE = {"hadamard": "hadamard rows of H_n cut to d of n = 2^ceil(log2 d) coordinates",
            "gaussian": "gaussian", None: None}
+#: Gaussian canaries: warn when a release regenerates more floats than this ((k + k') * d)
+_COST_WARN_FLOATS = 10**10
 _BUFFER_BYTES = 16 << 20  # Gaussian canaries: model deltas buffered between passes
 #: releases whose labels are kept for the non-finite warning before a check reads the device
 _UNCHECKED_RELEASES = 4096
@@ -119,8 +121,9 @@ class CanaryAuditor:
         name: the front end's name in warnings and the summary (``"CanaryAudit"``...).
 
     Raises:
-        ValueError: a model with fewer than 2 parameters, more Hadamard canaries than the
-            transform length.
+        ValueError: a model with fewer than 2 parameters, more Hadamard canaries (k + k')
+            than the transform length, a default k that resolves below 2 (a population of
+            one); each names the argument to change.
     """
 
     def __init__(self, config: CanaryAuditConfig, backend: Any, warn: Warn, *,
@@ -132,17 +135,7 @@ class CanaryAuditor:
         dim = int(backend.dim)
         if dim < 2:
             raise ValueError(f"the model has {dim} trainable parameter(s); canaries need d >= 2")
-        population = backend.population
-        k = config.num_canaries if config.num_canaries is not None else (
-            min(DEFAULT_CANARIES, population) if population else DEFAULT_CANARIES)
-        if config.num_canaries is None and config.canaries == "hadamard":
-            k = min(k, hadamard_length(dim) // 2)  # a small model: room for as many unobserved
-        if config.num_unobserved is not None:
-            k_un = config.num_unobserved
-        elif config.canaries == "hadamard":
-            k_un = max(0, min(hadamard_length(dim) - k, DEFAULT_HADAMARD_UNOBSERVED))
-        else:
-            k_un = k
+        k, k_un = self._resolve_counts(config, dim, backend.population)
         canaries = CanarySet(config.seed, dim, k + k_un, kind=config.canaries)
         buffered = config.max_buffered_rounds or max(1, _BUFFER_BYTES // (4 * dim))
         self.stats = CanaryStatistics(canaries, k, k_un, sign=float(backend.sign), max_buffered=buffered)
@@ -171,6 +164,50 @@ class CanaryAuditor:
         self._unchecked: list[tuple[str, torch.Tensor]] = []
         self._nan_warned = False
         backend.attach(self)
+
+    def _resolve_counts(self, config: CanaryAuditConfig, dim: int,
+                        population: int | None) -> tuple[int, int]:
+        """k and k' from the config, the model's dimension and the real population.
+
+        Raises:
+            ValueError: the default k resolves below 2 (naming ``num_canaries``); more
+                Hadamard canaries (k + k') than rows of the transform (naming both counts).
+        """
+        k = config.num_canaries if config.num_canaries is not None else (
+            min(DEFAULT_CANARIES, population) if population else DEFAULT_CANARIES)
+        n = hadamard_length(dim)
+        if config.num_canaries is None and config.canaries == "hadamard":
+            k = min(k, n // 2)  # a small model: room for as many unobserved
+        if k < 2:
+            cap = f"min({DEFAULT_CANARIES}, the real population {population})"
+            if config.canaries == "hadamard" and n // 2 < 2:
+                cap += f" and n / 2 = {n // 2} Hadamard rows for d = {dim}"
+            raise ValueError(
+                f"{self.name}: num_canaries=None resolves to {k} ({cap}); canaries need "
+                f"num_canaries >= 2. Pass num_canaries=2 or more explicitly"
+                + (", or canaries='gaussian'" if config.canaries == "hadamard" and n // 2 < 2 else "")
+            )
+        if config.num_unobserved is not None:
+            k_un = config.num_unobserved
+        elif config.canaries == "hadamard":
+            k_un = max(0, min(n - k, DEFAULT_HADAMARD_UNOBSERVED))
+        else:
+            k_un = k
+        if config.canaries == "hadamard" and k + k_un > n:
+            raise ValueError(
+                f"{self.name}: num_canaries={config.num_canaries!r} (k = {k}) and "
+                f"num_unobserved={config.num_unobserved!r} (k' = {k_un}) need k + k' = "
+                f"{k + k_un} Hadamard canaries, but only n = {n} exist for d = {dim} "
+                f"parameters. Give num_canaries + num_unobserved <= {n}, or "
+                "canaries='gaussian'"
+            )
+        if config.canaries == "gaussian" and (k + k_un) * dim > _COST_WARN_FLOATS:
+            self.warn("cost", (
+                f"{self.name}: num_canaries={k} and num_unobserved={k_un} Gaussian canaries of "
+                f"d = {dim}: every release regenerates {(k + k_un) * dim:.2g} floats; the audit "
+                "may dominate the training's time. Give a smaller num_unobserved, or "
+                "canaries='hadamard'"))
+        return k, k_un
 
     # ------------------------------------------------------------------ what it holds
     @property
@@ -580,17 +617,20 @@ class CanaryAuditor:
         ``interrupted at step N``)."""
         stale = report is None and self.last_report is not None
         self._check_non_finite()
+        claim = dict(self.backend.claim(self.delta))
+        sampling = claim.pop("claim_sampling", None)
         inputs = {
             **self.identity(), "dim": self.stats.dim, "delta": self.delta,
             "alpha": self.config.alpha,
             "participations_histogram": np.bincount(self.participations).tolist(),
             "rounds_skipped_non_finite": self.stats.rounds_skipped,
             **self.backend.summary_inputs(),
+            **({} if sampling is None else {"claim_sampling": sampling}),
         }
         return {**summary_json(report or self.last_report, stale=stale, skip_reason=self.skip_reason,
                                inputs=inputs, gradients=self.backend.sign < 0, callback=self.name,
                                status=status),
-                **self.backend.summary_status()}
+                **claim, **self.backend.summary_status()}
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
@@ -598,7 +638,7 @@ class CanaryAuditor:
         a SHA-256 ``checksum`` of each field (:mod:`audit_callbacks.auditing.checksum`)."""
         state = {"stats": self.stats.state_dict(), "participations": self.participations.tolist(),
                  "backend": self.backend.state_dict(), "config": self.identity(),
-                 "logged_points": self.logged_points}
+                 "settings": audit_settings(self.config), "logged_points": self.logged_points}
         for stat in self.statistics[1:]:
             state[stat.state_key] = stat.state_dict()
         state[CHECKSUM_KEY] = {"sha256": field_digests(state)}
@@ -616,6 +656,7 @@ class CanaryAuditor:
         if not verify(state, name=self.name):
             self.warn("nochecksum", f"{self.name}: the checkpoint's audit state has no checksum "
                       "(saved by an older version): it is resumed unchecked")
+        check_settings(state.get("settings") or {}, audit_settings(self.config), name=self.name)
         check_identity(state.get("config") or {}, self.identity(), name=self.name, strict=True)
         saved = np.asarray(state["participations"], dtype=np.int64)
         if saved.shape != self.participations.shape:
@@ -636,18 +677,52 @@ class CanaryAuditor:
         self.backend.load_state_dict(backend)
 
 
+#: The settings an audit's numbers depend on: a resume must keep each of them
+#: (``bootstrap`` only sets the final intervals' resamples and ``max_buffered_rounds`` a buffer).
+AUDIT_SETTINGS = ("num_canaries", "num_unobserved", "canaries", "seed", "delta", "alpha",
+                  "repeats", "sample_rate", "canary_norm_multiplier")
+
+
+def audit_settings(config: CanaryAuditConfig) -> dict[str, Any]:
+    """The settings of :data:`AUDIT_SETTINGS` as given (None where left to the default)."""
+    given = config.to_dict()
+    return {key: given[key] for key in AUDIT_SETTINGS}
+
+
+def check_settings(theirs: dict[str, Any], mine: dict[str, Any], *, name: str) -> None:
+    """Raise ``ValueError`` naming the first setting of :data:`AUDIT_SETTINGS` given
+    differently to the checkpoint's audit (None, the default, differs from any value).
+    A checkpoint saved before its settings were kept has none: nothing to compare."""
+    for key in AUDIT_SETTINGS:
+        if key in theirs and key in mine and theirs[key] != mine[key]:
+            raise ValueError(
+                f"{name}: the checkpoint's audit has {key}={theirs[key]!r}, this one "
+                f"{mine[key]!r}; resuming would mix two audits. Resume with "
+                f"{key}={theirs[key]!r}, or start a new run"
+            )
+
+
 def check_identity(theirs: dict[str, Any], mine: dict[str, Any], *, name: str, strict: bool) -> None:
     """Raise ``ValueError`` naming the first audit setting in which a checkpoint differs
-    (``strict``: also the resolved k and k')."""
+    (``strict``: also the resolved k and k'). A setting left to its default (None) differs
+    from any value given; a default that resolves to another k or k' is named with both."""
     fields = ["canaries", "seed", "requested_num_canaries", "delta", "training"]
     if strict:
         fields += ["num_canaries", "num_unobserved"]
     for key in fields:
-        if key in theirs and mine.get(key) is not None and theirs[key] != mine[key]:
+        if key in theirs and key in mine and theirs[key] != mine[key]:
+            setting = "num_canaries" if key == "requested_num_canaries" else key
+            if key in ("num_canaries", "num_unobserved"):  # the counts the settings resolved to
+                raise ValueError(
+                    f"{name}: the checkpoint's audit resolved {key} to {theirs[key]!r}, this one "
+                    f"to {mine[key]!r} (a setting left to its default resolves from the real "
+                    "population and the model's size, which changed); resuming would mix two "
+                    f"audits. Resume with {key}={theirs[key]!r} given explicitly, or start a new run"
+                )
             raise ValueError(
-                f"{name}: the checkpoint's audit has {key}={theirs[key]!r}, this one "
-                f"{mine[key]!r}; resuming would mix two audits. Resume with the same settings, "
-                "or start a new run"
+                f"{name}: the checkpoint's audit has {setting}={theirs[key]!r}, this one "
+                f"{mine[key]!r}; resuming would mix two audits. Resume with the same "
+                "settings, or start a new run"
             )
     built = mine.get("canary_construction")
     saved = theirs.get("canary_construction", _BEFORE.get(theirs.get("canaries")))

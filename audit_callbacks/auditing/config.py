@@ -19,10 +19,14 @@ from audit_callbacks.validation import (
     check_seed,
 )
 
-__all__ = ["CANARY_KINDS", "CanaryAuditConfig"]
+__all__ = ["CANARY_KINDS", "MAX_GAUSSIAN_CANARIES", "CanaryAuditConfig"]
 
 #: The canary constructions of :mod:`audit_callbacks.canary.vectors`.
 CANARY_KINDS = ("hadamard", "gaussian")
+#: Gaussian canaries: at most this many in all (k + k'). Every release regenerates each of them
+#: (d floats) and every statistic keeps several floats per canary, so 10^9 would allocate
+#: gigabytes before the first step; Hadamard canaries cost one transform whatever their number.
+MAX_GAUSSIAN_CANARIES = 10**7
 
 
 @dataclass(frozen=True)
@@ -34,7 +38,8 @@ class CanaryAuditConfig:
             for Hadamard canaries at most n / 2, n = 2^floor(log2 d)).
         num_unobserved: k' canaries never inserted, >= 0 (None: k for Gaussian canaries,
             min(n - k, 100,000) for Hadamard canaries, n = 2^floor(log2 d); 0 disables the
-            all-iterates estimate).
+            all-iterates estimate). Gaussian canaries: k + k' at most
+            :data:`MAX_GAUSSIAN_CANARIES`.
         canaries: ``"hadamard"`` or ``"gaussian"`` (see :mod:`audit_callbacks.canary.vectors`).
         seed: the canaries' seed, a non-negative integer: canary j is a function of (seed, j).
             Canaries are public by design; the seed may be logged (it regenerates no DP noise).
@@ -55,7 +60,9 @@ class CanaryAuditConfig:
 
     Raises:
         ValueError: any setting out of its range or of the wrong type (``2.5`` or ``True`` for
-            a count, ``-1`` for a seed...), naming the argument and the value.
+            a count, ``-1`` for a seed...), naming the argument and the value; Gaussian
+            canaries with k + k' above :data:`MAX_GAUSSIAN_CANARIES` (naming ``num_canaries``
+            and ``num_unobserved``).
     """
 
     num_canaries: int | None = None
@@ -89,6 +96,19 @@ class CanaryAuditConfig:
         }
         for name, value in fix.items():
             object.__setattr__(self, name, value)
+        if self.canaries == "gaussian":
+            k = self.num_canaries
+            k_un = self.num_unobserved if self.num_unobserved is not None else k
+            total = (k or 0) + (k_un or 0)
+            if total > MAX_GAUSSIAN_CANARIES:
+                raise ValueError(
+                    f"num_unobserved={self.num_unobserved!r} with num_canaries={k!r}: "
+                    f"{total:,} Gaussian canaries in all (k + k'), above the cap of "
+                    f"{MAX_GAUSSIAN_CANARIES:,}; each release regenerates every canary (d "
+                    "floats each) and every statistic keeps floats per canary. Give a smaller "
+                    "num_unobserved (a few thousand bound epsilon as tightly), or "
+                    "canaries='hadamard', whose cost does not grow with their number"
+                )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -226,6 +226,21 @@ def _table(rows: Mapping[str, Any]) -> str:
     return f"<table>{body}</table>"
 
 
+def _claim(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """Which sampling the analytic epsilon assumes and, where the batches are known, the
+    unamplified claim beside it (the summary's ``claim_sampling`` and
+    ``epsilon_analytic_known_batches``)."""
+    out: dict[str, Any] = {}
+    sampling = (summary.get("inputs") or {}).get("claim_sampling")
+    if sampling is not None:
+        out["sampling the claim assumes"] = sampling
+    known = names.EPSILON_ANALYTIC_KNOWN_BATCHES
+    for key in (known, f"{known}_status"):
+        if key in summary:
+            out[key] = summary[key]
+    return out
+
+
 def render_html(summary: Mapping[str, Any] | None, images: Mapping[str, str],
                 extra: Mapping[str, Mapping[str, Any]] | None = None) -> str:
     """The report's HTML; ``images``: ``{title: base64 PNG}``; ``summary`` None: a report of
@@ -268,7 +283,7 @@ def render_html(summary: Mapping[str, Any] | None, images: Mapping[str, str],
                                             names.EPSILON_ANALYTIC_PRV, "epsilon_analytic_status",
                                             names.NUM_CANARIES_PARTICIPATED, "max_participations")
                 if k in summary}
-    out.append(_table(analytic))
+    out.append(_table({**analytic, **_claim(summary)}))
     out.append("<h2>Every estimate</h2><table><tr><th>name</th><th>value</th><th>interval</th>"
                "<th>status</th><th>what it is</th></tr>")
     for n, est in (summary.get("results") or summary.get("estimates") or {}).items():
@@ -324,6 +339,10 @@ def render_markdown(summary: Mapping[str, Any] | None, figure_titles: Sequence[s
                      f"{cell(interval(r['lower'], r['upper']))} | {cell(r['bound'])} | "
                      f"{_REFERENCE_TITLES[r['reference_name']]} | {cell(r['reference'])} | "
                      f"{cell(r['ratio'])} | {cell(r['status'])} |")
+    claim = _claim(summary)
+    if claim:
+        lines += ["", "## The claim", "", "| | |", "|---|---|"]
+        lines += [f"| {cell(k)} | {cell(v)} |" for k, v in claim.items()]
     lines += ["", "## Every estimate", "", "| name | value | interval | status |", "|---|---|---|---|"]
     for n, est in (summary.get("results") or summary.get("estimates") or {}).items():
         lines.append(f"| {cell(n)} | {cell(est.get('value'))} | "

@@ -85,6 +85,12 @@ class CanaryBackend(Protocol):
         """Why every ``ok`` estimate must read ``flagged: <reason>``, or None."""
         ...
 
+    def claim(self, delta: float) -> dict[str, Any]:
+        """Which sampling the analytic epsilon assumes (``claim_sampling``, one sentence for the
+        summary's inputs) and, where the run's sampling is known to whoever holds its logs, the
+        claim that holds for them (summary entries); nothing by default."""
+        return {}
+
     def summary_status(self) -> dict[str, str]:
         """Summary entries that replace the auditor's."""
         ...
@@ -154,6 +160,12 @@ class BackendBase:
         """Why every ``ok`` estimate must read ``flagged: <reason>`` (the training broke an
         assumption of the analysis, e.g. Flower's unequal client weights), or None."""
         return None
+
+    def claim(self, delta: float) -> dict[str, Any]:
+        """Which sampling the analytic epsilon assumes (``claim_sampling``, one sentence for the
+        summary's inputs) and, where the run's sampling is known to whoever holds its logs, the
+        claim that holds for them (summary entries); nothing by default."""
+        return {}
 
     def summary_status(self) -> dict[str, str]:
         """Summary entries that replace the auditor's (e.g. ``epsilon_analytic_status`` when

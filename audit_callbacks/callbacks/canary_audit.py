@@ -16,7 +16,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 
 from audit_callbacks.auditing import CanaryAuditConfig
-from audit_callbacks.auditing.auditor import check_identity
+from audit_callbacks.auditing.auditor import audit_settings, check_identity, check_settings
 from audit_callbacks.auditing.frontend import AuditFrontEnd
 from audit_callbacks.backends.lightning import lightning_backend
 from audit_callbacks.callbacks.summary import LightningOutput
@@ -104,13 +104,18 @@ class CanaryAudit(AuditFrontEnd, FederatedAuditHooks, Callback):
 
     def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            checkpoint: dict[str, Any]) -> None:
-        """Refuse a checkpoint whose audit differs from this one (it would restart silently)."""
+        """Refuse a checkpoint whose audit differs from this one, naming the setting: Lightning
+        only gives a callback the state saved under its own ``state_key`` (made of ``seed`` and
+        ``num_canaries``), so a changed one would otherwise start a fresh audit silently. The
+        other settings are checked when the state is applied (``CanaryAuditor.load_state_dict``)."""
         states = checkpoint.get("callbacks") or {}
+        if self.state_key in states:
+            return  # our own state is there: other CanaryAudit entries are other callbacks'
         mine = {"canaries": self.config.canaries, "seed": self.config.seed, "delta": self.config.delta,
                 "requested_num_canaries": self.config.num_canaries}
         for key, state in states.items():
-            if key != self.state_key and str(key).startswith(type(self).__name__) and (
-                    isinstance(state, dict) and state.get("config")):
+            if str(key).startswith(type(self).__name__) and isinstance(state, dict) and state.get("config"):
+                check_settings(state.get("settings") or {}, audit_settings(self.config), name="CanaryAudit")
                 check_identity(state["config"], mine, name="CanaryAudit", strict=False)
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:

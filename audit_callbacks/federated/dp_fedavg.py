@@ -896,7 +896,12 @@ class DPFedAvgMixin:
     def _restore(self, state: dict[str, Any]) -> None:
         if "sampler" in state:
             assert self._sampler is not None
-            self._sampler.load_state_dict(state["sampler"])
+            virtual = ", ".join(f"{b.name}: {b.count}" for b in self._blocks if b.schedule is None)
+            self._sampler.load_state_dict(state["sampler"], settings={
+                "cohort_size": "clients_per_round", "rule": "sampling",
+                "population": f"the population N of real and sampled virtual clients (here "
+                              f"{self.num_real_clients} real + [{virtual or 'none'}]; a changed "
+                              "num_clients or CanaryAudit num_canaries changes it)"})
             self._participations = np.asarray(state["participations"], dtype=np.int64).copy()
         if "noise_gen" in state and self.reproducible_noise:
             gen = torch.Generator(device="cpu")

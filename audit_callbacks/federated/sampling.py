@@ -145,17 +145,28 @@ class CohortSampler:
             state["queue"] = list(self._queue)
         return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], *, settings: dict[str, str] | None = None) -> None:
         """Check the settings against this sampler's; restore the generator where both the state
-        and this sampler are reproducible (a secret sampler keeps its fresh generator)."""
-        if (state["population"], state["cohort_size"], state["rule"]) != (
-            self.population, self.cohort_size, self.rule,
-        ):
-            raise ValueError(
-                "checkpointed sampler does not match this run: "
-                f"{(state['population'], state['cohort_size'], state['rule'])} vs "
-                f"{(self.population, self.cohort_size, self.rule)}"
-            )
+        and this sampler are reproducible (a secret sampler keeps its fresh generator).
+
+        Args:
+            state: :meth:`state_dict`'s.
+            settings: what sets each of ``population``, ``cohort_size`` and ``rule`` for the
+                caller (e.g. ``{"cohort_size": "clients_per_round"}``), named in the refusal.
+
+        Raises:
+            ValueError: a setting differs, naming it, both values and the fix.
+        """
+        named = {"population": "population", "cohort_size": "cohort_size", "rule": "rule",
+                 **(settings or {})}
+        for key in ("rule", "cohort_size", "population"):
+            if state[key] != getattr(self, key):
+                raise ValueError(
+                    f"{named[key]}: the checkpoint's cohorts were sampled with {state[key]!r}, "
+                    f"this run has {getattr(self, key)!r}: resuming would change the "
+                    "sampling the privacy claim and the audit assume mid-run. Resume with the "
+                    "checkpoint's settings, or start a new run"
+                )
         if self.reproducible and "rng" in state:
             self._rng.bit_generator.state = state["rng"]
             self._queue = list(state["queue"])

@@ -507,6 +507,13 @@ class FlowerBackend(BackendBase):
     def progress(self) -> int:
         return self.rounds
 
+    def claim(self, delta: float) -> dict[str, Any]:
+        """The analytic epsilon assumes known rounds: it holds whoever knows the cohorts."""
+        return {"claim_sampling": "known rounds: the analytic epsilon assumes the adversary knows "
+                                  "every round each canary took part in (no amplification by "
+                                  "sampling), so it holds whether or not the strategy's cohorts "
+                                  "are secret"}
+
     def analytic(self, delta: float) -> dict[str, float | None]:
         """The Gaussian mechanism composed over the most-sampled canary's rounds, if the
         adversary knows them: sqrt(r)/z-GDP (Dong, Roth, Su 2022); ``inf`` without noise."""

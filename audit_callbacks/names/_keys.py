@@ -37,6 +37,8 @@ EPSILON_GDP_LOWER_BOUND_ALL_ITERATES = "epsilon_gdp_lower_bound_all_iterates"
 EPSILON_ANALYTIC = "epsilon_analytic"
 EPSILON_ANALYTIC_RDP = "epsilon_analytic_rdp"
 EPSILON_ANALYTIC_PRV = "epsilon_analytic_prv"
+#: DP-SGD whose batches are known (replayable from a public seed): the unamplified claim
+EPSILON_ANALYTIC_KNOWN_BATCHES = "epsilon_analytic_known_batches"
 EPSILON_RATIO_FINAL_MODEL = "epsilon_ratio_final_model"
 EPSILON_RATIO_ALL_ITERATES = "epsilon_ratio_all_iterates"
 NUM_CANARIES_PARTICIPATED = "num_canaries_participated"

@@ -222,3 +222,41 @@ def test_the_name_table_is_one_name_per_quantity():
     assert drawn and all(t.startswith("^") and t.endswith("$") for t in drawn)
     unescaped = {t[1:-1].replace("\\", "") for t in drawn}
     assert unescaped <= set(tags)
+
+
+def test_huge_gaussian_num_unobserved_is_refused_before_any_allocation():
+    with pytest.raises(ValueError, match=r"num_unobserved=1000000000.*canaries='hadamard'"):
+        CanaryAuditConfig(50, 10**9, canaries="gaussian")
+    with pytest.raises(ValueError, match="num_unobserved"):
+        CanaryAudit(num_unobserved=10**9, canaries="gaussian")
+    with pytest.raises(ValueError, match=r"num_canaries=20000000"):
+        CanaryAuditConfig(2 * 10**7, canaries="gaussian")  # k' defaults to k
+    CanaryAuditConfig(50, 10**9 // 100, canaries="hadamard")  # Hadamard cost does not grow with k'
+
+
+def test_a_costly_gaussian_audit_warns_naming_num_unobserved():
+    backend = SimulatedBackend(100_000, 1.0)
+    warnings: list[tuple[str, str]] = []
+    CanaryAuditor(CanaryAuditConfig(10, 200_000, canaries="gaussian"), backend,
+                  lambda key, msg: warnings.append((key, msg)), name="Test")
+    assert [key for key, _ in warnings] == ["cost"]
+    assert "num_unobserved=200000" in warnings[0][1]
+
+
+def test_too_many_hadamard_canaries_name_both_counts_and_the_fix():
+    with pytest.raises(ValueError, match=r"num_canaries=100 .*num_unobserved=4000 .*k \+ k' = 4100.*"
+                                         r"n = 4096.*num_canaries \+ num_unobserved <= 4096"):
+        CanaryAuditor(CanaryAuditConfig(100, 4000), SimulatedBackend(4096, 1.0), lambda k, m: None,
+                      name="Test")
+
+
+def test_a_one_example_population_refuses_the_default_k_by_name():
+    class OneExample(SimulatedBackend):
+        def __init__(self):
+            super().__init__(4096, 1.0)
+            self.population = 1
+
+    with pytest.raises(ValueError, match=r"num_canaries=None resolves to 1 .*population 1.*"
+                                         r"num_canaries=2 or more"):
+        CanaryAuditor(CanaryAuditConfig(), OneExample(), lambda k, m: None, name="Test")
+    CanaryAuditor(CanaryAuditConfig(2), OneExample(), lambda k, m: None, name="Test")  # explicit k

@@ -39,12 +39,18 @@ from audit_callbacks.backends.opacus.accounting import (
 )
 from audit_callbacks.backends.opacus.buffers import FlatGather, flat_parameters
 from audit_callbacks.backends.opacus.injector import GradientCanaryInjector
-from audit_callbacks.backends.opacus.noise_source import NoiseSource, noise_source
+from audit_callbacks.backends.opacus.noise_source import NoiseSource, batch_source, noise_source
 from audit_callbacks.backends.opacus.optimizer import find_accountant, find_dp_optimizer
 from audit_callbacks.backends.opacus.sampling import LoaderCanarySampling, find_poisson_sampler
 from audit_callbacks.canary.base import NoisySum, NoMatchedStatistic, ReleaseModel
+from audit_callbacks.estimators.gaussian import gaussian_epsilon
 from audit_callbacks.estimators.last_iterate import dpsgd_last_iterate_epsilon
-from audit_callbacks.names import EPSILON_ANALYTIC, EPSILON_ANALYTIC_PRV, EPSILON_ANALYTIC_RDP
+from audit_callbacks.names import (
+    EPSILON_ANALYTIC,
+    EPSILON_ANALYTIC_KNOWN_BATCHES,
+    EPSILON_ANALYTIC_PRV,
+    EPSILON_ANALYTIC_RDP,
+)
 
 __all__ = ["OpacusBackend", "dp_optimizer"]
 
@@ -345,6 +351,35 @@ class OpacusBackend(BackendBase):
         if steps < 1 or sigma <= 0:
             return None
         return dpsgd_last_iterate_epsilon(steps, self.injector.sample_rate, sigma, delta)
+
+    def batches(self) -> Any:
+        """What the training loader's batches are: secret, known (replayable from a public or
+        logged seed) or not checked (:func:`~audit_callbacks.backends.opacus.noise_source.batch_source`)."""
+        seeds = [self.seed, *_logged_seeds(self.auditor), *self._module_seeds]
+        return batch_source(self.loader(), logged_seeds=seeds)
+
+    def claim(self, delta: float) -> dict[str, Any]:
+        """Which sampling the claim assumes and, where the batches are known, the unamplified
+        claim beside it: the most-sampled canary took part in r steps, each a Gaussian
+        mechanism of noise multiplier z once the batches are known, so its epsilon is the
+        r-fold composition (:func:`~audit_callbacks.estimators.gaussian.gaussian_epsilon`), not
+        the accountant's amplified one."""
+        source = self.batches()
+        out: dict[str, Any] = {"claim_sampling": source.sampling}
+        if not source.known or self.auditor is None:
+            return out
+        r = int(self.auditor.participations.max(initial=0))
+        sigma = float(self.injector.optimizer.noise_multiplier)
+        if sigma <= 0:
+            value: float | None = math.inf
+        else:
+            value = gaussian_epsilon(sigma, delta, compositions=r) if r else None
+        out[EPSILON_ANALYTIC_KNOWN_BATCHES] = value
+        out[f"{EPSILON_ANALYTIC_KNOWN_BATCHES}_status"] = (
+            f"the batches are known: the most-sampled canary took part in {r} steps, a {r}-fold "
+            f"Gaussian mechanism of noise multiplier {sigma:g} without amplification by sampling; "
+            "the claim for anyone holding the seed" if r else "no canary took part yet")
+        return out
 
     def summary_inputs(self) -> dict[str, Any]:
         opt = self.injector.optimizer

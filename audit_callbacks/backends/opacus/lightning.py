@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from audit_callbacks.backends.base import LightningHooks
-from audit_callbacks.backends.opacus.backend import OpacusBackend, dp_optimizer
+from audit_callbacks.backends.opacus.backend import OpacusBackend, _hparam_seeds, dp_optimizer
 
 __all__ = ["LightningOpacusBackend", "lightning_loader", "lightning_world_size"]
 
@@ -34,10 +34,18 @@ class LightningOpacusBackend(OpacusBackend, LightningHooks):
     @classmethod
     def of(cls, trainer: Any, warn: Any, **kwargs: Any) -> LightningOpacusBackend:
         """The backend of the trainer's ``DPOptimizer`` and loader (TypeError without one)."""
-        return cls(dp_optimizer(trainer.optimizers), lightning_loader(trainer), warn,
-                   world_size=lightning_world_size(trainer), **kwargs)
+        backend = cls(dp_optimizer(trainer.optimizers), lightning_loader(trainer), warn,
+                      world_size=lightning_world_size(trainer), **kwargs)
+        backend.add_logged_seeds(trainer)
+        return backend
+
+    def add_logged_seeds(self, trainer: Any) -> None:
+        """The datamodule's logged seeds count as public too (its ``sampling_seed``)."""
+        self._module_seeds += [s for s in _hparam_seeds(getattr(trainer, "datamodule", None))
+                               if s not in self._module_seeds]
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         """A repeated fit: the canaries go on with the new optimizer."""
+        self.add_logged_seeds(trainer)
         self.bind(dp_optimizer(trainer.optimizers), lightning_loader(trainer),
                   lightning_world_size(trainer))

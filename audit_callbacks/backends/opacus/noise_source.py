@@ -14,6 +14,11 @@ A seed counts as public when it is below 2^32 (``seed_everything`` takes 32-bit 
 64-bit seed drawn from OS entropy falls there with probability 2^-32), equals torch's default
 seed of a new generator, or equals a seed the run logged. One run's releases cannot tell a
 leaked seed apart from fresh entropy, so this is a look at the optimizer, not a statistic.
+
+The same look at the training loader (:func:`batch_source`) says which sampling the claim
+assumes: the accountant's epsilon is amplified by Poisson sampling, which holds only while the
+batches are secret; an Opacus ``DPDataLoader`` whose generator is seeded from a public seed
+publishes them, and the claim for anyone holding that seed is the unamplified one.
 """
 
 from __future__ import annotations
@@ -23,8 +28,10 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 
-__all__ = ["NEW_GENERATOR_SEED", "NoiseSource", "noise_source", "public_seed"]
+__all__ = ["NEW_GENERATOR_SEED", "SECRET_BATCHES", "BatchSource", "NoiseSource", "batch_source",
+           "noise_source", "public_seed"]
 
 #: the initial seed of a ``torch.Generator()`` that was never seeded
 NEW_GENERATOR_SEED = 67280421310721
@@ -32,6 +39,67 @@ NEW_GENERATOR_SEED = 67280421310721
 _FIX = ("draw the noise from a generator seeded from OS entropy: PrivacyEngine(secure_mode=True) "
         "(needs torchcsprng), or make_private(..., noise_generator=torch.Generator(device)"
         ".manual_seed(int.from_bytes(os.urandom(8), 'little')))")
+
+
+#: What the summary says of a loader whose Poisson batches no logged or small seed replays.
+SECRET_BATCHES = "secret Poisson batches (the claim is amplified by sampling)"
+
+
+class BatchSource:
+    """What :func:`batch_source` found.
+
+    Attributes:
+        known: True when the batches replay from a public seed (the amplified claim does not
+            hold for anyone holding it), False when secret, None when not checked.
+        sampling: one sentence for the summary's ``claim_sampling``: which sampling the
+            claim assumes and whether this run's is it.
+    """
+
+    def __init__(self, known: bool | None, sampling: str) -> None:
+        self.known, self.sampling = known, sampling
+
+    def __repr__(self) -> str:
+        return f"BatchSource(known={self.known!r})"
+
+
+def batch_source(loader: Any, *, logged_seeds: Iterable[int] = ()) -> BatchSource:
+    """Whether ``loader``'s Poisson batches (an Opacus ``DPDataLoader``'s
+    ``UniformWithReplacementSampler``) replay from a public seed.
+
+    Args:
+        loader: the training loader (None: not checked).
+        logged_seeds: seeds the run logged (the module's and datamodule's hyperparameters).
+
+    Returns:
+        A :class:`BatchSource`. A generator seeded with a logged seed N reads as
+        :func:`~audit_callbacks.federated.sampling.sampling_mark` marks it (``reproducible from
+        seed N: ...``; N is logged already); one seeded otherwise publicly names no seed.
+    """
+    sampler = getattr(loader, "batch_sampler", None)
+    if loader is None or sampler is None:
+        return BatchSource(None, "not checked: no training loader was found; the claim assumes "
+                                 "secret Poisson batches")
+    if not isinstance(sampler, UniformWithReplacementSampler):
+        return BatchSource(None, f"not checked: the training loader's batches come from "
+                                 f"{type(sampler).__name__}, not Opacus' Poisson sampler; the "
+                                 "accountant's claim assumes secret Poisson batches")
+    generator = getattr(sampler, "generator", None)
+    gen = generator if generator is not None else torch.default_generator
+    try:
+        seed = int(gen.initial_seed())
+    except (AttributeError, RuntimeError):
+        return BatchSource(False, SECRET_BATCHES)
+    logged = {int(s) for s in logged_seeds if isinstance(s, int) and not isinstance(s, bool)}
+    if seed in logged:
+        return BatchSource(True, f"reproducible from seed {seed}: the claim assumes secret "
+                                 "batches and does not hold for anyone holding the logs")
+    if public_seed(seed, logged):
+        origin = ("torch's global generator, seeded with a public seed (seed_everything or "
+                  "torch.manual_seed)" if generator is None else "a generator seeded with a public seed")
+        return BatchSource(True, f"known: the Poisson batches are drawn from {origin}; the claim "
+                                 "assumes secret batches and does not hold for anyone who knows "
+                                 "the seed")
+    return BatchSource(False, SECRET_BATCHES)
 
 
 class NoiseSource:
