@@ -43,7 +43,7 @@ from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, 
 from audit_callbacks.flower import CanaryStrategy, LocalGrid
 from benchmarks._planted import case_result
 
-__all__ = ["CASES", "ReusedNoise", "ServerClip2C", "run"]
+__all__ = ["CASES", "CastNoise", "NoisyFedAvg", "ReusedNoise", "ServerClip2C", "run"]
 
 ROUNDS, CLIENTS, PER_ROUND, CANARIES, Z, CLIP, DELTA = 30, 40, 20, 400, 1.0, 1.0, 1e-5
 LOCAL_STEPS, LR = 5, 0.5
@@ -82,6 +82,35 @@ class ReusedNoise(DifferentialPrivacyServerSideFixedClipping):
             np.random.set_state(state)
 
 
+class NoisyFedAvg(FedAvg):
+    """A DP aggregator that handles integer buffers (Flower's own wrappers cannot clip them):
+    FedAvg plus Gaussian noise of std ``z C / m`` on every array of the aggregate; with
+    ``cast_noise`` the noise is cast to an integer buffer's own dtype (Flower #4868), which
+    rounds it to 0. The replies are not clipped (the canaries are, by CanaryStrategy)."""
+
+    def __init__(self, *args: Any, cast_noise: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.cast_noise = cast_noise
+        self.num_sampled_clients = PER_ROUND  # the noise's divisor, as a DP wrapper names it
+
+    def aggregate_train(self, server_round: int, replies: Any) -> Any:
+        arrays, metrics = super().aggregate_train(server_round, replies)
+        if arrays is None:
+            return arrays, metrics
+        out = {}
+        for key, arr in arrays.items():
+            nd = arr.numpy()
+            if key == "steps" and self.cast_noise:
+                nd = np.rint(nd).astype(np.int64)
+            noise = np.random.normal(0, Z * CLIP / PER_ROUND, nd.shape).astype(nd.dtype)
+            out[key] = Array(np.asarray(nd + noise))
+        return ArrayRecord(out), metrics
+
+
+class CastNoise(NoisyFedAvg):
+    """The planted bug: the noise cast to the integer buffer's dtype (rounded to 0)."""
+
+
 def _shards(seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """Digits split over the clients at random (``seed``): ``(x [n_i, 64] in [0, 1], y [n_i])``."""
     from sklearn.datasets import load_digits
@@ -106,15 +135,19 @@ def _handler(shards: list[tuple[np.ndarray, np.ndarray]], local_steps: int = LOC
             p[np.arange(len(y)), y] -= 1.0
             w -= LR * (p.T @ x) / len(y)
             b -= LR * p.mean(0)
-        out = ArrayRecord({"w": Array(w.astype(np.float32)), "b": Array(b.astype(np.float32))})
+        out = {"w": Array(w.astype(np.float32)), "b": Array(b.astype(np.float32))}
+        if "steps" in arrays:  # an integer buffer: the local steps taken so far (data-dependent)
+            out["steps"] = Array(np.rint(arrays["steps"].numpy()).astype(np.int64) + len(y) // 10)
+        out = ArrayRecord(out)
         return RecordDict({"arrays": out, "metrics": MetricRecord({"num-examples": 1})})
     return handler
 
 
-def run(seed: int, wrapper: type[DifferentialPrivacyServerSideFixedClipping]
-        = DifferentialPrivacyServerSideFixedClipping, *, per_round: int = PER_ROUND,
-        local_steps: int = LOCAL_STEPS) -> dict[str, Any]:
-    """One seed of the set-up above with ``wrapper`` (Flower's or :class:`ServerClip2C`)."""
+def run(seed: int, wrapper: type[Any] = DifferentialPrivacyServerSideFixedClipping, *,
+        per_round: int = PER_ROUND, local_steps: int = LOCAL_STEPS) -> dict[str, Any]:
+    """One seed of the set-up above with ``wrapper`` (Flower's DP wrapper or a planted one), or
+    with :class:`NoisyFedAvg` / :class:`CastNoise` (a model with an integer buffer, the
+    aggregator adding the noise; ``CanaryStrategy`` is told z and C)."""
     start = time.perf_counter()
     logging.getLogger("flwr").setLevel(logging.ERROR)
     torch.set_num_threads(1)
@@ -122,11 +155,19 @@ def run(seed: int, wrapper: type[DifferentialPrivacyServerSideFixedClipping]
     np.random.seed(10_000 + seed)  # the DP wrapper's noise (reproducible on purpose, see above)
     fraction = per_round / (CLIENTS + CANARIES)
     fedavg = FedAvg(fraction_train=fraction, fraction_evaluate=0.0, min_available_nodes=CLIENTS)
-    dp = wrapper(fedavg, Z, CLIP, per_round)
-    init = ArrayRecord({"w": Array(np.zeros((10, 64), np.float32)), "b": Array(np.zeros(10, np.float32))})
+    arrays = {"w": Array(np.zeros((10, 64), np.float32)), "b": Array(np.zeros(10, np.float32))}
+    extra: dict[str, Any] = {}
+    if issubclass(wrapper, NoisyFedAvg):  # the aggregator itself adds the noise
+        dp = wrapper(fraction_train=fraction, fraction_evaluate=0.0, min_available_nodes=CLIENTS,
+                     cast_noise=wrapper is CastNoise)
+        arrays["steps"] = Array(np.zeros(1, np.int64))
+        extra = {"noise_multiplier": Z, "clip_norm": CLIP}
+    else:
+        dp = wrapper(fedavg, Z, CLIP, per_round)
+    init = ArrayRecord(arrays)
     with tempfile.TemporaryDirectory() as root:
         strategy = CanaryStrategy(dp, num_canaries=CANARIES, seed=seed, delta=DELTA, bootstrap=100,
-                                  log_dir=root, log_histograms=False, every_n_rounds=ROUNDS)
+                                  log_dir=root, log_histograms=False, every_n_rounds=ROUNDS, **extra)
         strategy.start(LocalGrid(CLIENTS, _handler(_shards(seed), local_steps)), init, num_rounds=ROUNDS)
         with open(strategy.summary_path, encoding="utf-8") as fh:
             summary = json.load(fh)
@@ -137,6 +178,8 @@ CASES: dict[str, Callable[[int], dict[str, Any]]] = {
     "flower_correct": lambda seed: run(seed, DifferentialPrivacyServerSideFixedClipping),
     "flower_clip_2c": lambda seed: run(seed, ServerClip2C),
     "flower_reused_noise": lambda seed: run(seed, ReusedNoise),
+    "flower_int_buffer_correct": lambda seed: run(seed, NoisyFedAvg),
+    "flower_int_buffer_noise_cast": lambda seed: run(seed, CastNoise),
     "flower_small_cohort_correct": lambda seed: run(seed, per_round=10),
     "flower_more_local_steps_correct": lambda seed: run(seed, local_steps=20),
 }
