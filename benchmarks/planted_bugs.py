@@ -10,17 +10,22 @@ about (issue 25):
 * ``fedavg_clip_2c``: DP-FedAvg clips client updates at 2C, noise at z C;
 * ``flower_clip_2c``: a Flower server-side DP wrapper clips at 2C and adds noise for C;
 
-and ``*_correct`` the same set-ups without the bug. A run is *flagged* when the verdict of any
-threat model is ``suspicious`` (the estimate's 95% interval lies above the claimed, analytic,
-epsilon) or ``violation`` (the valid 95% lower bound exceeds it); see
-``docs/methods/verdicts.md``. Target (issue 25): every bug flagged in >= 95% of its seeds,
+the classes the checks of the mechanism meet (``docs/methods/mechanism_checks.md``): noise reused
+across steps or rounds (``*_reused_noise``), a layer, bias or integer buffer without noise
+(``*_layer_without_noise``, ``fedavg_bias_without_noise``, ``flower_int_buffer_noise_cast``),
+shuffled batches under Poisson accounting (``*_shuffled_batches``) and noise from a publicly
+seeded generator (``opacus_seeded_global_generator``); and ``*_correct`` the set-ups without a
+bug, in several configurations each. A run is *flagged* when any verdict (a threat model's or
+the checks of the mechanism') is ``suspicious``, ``violation`` or ``unproven``, or the summary
+says the noise is replayable from a public seed; see ``docs/methods/verdicts.md``. Target (issue 25): every bug flagged in >= 95% of its seeds,
 correct runs in <= 5%. Rates carry exact (Clopper-Pearson) 95% intervals. A false-alarm rate
 near 5% cannot be told from 10% with 20 runs (a calibrated 95% interval lies wholly above a
 correct claim 2.5% of the time, and then 2 or more of 20 runs are flagged with probability
 0.09), so the correct set-ups run ``--correct-seeds`` (default 60) seeds; the rate over their
 first 20 is reported beside it (``first_20``).
 
-The cases live in ``planted_opacus.py``, ``planted_fedavg.py`` and ``planted_flower.py``
+The cases live in ``planted_opacus.py``, ``planted_lightning.py``, ``planted_fedavg.py`` and
+``planted_flower.py``
 (``CASES: name -> run(seed) -> dict``). Writes ``results/planted_bugs.json``.
 
     python benchmarks/planted_bugs.py                 # 20 seeds per bug, 60 per correct set-up
