@@ -50,7 +50,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:.*(backward hook|does not have m
 FORBIDDEN_KEYS = {"accuracy_batch", "batch_size", "history", "count_history", "client", "client_id",
                   "examples", "norm_g1", "norm_g2", "cosine_g1_g2", "client_loss"}
 #: names that start with a forbidden one and are aggregates over many clients, none attributed
-AGGREGATES = {"client_updates_at_clip", "client_update_norms"}
+AGGREGATES = {"client_updates_at_clip", "client_update_norms", "batch_size_variance_ratio"}
 
 
 def _private(name, allowed=frozenset()):
@@ -220,3 +220,37 @@ def test_the_ldp_example_leaves_no_real_example_in_any_artifact(tmp_path):
             assert not {"epsilon0_expected", "seed"} & set(rec["epsilon0"]["details"]), rec
     with open(next(p for p in docs if p.endswith("ldp_audit.csv")), encoding="utf-8") as fh:
         assert "epsilon0_expected" not in fh.readline()
+
+
+def _load_example(name):
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    spec = importlib.util.spec_from_file_location(f"{name}_scan", os.path.join(root, "examples", f"{name}.py"))
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    return example
+
+
+def test_the_demo_leaves_no_real_client_in_any_artifact(tmp_path):
+    """``make demo`` (examples/federated_canary_audit.py), a short run: no real client's id,
+    size, norm or loss in its summary, report, hparams or TensorBoard events."""
+    example = _load_example("federated_canary_audit")
+    example.main(["--rounds", "6", "--rounds-per-epoch", "3", "--clients", "40", "--clients-per-round", "8",
+                  "--canaries", "40", "--model", "mlp", "--log-dir", str(tmp_path)])
+    docs, events = _artifacts(tmp_path)
+    assert any(p.endswith("audit_summary.json") for p in docs) and events
+    assert _forbidden(docs, events) == []
+
+
+def test_the_dpsgd_label_example_leaves_no_label_oracle_in_any_artifact(tmp_path):
+    """examples/dpsgd_label_audit.py's audited run (--quick): no per-step attack accuracy,
+    batch size or example in any artifact."""
+    example = _load_example("dpsgd_label_audit")
+    args = example.parse_args(["--quick", "--out", str(tmp_path)])
+    example.audited_run(args)
+    docs, events = _artifacts(tmp_path)
+    assert any(p.endswith("_summary.json") for p in docs)
+    # the canary statistic's "history" is the accountant's (noise multiplier, rate, steps) runs:
+    # the run's public settings, not a per-step record of examples
+    found = [f for f in _forbidden(docs, events)
+             if not (f.split(":")[0].endswith("audit_summary.json") and f.endswith(".details.history"))]
+    assert found == []

@@ -150,3 +150,15 @@ def test_positive_control_reproducible_cohorts_replay_from_their_logged_seed():
     sampler = CohortSampler(50, 5, "shuffle", seed=9)
     cohorts = [(50, 5, "shuffle", sampler.sample().tolist()) for _ in range(6)]
     assert max(_cohorts_replayed(cohorts, s) for s in seeds) == 6
+
+
+def test_the_flower_example_seeds_no_global_generator():
+    """examples/flower_canary_audit.py: Flower's FedAvg draws its cohorts from Python's
+    ``random`` and the DP wrapper its noise from numpy's global generator, both seeded from OS
+    entropy at start-up; the example must seed neither (nor draw the clients' local batches from
+    a logged integer)."""
+    with open(os.path.join(EXAMPLES, "flower_canary_audit.py"), encoding="utf-8") as fh:
+        code = fh.read()
+    for call in ("random.seed(", "np.random.seed(", "numpy.random.seed("):
+        assert call not in code, call
+    assert "os.urandom" in code  # the clients' local batches
