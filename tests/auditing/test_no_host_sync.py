@@ -252,6 +252,9 @@ class _Backend:
     def summary_status(self):
         return {}
 
+    def claim(self, delta):
+        return {}
+
 
 def test_the_non_finite_warning_names_the_first_bad_release_and_its_labels_stay_bounded(monkeypatch):
     from audit_callbacks.auditing import auditor as auditor_module
