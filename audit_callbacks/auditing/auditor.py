@@ -575,8 +575,11 @@ class CanaryAuditor:
             self._sink(sink.scalars, report.scalars(), step)
             text = getattr(sink, "text", None)
             if text is not None:
-                self._sink(text, {f"{names.FAMILY_AUDIT}/verdict_{tm}_sentence": sentence
-                                  for tm, (_, sentence) in report.verdicts().items()}, step)
+                sentences = {f"{names.FAMILY_AUDIT}/verdict_{tm}_sentence": sentence
+                             for tm, (_, sentence) in report.verdicts().items()}
+                sentences[f"{names.FAMILY_AUDIT}/{names.VERDICT_MECHANISM}_sentence"] = \
+                    report.mechanism_verdict()[1]
+                self._sink(text, sentences, step)
             if histograms:
                 self._sink(sink.histograms, {f"{names.FAMILY_AUDIT}/cosine_{key}": value
                                              for key, value in report.statistics.items()}, step)

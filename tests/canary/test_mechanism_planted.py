@@ -206,6 +206,17 @@ def test_the_verdict_names_the_failed_check(tmp_path):
     assert summary["verdict_mechanism"] == "violation"
     assert summary["verdict_all_iterates"] == "violation" and "repeats" in summary["verdict_all_iterates_sentence"]
     assert summary["results"]["fresh_noise_ratio"]["details"]["rejected"] is True
+    # TensorBoard's Text tab holds the mechanism's sentence beside the threat models'
+    import glob
+    import os
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = glob.glob(os.path.join(str(tmp_path), "**", "events.out.tfevents*"), recursive=True)
+    texts = set()
+    for path in events:
+        texts |= set(EventAccumulator(path).Reload().Tags()["tensors"])
+    assert "audit/verdict_mechanism_sentence/text_summary" in texts, texts
 
 
 def test_shuffled_batches_make_the_claim_unproven():
