@@ -19,6 +19,7 @@ canaries that would lift it to 0.35 of the reference are given where the cap bin
 
     PYTHONPATH=. python benchmarks/tightness.py            # the full table (~10 min, 2 cores)
     PYTHONPATH=. python benchmarks/tightness.py --quick    # one seed, fewer rounds
+    PYTHONPATH=. python benchmarks/tightness.py --seeds 6  # six seeds of every setting
 
 Writes ``benchmarks/results/tightness.json``.
 """
@@ -157,10 +158,16 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = parser(__doc__, quick="one seed, 40 rounds, 10 epochs")
     add_accelerator_argument(p)
+    p.add_argument("--seeds", type=int, default=None,
+                   help="seeds per setting (default: 3 for DP-FedAvg, 2 for DP-SGD; 1 with --quick)")
     args = p.parse_args(argv)
     quiet()
     torch.set_num_threads(1)
     seeds_fl, seeds_sgd = ([0], [0]) if args.quick else ([0, 1, 2], [0, 1])
+    if args.seeds is not None:
+        if args.seeds < 1:
+            p.error("--seeds must be >= 1")
+        seeds_fl = seeds_sgd = list(range(args.seeds))
     rounds, epochs = (40, 10) if args.quick else (100, 30)
     rows: list[dict[str, Any]] = []
     start = time.perf_counter()

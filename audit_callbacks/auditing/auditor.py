@@ -39,6 +39,7 @@ from audit_callbacks import names
 from audit_callbacks.auditing.checksum import CHECKSUM_KEY, field_digests, verify
 from audit_callbacks.auditing.config import CanaryAuditConfig
 from audit_callbacks.auditing.output import AuditOutput, ReportSection
+from audit_callbacks.auditing.plan import plan_entries
 from audit_callbacks.auditing.report import REFERENCES, CanaryReport, summary_json
 from audit_callbacks.canary.base import (
     CanaryStatistic,
@@ -163,6 +164,9 @@ class CanaryAuditor:
         #: tensor on the delta's device, read back at the check)
         self._unchecked: list[tuple[str, torch.Tensor]] = []
         self._nan_warned = False
+        #: the audit's plan (:mod:`audit_callbacks.auditing.plan`; None: ``plan_reason``)
+        self.plan: Any = None
+        self.plan_reason, self.plan_line = "not planned", ""
         backend.attach(self)
 
     def _resolve_counts(self, config: CanaryAuditConfig, dim: int,
@@ -630,10 +634,11 @@ class CanaryAuditor:
             **self.backend.summary_inputs(),
             **({} if sampling is None else {"claim_sampling": sampling}),
         }
-        return {**summary_json(report or self.last_report, stale=stale, skip_reason=self.skip_reason,
-                               inputs=inputs, gradients=self.backend.sign < 0, callback=self.name,
-                               status=status),
-                **claim, **self.backend.summary_status()}
+        out = {**summary_json(report or self.last_report, stale=stale, skip_reason=self.skip_reason,
+                              inputs=inputs, gradients=self.backend.sign < 0, callback=self.name,
+                              status=status),
+               **claim, **self.backend.summary_status()}
+        return {**out, **plan_entries(self.plan, self.plan_reason, out)}
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:

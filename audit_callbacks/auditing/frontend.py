@@ -9,7 +9,8 @@ from typing import Any
 
 from audit_callbacks.auditing.auditor import CanaryAuditor
 from audit_callbacks.auditing.config import CanaryAuditConfig
-from audit_callbacks.auditing.output import AuditOutput, ReportSection
+from audit_callbacks.auditing.output import AuditOutput, ReportSection, default_info
+from audit_callbacks.auditing.plan import announce_plan
 from audit_callbacks.auditing.report import CanaryReport
 
 __all__ = ["AuditFrontEnd"]
@@ -28,7 +29,8 @@ class AuditFrontEnd:
         self.auditor: CanaryAuditor | None = None
         self._state: dict[str, Any] | None = None
         #: the audit's output path (the subclass sets ``summary_filename`` and binds it)
-        self.output = self.output_type(self.name, emit=self._emit, section=self._report_section)
+        self.output = self.output_type(self.name, emit=self._emit, section=self._report_section,
+                                       info=self._info)
         self.summary_path: str | None = None  #: the summary JSON written at the end
 
     @property
@@ -42,6 +44,17 @@ class AuditFrontEnd:
 
     def _emit(self, message: str) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def _info(self, message: str) -> None:
+        """A line of information (the plan at fit start, the report's path at the end), not a
+        warning; a front end gives it through its framework's logger."""
+        default_info(message)
+
+    def _plan(self, steps: int | None) -> None:
+        """Plan the audit once, from the run's settings and its planned ``steps`` (rounds):
+        the plan's line is given as information and kept for the summary and the report."""
+        if self.auditor is not None and announce_plan(self.auditor, steps):
+            self._info(f"{self.name}: {self.auditor.plan_line}")
 
     def _warn(self, key: str, message: str) -> None:
         """Warn once per ``key`` (through the output path)."""
@@ -57,6 +70,13 @@ class AuditFrontEnd:
         if self._state is not None and self.auditor is not None:
             state, self._state = self._state, None
             self.auditor.load_state_dict(state)
+
+    @property
+    def report_path(self) -> str | None:
+        """The run's ``audit_report.html`` once written (printed then as ``audit report:
+        <path>``), else None."""
+        paths = self.output.report_paths
+        return None if paths is None else paths[0]
 
     @property
     def backend(self) -> Any:

@@ -25,6 +25,7 @@ A write that fails is warned about and never raises out of the training.
 from __future__ import annotations
 
 import math
+import sys
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -33,8 +34,8 @@ from typing import Any
 from audit_callbacks import names
 from audit_callbacks.estimators.result import AuditResult
 
-__all__ = ["SCHEMA", "AuditOutput", "AuditRun", "ReportSection", "result_entry", "summary_document",
-           "validate_summary"]
+__all__ = ["SCHEMA", "AuditOutput", "AuditRun", "ReportSection", "default_info", "result_entry",
+           "summary_document", "validate_summary"]
 
 #: The summary schema's name and version (the ``schema`` key of every summary).
 SCHEMA = "audit_callbacks.summary/1"
@@ -209,6 +210,12 @@ def _default_emit(message: str, category: type[Warning] = UserWarning) -> None:
     warnings.warn(message, category, stacklevel=3)
 
 
+def default_info(message: str) -> None:
+    """A line of information for the person running the training (the plan, the report's
+    path): to standard error, where a terminal shows it whether or not logging is set up."""
+    print(message, file=sys.stderr, flush=True)
+
+
 class AuditOutput:
     """One audit's output path, composed by its front end.
 
@@ -220,15 +227,18 @@ class AuditOutput:
             front end warns with its own categories.
         section: the audit's report section now (None: nothing to report yet).
         text_tag: where a warning is also written as TensorBoard text (None: nowhere).
+        info: how a line of information is given, ``info(message)`` (the report's path;
+            Lightning's ``rank_zero_info``, Flower's logger; default :func:`default_info`).
     """
 
     def __init__(self, audit: str, summary_filename: str | None = None, *,
                  emit: Callable[[str], None] | None = None,
                  section: Callable[[], ReportSection | None] | None = None,
-                 text_tag: str | None = None) -> None:
+                 text_tag: str | None = None, info: Callable[[str], None] | None = None) -> None:
         self.audit = audit
         self.summary_filename = summary_filename
         self._emit = emit or _default_emit
+        self.info = info or default_info
         self._section = section
         self.text_tag = text_tag
         self.warned: set[str] = set()
@@ -342,7 +352,10 @@ class AuditOutput:
         None."""
         if self.run is None or status != "complete":
             return None
-        return self.run.finish(self)
+        paths = self.run.finish(self)
+        if paths is not None:  # written now (rank zero only): say where, once
+            self.info(f"audit report: {paths[0]}")
+        return paths
 
     def finish(self, summary: Mapping[str, Any] | None, status: str = "complete") -> str | None:
         """:meth:`write_summary` then :meth:`done`: a front end's end (fit end, or a signal's

@@ -9,11 +9,12 @@ statistics, report and summary, and its :class:`~audit_callbacks.auditing.output
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from audit_callbacks.auditing import CanaryAuditConfig
 from audit_callbacks.auditing.auditor import audit_settings, check_identity, check_settings
@@ -74,6 +75,9 @@ class CanaryAudit(AuditFrontEnd, FederatedAuditHooks, Callback):
     def _emit(self, message: str) -> None:
         rank_zero_warn(message, category=UserWarning)
 
+    def _info(self, message: str) -> None:
+        rank_zero_info(message)
+
     def _bind(self, trainer: pl.Trainer, pl_module: Any) -> None:
         name = f"canary(seed={self.config.seed}, k={self.config.num_canaries})"
         if self.auditor is None:
@@ -94,6 +98,7 @@ class CanaryAudit(AuditFrontEnd, FederatedAuditHooks, Callback):
         self._open(None)  # a checkpoint's state
         assert self.auditor is not None
         self.auditor.start()
+        self._plan(_planned_steps(trainer))
         self.output.layout(self.auditor.layout())
         if not trainer.loggers:
             self._warn("nologger", "CanaryAudit: no logger is attached, so estimates are not logged; "
@@ -162,3 +167,13 @@ class CanaryAudit(AuditFrontEnd, FederatedAuditHooks, Callback):
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit" and self.auditor is not None:
             self.auditor.backend.detach()
+
+
+def _planned_steps(trainer: pl.Trainer) -> int | None:
+    """The steps (DP-SGD) or rounds (DP-FedAvg) the fit will take: the trainer's
+    ``estimated_stepping_batches`` (None where it cannot tell: an open-ended run)."""
+    try:
+        total = float(trainer.estimated_stepping_batches)
+    except Exception:  # noqa: BLE001 - no plan rather than a failed fit
+        return None
+    return int(total) if math.isfinite(total) and total >= 1 else None

@@ -157,7 +157,8 @@ class AuditPlan:
         """One line for the fit-start log."""
         head = (f"plan: k = {self.num_canaries} canaries can show a valid epsilon of at most "
                 f"{self.ceiling:.2f} (delta = {self.delta:g}); a correct run's estimate/claim "
-                f"ratio is expected in [{self.ratio_low:.2f}, {self.ratio_high:.2f}]")
+                f"ratio is expected in [{self.ratio_low:.2f}, {self.ratio_high:.2f}] "
+                f"({100 * self.coverage:.0f}% of correct runs)")
         if not self.bugs_searched:
             return head
         if self.reference_epsilon >= self.ceiling:
@@ -303,9 +304,10 @@ def _estimates(s: dict[str, Any], dr: _Draws) -> tuple[np.ndarray, np.ndarray]:
         r_in = dr.n.sum(axis=1).astype(float)
         r_out = float(s["ku"] * s["steps"])
         assert dr.z_mu is not None
-        mean_in = 1.0 / s["sigma"] + dr.z_mu[:, 0] / np.sqrt(np.maximum(r_in, 1.0))
-        mean_out = dr.z_mu[:, 1] / math.sqrt(r_out)
-        sd_out = np.sqrt(stats.chi2.ppf(stats.norm.cdf(dr.z_mu[:, 2]), r_out - 1) / (r_out - 1))
+        scale = math.sqrt(s["sigma"] ** 2 + s["cross"]) / s["sigma"]  # y's sd in noise sds
+        mean_in = 1.0 / s["sigma"] + scale * dr.z_mu[:, 0] / np.sqrt(np.maximum(r_in, 1.0))
+        mean_out = scale * dr.z_mu[:, 1] / math.sqrt(r_out)
+        sd_out = scale * np.sqrt(stats.chi2.ppf(stats.norm.cdf(dr.z_mu[:, 2]), r_out - 1) / (r_out - 1))
         mu = np.sqrt(rmax) * (mean_in - mean_out) / sd_out
         return gaussian_epsilon_array(np.maximum(mu, 0.0), delta), rmax
     for i in range(reps):
@@ -386,6 +388,7 @@ def plan_audit(
     bisection_steps: int = 6,
     search_bugs: bool = True,
     participation: str = "poisson",
+    real_per_step: float = 0.0,
     seed: int = 0,
 ) -> AuditPlan:
     """Plan a canary audit before training: its ceiling, expected ratio and power.
@@ -421,6 +424,13 @@ def plan_audit(
         participation: "poisson" (default: each canary drawn independently at rate q every
             step or round, what the accountants assume) or "fixed" (a shuffled schedule: every
             canary takes part in floor(T q) or ceil(T q) steps, T q on average).
+        real_per_step: R >= 0, the expected real contributions (clipped examples for DP-SGD,
+            clients for DP-FedAvg) summed with the canaries in a step or round. Each is a
+            clipped vector of norm at most C in a direction independent of the canary, so the
+            real sum's projection on a canary adds R / n to the per-step variance (units of
+            C^2; n = d for Gaussian canaries, 2^floor(log2 d) for Hadamard ones): to the
+            unobserved canaries' scores as well, which the estimators normalise by, so it
+            lowers the estimate. 0 (default): the real data is orthogonal to the canaries.
         seed: seed of the simulation (and of the valid bounds' emulated pool).
 
     Returns:
@@ -455,6 +465,7 @@ def plan_audit(
     search = check_flag(search_bugs, "search_bugs")
     part = check_choice(participation, "participation", _PARTICIPATION)
     sd = check_seed(seed)
+    real = check_real(real_per_step, "real_per_step", low=0.0)
     ref = None if reference_epsilon is None else check_positive(reference_epsilon,
                                                                 "reference_epsilon")
     if ref is None and not (tr == "dpfedavg" and tm == "all_iterates"):
@@ -473,7 +484,8 @@ def plan_audit(
     s = {"k": k, "ku": ku, "dim": d, "steps": t, "q": q, "sigma": sigma, "delta": dl,
          "alpha": a, "training": tr, "threat_model": tm, "methods": meths, "seed": sd,
          "participation": part,
-         "cross": q * k / d if kind == "gaussian" and tr == "dpsgd" else 0.0}
+         "cross": (q * k / d if kind == "gaussian" and tr == "dpsgd" else 0.0)
+         + real / (d if kind == "gaussian" else 1 << int(math.floor(math.log2(d))))}
 
     ceiling, winner = _ceiling(k, ku, a, dl, meths, sd)
 

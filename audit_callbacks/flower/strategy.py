@@ -69,6 +69,9 @@ class CanaryStrategy(AuditFrontEnd, Strategy):
     def _emit(self, message: str) -> None:
         LOGGER.log(WARNING, message)
 
+    def _info(self, message: str) -> None:
+        LOGGER.log(INFO, message)
+
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         """At the first round, make the canaries; then sample real and canary nodes."""
@@ -78,7 +81,9 @@ class CanaryStrategy(AuditFrontEnd, Strategy):
             self.auditor.start(self.auditor.backend.layout.flatten(arrays))
             self.sink.layout(self.auditor.layout(), self.summary_filename)  # checks it is writable
         self._open(None)  # a state loaded since
-        return self.auditor.backend.configure_train(server_round, arrays, config, grid)
+        messages = self.auditor.backend.configure_train(server_round, arrays, config, grid)
+        self._plan(self.num_rounds)  # once the cohorts' sizes are known
+        return messages
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:

@@ -48,6 +48,24 @@ NOISE_SCALE_RATIO = "noise_scale_ratio"
 FRESH_NOISE_RATIO = "fresh_noise_ratio"
 BATCH_SIZE_VARIANCE_RATIO = "batch_size_variance_ratio"
 VERDICT_MECHANISM = "verdict_mechanism"
+#: the audit's plan (summary keys, ``audit_callbacks.auditing.plan``)
+PLAN_STATUS = "plan_status"
+PLAN_CEILING = "plan_ceiling"
+PLAN_RATIO_LOW = "plan_ratio_low"
+PLAN_RATIO_MEDIAN = "plan_ratio_median"
+PLAN_RATIO_HIGH = "plan_ratio_high"
+PLAN_COVERAGE = "plan_coverage"
+PLAN_REFERENCE = "plan_reference_epsilon"
+PLAN_CLIP_FACTOR = "plan_clip_factor"
+PLAN_NOISE_FACTOR = "plan_noise_factor"
+PLAN_SENTENCE = "plan_sentence"
+PLAN_RATIO_READING = "plan_ratio_reading"
+#: the watched series' valid bounds (each point at the level spent for it), apart from the
+#: fit-end bounds at plain alpha
+EPSILON_LOWER_BOUND_ALL_ITERATES_WATCHED = "epsilon_lower_bound_all_iterates_watched"
+EPSILON_LOWER_BOUND_FINAL_MODEL_WATCHED = "epsilon_lower_bound_final_model_watched"
+EPSILON_GDP_LOWER_BOUND_ALL_ITERATES_WATCHED = "epsilon_gdp_lower_bound_all_iterates_watched"
+EPSILON_GDP_LOWER_BOUND_FINAL_MODEL_WATCHED = "epsilon_gdp_lower_bound_final_model_watched"
 
 # -- label callbacks (label_attack, label_dp, fl_label_attack) ------------------------------------
 ACCURACY = "accuracy"

@@ -63,6 +63,8 @@ class OpacusCanaryAudit(AuditFrontEnd):
             steps (None: only at :meth:`write`). An estimate costs O(k d) time.
         summary_filename, log_histograms, log_figures: the summary's name; TensorBoard
             extras (cosine histograms, density figures).
+        steps: the logical steps the training will take, for the audit's plan (its line is
+            printed now; None: planned at the first :meth:`write` from the steps so far).
         **config: :class:`~audit_callbacks.auditing.CanaryAuditConfig`'s keyword arguments
             (``num_unobserved``, ``canaries``, ``seed``, ``delta`` (default 1e-5),
             ``alpha``, ``bootstrap``, ``sample_rate``, ``max_buffered_rounds``).
@@ -79,7 +81,7 @@ class OpacusCanaryAudit(AuditFrontEnd):
     def __init__(self, optimizer: Any, *, data_loader: Any = None, num_canaries: int | None = None,
                  log_dir: str | os.PathLike[str] | None = None, every_n_steps: int | None = None,
                  summary_filename: str = "audit_summary.json", log_histograms: bool = True,
-                 log_figures: bool = True, **config: Any) -> None:
+                 log_figures: bool = True, steps: int | None = None, **config: Any) -> None:
         super().__init__()
         opt = find_dp_optimizer([optimizer])
         if opt is None:
@@ -114,6 +116,7 @@ class OpacusCanaryAudit(AuditFrontEnd):
         assert self.auditor is not None
         self.auditor.start()  # theta_0: the model now
         self._install_step()
+        self._plan(check_optional_count(steps, "steps", minimum=1))  # unknown: at the first write
 
     # ------------------------------------------------------------------ the optimizer
     def _emit(self, message: str) -> None:
@@ -175,7 +178,8 @@ class OpacusCanaryAudit(AuditFrontEnd):
             log_dir: the folder (None: the constructor's ``log_dir``).
 
         Returns:
-            The summary's path (None when it could not be written: warned).
+            The summary's path (None when it could not be written: warned); the report's,
+            printed as ``audit report: <path>``, is :attr:`report_path`.
 
         Raises:
             ValueError: no ``log_dir`` here nor at construction.
@@ -184,6 +188,7 @@ class OpacusCanaryAudit(AuditFrontEnd):
         if directory is None:
             raise ValueError(f"{self.name}.write: log_dir is None here and at construction")
         sink = self._sink(directory)
+        self._plan(self.steps)  # a run whose length was not given: planned now
         self.output.bind_directory(directory, sink)
         self.summary_path = self.auditor.finish(
             step=self.steps, output=self.output, histograms=self.log_histograms,

@@ -1,0 +1,170 @@
+"""The audit plan of a run: its settings read from the auditor's backend, handed to
+:func:`~audit_callbacks.estimators.planner.plan_audit`, and the plan's summary entries.
+
+Every front end plans once, at fit start where the run's length is known (Lightning: the
+trainer's ``estimated_stepping_batches``; Flower: ``num_rounds``; the plain Opacus loop: a
+``steps`` given by the user, else at the first :meth:`write`, from the steps taken so far), logs
+the plan's one line (:meth:`AuditPlan.summary`) as information, not a warning, and the auditor
+keeps it for the summary (``plan_*`` keys, :func:`plan_entries`) and the report, which reads the
+measured ratio against it (:meth:`AuditPlan.read_ratio`).
+
+What is read (the numbers that matter to the statistic's law, ``docs/methods/planner.md``):
+
+* k, k', d, the canary kind, delta and alpha: the auditor's;
+* DP-SGD (a :class:`~audit_callbacks.canary.base.NoisySum` release): the noise multiplier, the
+  canaries' rate q, and the claim, the run's accountant's epsilon (PRV or RDP, as the run's) of
+  T steps at (sigma, q); the expected real batch q N;
+* DP-FedAvg (:class:`~audit_callbacks.canary.base.NoisyAverageDelta`, a module with
+  ``clients_per_round``, or the Flower backend's ``inputs``): z, q = m / (N + k) (``repeats``:
+  a fixed schedule of ``repeats`` rounds a canary), participation ``fixed`` for a shuffled
+  schedule; the claim is the planner's (the Gaussian mechanism over the most-sampled canary's
+  rounds);
+* the range read is the 95% one (:data:`PLAN_COVERAGE`): at 90% a correct run falls outside
+  one time in ten by design, and the law leaves out the real gradients' feedback on the
+  canary directions (``docs/methods/planner.md``, §3).
+
+The bug search (the slow part) runs only where it is cheap (k' at most
+:data:`BUG_SEARCH_MAX_UNOBSERVED`); otherwise the plan says how to get it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from audit_callbacks import names
+from audit_callbacks.canary.base import NoisyAverageDelta, NoisySum
+from audit_callbacks.estimators.planner import AuditPlan, plan_audit
+
+__all__ = ["BUG_SEARCH_MAX_UNOBSERVED", "PLAN_COVERAGE", "announce_plan", "plan_entries", "plan_for",
+           "plan_line", "plan_settings"]
+
+#: The coverage of the ratio range a run is read against.
+PLAN_COVERAGE = 0.95
+#: The bug search runs at fit start only up to this many unobserved canaries (about 2 s at
+#: k = k' = 200; 30 s at k' = 100,000).
+BUG_SEARCH_MAX_UNOBSERVED = 2000
+_UNKNOWN_LENGTH = "the run's length is unknown"
+
+
+def plan_settings(auditor: Any, steps: int | None) -> tuple[dict[str, Any] | None, str]:
+    """``plan_audit``'s keyword arguments for this run, or ``(None, reason)``.
+
+    Args:
+        auditor: the :class:`~audit_callbacks.auditing.CanaryAuditor`.
+        steps: T, the planned DP-SGD steps or DP-FedAvg rounds (None or < 1: unknown).
+    """
+    if steps is None or not math.isfinite(steps) or steps < 1:
+        return None, _UNKNOWN_LENGTH
+    backend = auditor.backend
+    model = backend.release_model(auditor.config.canaries)
+    k, ku = int(auditor.num_canaries), int(auditor.num_unobserved)
+    if k < 2 or ku < 2:
+        return None, "fewer than 2 observed or unobserved canaries"
+    base: dict[str, Any] = {
+        "num_canaries": k, "num_unobserved": ku, "dim": int(auditor.stats.dim),
+        "steps": int(steps), "delta": float(auditor.delta), "alpha": float(auditor.config.alpha),
+        "canaries": auditor.config.canaries, "coverage": PLAN_COVERAGE, "seed": int(auditor.config.seed),
+    }
+    if isinstance(model, NoisySum):
+        return _dpsgd(backend, model, base)
+    if isinstance(model, NoisyAverageDelta):
+        return _fedavg(backend, model, base, k)
+    return None, getattr(model, "reason", "no statistic matched to the claim")
+
+
+def _dpsgd(backend: Any, model: NoisySum, base: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    injector = getattr(backend, "injector", None)
+    rate = getattr(injector, "sample_rate", None)
+    sigma = float(model.noise_multiplier)
+    if rate is None or sigma <= 0:
+        return None, "no sampling rate or no noise"
+    from audit_callbacks.backends.opacus.accounting import analytic_epsilons
+
+    eps = analytic_epsilons([(sigma, float(rate), int(base["steps"]))], base["delta"])
+    kind = type(getattr(backend, "accountant", None)).__name__
+    claim = eps["rdp"] if kind == "RDPAccountant" or eps["prv"] is None else eps["prv"]
+    if claim is None or not math.isfinite(claim) or claim <= 0:
+        return None, "the accountant gives no epsilon for these settings"
+    population = getattr(backend, "population", None) or 0
+    return {**base, "training": "dpsgd", "sample_rate": float(rate), "noise_multiplier": sigma,
+            "reference_epsilon": float(claim), "real_per_step": float(rate) * population}, ""
+
+
+def _fedavg(backend: Any, model: NoisyAverageDelta, base: dict[str, Any], k: int
+            ) -> tuple[dict[str, Any] | None, str]:
+    if base["canaries"] != "hadamard":
+        return None, "the known-rounds statistic needs Hadamard canaries"
+    module = getattr(backend, "module", None)
+    inputs = getattr(backend, "inputs", None) or {}
+    m = getattr(module, "clients_per_round", None) or inputs.get("clients_per_round")
+    real = getattr(module, "num_real_clients", None) or getattr(backend, "population", None)
+    if not m or not real:
+        return None, "the cohort size or the number of real clients is unknown"
+    steps = int(base["steps"])
+    repeats = getattr(backend, "repeats", None)
+    if repeats:
+        rate, participation = min(1.0, int(repeats) / steps), "fixed"
+    else:
+        rate = inputs.get("sample_rate") or min(1.0, float(m) / (float(real) + k))
+        participation = "fixed" if getattr(module, "sampling", None) == "shuffle" else "poisson"
+    return {**base, "training": "dpfedavg", "sample_rate": float(rate),
+            "noise_multiplier": float(model.noise_multiplier), "participation": participation,
+            "real_per_step": float(m) * float(real) / (float(real) + k)}, ""
+
+
+def plan_for(auditor: Any, steps: int | None) -> tuple[AuditPlan | None, str]:
+    """The run's plan (the bug search only where k' <= :data:`BUG_SEARCH_MAX_UNOBSERVED`), or
+    ``(None, reason)``: unknown settings, or the planner refused them (its ValueError's
+    message)."""
+    kwargs, reason = plan_settings(auditor, steps)
+    if kwargs is None:
+        return None, reason
+    try:
+        plan = plan_audit(**kwargs, search_bugs=kwargs["num_unobserved"] <= BUG_SEARCH_MAX_UNOBSERVED)
+    except ValueError as err:
+        return None, str(err)
+    return plan, ""
+
+
+def announce_plan(auditor: Any, steps: int | None) -> bool:
+    """Plan ``auditor``'s run once (kept as ``auditor.plan``, ``plan_reason`` and
+    ``plan_line``); True when a plan was made now (its line is for the front end to give).
+    A run whose length is unknown is planned at a later call that knows it."""
+    if auditor.plan is not None or auditor.plan_reason not in ("not planned", _UNKNOWN_LENGTH):
+        return False  # planned, or refused for a reason another call would not change
+    plan, reason = plan_for(auditor, steps)
+    auditor.plan, auditor.plan_reason = plan, reason
+    if plan is None:
+        return False
+    auditor.plan_line = plan_line(plan)
+    return True
+
+
+def plan_line(plan: AuditPlan) -> str:
+    """The one line logged at fit start: the plan, and how to get the bug search where it was
+    skipped."""
+    line = plan.summary()
+    if not plan.bugs_searched:
+        line += ("; the smallest bug it would flag: audit_callbacks.estimators.plan_audit(...) "
+                 "(about 30 s at k' = 100,000)")
+    return line
+
+
+def plan_entries(plan: AuditPlan | None, reason: str = "",
+                 summary: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The summary's ``plan_*`` keys (``plan_status``: ``ok`` or why there is no plan), with
+    ``plan_ratio_reading``, the all-iterates ratio of ``summary`` read against the plan."""
+    if plan is None:
+        return {names.PLAN_STATUS: f"skipped: {reason or 'not planned'}"}
+    ratio = (summary or {}).get(names.EPSILON_RATIO_ALL_ITERATES)
+    ok = isinstance(ratio, (int, float)) and math.isfinite(ratio)
+    return {
+        names.PLAN_RATIO_READING: plan.read_ratio(max(float(ratio), 0.0)) if ok else None,
+        names.PLAN_STATUS: "ok", names.PLAN_CEILING: plan.ceiling,
+        names.PLAN_RATIO_LOW: plan.ratio_low, names.PLAN_RATIO_MEDIAN: plan.ratio_median,
+        names.PLAN_RATIO_HIGH: plan.ratio_high, names.PLAN_COVERAGE: plan.coverage,
+        names.PLAN_REFERENCE: plan.reference_epsilon,
+        names.PLAN_CLIP_FACTOR: plan.clip_factor, names.PLAN_NOISE_FACTOR: plan.noise_factor,
+        names.PLAN_SENTENCE: plan_line(plan),
+    }
