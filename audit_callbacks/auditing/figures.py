@@ -201,13 +201,13 @@ def canary_figures(statistics: Mapping[str, np.ndarray], dim: int, *, exact_null
     out = {"audit/cosine_density_final_model": density_figure(
         {"observed canaries": statistics["final_observed"],
          "unobserved canaries": statistics["final_unobserved"]},
-        title="final model: canary cosines", null_pdf=null)}
+        title="final model: how far the inserted canaries lie from the never-inserted ones", null_pdf=null)}
     out["audit/roc_final_model"] = roc_figure(statistics["final_observed"], statistics["final_unobserved"])
     if np.size(statistics["all_observed"]):
         out["audit/cosine_density_all_iterates"] = density_figure(
             {"observed (max over rounds)": statistics["all_observed"],
              "unobserved (max over rounds)": statistics["all_unobserved"]},
-            title="all iterates: max cosine over rounds")
+            title="all iterates: each canary's largest cosine with a round's update")
     return out
 
 
@@ -246,7 +246,7 @@ def roc_figure(in_scores: np.ndarray, out_scores: np.ndarray, *, title: str = ""
         in_view_ticks(ax)
     ax.set_xlabel("false positive rate")
     ax.set_ylabel("true positive rate")
-    fig.text(0.5, 0.985, title or "final model: ROC of the canary attack", ha="center", va="top")
+    fig.text(0.5, 0.985, title or "final model: how well the canaries' cosines tell inserted from never inserted", ha="center", va="top")
     ax.legend(loc="lower right", fontsize="small", frameon=False)
     return fig
 

@@ -40,8 +40,9 @@ from audit_callbacks import names
 from audit_callbacks.auditing.files import write_text
 from audit_callbacks.auditing.report import REFERENCES, fmt, verdict
 
-__all__ = ["HTML_FILENAME", "MARKDOWN_FILENAME", "fmt", "history_figure", "interval", "markdown_text",
-           "render_html", "render_markdown", "verdict", "write_report"]
+__all__ = ["EPSILON_SCALE", "EPSILON_SCALE_SOURCE", "HTML_FILENAME", "MARKDOWN_FILENAME", "epsilon_tier",
+           "fmt", "history_figure", "interval", "markdown_text", "render_html", "render_markdown",
+           "verdict", "write_report"]
 
 HTML_FILENAME = "audit_report.html"
 MARKDOWN_FILENAME = "audit_report.md"
@@ -50,6 +51,14 @@ _TITLES = {"final_model": "final model", "all_iterates": "all iterates"}
 _REFERENCE_TITLES = {names.EPSILON_LAST_ITERATE_HEURISTIC: "last-iterate heuristic (not a bound)",
                      names.EPSILON_ANALYTIC: "analytic epsilon (the claim)"}
 _DESCRIPTIONS = {q.name: q.description for q in names.family(names.FAMILY_AUDIT)}
+#: the report's figure titles, in words (a figure is given by its TensorBoard tag)
+_FIGURE_TITLES = {
+    "audit/cosine_density_final_model": "Final model: cosines of the inserted canaries against the "
+                                        "never-inserted ones (further apart: more leakage)",
+    "audit/roc_final_model": "Final model: how well a canary's cosine tells whether it was inserted",
+    "audit/cosine_density_all_iterates": "All iterates: each canary's largest cosine with a round's "
+                                         "update, inserted against never inserted",
+}
 
 
 def interval(lower: Any, upper: Any) -> str:
@@ -98,6 +107,72 @@ def _headline_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+#: The scale epsilon is read on: Ponomareva, Hajishirzi, ..., Thakurta, "How to DP-fy ML: A
+#: Practical Guide to Machine Learning with Differential Privacy", JAIR 77 (2023), its tiers of
+#: epsilon (upper end of each tier, its words).
+EPSILON_SCALE = ((1.0, "strong formal privacy guarantee (epsilon <= 1)"),
+                 (10.0, "reasonable formal privacy guarantee (epsilon <= 10)"),
+                 (math.inf, "weak to no formal privacy guarantee (epsilon > 10)"))
+EPSILON_SCALE_SOURCE = ("Ponomareva et al., \"How to DP-fy ML: A Practical Guide to Machine Learning "
+                        "with Differential Privacy\", JAIR 77 (2023): tiers at epsilon 1 and 10")
+
+
+def epsilon_tier(epsilon: Any) -> str | None:
+    """Where ``epsilon`` lies on :data:`EPSILON_SCALE` (None: not a number >= 0)."""
+    eps = _number(epsilon)
+    if eps is None or eps < 0 or math.isnan(eps):
+        return None
+    return next(words for top, words in EPSILON_SCALE if eps <= top)
+
+
+def _read_first(summary: Mapping[str, Any]) -> dict[str, str]:
+    """The number to read: the all-iterates estimate (the adversary who sees every release),
+    its interval, the claim, the ratio read against the plan, and both on the epsilon scale."""
+    est = _estimate(summary, names.EPSILON_ALL_ITERATES)
+    claim = summary.get(names.EPSILON_ANALYTIC)
+    out = {"the number to read": (
+        f"epsilon_all_iterates = {fmt(est.get('value'))} "
+        f"(interval {interval(est.get('lower'), est.get('upper'))}; {est.get('status', 'skipped')}): "
+        "the empirical epsilon of an adversary who sees every release, against the claim "
+        f"epsilon_analytic = {fmt(claim)} at delta = {fmt((summary.get('inputs') or {}).get('delta'))}")}
+    reading = summary.get(names.PLAN_RATIO_READING)
+    if isinstance(reading, str):
+        out["estimate / claim"] = f"{reading} (the plan made at fit start)"
+    elif summary.get(names.EPSILON_RATIO_ALL_ITERATES) is not None:
+        out["estimate / claim"] = (f"{fmt(summary.get(names.EPSILON_RATIO_ALL_ITERATES))} (no plan: "
+                                   f"{summary.get(names.PLAN_STATUS, 'not planned')})")
+    plan = summary.get(names.PLAN_SENTENCE)
+    if isinstance(plan, str):
+        out["plan"] = plan
+    for label, value in (("the claim on the epsilon scale", claim),
+                         ("the estimate on the epsilon scale", est.get("value"))):
+        tier = epsilon_tier(value)
+        if tier is not None:
+            out[label] = f"{fmt(value)}: {tier}"
+    out["epsilon scale"] = ("at most 1: strong formal privacy guarantee; at most 10: reasonable; above 10: "
+                            f"weak to no formal privacy guarantee ({EPSILON_SCALE_SOURCE})")
+    return out
+
+
+def _chance(values: Mapping[str, Any]) -> str | None:
+    """The chance level of a label section with an accuracy and a class count, as a sentence."""
+    classes, acc = values.get("num_classes"), _number(values.get(names.ACCURACY))
+    if not isinstance(classes, int) or classes < 2:
+        return None
+    chance = 1.0 / classes
+    where = "" if acc is None else (
+        f"; the measured {fmt(acc)} is " + ("at or below it: the attack recovers no label beyond "
+                                            "guessing" if acc <= chance else f"{acc / chance:.1f} times it"))
+    return (f"chance level: 1 / {classes} = {fmt(chance)} (guessing a label uniformly among the "
+            f"{classes} classes){where}")
+
+
+def _extra_table(values: Mapping[str, Any]) -> dict[str, Any]:
+    """A further section's rows, with the chance level beside an accuracy."""
+    chance = _chance(values)
+    return dict(values) if chance is None else {**values, "chance level": chance}
+
+
 def _sources(summary: Mapping[str, Any]) -> list[str]:
     out = [summary["source"]] if summary.get("source") else []
     for est in (summary.get("results") or summary.get("estimates") or {}).values():
@@ -139,7 +214,7 @@ def history_figure(history: Sequence[Sequence[Any]]) -> Any:
     fig = Figure(figsize=(6, 3.5), dpi=DPI)
     fig.subplots_adjust(left=0.11, right=0.97, bottom=0.14, top=0.9)
     ax = fig.add_subplot(1, 1, 1)
-    labels = ("epsilon_all_iterates (estimate)", "epsilon_analytic (claim)",
+    labels = ("epsilon_all_iterates (estimate, the number to read)", "epsilon_analytic (claim)",
               "epsilon_final_model (estimate)")
     values: list[float] = []
     for col, label in enumerate(labels, start=1):
@@ -158,7 +233,7 @@ def history_figure(history: Sequence[Sequence[Any]]) -> Any:
         ax.yaxis.set_major_formatter(FuncFormatter(_plain_tick))
     ax.set_xlabel("step")
     ax.set_ylabel("epsilon")
-    fig.text(0.5, 0.985, "epsilon over training", ha="center", va="top")
+    fig.text(0.5, 0.985, "Empirical epsilon over training, against the claim", ha="center", va="top")
     if ax.lines:
         ax.legend(loc="best", fontsize="small", frameon=False)
     in_view_ticks(ax)
@@ -250,7 +325,7 @@ def render_html(summary: Mapping[str, Any] | None, images: Mapping[str, str],
                f"<title>Privacy audit report</title><style>{_CSS}</style></head><body>",
                "<h1>Privacy audit report</h1>"]
         for section, values in (extra or {}).items():
-            out.append(f"<h2>{_e(section)}</h2>{_table(values)}")
+            out.append(f"<h2>{_e(section)}</h2>{_table(_extra_table(values))}")
         sources = [str(v["source"]) for v in (extra or {}).values() if v.get("source")]
         if sources:
             out.append("<h2>Sources</h2><ul>" + "".join(f"<li>{_e(s)}</li>" for s in sources) + "</ul>")
@@ -260,7 +335,8 @@ def render_html(summary: Mapping[str, Any] | None, images: Mapping[str, str],
     training = (summary.get("inputs") or {}).get("training", "")
     out = ["<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
            f"<title>Privacy audit report: {_e(callback)}</title><style>{_CSS}</style></head><body>",
-           f"<h1>Privacy audit report: {_e(callback)} {_e(training)}</h1>", "<h2>Verdict</h2>"]
+           f"<h1>Privacy audit report: {_e(callback)} {_e(training)}</h1>",
+           "<h2>The number to read</h2>", _table(_read_first(summary)), "<h2>Verdict</h2>"]
     rows = _headline_rows(summary)
     verdicts = [(_TITLES[row["threat_model"]], *row["verdict"]) for row in rows]
     mechanism = _mechanism(summary)
@@ -297,7 +373,7 @@ def render_html(summary: Mapping[str, Any] | None, images: Mapping[str, str],
         for title, data in images.items():
             out.append(f"<h3>{_e(title)}</h3><img alt='{_e(title)}' src='data:image/png;base64,{_e(data)}'>")
     for section, values in (extra or {}).items():
-        out.append(f"<h2>{_e(section)}</h2>{_table(values)}")
+        out.append(f"<h2>{_e(section)}</h2>{_table(_extra_table(values))}")
     out.append("<h2>Threat models</h2>")
     out.append(_table({_TITLES.get(k, k): v for k, v in (summary.get("threat_models") or {}).items()}))
     out.append("<h2>Settings</h2>" + _table(summary.get("inputs") or {}))
@@ -316,7 +392,7 @@ def render_markdown(summary: Mapping[str, Any] | None, figure_titles: Sequence[s
 
     def section_table(section: Any, values: Mapping[str, Any]) -> list[str]:
         return (["", f"## {cell(section)}", "", "| | |", "|---|---|"]
-                + [f"| {cell(k)} | {cell(v)} |" for k, v in values.items()])
+                + [f"| {cell(k)} | {cell(v)} |" for k, v in _extra_table(values).items()])
 
     if summary is None:
         lines = ["# Privacy audit report"]
@@ -325,7 +401,10 @@ def render_markdown(summary: Mapping[str, Any] | None, figure_titles: Sequence[s
         return "\n".join(lines) + "\n"
     callback = summary.get("callback", "canary audit")
     training = (summary.get("inputs") or {}).get("training", "")
-    lines = [f"# Privacy audit report: {cell(callback)} {cell(training)}", "", "## Verdict", ""]
+    lines = [f"# Privacy audit report: {cell(callback)} {cell(training)}", "", "## The number to read",
+             "", "| | |", "|---|---|"]
+    lines += [f"| {cell(k)} | {cell(v)} |" for k, v in _read_first(summary).items()]
+    lines += ["", "## Verdict", ""]
     rows = _headline_rows(summary)
     lines += [f"- **{_TITLES[r['threat_model']]}**: {cell(r['verdict'][1])}" for r in rows]
     mechanism = _mechanism(summary)
@@ -381,8 +460,8 @@ def write_report(summary: Mapping[str, Any] | None, directory: str, *,
     os.makedirs(directory, exist_ok=True)
     figs = dict(figures or {})
     if history:
-        figs = {"epsilon over training": history_figure(history), **figs}
-    images = {title: _png(fig) for title, fig in figs.items()}
+        figs = {"Empirical epsilon over training, against the claim": history_figure(history), **figs}
+    images = {_FIGURE_TITLES.get(title, title): _png(fig) for title, fig in figs.items()}
     html_path = os.path.join(directory, HTML_FILENAME)
     md_path = os.path.join(directory, MARKDOWN_FILENAME)
     return (write_text(html_path, render_html(summary, images, extra)),

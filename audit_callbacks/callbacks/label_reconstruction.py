@@ -304,7 +304,7 @@ class LabelReconstructionAttack(StepAuditCallback):
             "status": self._status(),
             "accuracy": self.published_accuracy, "accuracy_examples": self._published["attacked"],
             "attacked_steps": self.attacked_steps, "considered_steps": self.considered,
-            "disabled_reason": self.disabled_reason})
+            "num_classes": max(2, self._num_classes), "disabled_reason": self.disabled_reason})
 
     def state_dict(self) -> dict[str, Any]:
         """Aggregates only (a checkpoint is an output too): no per-step accuracy or batch size."""
