@@ -504,6 +504,8 @@ class CanaryAuditor:
                            if names.VERDICT_MECHANISM in summary else None)
         path = output.write_summary(summary)
         self.log(last, sink, step=step, histograms=histograms and complete)
+        if report is not None:  # the fit-end numbers (the summary's) under their own names, last
+            self._sink(sink.scalars, report.scalars(), step)
         drawn: dict[str, Any] = {}
         writes_images = bool(getattr(sink, "writes_images", True))
         if complete and figures and report is not None:

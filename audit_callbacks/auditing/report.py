@@ -22,6 +22,14 @@ from audit_callbacks.estimators.result import AuditResult
 __all__ = ["VERDICT_CODES", "CanaryReport", "fmt", "mechanism_verdict", "summary_estimates",
            "summary_json", "verdict"]
 
+#: The watched series' name of each valid bound: a report at a logged point (``index`` set, its
+#: bounds at the level spent for that point) logs its bounds under these, the fit-end report
+#: (plain alpha, the summary's) under the plain names, so that a name has one number.
+_WATCHED = {names.EPSILON_LOWER_BOUND_FINAL_MODEL_WATCHED: names.EPSILON_LOWER_BOUND_FINAL_MODEL,
+            names.EPSILON_LOWER_BOUND_ALL_ITERATES_WATCHED: names.EPSILON_LOWER_BOUND_ALL_ITERATES,
+            names.EPSILON_GDP_LOWER_BOUND_FINAL_MODEL_WATCHED: names.EPSILON_GDP_LOWER_BOUND_FINAL_MODEL,
+            names.EPSILON_GDP_LOWER_BOUND_ALL_ITERATES_WATCHED: names.EPSILON_GDP_LOWER_BOUND_ALL_ITERATES}
+
 #: The report's fields that are logged beside the estimates (names of family ``audit``).
 _FIELDS = (names.EPSILON_ANALYTIC, names.EPSILON_ANALYTIC_RDP, names.EPSILON_ANALYTIC_PRV,
            names.EPSILON_LAST_ITERATE_HEURISTIC, names.NUM_CANARIES_PARTICIPATED)
@@ -264,6 +272,10 @@ class CanaryReport:
                 value = getattr(self, q.name)
             elif q.name in ratios:
                 value = ratios[q.name]
+            elif q.name in _WATCHED:  # a logged point's bounds (spent alpha) under their own names
+                value = None if self.index is None else self.value(_WATCHED[q.name])
+            elif q.name in _WATCHED.values() and self.index is not None:
+                value = None  # the plain name is the fit-end bound's, at plain alpha
             else:
                 value = self.value(q.name)
             out[q.tag] = None if value is None else float(value)

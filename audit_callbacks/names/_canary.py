@@ -16,10 +16,14 @@ from ._keys import (
     EPSILON_FINAL_MODEL,
     EPSILON_FINAL_MODEL_UNEQUAL_FIT,
     EPSILON_GDP_LOWER_BOUND_ALL_ITERATES,
+    EPSILON_GDP_LOWER_BOUND_ALL_ITERATES_WATCHED,
     EPSILON_GDP_LOWER_BOUND_FINAL_MODEL,
+    EPSILON_GDP_LOWER_BOUND_FINAL_MODEL_WATCHED,
     EPSILON_LAST_ITERATE_HEURISTIC,
     EPSILON_LOWER_BOUND_ALL_ITERATES,
+    EPSILON_LOWER_BOUND_ALL_ITERATES_WATCHED,
     EPSILON_LOWER_BOUND_FINAL_MODEL,
+    EPSILON_LOWER_BOUND_FINAL_MODEL_WATCHED,
     EPSILON_RATIO_ALL_ITERATES,
     EPSILON_RATIO_FINAL_MODEL,
     FAMILY_AUDIT,
@@ -125,6 +129,21 @@ def _quantities() -> list[Quantity]:
                  "sampler the accountant assumes, or the noise is replayable from a public "
                  "seed), 2 violation (the noise is missing, short or repeated on some tensor); "
                  "the summary holds the word and verdict_mechanism_sentence"),
+        Quantity(FAMILY_AUDIT, EPSILON_LOWER_BOUND_FINAL_MODEL_WATCHED, final,
+                 "the watched series of the final-model valid bound, logged during training: "
+                 "each point at the level spent for it, so the series' maximum is a valid "
+                 "(1 - alpha) bound; epsilon_lower_bound_final_model is the fit-end bound at "
+                 "plain alpha (the summary's and the report's)"),
+        Quantity(FAMILY_AUDIT, EPSILON_LOWER_BOUND_ALL_ITERATES_WATCHED, allit,
+                 "the watched series of the all-iterates valid bound, each point at the level "
+                 "spent for it (the series' maximum is valid); epsilon_lower_bound_all_iterates "
+                 "is the fit-end bound at plain alpha (the summary's and the report's)"),
+        Quantity(FAMILY_AUDIT, EPSILON_GDP_LOWER_BOUND_FINAL_MODEL_WATCHED, None,
+                 "the watched series of the final-model parametric bound, each point at the "
+                 "level spent for it"),
+        Quantity(FAMILY_AUDIT, EPSILON_GDP_LOWER_BOUND_ALL_ITERATES_WATCHED, None,
+                 "the watched series of the all-iterates parametric bound, each point at the "
+                 "level spent for it"),
     ]
 
 

@@ -65,10 +65,11 @@ def test_end_to_end_tensorboard_tags_and_summary(tmp_path):
     # each threat model: its estimate, valid bound and reference on one chart
     assert charts["final model: estimate, bound, reference"] == [
         "^audit/epsilon_final_model$", "^audit/epsilon_lower_bound_final_model$",
-        "^audit/epsilon_last_iterate_heuristic$"]
+        "^audit/epsilon_last_iterate_heuristic$", "^audit/epsilon_lower_bound_final_model_watched$"]
     assert charts["all iterates: estimate, bound, reference"] == [
         "^audit/epsilon_all_iterates$", "^audit/epsilon_all_iterates_matched$",
-        "^audit/epsilon_lower_bound_all_iterates$", "^audit/epsilon_analytic$"]
+        "^audit/epsilon_lower_bound_all_iterates$", "^audit/epsilon_analytic$",
+        "^audit/epsilon_lower_bound_all_iterates_watched$"]
     assert charts["estimate / reference"] == [
         "^audit/epsilon_ratio_final_model$", "^audit/epsilon_ratio_all_iterates$"]
     assert "epsilon (analytic, DP-SGD accountants)" not in charts  # DP-FedAvg: no RDP/PRV
@@ -100,6 +101,16 @@ def test_end_to_end_tensorboard_tags_and_summary(tmp_path):
     assert summary["epsilon_last_iterate_heuristic"] > 0 and summary["epsilon_ratio_all_iterates"] > 0
     assert summary["tags"]["epsilon_final_model"] == "audit/epsilon_final_model"
     _walk_the_name_table(tags["scalars"], summary)
+    # one number per name: TensorBoard's last value of every summary number is the summary's
+    # (the fit-end report, at plain alpha); the watched series of the bounds (each point at the
+    # level spent for it) has names of its own
+    for name, entry in summary["estimates"].items():
+        if entry.get("value") is not None:
+            assert acc.Scalars(f"audit/{name}")[-1].value == pytest.approx(entry["value"], rel=1e-6), name
+    for tm in ("final_model", "all_iterates"):
+        plain = acc.Scalars(f"audit/epsilon_lower_bound_{tm}")
+        watched = acc.Scalars(f"audit/epsilon_lower_bound_{tm}_watched")
+        assert len(plain) == 1 and len(watched) >= 3, (len(plain), len(watched))
     assert summary["versions"]["torch"] == metadata.version("torch")
     assert summary["epsilon_analytic"] > 0
 
