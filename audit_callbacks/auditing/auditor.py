@@ -154,6 +154,7 @@ class CanaryAuditor:
         self.last_report: CanaryReport | None = None
         self.skip_reason: str | None = None
         self._last_logged = -1
+        self._last_scalars: dict[str, float | None] = {}  # the last logged point's, by tag
         self.logged_points = 0  # points of the logged series so far (the valid bounds' index)
         self._output: AuditOutput | None = None  # the output path of the last finish
         self._section: ReportSection | None = None
@@ -504,8 +505,10 @@ class CanaryAuditor:
                            if names.VERDICT_MECHANISM in summary else None)
         path = output.write_summary(summary)
         self.log(last, sink, step=step, histograms=histograms and complete)
-        if report is not None:  # the fit-end numbers (the summary's) under their own names, last
-            self._sink(sink.scalars, report.scalars(), step)
+        if report is not None:  # the fit-end numbers (the summary's) where they differ from the
+            # series' last point (the bounds at plain alpha, under their own names), written last
+            self._sink(sink.scalars, {tag: v for tag, v in report.scalars().items()
+                                      if v is not None and self._last_scalars.get(tag) != v}, step)
         drawn: dict[str, Any] = {}
         writes_images = bool(getattr(sink, "writes_images", True))
         if complete and figures and report is not None:
@@ -578,7 +581,8 @@ class CanaryAuditor:
             self.history.append((step, report.value(names.EPSILON_ALL_ITERATES), report.epsilon_analytic,
                                  report.value(names.EPSILON_FINAL_MODEL)))
             self._warn_verdict(report.verdicts(), report.mechanism_verdict())
-            self._sink(sink.scalars, report.scalars(), step)
+            self._last_scalars = report.scalars()
+            self._sink(sink.scalars, self._last_scalars, step)
             text = getattr(sink, "text", None)
             if text is not None:
                 sentences = {f"{names.FAMILY_AUDIT}/verdict_{tm}_sentence": sentence

@@ -214,7 +214,7 @@ def history_figure(history: Sequence[Sequence[Any]]) -> Any:
     fig = Figure(figsize=(6, 3.5), dpi=DPI)
     fig.subplots_adjust(left=0.11, right=0.97, bottom=0.14, top=0.9)
     ax = fig.add_subplot(1, 1, 1)
-    labels = ("epsilon_all_iterates (estimate, the number to read)", "epsilon_analytic (claim)",
+    labels = ("epsilon_all_iterates (estimate)", "epsilon_analytic (claim)",
               "epsilon_final_model (estimate)")
     values: list[float] = []
     for col, label in enumerate(labels, start=1):

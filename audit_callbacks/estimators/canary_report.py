@@ -32,8 +32,10 @@ and for both:
   them); at a logged point at the level spent for that point, so the maximum of the logged
   series is still a valid bound;
 * ``epsilon_gdp_lower_bound_<tm>`` - the parametric (1 - alpha) lower bound assuming Gaussian
-  scores of equal variance (Dong, Roth, Su 2022), only where its goodness-of-fit test passes;
-  at a logged point also at the level spent for that point.
+  scores of equal variance (Dong, Roth, Su 2022), only where its goodness-of-fit test passes
+  and it does not lie above its own statistic's estimate interval (:func:`gdp_above_estimate`:
+  otherwise skipped with that status); at a logged point also at the level spent for that
+  point.
 
 The formulas are in ``docs/methods/canaries.md`` and ``docs/methods/score_auditor.md``.
 """
@@ -63,7 +65,8 @@ from .result import AuditResult
 from .score_auditor import CanaryScoreAuditor, share_bootstrap
 from .valid_bounds import check_bound_arguments, spent_alpha, tightest_valid_lower_bounds
 
-__all__ = ["SOURCE", "THREAT_MODELS", "canary_estimates", "cosine_null_pdf", "estimate_names"]
+__all__ = ["SOURCE", "THREAT_MODELS", "canary_estimates", "cosine_null_pdf", "estimate_names",
+           "gdp_above_estimate"]
 
 THREAT_MODELS = ("final_model", "all_iterates")
 SOURCE = ("Andrew, Kairouz, Oh, Oprea, McMahan, Suriyakumar: One-shot Empirical Privacy "
@@ -277,4 +280,27 @@ def canary_estimates(
         attempt(allit["gdp_lower_bound"], lambda: ga.epsilon_gdp_lower_bound(gdp_alpha, delta, gof_level=gof_level))
     else:
         skipped[allit["gdp_lower_bound"]] = few
+    own = matched_est if matched is not None else estimates.get(allit["max_cosine"])
+    for name, mine in ((fin["gdp_lower_bound"], final_est), (allit["gdp_lower_bound"], own)):
+        reason = gdp_above_estimate(estimates.get(name), mine)
+        if reason is not None:
+            del estimates[name]
+            skipped[name] = reason
     return estimates, skipped
+
+
+def gdp_above_estimate(bound: AuditResult | None, estimate: AuditResult | None) -> str | None:
+    """Why a parametric (GDP) bound is not shown as a bound, or None: it lies above the whole
+    interval of its own statistic's estimate (above the estimate itself without an interval).
+    A lower bound above every plausible value of what it bounds says that the equal-variance
+    Gaussian model it assumes does not describe these scores (its goodness-of-fit test has
+    little power against the tails that drive it), not that epsilon is that large."""
+    if bound is None or estimate is None:
+        return None
+    top = estimate.upper if estimate.upper is not None else estimate.value
+    if bound.value <= top:
+        return None
+    where = "interval's upper end" if estimate.upper is not None else "point estimate"
+    return (f"not shown as a bound: the parametric bound {bound.value:.4g} lies above its own "
+            f"statistic's estimate ({where} {top:.4g}), so the Gaussian model it assumes does "
+            "not fit these scores; read the valid bound epsilon_lower_bound_<threat model>")
