@@ -1,0 +1,70 @@
+"""The audit plan wired into the front ends: one information line at fit start (not a
+warning), the ``plan_*`` keys of the summary with the ratio read against the plan, and the
+report's path given at the end (``audit report: <path>``, also ``report_path``)."""
+
+import json
+import logging
+import os
+import warnings
+
+import pytest
+import torch
+
+from audit_callbacks import names
+from audit_callbacks.callbacks import CanaryAudit
+from audit_callbacks.plain.opacus_audit import OpacusCanaryAudit
+from tests._federated import digits_dpfedavg, fit
+from tests.plain.test_plain_pytorch import _epoch, _loop
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:.*(backward hook|secure RNG|Optimal order|pin_memory|fewer than 2 canaries|too few).*")
+
+
+def test_fedavg_plans_once_at_fit_start_and_reads_the_ratio(tmp_path, caplog):
+    dm, module = digits_dpfedavg(4)
+    audit = CanaryAudit(30, 30, seed=1)
+    with caplog.at_level(logging.INFO), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit(dm, module, [audit], 12, tmp_path)
+    plans = [r.getMessage() for r in caplog.records if "CanaryAudit: plan:" in r.getMessage()]
+    assert len(plans) == 1 and "can show a valid epsilon of at most" in plans[0]
+    assert not any("plan:" in str(w.message) for w in caught)  # information, not a warning
+    summary = json.loads(open(audit.summary_path, encoding="utf-8").read())
+    assert summary[names.PLAN_STATUS] == "ok"
+    assert summary[names.PLAN_SENTENCE] in plans[0]
+    assert summary[names.PLAN_RATIO_LOW] < summary[names.PLAN_RATIO_MEDIAN] < summary[names.PLAN_RATIO_HIGH]
+    assert summary[names.PLAN_CEILING] > 0 and summary[names.PLAN_COVERAGE] == 0.95
+    ratio = summary[names.EPSILON_RATIO_ALL_ITERATES]
+    assert summary[names.PLAN_RATIO_READING].startswith(f"{ratio:.2f}: ")
+    assert "expected for a correct run" in summary[names.PLAN_RATIO_READING]
+    # the report's path, given once, is the file written
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("audit report: ")]
+    assert said == [f"audit report: {audit.report_path}"] and os.path.exists(audit.report_path)
+    page = open(audit.report_path, encoding="utf-8").read()
+    assert summary[names.PLAN_RATIO_READING].split(":")[0] in page and "the number to read" in page
+
+
+def test_plain_loop_plans_from_steps_and_prints_the_report_path(tmp_path, capsys):
+    model, opt, loader, engine = _loop()
+    audit = OpacusCanaryAudit(opt, data_loader=loader, num_canaries=50, bootstrap=0, steps=16)
+    err = capsys.readouterr().err
+    assert err.count("OpacusCanaryAudit: plan:") == 1
+    for _ in range(2):
+        _epoch(model, opt, loader)
+    audit.write(tmp_path / "out")
+    err = capsys.readouterr().err
+    assert "plan:" not in err  # once
+    assert err.strip().endswith(f"audit report: {audit.report_path}")
+    summary = json.loads((tmp_path / "out" / "audit_summary.json").read_text())
+    assert summary[names.PLAN_STATUS] == "ok" and summary[names.PLAN_REFERENCE] > 0
+
+
+def test_plain_loop_without_steps_plans_at_the_first_write(tmp_path, capsys):
+    model, opt, loader, engine = _loop()
+    audit = OpacusCanaryAudit(opt, data_loader=loader, num_canaries=50, bootstrap=0)
+    assert "plan:" not in capsys.readouterr().err
+    torch.manual_seed(0)
+    _epoch(model, opt, loader)
+    audit.write(tmp_path / "out")
+    assert capsys.readouterr().err.count("plan:") == 1
+    assert audit.auditor.plan is not None and audit.auditor.plan_reason == ""
