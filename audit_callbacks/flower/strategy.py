@@ -82,7 +82,8 @@ class CanaryStrategy(AuditFrontEnd, Strategy):
             self.sink.layout(self.auditor.layout(), self.summary_filename)  # checks it is writable
         self._open(None)  # a state loaded since
         messages = self.auditor.backend.configure_train(server_round, arrays, config, grid)
-        self._plan(self.num_rounds)  # once the cohorts' sizes are known
+        # once the cohorts' sizes are known; a restored run's rounds count too
+        self._plan(None if self.num_rounds is None else self._offset + self.num_rounds)
         return messages
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
