@@ -53,9 +53,10 @@ sigma, delta, alpha, the threat model and the training kind) and predicts:
   cosine null (``CanaryScoreAuditor(..., dim=d)``), the reference ``reference_epsilon`` (the
   last-iterate heuristic).
 
-Assumptions: the real examples' (clients') contributions are orthogonal to the canaries
-(their cross terms, about 1/sqrt(d) per clipped vector, are neglected), the run's noise is the
-claimed Gaussian, and sampling is Poisson (rate q per step or round). Pure numpy/scipy.
+Assumptions: the real examples' (clients') contributions have directions independent of the
+canaries (``real_per_step`` R of them a step add R / n to the per-step variance, n = d or the
+Hadamard length; R = 0, the default, neglects them), the run's noise is the claimed Gaussian,
+and sampling is Poisson (rate q per step or round) or a fixed schedule. Pure numpy/scipy.
 """
 
 from __future__ import annotations
