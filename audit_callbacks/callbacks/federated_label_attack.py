@@ -119,6 +119,7 @@ class FederatedLabelAttack(FederatedAuditHooks, Callback):
         self.history: list[dict[str, float]] = []
         self.attacked_clients = 0  # aggregates over every attacked client (summary, checkpoint)
         self.accuracy_sum = 0.0
+        self.num_classes: int | None = None  # the last layer's outputs, once a client was read
         self.rounds: list[dict[str, float]] = []
         self.skips: Counter[str] = Counter()
         self.summary_path: str | None = None
@@ -183,6 +184,7 @@ class FederatedLabelAttack(FederatedAuditHooks, Callback):
                 continue
             feats, logits = self._forward(pl_module, layer, x_all)
             k = layer.out_features
+            self.num_classes = max(2, int(k))  # the report's chance level, 1 / classes
             p = layer.in_features
             if n > p + (b_off is not None):
                 self._warn_once(trainer, "batch_wider_than_layer", f"a client with {n} examples is larger than the "
@@ -382,7 +384,8 @@ class FederatedLabelAttack(FederatedAuditHooks, Callback):
         finished)."""
         return ("federated label attack (Yuan, Xue, Wang, Shen 2022)", {
             "status": "ok" if self.attacked_clients else "not attacked: no client was attacked",
-            names.ACCURACY: self.accuracy, names.ATTACKED_CLIENTS: self.attacked_clients,
+            names.ACCURACY: self.accuracy, "num_classes": self.num_classes,
+            names.ATTACKED_CLIENTS: self.attacked_clients,
             names.EPSILON_LOWER_BOUND_MAX: self.running_max if self.attacked_clients else None,
             names.EPSILON_SINGLE_ROUND: self.rounds[-1].get(names.EPSILON_SINGLE_ROUND) if self.rounds else None,
             "skipped": dict(self.skips), "source": SOURCE})

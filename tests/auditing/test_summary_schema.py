@@ -104,6 +104,7 @@ def test_label_only_run_writes_schema_summaries_and_the_report(tmp_path):
     for title in (bound.report_section()[0], attack.report_section()[0]):
         assert title in html and title in markdown
     assert "epsilon_lower_bound_max" in html
+    assert "chance level: 1 / 2 = 0.5" in html and "chance level" in markdown  # a binary model
 
 
 def test_ldp_only_run_writes_schema_summaries_and_the_report(tmp_path):
@@ -138,6 +139,8 @@ def test_federated_label_attack_and_canary_summaries_follow_the_schema(tmp_path)
     assert os.path.dirname(attack.summary_path) == folder
     html, _ = _report(folder)  # one report: the canary audit's headline and the attack's section
     assert "Headline numbers" in html and attack.report_section()[0] in html
+    if attack.attacked_clients:  # the attack's accuracy beside its chance level (10 digits)
+        assert "chance level: 1 / 10 = 0.1" in html
     assert canary.auditor.report_paths[0] == os.path.join(folder, HTML_FILENAME)
 
 
