@@ -23,8 +23,8 @@ What is read (the numbers that matter to the statistic's law, ``docs/methods/pla
   one time in ten by design, and the law leaves out the real gradients' feedback on the
   canary directions (``docs/methods/planner.md``, §3).
 
-The bug search (the slow part) runs only where it is cheap (k' at most
-:data:`BUG_SEARCH_MAX_UNOBSERVED`); otherwise the plan says how to get it.
+The bug search (the slow part) runs only where it is cheap (k + k' at most
+:data:`BUG_SEARCH_MAX_CANARIES`); otherwise the plan's line says how to get it.
 """
 
 from __future__ import annotations
@@ -36,14 +36,15 @@ from audit_callbacks import names
 from audit_callbacks.canary.base import NoisyAverageDelta, NoisySum
 from audit_callbacks.estimators.planner import AuditPlan, plan_audit
 
-__all__ = ["BUG_SEARCH_MAX_UNOBSERVED", "PLAN_COVERAGE", "announce_plan", "plan_entries", "plan_for",
+__all__ = ["BUG_SEARCH_MAX_CANARIES", "PLAN_COVERAGE", "announce_plan", "plan_entries", "plan_for",
            "plan_line", "plan_settings"]
 
 #: The coverage of the ratio range a run is read against.
 PLAN_COVERAGE = 0.95
-#: The bug search runs at fit start only up to this many unobserved canaries (about 2 s at
-#: k = k' = 200; 30 s at k' = 100,000).
-BUG_SEARCH_MAX_UNOBSERVED = 2000
+#: The bug search runs at fit start only up to this many canaries, k + k' (about 2 s on one core at
+#: k = k' = 200, 4.5 s at k = k' = 1,000, 30 s at k' = 100,000); beyond, the plan's line says how
+#: to run it before training.
+BUG_SEARCH_MAX_CANARIES = 400
 _UNKNOWN_LENGTH = "the run's length is unknown"
 
 
@@ -114,14 +115,15 @@ def _fedavg(backend: Any, model: NoisyAverageDelta, base: dict[str, Any], k: int
 
 
 def plan_for(auditor: Any, steps: int | None) -> tuple[AuditPlan | None, str]:
-    """The run's plan (the bug search only where k' <= :data:`BUG_SEARCH_MAX_UNOBSERVED`), or
+    """The run's plan (the bug search only where k + k' <= :data:`BUG_SEARCH_MAX_CANARIES`), or
     ``(None, reason)``: unknown settings, or the planner refused them (its ValueError's
     message)."""
     kwargs, reason = plan_settings(auditor, steps)
     if kwargs is None:
         return None, reason
     try:
-        plan = plan_audit(**kwargs, search_bugs=kwargs["num_unobserved"] <= BUG_SEARCH_MAX_UNOBSERVED)
+        small = kwargs["num_canaries"] + kwargs["num_unobserved"] <= BUG_SEARCH_MAX_CANARIES
+        plan = plan_audit(**kwargs, search_bugs=small)
     except ValueError as err:
         return None, str(err)
     return plan, ""
@@ -146,8 +148,8 @@ def plan_line(plan: AuditPlan) -> str:
     skipped."""
     line = plan.summary()
     if not plan.bugs_searched:
-        line += ("; the smallest bug it would flag: audit_callbacks.estimators.plan_audit(...) "
-                 "(about 30 s at k' = 100,000)")
+        line += ("; for the smallest bug it would flag, run audit_callbacks.estimators.plan_audit "
+                 "with these settings before training (seconds to a minute)")
     return line
 
 
