@@ -50,7 +50,7 @@ class AuditFrontEnd:
         warning; a front end gives it through its framework's logger."""
         default_info(message)
 
-    def _plan(self, steps: int | None) -> None:
+    def _plan(self, steps: float | None) -> None:
         """Plan the audit once, from the run's settings and its planned ``steps`` (rounds):
         the plan's line is given as information and kept for the summary and the report."""
         if self.auditor is not None and announce_plan(self.auditor, steps):

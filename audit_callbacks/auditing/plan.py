@@ -48,12 +48,12 @@ BUG_SEARCH_MAX_CANARIES = 400
 _UNKNOWN_LENGTH = "the run's length is unknown"
 
 
-def plan_settings(auditor: Any, steps: int | None) -> tuple[dict[str, Any] | None, str]:
+def plan_settings(auditor: Any, steps: float | None) -> tuple[dict[str, Any] | None, str]:
     """``plan_audit``'s keyword arguments for this run, or ``(None, reason)``.
 
     Args:
         auditor: the :class:`~audit_callbacks.auditing.CanaryAuditor`.
-        steps: T, the planned DP-SGD steps or DP-FedAvg rounds (None or < 1: unknown).
+        steps: T, the planned DP-SGD steps or DP-FedAvg rounds (None, inf or < 1: unknown).
     """
     if steps is None or not math.isfinite(steps) or steps < 1:
         return None, _UNKNOWN_LENGTH
@@ -114,7 +114,7 @@ def _fedavg(backend: Any, model: NoisyAverageDelta, base: dict[str, Any], k: int
             "real_per_step": float(m) * float(real) / (float(real) + k)}, ""
 
 
-def plan_for(auditor: Any, steps: int | None) -> tuple[AuditPlan | None, str]:
+def plan_for(auditor: Any, steps: float | None) -> tuple[AuditPlan | None, str]:
     """The run's plan (the bug search only where k + k' <= :data:`BUG_SEARCH_MAX_CANARIES`), or
     ``(None, reason)``: unknown settings, or the planner refused them (its ValueError's
     message)."""
@@ -129,7 +129,7 @@ def plan_for(auditor: Any, steps: int | None) -> tuple[AuditPlan | None, str]:
     return plan, ""
 
 
-def announce_plan(auditor: Any, steps: int | None) -> bool:
+def announce_plan(auditor: Any, steps: float | None) -> bool:
     """Plan ``auditor``'s run once (kept as ``auditor.plan``, ``plan_reason`` and
     ``plan_line``); True when a plan was made now (its line is for the front end to give).
     A run whose length is unknown is planned at a later call that knows it."""

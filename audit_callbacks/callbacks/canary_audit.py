@@ -9,7 +9,6 @@ statistics, report and summary, and its :class:`~audit_callbacks.auditing.output
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import lightning.pytorch as pl
@@ -169,11 +168,11 @@ class CanaryAudit(AuditFrontEnd, FederatedAuditHooks, Callback):
             self.auditor.backend.detach()
 
 
-def _planned_steps(trainer: pl.Trainer) -> int | None:
+def _planned_steps(trainer: pl.Trainer) -> float | None:
     """The steps (DP-SGD) or rounds (DP-FedAvg) the fit will take: the trainer's
-    ``estimated_stepping_batches`` (None where it cannot tell: an open-ended run)."""
+    ``estimated_stepping_batches`` (inf for an open-ended run, None where it cannot tell: the
+    plan then says the run's length is unknown)."""
     try:
-        total = float(trainer.estimated_stepping_batches)
+        return trainer.estimated_stepping_batches
     except Exception:  # noqa: BLE001 - no plan rather than a failed fit
         return None
-    return int(total) if math.isfinite(total) and total >= 1 else None
