@@ -3,7 +3,6 @@ warning), the ``plan_*`` keys of the summary with the ratio read against the pla
 report's path given at the end (``audit report: <path>``, also ``report_path``)."""
 
 import json
-import logging
 import os
 import warnings
 
@@ -20,13 +19,15 @@ pytestmark = pytest.mark.filterwarnings(
     "ignore:.*(backward hook|secure RNG|Optimal order|pin_memory|fewer than 2 canaries|too few).*")
 
 
-def test_fedavg_plans_once_at_fit_start_and_reads_the_ratio(tmp_path, caplog):
+def test_fedavg_plans_once_at_fit_start_and_reads_the_ratio(tmp_path, monkeypatch):
     dm, module = digits_dpfedavg(4)
     audit = CanaryAudit(30, 30, seed=1)
-    with caplog.at_level(logging.INFO), warnings.catch_warnings(record=True) as caught:
+    lines: list[str] = []  # what Lightning's rank_zero_info is given
+    monkeypatch.setattr("audit_callbacks.callbacks.canary_audit.rank_zero_info", lines.append)
+    with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         fit(dm, module, [audit], 12, tmp_path)
-    plans = [r.getMessage() for r in caplog.records if "CanaryAudit: plan:" in r.getMessage()]
+    plans = [m for m in lines if "CanaryAudit: plan:" in m]
     assert len(plans) == 1 and "can show a valid epsilon of at most" in plans[0]
     assert not any("plan:" in str(w.message) for w in caught)  # information, not a warning
     summary = json.loads(open(audit.summary_path, encoding="utf-8").read())
@@ -38,7 +39,7 @@ def test_fedavg_plans_once_at_fit_start_and_reads_the_ratio(tmp_path, caplog):
     assert summary[names.PLAN_RATIO_READING].startswith(f"{ratio:.2f}: ")
     assert "expected for a correct run" in summary[names.PLAN_RATIO_READING]
     # the report's path, given once, is the file written
-    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("audit report: ")]
+    said = [m for m in lines if m.startswith("audit report: ")]
     assert said == [f"audit report: {audit.report_path}"] and os.path.exists(audit.report_path)
     page = open(audit.report_path, encoding="utf-8").read()
     assert summary[names.PLAN_RATIO_READING].split(":")[0] in page and "the number to read" in page
