@@ -38,6 +38,7 @@ from typing import Any
 
 from audit_callbacks import names
 from audit_callbacks.auditing.files import write_text
+from audit_callbacks.auditing.plan import EPSILON_SCALE, EPSILON_SCALE_SOURCE, epsilon_tier
 from audit_callbacks.auditing.report import REFERENCES, fmt, verdict
 
 __all__ = ["EPSILON_SCALE", "EPSILON_SCALE_SOURCE", "HTML_FILENAME", "MARKDOWN_FILENAME", "epsilon_tier",
@@ -105,24 +106,6 @@ def _headline_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
             "ratio": summary.get(f"epsilon_ratio_{tm}"), "verdict": _verdict(summary, tm),
         })
     return rows
-
-
-#: The scale epsilon is read on: Ponomareva, Hajishirzi, ..., Thakurta, "How to DP-fy ML: A
-#: Practical Guide to Machine Learning with Differential Privacy", JAIR 77 (2023), its tiers of
-#: epsilon (upper end of each tier, its words).
-EPSILON_SCALE = ((1.0, "strong formal privacy guarantee (epsilon <= 1)"),
-                 (10.0, "reasonable formal privacy guarantee (epsilon <= 10)"),
-                 (math.inf, "weak to no formal privacy guarantee (epsilon > 10)"))
-EPSILON_SCALE_SOURCE = ("Ponomareva et al., \"How to DP-fy ML: A Practical Guide to Machine Learning "
-                        "with Differential Privacy\", JAIR 77 (2023): tiers at epsilon 1 and 10")
-
-
-def epsilon_tier(epsilon: Any) -> str | None:
-    """Where ``epsilon`` lies on :data:`EPSILON_SCALE` (None: not a number >= 0)."""
-    eps = _number(epsilon)
-    if eps is None or eps < 0 or math.isnan(eps):
-        return None
-    return next(words for top, words in EPSILON_SCALE if eps <= top)
 
 
 def _read_first(summary: Mapping[str, Any]) -> dict[str, str]:

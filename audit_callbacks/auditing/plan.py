@@ -36,7 +36,7 @@ from audit_callbacks import names
 from audit_callbacks.canary.base import NoisyAverageDelta, NoisySum
 from audit_callbacks.estimators.planner import AuditPlan, plan_audit
 
-__all__ = ["BUG_SEARCH_MAX_CANARIES", "PLAN_COVERAGE", "announce_plan", "plan_entries", "plan_for",
+__all__ = ["BUG_SEARCH_MAX_CANARIES", "EPSILON_SCALE", "EPSILON_SCALE_SOURCE", "epsilon_tier", "PLAN_COVERAGE", "announce_plan", "plan_entries", "plan_for",
            "plan_line", "plan_settings"]
 
 #: The coverage of the ratio range a run is read against.
@@ -46,6 +46,26 @@ PLAN_COVERAGE = 0.95
 #: to run it before training.
 BUG_SEARCH_MAX_CANARIES = 400
 _UNKNOWN_LENGTH = "the run's length is unknown"
+
+#: The scale epsilon is read on: Ponomareva, Hazimeh, Kurakin, Xu, Denison, McMahan,
+#: Vassilvitskii, Chien, Thakurta, "How to DP-fy ML: A Practical Guide to Machine Learning with
+#: Differential Privacy", JAIR 77 (2023), its tiers of epsilon (the upper end of each tier, and
+#: its words).
+EPSILON_SCALE = ((1.0, "strong formal privacy guarantee (epsilon <= 1)"),
+                 (10.0, "reasonable formal privacy guarantee (epsilon <= 10)"),
+                 (math.inf, "weak to no formal privacy guarantee (epsilon > 10)"))
+EPSILON_SCALE_SOURCE = ("Ponomareva et al., \"How to DP-fy ML: A Practical Guide to Machine Learning "
+                        "with Differential Privacy\", JAIR 77 (2023): tiers at epsilon 1 and 10")
+
+
+def epsilon_tier(epsilon: Any) -> str | None:
+    """Where ``epsilon`` lies on :data:`EPSILON_SCALE` (None: not a number >= 0)."""
+    if not isinstance(epsilon, (int, float)) or isinstance(epsilon, bool):
+        return None
+    eps = float(epsilon)
+    if eps < 0 or math.isnan(eps):
+        return None
+    return next(words for top, words in EPSILON_SCALE if eps <= top)
 
 
 def plan_settings(auditor: Any, steps: float | None) -> tuple[dict[str, Any] | None, str]:
@@ -147,6 +167,10 @@ def plan_line(plan: AuditPlan) -> str:
     """The one line logged at fit start: the plan, and how to get the bug search where it was
     skipped."""
     line = plan.summary()
+    tier = epsilon_tier(plan.reference_epsilon)
+    if tier is not None:
+        line += (f"; the claim {plan.reference_epsilon:.3g} is a {tier} on the scale of "
+                 "Ponomareva et al. (JAIR 2023)")
     if not plan.bugs_searched:
         line += ("; for the smallest bug it would flag, run audit_callbacks.estimators.plan_audit "
                  "with these settings before training (seconds to a minute)")

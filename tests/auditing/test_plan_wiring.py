@@ -29,6 +29,7 @@ def test_fedavg_plans_once_at_fit_start_and_reads_the_ratio(tmp_path, monkeypatc
         fit(dm, module, [audit], 12, tmp_path)
     plans = [m for m in lines if "CanaryAudit: plan:" in m]
     assert len(plans) == 1 and "can show a valid epsilon of at most" in plans[0]
+    assert "weak to no formal privacy guarantee (epsilon > 10) on the scale of Ponomareva" in plans[0]
     assert not any("plan:" in str(w.message) for w in caught)  # information, not a warning
     summary = json.loads(open(audit.summary_path, encoding="utf-8").read())
     assert summary[names.PLAN_STATUS] == "ok"
