@@ -504,6 +504,10 @@ class CanaryAuditor:
                            (summary[names.VERDICT_MECHANISM], summary[f"{names.VERDICT_MECHANISM}_sentence"])
                            if names.VERDICT_MECHANISM in summary else None)
         path = output.write_summary(summary)
+        if complete and path is not None:  # rank zero, once: the number to read, in the terminal
+            from audit_callbacks.auditing.html_report import number_to_read
+
+            output.info(f"{self.name}: {number_to_read(summary)}")
         self.log(last, sink, step=step, histograms=histograms and complete)
         if report is not None:  # the fit-end numbers (the summary's) where they differ from the
             # series' last point (the bounds at plain alpha, under their own names), written last

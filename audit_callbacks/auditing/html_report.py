@@ -42,7 +42,8 @@ from audit_callbacks.auditing.plan import EPSILON_SCALE, EPSILON_SCALE_SOURCE, e
 from audit_callbacks.auditing.report import REFERENCES, fmt, verdict
 
 __all__ = ["EPSILON_SCALE", "EPSILON_SCALE_SOURCE", "HTML_FILENAME", "MARKDOWN_FILENAME", "epsilon_tier",
-           "fmt", "history_figure", "interval", "markdown_text", "render_html", "render_markdown",
+           "fmt", "history_figure", "interval", "markdown_text", "number_to_read", "render_html",
+           "render_markdown",
            "verdict", "write_report"]
 
 HTML_FILENAME = "audit_report.html"
@@ -135,6 +136,15 @@ def _read_first(summary: Mapping[str, Any]) -> dict[str, str]:
     out["epsilon scale"] = ("at most 1: strong formal privacy guarantee; at most 10: reasonable; above 10: "
                             f"weak to no formal privacy guarantee ({EPSILON_SCALE_SOURCE})")
     return out
+
+
+def number_to_read(summary: Mapping[str, Any]) -> str:
+    """The canary audit's one line for the terminal at the end: the number to read with its
+    claim, and the ratio read against the plan (or the ratio alone)."""
+    first = _read_first(summary)
+    line = first["the number to read"]
+    ratio = first.get("estimate / claim")
+    return f"{line}; estimate / claim {ratio}" if ratio else line
 
 
 def _chance(values: Mapping[str, Any]) -> str | None:

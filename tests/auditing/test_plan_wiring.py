@@ -40,6 +40,9 @@ def test_fedavg_plans_once_at_fit_start_and_reads_the_ratio(tmp_path, monkeypatc
     assert summary[names.PLAN_RATIO_READING].startswith(f"{ratio:.2f}: ")
     assert "expected for a correct run" in summary[names.PLAN_RATIO_READING]
     # the report's path, given once, is the file written
+    # the terminal's number to read at the end, once, with the ratio's reading
+    read = [m for m in lines if m.startswith("CanaryAudit: epsilon_all_iterates = ")]
+    assert len(read) == 1 and summary[names.PLAN_RATIO_READING] in read[0]
     said = [m for m in lines if m.startswith("audit report: ")]
     assert said == [f"audit report: {audit.report_path}"] and os.path.exists(audit.report_path)
     page = open(audit.report_path, encoding="utf-8").read()
