@@ -263,6 +263,7 @@ class CanaryAuditor:
             f"estimate are at the default delta = {self.delta:g}, which may not be yours: an "
             f"epsilon at another delta is another number. Pass {self.name}(..., delta=...) with "
             f"{hint}"))
+
     # ------------------------------------------------------------------ events
     def start(self, theta0: torch.Tensor | None = None) -> None:
         """The model before training (flat ``[d]``; default: the backend's current model),

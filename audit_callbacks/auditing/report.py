@@ -194,7 +194,8 @@ def _judge(threat_model: str, *, claim: Any, claim_status: str, bound: Any, esti
     at = at_delta(delta)
     claim = _number(claim)
     if claim is None:
-        return "unchecked", f"unchecked: no finite claimed epsilon{at} (analytic epsilon: {claim_status})"
+        return "unchecked", (f"unchecked: no finite claimed epsilon{at} (analytic epsilon: "
+                             f"{claim_status})")
     reference_name = REFERENCES[threat_model][1]
     bound = _number(bound)
     alpha = _number(alpha)
@@ -209,7 +210,8 @@ def _judge(threat_model: str, *, claim: Any, claim_status: str, bound: Any, esti
                               f"epsilon (interval [{fmt(low)}, {fmt(upper)}], "
                               f"claimed {fmt(claim)}{at})")
     if bound is None and _number(estimate) is None:
-        return "unchecked", f"unchecked: no estimate ({estimate_status}) to compare with the claimed epsilon {fmt(claim)}{at}"
+        return "unchecked", (f"unchecked: no estimate ({estimate_status}) to compare with the "
+                             f"claimed epsilon {fmt(claim)}{at}")
     sentence = (f"consistent: the valid lower bound {fmt(bound)} and the estimate "
                 f"{fmt(estimate)} do not contradict the claimed epsilon {fmt(claim)}{at}")
     if reference_name != names.EPSILON_ANALYTIC:

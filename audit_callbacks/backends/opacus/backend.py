@@ -322,8 +322,8 @@ class OpacusBackend(BackendBase):
         examples (:func:`canary_share_warning`)."""
         assert self.auditor is not None
         expected = getattr(opt, "expected_batch_size", None)
-        real = (float(expected) * self.world_size if expected else
-                float(self.population or 0) * float(getattr(self.injector, "sample_rate", rate)))
+        # the real examples a step sees: Opacus' expected batch (per process), else N q
+        real = float(expected) * self.world_size if expected else float(self.population or 0) * rate
         message = canary_share_warning(self.name, self.auditor.num_canaries, float(rate), real,
                                        self.population)
         if message:
@@ -454,7 +454,7 @@ class OpacusBackend(BackendBase):
         out[f"{EPSILON_ANALYTIC_KNOWN_BATCHES}_status"] = (
             f"the batches are known: the most-sampled canary took part in {r} steps, a {r}-fold "
             f"Gaussian mechanism of noise multiplier {sigma:g} without amplification by sampling; "
-            "the claim for anyone holding the seed" if r else "no canary took part yet")
+            f"the claim at delta = {delta:g} for anyone holding the seed" if r else "no canary took part yet")
         return out
 
     def summary_inputs(self) -> dict[str, Any]:
