@@ -6,7 +6,8 @@ the place of a training example; ``docs/methods/canaries.md``), for scripts such
 ``examples/mnist.py`` that call ``optimizer.step()`` themselves::
 
     model, optimizer, train_loader = privacy_engine.make_private(...)
-    audit = OpacusCanaryAudit(optimizer, data_loader=train_loader, log_dir="runs/audit")
+    audit = OpacusCanaryAudit(optimizer, data_loader=train_loader, log_dir="runs/audit",
+                              delta=DELTA)         # the delta the script gives get_epsilon
     for epoch in range(epochs):
         train(model, train_loader, optimizer)      # unchanged: every step is observed
     audit.write()                                  # summary JSON + TensorBoard in log_dir
