@@ -66,6 +66,9 @@ EPSILON_LOWER_BOUND_ALL_ITERATES_WATCHED = "epsilon_lower_bound_all_iterates_wat
 EPSILON_LOWER_BOUND_FINAL_MODEL_WATCHED = "epsilon_lower_bound_final_model_watched"
 EPSILON_GDP_LOWER_BOUND_ALL_ITERATES_WATCHED = "epsilon_gdp_lower_bound_all_iterates_watched"
 EPSILON_GDP_LOWER_BOUND_FINAL_MODEL_WATCHED = "epsilon_gdp_lower_bound_final_model_watched"
+#: the summary input saying where the audit's delta came from: ``"argument"`` (given to the
+#: audit), ``"module"`` (the training's own ``delta`` attribute) or ``"default"``
+DELTA_SOURCE = "delta_source"
 
 # -- label callbacks (label_attack, label_dp, fl_label_attack) ------------------------------------
 ACCURACY = "accuracy"
