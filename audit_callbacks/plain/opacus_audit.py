@@ -177,8 +177,9 @@ class OpacusCanaryAudit(AuditFrontEnd):
             log_dir: the folder (None: the constructor's ``log_dir``).
 
         Returns:
-            The summary's path (None when it could not be written: warned); the report's,
-            printed as ``audit report: <path>``, is :attr:`report_path`.
+            The path of ``audit_report.html``, the report a person reads (printed as
+            ``audit report: <path>``; None when it could not be written: warned). The
+            summary JSON's path is :attr:`summary_path`.
 
         Raises:
             ValueError: no ``log_dir`` here nor at construction.
@@ -193,7 +194,7 @@ class OpacusCanaryAudit(AuditFrontEnd):
             step=self.steps, output=self.output, histograms=self.log_histograms,
             figures=self.log_figures)
         sink.close()
-        return self.summary_path
+        return self.report_path
 
     # ------------------------------------------------------------------ state
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

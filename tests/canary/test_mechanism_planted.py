@@ -200,7 +200,8 @@ def test_the_verdict_names_the_failed_check(tmp_path):
     assert word == "violation" and "repeats" in sentence
     assert report.verdicts()["all_iterates"] == (word, sentence)
     assert report.scalars()["audit/verdict_mechanism"] == 2.0
-    path = audit.write(str(tmp_path))
+    audit.write(str(tmp_path))
+    path = audit.summary_path
     with open(path, encoding="utf-8") as fh:
         summary = json.load(fh)
     assert summary["verdict_mechanism"] == "violation"

@@ -95,7 +95,9 @@ def test_api_report_write_state_and_detach(tmp_path):
     assert report is not None and report.progress == steps
     assert math.isfinite(report.estimates["epsilon_final_model"].value)
     assert report.epsilon_analytic == pytest.approx(engine.get_epsilon(1e-5))
-    path = audit.write(tmp_path / "out")
+    report_path = audit.write(tmp_path / "out")
+    assert report_path == str(tmp_path / "out" / "audit_report.html") and os.path.exists(report_path)
+    path = audit.summary_path
     assert path == str(tmp_path / "out" / "audit_summary.json") and os.path.exists(path)
     assert any(f.startswith("events") for f in os.listdir(tmp_path / "tb"))  # every_n_steps
 
