@@ -267,10 +267,25 @@ def abba(
 
 def cpu_ratio(pairs: list[tuple[dict, dict]]) -> dict[str, Any]:
     """The training thread's CPU seconds (``thread_time``), audited / baseline, per pair: less
-    sensitive than wall time to the other processes on the machine."""
+    sensitive than wall time to the other processes on the machine. Beside it, where the
+    audited fit's extra seconds go (medians over the pairs): the audit's own CPU, the rest of
+    the training thread's extra CPU (the local training's wall change, the same real updates,
+    given apart: most of it when the audit's vectors evict the training's caches), and the
+    fit's wall time off the training thread's CPU (waiting: other threads holding the GIL,
+    e.g. the TensorBoard writer, file syncs, the machine's other processes)."""
     r = np.array([a["main_thread_cpu_s"] / b["main_thread_cpu_s"] for b, a in pairs])
+    extra = np.array([a["fit_s"] - b["fit_s"] for b, a in pairs])
+    audit = np.array([a["audit_cpu_s"] for _, a in pairs])
+    local = np.array([a["local_update_s"] - b["local_update_s"] for b, a in pairs])
+    cpu = np.array([a["main_thread_cpu_s"] - b["main_thread_cpu_s"] for b, a in pairs])
+    wait = np.array([(a["fit_s"] - a["main_thread_cpu_s"]) - (b["fit_s"] - b["main_thread_cpu_s"])
+                     for b, a in pairs])
     return {"cpu_pair_ratios": r.tolist(), "cpu_median_ratio": float(np.median(r)),
-            "cpu_median_ratio_interval": median_interval(r)}
+            "cpu_median_ratio_interval": median_interval(r),
+            "extra_wall_s_median": {"total": float(np.median(extra)), "audit_cpu": float(np.median(audit)),
+                                    "local_training": float(np.median(local)),
+                                    "other_training_thread_cpu": float(np.median(cpu - audit)),
+                                    "off_training_thread_cpu": float(np.median(wait))}}
 
 
 def print_abba(title: str, res: dict[str, Any]) -> None:
@@ -284,8 +299,11 @@ def print_abba(title: str, res: dict[str, Any]) -> None:
               f"{r['median_ratio']:9.3f} [{ci['lower']:.3f}, {ci['upper']:.3f}] ({100 * ci['coverage']:.0f}%) "
               f"{r['audit_cpu_s_median']:11.2f} {100 * r['audit_cpu_share_of_baseline_median']:5.1f}%")
         cc = r["cpu_median_ratio_interval"]
+        ex = r["extra_wall_s_median"]
         print(f"            training-thread CPU ratio {r['cpu_median_ratio']:.3f} [{cc['lower']:.3f}, "
-              f"{cc['upper']:.3f}]")
+              f"{cc['upper']:.3f}]; extra wall {ex['total']:.2f} s ~ audit CPU {ex['audit_cpu']:.2f} + other "
+              f"training-thread CPU {ex['other_training_thread_cpu']:+.2f} (local training's wall "
+              f"{ex['local_training']:+.2f}) + off the thread's CPU {ex['off_training_thread_cpu']:+.2f} (medians)")
         calls = ", ".join(f"{k} {s:.2f}" for k, s in sorted(r["audit_cpu_by_call_s_median"].items(),
                                                            key=lambda kv: -kv[1]) if s >= 0.005)
         print(f"            pairs {', '.join(f'{x:.3f}' for x in r['pair_ratios'])}; audit CPU by call (s): "

@@ -12,7 +12,9 @@ tolerance where it is not.
 * ``KnownRoundScores.update``: one transform a round by linearity, within 1e-7 of ``(|Delta_t| +
   beta |Delta_{t-1}|) m / (C eta)`` of the float64 transform of the recovered average (measured:
   <= 1e-8, the previous code's <= 7e-9); the shared projection gives the same bits as computing
-  it; a checkpoint keeps its format and a resumed run continues bit for bit;
+  it; a checkpoint keeps its format and a resumed run continues bit for bit; the update in fewer
+  operations (one comparison for the finite test, slices added to in place) keeps the previous
+  code's bits, NaN and inf rounds included;
 * the backend: the canary sum's device and dtype follow the round's ``theta``; the
   representative row goes through the module's clip stage every round.
 """
@@ -32,7 +34,7 @@ from audit_callbacks.canary.base import Release
 from audit_callbacks.canary.known_rounds import KnownRoundScores
 from audit_callbacks.canary.projection import Projection
 from audit_callbacks.canary.statistics import CanaryStatistics
-from audit_callbacks.canary.vectors import CanarySet, _parity_signs, fwht
+from audit_callbacks.canary.vectors import CanarySet, _index_array, _parity_signs, fwht
 
 
 # ----------------------------------------------------------------------------- fwht
@@ -268,6 +270,84 @@ def test_known_rounds_checkpoint_keeps_its_format_and_resumes_bit_for_bit():
                              server_lr=0.7, server_momentum=0.9)
     fresh.load_state_dict(state)
     assert torch.equal(fresh.state_dict()["previous"], state["previous"])
+
+
+# ----------------------------------------------------------------------------- the previous update
+def _old_known_update(self, model_delta, participants, *, projection=None):
+    """``KnownRoundScores.update`` before its finite test became one comparison and its slices
+    were added to in place (kept to compare bits)."""
+    x = model_delta.detach()
+    dev = self._to_device(x.device)
+    if projection is None:
+        dots = self.canaries.dots(x)
+        norm = torch.linalg.vector_norm(x, dtype=torch.float64)
+    else:
+        dots, norm = projection
+        if tuple(dots.shape) != (len(self.canaries),) or norm.dim() != 0:
+            raise ValueError(f"projection: expected dots [{len(self.canaries)}] and a 0-dim norm, "
+                             f"got {tuple(dots.shape)} and {tuple(norm.shape)}")
+    idx = _index_array(np.asarray([] if participants is None else participants), self.k, x.device)
+    self._cache = None
+    self._auditor = None
+    ok = torch.isfinite(norm)  # a float64 sum of float32 squares: finite iff every entry is
+    unit = self.divisor / (self.clip_norm * self.eta)  # y in units of one clipped update
+    if self.beta > 0:
+        assert self._has_previous is not None
+        prev = self._previous_dots_on(x.device)  # 0 where the previous delta is not valid
+        fold = ok & (self._has_previous | (dev["rounds"] == 0))
+        y = torch.add(dots, prev, alpha=-self.beta).nan_to_num_(0.0, 0.0, 0.0)
+        self._previous_dots = dots.nan_to_num(0.0, 0.0, 0.0).mul_(ok.to(torch.float64))
+        self._previous = x
+        self._has_previous = ok
+    else:  # no momentum: no previous delta is kept
+        fold = ok
+        y = dots.nan_to_num(0.0, 0.0, 0.0)  # a new tensor: dots may be shared
+    fold64 = fold.to(torch.float64)
+    y.mul_(fold64 * unit)
+    take = fold.to(torch.int64)
+    k = self.k
+    dev["sums"].index_add_(0, idx, y.index_select(0, idx))
+    dev["counts"].index_add_(0, idx, take.expand(idx.numel()))
+    un = y[k:]
+    dev["sums"][k:] += un
+    dev["counts"][k:] += take
+    dev["un_squares"] += torch.dot(un, un)
+    factor = torch.where(fold, self._beta_on, 1.0)  # beta in float64, not a float32 scalar
+    dev["momentum_sums"].mul_(factor).index_add_(0, idx, fold64.expand(idx.numel()))
+    dev["decay"].mul_(factor).add_(fold64)
+    dev["decay_squares"].mul_(factor * factor).add_(fold64)
+    dev["rounds"] += take
+    dev["skipped"] += 1 - take
+    return fold
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.9])
+def test_the_known_rounds_update_has_the_previous_bits(monkeypatch, beta):
+    """NaN and inf rounds included: every running sum, count and flag is the previous code's."""
+
+    def run():
+        cs = CanarySet(2, 3000, 300, kind="hadamard")
+        st = KnownRoundScores(cs, 30, clip_norm=0.5, divisor=8, noise_multiplier=1.0, server_lr=0.7,
+                              server_momentum=beta)
+        g, rng = torch.Generator().manual_seed(5), np.random.default_rng(5)
+        flags = []
+        for t in range(9):
+            delta = torch.randn(3000, generator=g) * 0.01
+            if t == 3:
+                delta[7] = math.nan
+            if t == 6:
+                delta[11] = math.inf
+            flags.append(bool(st.update(delta, np.flatnonzero(rng.random(30) < 0.3))))
+        return st, flags
+
+    new, new_flags = run()
+    monkeypatch.setattr(KnownRoundScores, "update", _old_known_update)
+    old, old_flags = run()
+    assert new_flags == old_flags and not all(new_flags)
+    for key, value in new._dev.items():
+        assert torch.equal(value, old._dev[key]), key
+    if beta:
+        assert torch.equal(new._previous_dots, old._previous_dots)
 
 
 def test_restart_forgets_the_previous_delta():
