@@ -23,8 +23,14 @@ from audit_callbacks.canary.base import NoMatchedStatistic, ReleaseModel
 if TYPE_CHECKING:  # pragma: no cover
     from audit_callbacks.auditing import CanaryAuditor
 
-__all__ = ["BackendBase", "CanaryBackend", "LightningHooks", "num_batches", "num_examples",
+__all__ = ["CANARY_SHARE_WARN", "BackendBase", "CanaryBackend", "LightningHooks", "num_batches", "num_examples",
            "total_rounds"]
+
+#: The one canary-share rule of every path: canaries are warned about from this share of the
+#: examples a DP-SGD step sees (k q / (N q + k q)) or of the federated population (k / (N + k)):
+#: each is a clipped contribution no real example or client makes, so many of them slow
+#: learning (and on the federated paths they take places real clients would have).
+CANARY_SHARE_WARN = 0.1
 
 
 @runtime_checkable

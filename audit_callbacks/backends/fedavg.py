@@ -22,28 +22,34 @@ import numpy as np
 import torch
 
 from audit_callbacks import names
-from audit_callbacks.backends.base import BackendBase, LightningHooks, total_rounds
+from audit_callbacks.backends.base import (
+    CANARY_SHARE_WARN,
+    BackendBase,
+    LightningHooks,
+    total_rounds,
+)
 from audit_callbacks.canary.base import NoisyAverageDelta, NoMatchedStatistic, ReleaseModel
 
 __all__ = ["FedAvgBackend", "crowding_warning", "fedavg_release_model"]
 
-_CROWDING_SHARE = 0.1  # canaries' share of the population from which a warning says what it costs
 
 
-def crowding_warning(k: int, n_real: int, per_round: int | None) -> str | None:
+def crowding_warning(k: int, n_real: int, per_round: int | None, *, name: str = "CanaryAudit",
+                     setting: str = "clients_per_round") -> str | None:
     """The warning for ``k`` sampled canary clients among ``n_real`` real ones, or None when
     they are less than 10% of the population: they take about k / (N + k) of every cohort's
-    places, and the message gives the ``clients_per_round`` that keeps the real clients a round.
-    """
-    if n_real <= 0 or k <= 0 or k / (n_real + k) < _CROWDING_SHARE:
+    places, and the message gives the cohort size (``setting``, named as the front end ``name``
+    takes it) that keeps the real clients a round. The DP-SGD path warns at the same share
+    (:func:`audit_callbacks.backends.opacus.backend.canary_share_warning`)."""
+    if n_real <= 0 or k <= 0 or k / (n_real + k) < CANARY_SHARE_WARN:
         return None
     share = k / (n_real + k)
     hint = ""
     if per_round:
         keep = math.ceil(per_round * (n_real + k) / n_real)
-        hint = f"; to keep {per_round} real clients a round on average, set clients_per_round={keep}"
+        hint = f"; to keep {per_round} real clients a round on average, set {setting}={keep}"
     what = "outnumber" if k > n_real else "are a large share of the population next to"
-    return (f"CanaryAudit: {k} canary clients {what} the {n_real} real clients, so about "
+    return (f"{name}: {k} canary clients {what} the {n_real} real clients, so about "
             f"{share:.0%} of every cohort are canaries in places real clients would take, which "
             f"slows learning{hint}, or pass a smaller num_canaries")
 

@@ -110,8 +110,8 @@ class CanaryAudit(AuditFrontEnd, FederatedAuditHooks, Callback):
             self._warn("nologger", "CanaryAudit: no logger is attached, so estimates are not logged; "
                        f"they are written to {summary_dir} at fit end")
         if not overrides(pl_module, "validation_step") or not trainer.limit_val_batches:
-            self._warn("noval", "CanaryAudit: no validation loop: estimates are computed at the "
-                       f"end of every {self.every_n_epochs} training epoch(s) and at fit end")
+            self._info(f"CanaryAudit: no validation loop, so estimates are computed at the end of "
+                       f"every {self.every_n_epochs} training epoch(s) and at fit end")
 
     def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            checkpoint: dict[str, Any]) -> None:

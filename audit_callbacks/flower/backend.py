@@ -51,6 +51,7 @@ from flwr.serverapp.exception import InconsistentMessageReplies
 
 from audit_callbacks import names
 from audit_callbacks.backends.base import BackendBase
+from audit_callbacks.backends.fedavg import crowding_warning
 from audit_callbacks.canary.base import NoisyAverageDelta, NoMatchedStatistic, ReleaseModel
 from audit_callbacks.estimators import gaussian_epsilon
 from audit_callbacks.flower.records import LOGGER, Layout
@@ -243,6 +244,10 @@ class FlowerBackend(BackendBase):
                           f"canary clients, but the DP wrapper's num_sampled_clients is "
                           f"{sampled}: its noise on the sum of the cohort's updates is "
                           f"z C {m}/{sampled}, not z C; set num_sampled_clients={m}")
+            crowded = crowding_warning(k, n_real, round(m * n_real / (n_real + k)),
+                                       name="CanaryStrategy", setting="the cohort (fraction_train x nodes)")
+            if crowded:
+                self.warn("crowding", crowded)
             LOGGER.log(INFO, "CanaryStrategy: %d canary clients join %d real ones; cohort %d, "
                        "rate q = %.4f per round", k, n_real, m, m / (n_real + k))
         if self.path == "audit":

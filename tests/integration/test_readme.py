@@ -1,9 +1,13 @@
 """README.md is a guide a new user can follow: every fenced ``python`` block runs as written
-(each on its own, in a fresh folder, from the repository root's imports) and writes a summary;
+(each on its own, in a fresh folder, from the repository root's imports), writes a summary,
+prints the paths its comments name and draws no warning from the audit about its own settings;
 the guide stays short and its links lead somewhere."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import os
 import re
 import subprocess
 import sys
@@ -15,6 +19,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 MAX_LINES = 300
+#: the audit's own warnings start with the front end's name
+FRONT_ENDS = ("CanaryAudit:", "OpacusCanaryAudit:", "CanaryStrategy:")
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -92,8 +98,15 @@ def test_readme_snippet_runs_as_written(line, code, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(ROOT))  # `datamodules`, `models`: the repository's own
     namespace = {"__name__": "__readme__"}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        exec(compile(code, f"README.md:{line}", "exec"), namespace)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with contextlib.redirect_stdout(io.StringIO()) as printed:
+            exec(compile(code, f"README.md:{line}", "exec"), namespace)
     summaries = sorted(p.name for p in tmp_path.rglob("*summary*.json"))
     assert summaries, f"the snippet at README.md:{line} wrote no summary"
+    # a snippet a user copies draws no warning from the audit about its own settings
+    own = [str(w.message) for w in caught if str(w.message).startswith(FRONT_ENDS)]
+    assert not own, f"the snippet at README.md:{line} warns: {own}"
+    # doctest-style: the path a print's comment names is what it prints
+    for expected in re.findall(r"^print\(.*?\)\s+#\s+(\S+\.(?:json|html))", code, re.M):
+        assert expected.replace("/", os.sep) in printed.getvalue(), (expected, printed.getvalue())

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from opacus.accountants import PRVAccountant, RDPAccountant
 
-from audit_callbacks.backends.base import BackendBase, num_batches, num_examples
+from audit_callbacks.backends.base import CANARY_SHARE_WARN, BackendBase, num_batches, num_examples
 from audit_callbacks.backends.opacus.accounting import (
     PRV_MAX_POINTS,
     accountant_epsilon,
@@ -52,12 +52,9 @@ from audit_callbacks.names import (
     EPSILON_ANALYTIC_RDP,
 )
 
-__all__ = ["CANARY_SHARE_WARN", "DELTA_HINT", "OpacusBackend", "canary_share_warning", "dp_optimizer",
+__all__ = ["DELTA_HINT", "OpacusBackend", "canary_share_warning", "dp_optimizer",
            "sampling_warning"]
 
-#: From this share of a step's examples, the canaries are warned about (as the federated
-#: canary clients are from this share of the population).
-CANARY_SHARE_WARN = 0.1
 #: How a DP-SGD script gives the audit its delta (Opacus' ``make_private_with_epsilon`` does not
 #: keep ``target_delta``, and its accountants take delta at each ``get_epsilon(delta)`` call).
 DELTA_HINT = ("the delta your script gives privacy_engine.get_epsilon(delta) (or "
