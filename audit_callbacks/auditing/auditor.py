@@ -500,6 +500,10 @@ class CanaryAuditor:
                            if names.VERDICT_MECHANISM in summary else None)
         path = output.write_summary(summary)
         self.log(last, sink, step=step, histograms=histograms and complete)
+        if complete and getattr(sink, "text", None) is not None:  # beside the report's text
+            from audit_callbacks.auditing.sinks import FIT_END_TAG, fit_end_table
+
+            self._sink(sink.text, {FIT_END_TAG: fit_end_table(summary)}, step)
         drawn: dict[str, Any] = {}
         writes_images = bool(getattr(sink, "writes_images", True))
         if complete and figures and report is not None:

@@ -48,6 +48,8 @@ NOISE_SCALE_RATIO = "noise_scale_ratio"
 FRESH_NOISE_RATIO = "fresh_noise_ratio"
 BATCH_SIZE_VARIANCE_RATIO = "batch_size_variance_ratio"
 VERDICT_MECHANISM = "verdict_mechanism"
+#: the TensorBoard text of the fit-end numbers (a Markdown table; not a scalar)
+FIT_END_NUMBERS = "fit_end_numbers"
 
 # -- label callbacks (label_attack, label_dp, fl_label_attack) ------------------------------------
 ACCURACY = "accuracy"
