@@ -57,6 +57,7 @@ SLOW: tuple[str, ...] = (
     "tests/canary/test_steps_unknown.py::test_ddp_every_rank_observes_the_same_global_noisy_sum",
     "tests/examples/test_noise_replay.py::test_the_examples_noise_is_not_regenerated_from_its_logs_or_a_rerun",
     "tests/examples/test_examples_accelerator.py::test_demo_runs_on_the_cpu_with_the_flag",
+    "tests/examples/test_demo.py::test_make_demo_claims_at_most_10_reads_its_ratio_in_the_planned_range_and_warns_nothing",
     # over ~2 s
     "tests/benchmarks/test_watched_coverage.py::test_the_maximum_of_every_logged_series_covers",
     "tests/callbacks/test_canary_audit.py::test_resume_gives_the_same_estimate",
