@@ -48,6 +48,7 @@ SLOW: tuple[str, ...] = (
     "tests/examples/test_examples_dpsgd_label.py",
     "tests/examples/test_examples_ldp_audit.py",
     "tests/canary/test_mechanism_planted.py",
+    "tests/callbacks/test_loggers.py",
     # a subprocess, DDP ranks, an example's run
     "tests/auditing/test_auditor.py::test_flower_import_loads_neither_lightning_nor_opacus",
     "tests/auditing/test_html_report.py::test_screenshot_headless_chromium",

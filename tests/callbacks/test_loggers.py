@@ -16,7 +16,8 @@ import pytest
 from audit_callbacks.callbacks import CanaryAudit
 from tests._federated import digits_dpfedavg
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
+pytestmark = [pytest.mark.slow,  # a fit each, and the loggers' start-up (W&B starts its service)
+              pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")]
 
 REPORT = ("audit_report.html", "audit_report.md")
 
