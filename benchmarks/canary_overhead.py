@@ -19,7 +19,7 @@ clients are sampled like real clients (Andrew et al. 2024 Alg. 2), so the audite
     every 25 (issue 28: >= 100 rounds, so that the fixed fit-end cost is amortised as in a real
     run), 1000 Hadamard canaries (default k'); ``--fed-kinds hadamard,gaussian`` adds Gaussian
     canaries (their pairs interleaved with the Hadamard ones; ~90 s a fit at 100 rounds).
-(2) demo: ``make demo``'s run (50 rounds, 1,400 clients, 310 a round, SmallCNN, z = 2,
+(2) demo: ``make demo``'s run (50 rounds, 1,400 clients, 310 a round, MLP 64-200-10, z = 2,
     local lr 0.5, ``CanaryAudit(150)``). The audit's own time is measured by wrapping the callback's hooks and
     the backend's protocol calls (``client_update_sum``, ``client_updates``,
     ``on_round_released``; ``perf_counter`` and ``thread_time``, all on the training thread) and
@@ -549,7 +549,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
             print_abba("[1] federated scenario (ratio: median of ABBA pairs audited / baseline)",
                        payload["federated"])
         if "demo" not in skip:
-            cfg = train_config(clients=1400, clients_per_round=310, noise_multiplier=2.0, local_lr=0.5,
+            cfg = train_config(model="mlp", hidden=[200], clients=1400, clients_per_round=310,
+                               noise_multiplier=2.0, local_lr=0.5,
                                rounds=args.demo_rounds, rounds_per_epoch=min(10, args.demo_rounds),
                                accelerator=args.accelerator)
             dm = FederatedDataModule("digits", num_clients=cfg["clients"],

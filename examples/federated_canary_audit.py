@@ -4,20 +4,22 @@
     python examples/federated_canary_audit.py --noise-multiplier 1  # another claim
     python examples/federated_canary_audit.py --accelerator gpu     # on a CUDA GPU (default: auto)
 
-Trains a small CNN with DP-FedAvg over clients holding shards of the digits data, inserts canary
-clients with ``CanaryAudit``, and prints the empirical epsilons (final model and all iterates),
-their 95% lower bounds and the analytic epsilon (the claim), the estimate / claim ratio against
-the range a correct run shows at these settings (``plan_audit``), and where the report is.
-TensorBoard logs, ``audit_summary.json`` and ``audit_report.html`` go to ``--log-dir`` (view with
-``tensorboard --logdir runs``; set smoothing to 0).
+Trains an MLP (one hidden layer of 200; ``--model cnn`` for a CNN) with DP-FedAvg over
+clients holding shards of the digits data, inserts canary clients with ``CanaryAudit``, and
+prints the empirical epsilons (final model and all iterates), their 95% lower bounds and the
+analytic epsilon (the claim), the estimate / claim ratio against the range a correct run shows
+at these settings (``plan_audit``), and where the report is. TensorBoard logs,
+``audit_summary.json`` and ``audit_report.html`` go to ``--log-dir`` (view with ``tensorboard
+--logdir runs``; set smoothing to 0).
 
 The defaults claim epsilon = 8.3 at delta = 1e-6: noise multiplier 2 over the 10 rounds each
 client (and canary) takes part in. An epsilon of at most 10 is the range where a DP guarantee
 still means something (Ponomareva et al., "How to DP-fy ML: A Practical Guide to Machine Learning
-with Differential Privacy", JAIR 2023); the model still learns at that noise because a round
-averages 310 clipped updates (about 280 real clients, each holding one or two of the 1,437
-training examples): the noise on the average shrinks as the cohort grows. 50 rounds take about
-30 s on 2 cores. The 150 canaries stay under 10% of the population, so they barely crowd real
+with Differential Privacy", JAIR 2023). The model still learns at that noise (about 0.9
+validation accuracy) because a round averages 310 clipped updates (about 280 real clients, each
+holding one or two of the 1,437 training examples), so the noise on the average is small; the
+small CNN (``--model cnn``, d = 13,706) reaches about 0.77 at the same claim. 50 rounds take 10 to
+20 s on 2 cores. The 150 canaries stay under 10% of the population, so they barely crowd real
 clients out of a cohort (more would be warned about).
 """
 
@@ -89,7 +91,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--clients", type=int, default=1400, help="real clients")
     p.add_argument("--clients-per-round", type=int, default=310)
     p.add_argument("--sampling", choices=["uniform", "shuffle", "poisson"], default="shuffle")
-    p.add_argument("--model", choices=["cnn", "mlp"], default="cnn")
+    p.add_argument("--model", choices=["cnn", "mlp"], default="mlp")
+    p.add_argument("--hidden", default="200",
+                   help="the MLP's hidden widths, comma-separated (default 200: d = 15,010 parameters)")
     p.add_argument("--local-lr", type=float, default=0.5)
     p.add_argument("--local-epochs", type=int, default=1)
     p.add_argument("--server-lr", type=float, default=1.0)
@@ -109,7 +113,8 @@ def main(argv: list[str] | None = None) -> dict:
         "digits", num_clients=args.clients, rounds_per_epoch=args.rounds_per_epoch, seed=args.seed,
     )
     dm.setup("fit")
-    model = build_model(args.model, dm.input_shape, dm.num_classes)
+    hidden = tuple(int(h) for h in args.hidden.split(",") if h.strip())
+    model = build_model(args.model, dm.input_shape, dm.num_classes, **({"hidden": hidden} if args.model == "mlp" else {}))
     module = DPFedAvg(
         model,
         clients_per_round=args.clients_per_round,
