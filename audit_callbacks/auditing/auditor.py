@@ -75,6 +75,10 @@ _UNCHECKED_RELEASES = 4096
 #: more: a reused noise or a fixed batch size falls far below any level)
 MECHANISM_ALPHA_SHARE = 0.1
 
+#: :attr:`CanaryAuditor.delta_source`: the audit's ``delta`` argument, the training's own
+#: ``delta`` attribute, or the backend's default.
+DELTA_ARGUMENT, DELTA_MODULE, DELTA_DEFAULT = "argument", "module", "default"
+
 #: ``warn(key, message)``: a front end's warning, once per key.
 Warn = Callable[[str, str], None]
 
@@ -119,6 +123,9 @@ class CanaryAuditor:
             (:class:`~audit_callbacks.backends.base.CanaryBackend`).
         warn: ``warn(key, message)``, once per key.
         name: the front end's name in warnings and the summary (``"CanaryAudit"``...).
+        delta_source: where ``config.delta`` came from when the front end knows better than
+            the config (``"default"`` for a default it put in the config itself); None: from
+            the config and the backend (:attr:`delta_source`).
 
     Raises:
         ValueError: a model with fewer than 2 parameters, more Hadamard canaries (k + k')
@@ -127,8 +134,9 @@ class CanaryAuditor:
     """
 
     def __init__(self, config: CanaryAuditConfig, backend: Any, warn: Warn, *,
-                 name: str = "CanaryAudit") -> None:
+                 name: str = "CanaryAudit", delta_source: str | None = None) -> None:
         self.config = config
+        self._delta_source = delta_source
         self.backend = backend
         self.warn = warn
         self.name = name
@@ -198,8 +206,10 @@ class CanaryAuditor:
                 f"{self.name}: num_canaries={config.num_canaries!r} (k = {k}) and "
                 f"num_unobserved={config.num_unobserved!r} (k' = {k_un}) need k + k' = "
                 f"{k + k_un} Hadamard canaries, but only n = {n} exist for d = {dim} "
-                f"parameters. Give num_canaries + num_unobserved <= {n}, or "
-                "canaries='gaussian'"
+                f"parameters. Use fewer canaries (num_canaries + num_unobserved <= {n}"
+                + ("; num_unobserved=None fills the rest" if config.num_unobserved is not None
+                   and k < n else "")
+                + "), or canaries='gaussian', which has no such cap"
             )
         if config.canaries == "gaussian" and (k + k_un) * dim > _COST_WARN_FLOATS:
             self.warn("cost", (
@@ -227,12 +237,40 @@ class CanaryAuditor:
         """The delta of every epsilon: the config's, else the backend's default."""
         return self.config.delta if self.config.delta is not None else float(self.backend.default_delta)
 
+    @property
+    def delta_source(self) -> str:
+        """Where :attr:`delta` came from: ``"argument"`` (the audit's ``delta``), ``"module"``
+        (the training's own ``delta`` attribute: a ``DPFedAvg`` or a LightningModule that has
+        one) or ``"default"`` (the backend's default, e.g. 1e-5 for Opacus DP-SGD, which keeps
+        no delta of its own: ``make_private_with_epsilon``'s ``target_delta`` is not stored)."""
+        if self._delta_source is not None:
+            return self._delta_source
+        if self.config.delta is not None:
+            return DELTA_ARGUMENT
+        own = getattr(self.backend, "delta_source", None)
+        if own is not None:
+            return str(own)
+        # a backend that took the training's own delta set it on itself, over its class default
+        return DELTA_MODULE if "default_delta" in vars(self.backend) else DELTA_DEFAULT
+
+    def _warn_default_delta(self) -> None:
+        """Once, at the training's start: the claim is computed at a delta nobody chose."""
+        if self.delta_source != DELTA_DEFAULT:
+            return
+        hint = getattr(self.backend, "delta_hint", "the delta your own accountant reports epsilon at")
+        self.warn("delta", (
+            f"{self.name}: no delta given, so the claimed epsilon (epsilon_analytic) and every "
+            f"estimate are at the default delta = {self.delta:g}, which may not be yours: an "
+            f"epsilon at another delta is another number. Pass {self.name}(..., delta=...) with "
+            f"{hint}"))
+
     # ------------------------------------------------------------------ events
     def start(self, theta0: torch.Tensor | None = None) -> None:
         """The model before training (flat ``[d]``; default: the backend's current model),
         once: a repeated or resumed run keeps the first ``theta_0``."""
         if self.stats.theta0 is None:
             self.stats.set_initial(self.backend.flat_parameters() if theta0 is None else theta0)
+        self._warn_default_delta()
 
     def release(self, model_delta: torch.Tensor | None, participants: np.ndarray | None = None, *,
                 noisy_sum: torch.Tensor | None = None, rate: float | None = None,
@@ -390,6 +428,7 @@ class CanaryAuditor:
             max_participations=int(self.participations.max(initial=0)),
             num_canaries_participated=int(took.sum()), statistics=stats,
             progress=int(self.backend.progress()), step=int(step), index=index, alpha=alpha,
+            delta=delta,
         )
 
     def mechanism_checks(self, index: int | None = None) -> dict[str, AuditResult]:
@@ -628,6 +667,7 @@ class CanaryAuditor:
         sampling = claim.pop("claim_sampling", None)
         inputs = {
             **self.identity(), "dim": self.stats.dim, "delta": self.delta,
+            names.DELTA_SOURCE: self.delta_source,
             "alpha": self.config.alpha,
             "participations_histogram": np.bincount(self.participations).tolist(),
             "rounds_skipped_non_finite": self.stats.rounds_skipped,

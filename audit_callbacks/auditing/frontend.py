@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from audit_callbacks.auditing.auditor import CanaryAuditor
+from audit_callbacks.auditing.auditor import CanaryAuditor, NoEstimateYet
 from audit_callbacks.auditing.config import CanaryAuditConfig
 from audit_callbacks.auditing.output import AuditOutput, ReportSection
 from audit_callbacks.auditing.report import CanaryReport
+from audit_callbacks.validation import check_count
 
 __all__ = ["AuditFrontEnd"]
 
@@ -21,6 +22,9 @@ class AuditFrontEnd:
 
     config: CanaryAuditConfig
     name = "CanaryAudit"
+    #: where ``config.delta`` came from when the subclass put a default of its own there
+    #: (``"default"``); None: the auditor tells it from the config and the backend
+    _delta_source: str | None = None
     output_type: type[AuditOutput] = AuditOutput  #: a Lightning callback's: ``LightningOutput``
 
     def __init__(self) -> None:
@@ -53,7 +57,8 @@ class AuditFrontEnd:
     def _open(self, backend: Any) -> None:
         """Make the auditor over ``backend`` (once), and apply a checkpoint's state."""
         if self.auditor is None and backend is not None:
-            self.auditor = CanaryAuditor(self.config, backend, self._warn, name=self.name)
+            self.auditor = CanaryAuditor(self.config, backend, self._warn, name=self.name,
+                                         delta_source=self._delta_source)
         if self._state is not None and self.auditor is not None:
             state, self._state = self._state, None
             self.auditor.load_state_dict(state)
@@ -67,8 +72,32 @@ class AuditFrontEnd:
     def last_report(self) -> CanaryReport | None:
         return None if self.auditor is None else self.auditor.last_report
 
+    def report(self, *, bootstrap: int = 0) -> CanaryReport:
+        """Every estimate from the canaries so far (``report.value("epsilon_all_iterates")``,
+        the claim ``report.epsilon_analytic`` at ``report.delta``), with ``bootstrap``
+        percentile resamples. Logs and writes nothing. The same on every front end.
+
+        Raises:
+            NoEstimateYet: no estimate yet; its ``reason`` says why (the training has not
+                started, fewer than 2 canaries took part, a model with NaN or inf parameters,
+                or the estimators failed). :meth:`compute` returns None instead.
+            ValueError: ``bootstrap`` is not a count >= 0.
+        """
+        check_count(bootstrap, "bootstrap")
+        if self.auditor is None:
+            raise NoEstimateYet(f"{self.name}: the training has not started, no canary was "
+                                "inserted yet")
+        try:
+            return self.auditor.report(bootstrap=bootstrap, step=self.auditor.backend.progress())
+        except NoEstimateYet as err:
+            raise NoEstimateYet(f"{self.name}: {err.reason}") from None
+        except (ValueError, RuntimeError, FloatingPointError) as err:  # as compute() catches
+            raise NoEstimateYet(f"{self.name}: the estimators failed ({type(err).__name__}: "
+                                f"{err})") from err
+
     def compute(self, *, bootstrap: int = 0, step: int | None = None) -> CanaryReport | None:
-        """Every estimate from the canaries so far (None until there is one). Logs nothing."""
+        """Every estimate from the canaries so far, or None until there is one (the reason is
+        warned once; :meth:`report` raises it instead). Logs nothing."""
         if self.auditor is None:
             return None
         step = self.auditor.backend.progress() if step is None else step

@@ -19,12 +19,25 @@ from audit_callbacks.auditing.output import SCHEMA
 from audit_callbacks.estimators.canary_report import SOURCE, THREAT_MODELS, estimate_names
 from audit_callbacks.estimators.result import AuditResult
 
-__all__ = ["VERDICT_CODES", "CanaryReport", "fmt", "mechanism_verdict", "summary_estimates",
-           "summary_json", "verdict"]
+__all__ = ["VERDICT_CODES", "CanaryReport", "at_delta", "fmt", "mechanism_verdict",
+           "summary_estimates", "summary_json", "value_names", "verdict"]
 
 #: The report's fields that are logged beside the estimates (names of family ``audit``).
 _FIELDS = (names.EPSILON_ANALYTIC, names.EPSILON_ANALYTIC_RDP, names.EPSILON_ANALYTIC_PRV,
            names.EPSILON_LAST_ITERATE_HEURISTIC, names.NUM_CANARIES_PARTICIPATED)
+
+#: The names :meth:`CanaryReport.value` reads, by kind.
+_ESTIMATE_NAMES = tuple(n for tm in THREAT_MODELS for n in estimate_names(tm).values())
+_RATIO_NAMES = (names.EPSILON_RATIO_FINAL_MODEL, names.EPSILON_RATIO_ALL_ITERATES)
+_CHECK_NAMES = (names.NOISE_SCALE_RATIO, names.FRESH_NOISE_RATIO, names.BATCH_SIZE_VARIANCE_RATIO)
+_VERDICT_NAMES = (names.VERDICT_FINAL_MODEL, names.VERDICT_ALL_ITERATES, names.VERDICT_MECHANISM)
+
+
+def value_names() -> list[str]:
+    """Every name :meth:`CanaryReport.value` accepts, in the name table's order."""
+    known = set(_ESTIMATE_NAMES) | set(_FIELDS) | set(_RATIO_NAMES) | set(_CHECK_NAMES)
+    return [q.name for q in names.family(names.FAMILY_AUDIT) if q.name in known]
+
 
 #: Each threat model's headline estimate and the reference it is compared with.
 REFERENCES = {"final_model": (names.EPSILON_FINAL_MODEL, names.EPSILON_LAST_ITERATE_HEURISTIC),
@@ -82,23 +95,26 @@ def verdict(summary: Mapping[str, Any], threat_model: str) -> tuple[str, str]:
         estimate_status=estimate.get("status", "not computed"),
         reference=summary.get(reference_name), ratio=summary.get(f"epsilon_ratio_{threat_model}"),
         alpha=(summary.get("inputs") or {}).get("alpha"),
+        delta=(summary.get("inputs") or {}).get("delta"),
         mechanism=(summary[names.VERDICT_MECHANISM], summary[f"{names.VERDICT_MECHANISM}_sentence"])
         if names.VERDICT_MECHANISM in summary else None)
 
 
 def judge(threat_model: str, *, claim: Any, claim_status: str, bound: Any, estimate: Any, lower: Any,
           upper: Any, confidence: Any, estimate_status: str, reference: Any, ratio: Any,
-          alpha: Any, mechanism: tuple[str, str] | None = None) -> tuple[str, str]:
+          alpha: Any, mechanism: tuple[str, str] | None = None,
+          delta: Any = None) -> tuple[str, str]:
     """:func:`verdict` on its numbers: the claimed epsilon (and its status when it is not
     finite), the valid lower bound, the headline estimate with its interval, confidence and
-    status, the reference, the ratio and the audit's alpha. A ``mechanism`` verdict
+    status, the reference, the ratio, the audit's alpha and the delta of every epsilon (each
+    sentence says it: ``at delta = 1e-05``; omitted when None). A ``mechanism`` verdict
     (:func:`mechanism_verdict`) of ``violation`` is every threat model's verdict (the claim
     assumes the mechanism the checks found broken); one of ``unproven`` replaces
     ``consistent``."""
     word, sentence = _judge(threat_model, claim=claim, claim_status=claim_status, bound=bound,
                             estimate=estimate, lower=lower, upper=upper, confidence=confidence,
                             estimate_status=estimate_status, reference=reference, ratio=ratio,
-                            alpha=alpha)
+                            alpha=alpha, delta=delta)
     if mechanism is not None:
         if mechanism[0] == "violation" and word != "violation":
             return mechanism
@@ -166,29 +182,38 @@ def mechanism_verdict(checks: Mapping[str, Any], noise_source: str | None = None
     return "consistent", f"consistent: the checks of the mechanism passed ({passed}){note}"
 
 
+def at_delta(delta: Any) -> str:
+    """`` at delta = 1e-05``: the delta every epsilon of a sentence is at (empty when None)."""
+    value = _number(delta)
+    return "" if value is None else f" at delta = {fmt(value)}"
+
+
 def _judge(threat_model: str, *, claim: Any, claim_status: str, bound: Any, estimate: Any, lower: Any,
            upper: Any, confidence: Any, estimate_status: str, reference: Any, ratio: Any,
-           alpha: Any) -> tuple[str, str]:
+           alpha: Any, delta: Any = None) -> tuple[str, str]:
+    at = at_delta(delta)
     claim = _number(claim)
     if claim is None:
-        return "unchecked", f"unchecked: no finite claimed epsilon (analytic epsilon: {claim_status})"
+        return "unchecked", (f"unchecked: no finite claimed epsilon{at} (analytic epsilon: "
+                             f"{claim_status})")
     reference_name = REFERENCES[threat_model][1]
     bound = _number(bound)
     alpha = _number(alpha)
     if bound is not None and bound > claim:
         level = f"{100 * (1 - alpha):g}%" if alpha is not None else "95%"
         return "violation", (f"violation: the valid {level} lower bound {fmt(bound)} "
-                             f"exceeds the claimed epsilon {fmt(claim)}")
+                             f"exceeds the claimed epsilon {fmt(claim)}{at}")
     low = _number(lower)
     if threat_model == "all_iterates" and low is not None and low > claim:
         level = _number(confidence) or 0.95
         return "suspicious", (f"suspicious: the estimate's {100 * level:g}% interval lies above the claimed "
                               f"epsilon (interval [{fmt(low)}, {fmt(upper)}], "
-                              f"claimed {fmt(claim)})")
+                              f"claimed {fmt(claim)}{at})")
     if bound is None and _number(estimate) is None:
-        return "unchecked", f"unchecked: no estimate ({estimate_status})"
+        return "unchecked", (f"unchecked: no estimate ({estimate_status}) to compare with the "
+                             f"claimed epsilon {fmt(claim)}{at}")
     sentence = (f"consistent: the valid lower bound {fmt(bound)} and the estimate "
-                f"{fmt(estimate)} do not contradict the claimed epsilon {fmt(claim)}")
+                f"{fmt(estimate)} do not contradict the claimed epsilon {fmt(claim)}{at}")
     if reference_name != names.EPSILON_ANALYTIC:
         sentence += (f"; last-iterate heuristic {fmt(_number(reference))}, estimate / heuristic "
                      f"{fmt(_number(ratio))}")
@@ -225,6 +250,12 @@ class CanaryReport:
             :class:`~audit_callbacks.estimators.AuditResult` whose ``details["rejected"]`` says
             whether it failed, at the level spent for ``index`` (``docs/methods/mechanism_checks.md``).
         noise_source: why the noise is replayable from a public seed, or None.
+        delta: the delta of every epsilon in the report (the analytic ones and the estimates),
+            which every verdict sentence states; None in a report built without one.
+
+    Read a number by its name with :meth:`value` (any quantity of family ``audit`` but the
+    verdicts, which are words: :meth:`verdicts`); an unknown name raises ``KeyError`` listing
+    the names. :meth:`status` says why a value is None.
     """
 
     estimates: dict[str, AuditResult]
@@ -242,11 +273,45 @@ class CanaryReport:
     alpha: float = 0.05
     checks: dict[str, AuditResult] = field(default_factory=dict)
     noise_source: str | None = None
+    delta: float | None = None
 
     def value(self, name: str) -> float | None:
-        """The value of estimate ``name``, or None when it was skipped."""
-        est = self.estimates.get(name)
-        return None if est is None else est.value
+        """The number called ``name``: an estimate (``epsilon_all_iterates``...; None when it
+        was skipped: :meth:`status` says why), an analytic epsilon or another field
+        (``epsilon_analytic``, ``num_canaries_participated``...), a ratio
+        (``epsilon_ratio_<tm>``) or a check of the mechanism (``noise_scale_ratio``...; None
+        when it did not run). The names are :mod:`audit_callbacks.names`' of family ``audit``.
+
+        Raises:
+            KeyError: ``name`` is none of these (a misspelling, or a verdict: read those with
+                :meth:`verdicts` and :meth:`mechanism_verdict`); the message lists the names.
+        """
+        if name in self.estimates:
+            return self.estimates[name].value
+        if name in _ESTIMATE_NAMES:
+            return None  # skipped or not computed (the reason: status(name))
+        if name in _FIELDS:
+            return getattr(self, name)
+        if name in _RATIO_NAMES:
+            return self.ratios()[name]
+        if name in _CHECK_NAMES:
+            check = self.checks.get(name)
+            return None if check is None else check.value
+        hint = (" (a verdict is a word: read report.verdicts() or report.mechanism_verdict())"
+                if name in _VERDICT_NAMES else "")
+        raise KeyError(f"CanaryReport.value: no quantity {name!r}{hint}; the names are "
+                       f"{', '.join(value_names())}")
+
+    def status(self, name: str) -> str:
+        """Why :meth:`value` of ``name`` is what it is: an estimate's own status (``ok``,
+        ``too few canaries (k = 10)``, ``flagged: ...``) or ``skipped: <reason>``; ``ok`` or
+        ``unknown`` for the other names. Raises ``KeyError`` as :meth:`value` does."""
+        value = self.value(name)
+        if name in self.estimates:
+            return self.estimates[name].status
+        if name in _ESTIMATE_NAMES:
+            return f"skipped: {self.skipped.get(name, 'not computed')}"
+        return "unknown" if value is None else "ok"
 
     def scalars(self) -> dict[str, float | None]:
         """``{tag: value}`` of every quantity of family ``audit`` (None where skipped or
@@ -290,7 +355,7 @@ class CanaryReport:
                 estimate_status=est.status if est is not None else
                 f"skipped: {self.skipped.get(estimate_name, 'not computed')}",
                 reference=getattr(self, reference_name), ratio=ratios[f"epsilon_ratio_{tm}"],
-                alpha=self.alpha, mechanism=mechanism)
+                alpha=self.alpha, mechanism=mechanism, delta=self.delta)
         return out
 
     def mechanism_verdict(self) -> tuple[str, str]:

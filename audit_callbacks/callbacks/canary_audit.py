@@ -37,7 +37,10 @@ class CanaryAudit(AuditFrontEnd, FederatedAuditHooks, Callback):
     Args:
         num_canaries, num_unobserved: k observed canaries and k' never inserted. These and the
             keyword arguments (``canaries``, ``seed``, ``delta``, ``alpha``, ``bootstrap``...)
-            are :class:`~audit_callbacks.auditing.CanaryAuditConfig`'s.
+            are :class:`~audit_callbacks.auditing.CanaryAuditConfig`'s. ``delta``: the delta of
+            every epsilon (None: the LightningModule's ``delta`` attribute, else the default,
+            1e-5 for Opacus DP-SGD, warned once at fit start; Opacus keeps no delta of its own,
+            so give the one your module passes ``privacy_engine.get_epsilon``).
         every_n_epochs: estimate and log every n epochs (at the validation's end, or the
             training epoch's end without one), and always at fit end. A repeated ``fit`` and a
             resumed run continue the same audit (Opacus' accountant history included).
@@ -46,6 +49,10 @@ class CanaryAudit(AuditFrontEnd, FederatedAuditHooks, Callback):
             Lightning's teardown; refreshed at fit end) in the run's own folder (checked
             writable at fit start), with the verdicts; on SIGTERM / SIGINT: ``interrupted at
             step N``.
+
+    :meth:`report` (every estimate so far) raises
+    :class:`~audit_callbacks.auditing.NoEstimateYet` until there is one, as on every front end;
+    ``last_report`` is the last one logged.
 
     Raises:
         TypeError: neither a DP-FedAvg module nor an Opacus ``DPOptimizer`` (at fit start).

@@ -500,7 +500,8 @@ class HadamardCanaries(CanarySet):
         if self.num_canaries > self.n:
             raise ValueError(
                 f"num_canaries: at most n = {self.n} Hadamard canaries exist for dim {self.dim}, "
-                f"got {self.num_canaries}"
+                f"got {self.num_canaries}; use fewer canaries (num_canaries <= {self.n}), or "
+                "canaries='gaussian' (kind='gaussian'), which has no such cap"
             )
         rng = np.random.default_rng([self.seed, 0x4AD])
         self.signs = torch.from_numpy(rng.integers(0, 2, self.n).astype(np.float32) * 2 - 1)

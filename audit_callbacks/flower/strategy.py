@@ -35,7 +35,8 @@ class CanaryStrategy(AuditFrontEnd, Strategy):
 
     Args:
         strategy: the wrapped strategy. The audit's arguments are :class:`~audit_callbacks.
-            auditing.CanaryAuditConfig`'s (``delta`` default 1e-6), and:
+            auditing.CanaryAuditConfig`'s (``delta`` default 1e-6, warned once: give the delta
+            your accountant reports epsilon at), and:
         noise_multiplier, clip_norm: z >= 0 and C > 0 (default: the DP wrapper's).
         num_rounds: the end's estimate and summary follow this round (or call :meth:`finish`).
         every_n_rounds: estimate and log every n rounds (and at the end).
@@ -58,6 +59,7 @@ class CanaryStrategy(AuditFrontEnd, Strategy):
         self.noise_multiplier, self.clip_norm = FlowerBackend.noise_and_clip(
             strategy, noise_multiplier, clip_norm)
         self.config = CanaryAuditConfig(num_canaries, num_unobserved, **{"delta": 1e-6, **config})
+        self._delta_source = None if config.get("delta") is not None else "default"  # warned
         self.strategy = strategy
         self.num_rounds = check_optional_count(num_rounds, "num_rounds", minimum=1)
         self.every_n_rounds = check_count(every_n_rounds, "every_n_rounds", minimum=1)

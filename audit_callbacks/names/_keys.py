@@ -48,6 +48,9 @@ NOISE_SCALE_RATIO = "noise_scale_ratio"
 FRESH_NOISE_RATIO = "fresh_noise_ratio"
 BATCH_SIZE_VARIANCE_RATIO = "batch_size_variance_ratio"
 VERDICT_MECHANISM = "verdict_mechanism"
+#: the summary input saying where the audit's delta came from: ``"argument"`` (given to the
+#: audit), ``"module"`` (the training's own ``delta`` attribute) or ``"default"``
+DELTA_SOURCE = "delta_source"
 #: the TensorBoard text of the fit-end numbers (a Markdown table; not a scalar)
 FIT_END_NUMBERS = "fit_end_numbers"
 

@@ -6,11 +6,12 @@ the place of a training example; ``docs/methods/canaries.md``), for scripts such
 ``examples/mnist.py`` that call ``optimizer.step()`` themselves::
 
     model, optimizer, train_loader = privacy_engine.make_private(...)
-    audit = OpacusCanaryAudit(optimizer, data_loader=train_loader, log_dir="runs/audit")
+    audit = OpacusCanaryAudit(optimizer, data_loader=train_loader, log_dir="runs/audit",
+                              delta=DELTA)         # the delta the script gives get_epsilon
     for epoch in range(epochs):
         train(model, train_loader, optimizer)      # unchanged: every step is observed
     audit.write()                                  # summary JSON + TensorBoard in log_dir
-    print(audit.report())                          # a CanaryReport (None before an estimate)
+    print(audit.report().value("epsilon_all_iterates"))  # NoEstimateYet before 2 canaries took part
 
 A thin front end: :class:`~audit_callbacks.backends.opacus.backend.OpacusBackend` adds the canaries to
 the ``DPOptimizer``'s noisy sum and releases the model delta of every logical step, and the one
@@ -27,12 +28,12 @@ from typing import Any
 
 import torch
 
-from audit_callbacks.auditing import CanaryAuditConfig, CanaryReport
+from audit_callbacks.auditing import CanaryAuditConfig
 from audit_callbacks.auditing.frontend import AuditFrontEnd
 from audit_callbacks.auditing.sinks import WriterSink
 from audit_callbacks.backends.opacus.backend import OpacusBackend
 from audit_callbacks.backends.opacus.optimizer import find_dp_optimizer
-from audit_callbacks.validation import check_count, check_flag, check_optional_count
+from audit_callbacks.validation import check_flag, check_optional_count
 
 __all__ = ["OpacusCanaryAudit"]
 
@@ -64,8 +65,14 @@ class OpacusCanaryAudit(AuditFrontEnd):
         summary_filename, log_histograms, log_figures: the summary's name; TensorBoard
             extras (cosine histograms, density figures).
         **config: :class:`~audit_callbacks.auditing.CanaryAuditConfig`'s keyword arguments
-            (``num_unobserved``, ``canaries``, ``seed``, ``delta`` (default 1e-5),
-            ``alpha``, ``bootstrap``, ``sample_rate``, ``max_buffered_rounds``).
+            (``num_unobserved``, ``canaries``, ``seed``, ``delta``, ``alpha``, ``bootstrap``,
+            ``sample_rate``, ``max_buffered_rounds``). Give ``delta`` the value your script
+            gives ``privacy_engine.get_epsilon(delta)``: Opacus keeps no delta of its own
+            (``make_private_with_epsilon`` drops ``target_delta``), so without it the claim is
+            computed at 1e-5 (warned once, and ``inputs.delta_source`` is ``"default"``).
+
+    :meth:`report` (every estimate so far) raises
+    :class:`~audit_callbacks.auditing.NoEstimateYet` until there is one, as on every front end.
 
     Raises:
         ValueError: a bad argument, naming it (``optimizer`` that is not an Opacus
@@ -156,14 +163,6 @@ class OpacusCanaryAudit(AuditFrontEnd):
     def steps(self) -> int:
         """Logical steps observed so far (each one noise draw of the ``DPOptimizer``)."""
         return 0 if self.auditor is None else int(self.auditor.backend.progress())
-
-    def report(self, *, bootstrap: int = 0) -> CanaryReport | None:
-        """Every estimate from the canaries so far (``report.estimates[name].epsilon``, the
-        analytic ``report.epsilon_analytic`` of the run's accountant at ``delta``), with
-        ``bootstrap`` percentile resamples; None until there is an estimate (fewer than 2
-        canaries took part: the reason is warned once). Logs and writes nothing."""
-        check_count(bootstrap, "bootstrap")
-        return self.compute(bootstrap=bootstrap)
 
     def write(self, log_dir: str | os.PathLike[str] | None = None) -> str | None:
         """The final estimate (with the config's ``bootstrap`` intervals) logged to TensorBoard

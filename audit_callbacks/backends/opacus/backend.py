@@ -52,7 +52,64 @@ from audit_callbacks.names import (
     EPSILON_ANALYTIC_RDP,
 )
 
-__all__ = ["OpacusBackend", "dp_optimizer"]
+__all__ = ["CANARY_SHARE_WARN", "DELTA_HINT", "OpacusBackend", "canary_share_warning", "dp_optimizer",
+           "sampling_warning"]
+
+#: From this share of a step's examples, the canaries are warned about (as the federated
+#: canary clients are from this share of the population).
+CANARY_SHARE_WARN = 0.1
+#: How a DP-SGD script gives the audit its delta (Opacus' ``make_private_with_epsilon`` does not
+#: keep ``target_delta``, and its accountants take delta at each ``get_epsilon(delta)`` call).
+DELTA_HINT = ("the delta your script gives privacy_engine.get_epsilon(delta) (or "
+              "make_private_with_epsilon's target_delta, which Opacus does not keep)")
+
+
+def canary_share_warning(name: str, k: int, rate: float, real_per_step: float,
+                         population: int | None = None) -> str | None:
+    """The warning for ``k`` canaries joining each DP-SGD step with probability ``rate`` beside
+    ``real_per_step`` expected real examples (N q), or None when they are less than
+    :data:`CANARY_SHARE_WARN` of a step's examples: k q / (N q + k q), i.e. k / (N + k) at one
+    rate. Each canary is an example whose clipped gradient (norm ``max_grad_norm``, a direction
+    no real example has) joins the noisy sum, so many of them slow learning; the message gives
+    the largest ``num_canaries`` below the share. ``population`` (N, when known) is named.
+    """
+    canaries = k * rate
+    if k <= 0 or rate <= 0 or real_per_step <= 0:
+        return None
+    share = canaries / (real_per_step + canaries)
+    if share < CANARY_SHARE_WARN:
+        return None
+    keep = max(2, math.ceil(real_per_step * CANARY_SHARE_WARN / ((1 - CANARY_SHARE_WARN) * rate)) - 1)
+    if population:
+        what = "outnumber the" if k > population else "join"
+        among = f"{k} canaries {what} {population} training examples"
+    else:
+        among = f"{k} canaries join about {real_per_step:.3g} real examples a step"
+    return (f"{name}: {among}, so about {share:.0%} of every step's examples are canaries "
+            f"(k q = {canaries:.3g} of {real_per_step + canaries:.3g} a step); their clipped "
+            "gradients join the real ones in the noisy sum, which slows learning. Pass "
+            f"num_canaries={keep} or fewer to keep them under {CANARY_SHARE_WARN:.0%}")
+
+
+def sampling_warning(name: str, reason: str) -> str:
+    """The warning for canaries drawn by the audit instead of the training loader (``reason``:
+    why), saying what follows and what fixes it."""
+    if "sample_rate" in reason:
+        fix = f"Leave {name}'s sample_rate unset to let the loader's Poisson sampler draw them"
+    elif "data-parallel" in reason:
+        fix = "Data-parallel loaders draw per rank, so no fix is available there"
+    elif "no training loader" in reason:
+        fix = ("Give the Trainer its training loader" if name == "CanaryAudit" else
+               f"Pass the training loader: {name}(..., data_loader=train_loader)")
+    elif "another audit" in reason:
+        fix = "Audit this loader with one canary audit"
+    else:
+        fix = ("Pass poisson_sampling=True to make_private (Opacus' DPDataLoader: the sampling "
+               "its accountant assumes) to fix it")
+    return (f"{name}: canaries are drawn by the audit at the accountant's rate, not by the "
+            f"training loader ({reason}), so the audit cannot catch a sampling bug in this "
+            f"loader (one that takes examples more often than the accountant is charged). {fix}")
+
 
 #: The training loader, or a function that gives the current one (Lightning builds its loader
 #: after ``setup``), or None.
@@ -101,6 +158,9 @@ class OpacusBackend(BackendBase):
         self.noise_source: NoiseSource | None = None
         if getattr(module, "delta", None) is not None:
             self.default_delta = float(module.delta)
+        #: how to give the audit the script's delta (the auditor's default-delta warning)
+        self.delta_hint = DELTA_HINT + (
+            "; or give the LightningModule a delta attribute" if module is not None else "")
         self.warn = warn
         self.sample_rate = sample_rate
         self.seed = int(seed)
@@ -116,6 +176,11 @@ class OpacusBackend(BackendBase):
         # the release: theta_{t-1} and theta_t gathered into two persistent float32
         # buffers, the delta written over theta_{t-1}'s, the two swapped: two ops a step
         self._theta_prev, self._theta_next = FlatGather(torch.float32), FlatGather(torch.float32)
+
+    @property
+    def name(self) -> str:
+        """The front end's name in warnings and errors (``OpacusCanaryAudit``, ``CanaryAudit``)."""
+        return str(getattr(self.auditor, "name", "CanaryAudit"))
 
     def loader(self) -> Any:
         """The training loader now (None when there is none yet)."""
@@ -145,7 +210,7 @@ class OpacusBackend(BackendBase):
         self._optimizer, self._loader, self.world_size = opt, loader, int(world_size)
         dim = int(sum(p.numel() for p in opt.params))
         if dim != self.dim:
-            raise ValueError(f"CanaryAudit: the model has {dim} parameters, the audit's canaries {self.dim}")
+            raise ValueError(f"{self.name}: the model has {dim} parameters, the audit's canaries {self.dim}")
         accountant, rate = find_accountant(opt)
         if self.sample_rate is not None:
             rate = self.sample_rate
@@ -153,15 +218,15 @@ class OpacusBackend(BackendBase):
             batches = num_batches(self.loader())
             if not batches:
                 raise ValueError(
-                    "CanaryAudit: cannot tell the DP-SGD sampling rate (no Opacus accountant hook "
-                    "and no sized train dataloader); pass CanaryAudit(sample_rate=...)"
+                    f"{self.name}: cannot tell the DP-SGD sampling rate (no Opacus accountant hook "
+                    f"and no sized train dataloader); pass {self.name}(sample_rate=...)"
                 )
             rate = 1.0 / batches
-            self.warn("rate", "CanaryAudit: no Opacus accountant found on the optimizer's step "
+            self.warn("rate", f"{self.name}: no Opacus accountant found on the optimizer's step "
                       f"hook; canaries join with rate 1/len(train_dataloader) = {rate:.4g}")
         if accountant is None:
-            self.warn("acc", "CanaryAudit: no Opacus accountant found on the optimizer's step hook; "
-                      "the analytic epsilon is computed from the steps this callback counts")
+            self.warn("acc", f"{self.name}: no Opacus accountant found on the optimizer's step hook; "
+                      "the analytic epsilon is computed from the steps this audit counts")
         steps = 0
         if self.injector is not None:
             steps = self.injector.steps
@@ -178,6 +243,7 @@ class OpacusBackend(BackendBase):
                                                rate, seed=self.seed, world_size=world_size,
                                                norm_multiplier=multiplier, sampling=self.sampling)
         self._warn_insertion()
+        self._warn_share(opt, rate)
         # one array: the injector counts a canary's participation when the noise is added (the
         # step's release)
         self.injector.participations = self.auditor.participations
@@ -204,15 +270,14 @@ class OpacusBackend(BackendBase):
         seeds = [self.seed, *_logged_seeds(self.auditor), *self._module_seeds]
         self.noise_source = noise_source(opt, logged_seeds=seeds)
         if self.noise_source.replayable:
-            self.warn("noise_source", f"{getattr(self.auditor, 'name', 'CanaryAudit')}: "
-                      f"{self.noise_source.message}")
+            self.warn("noise_source", f"{self.name}: {self.noise_source.message}")
 
     def _bind_sampling(self, world_size: int) -> None:
         """Let the training loader's Poisson sampler draw the canaries where it can (a sampler
         already hosting them, a repeated fit over the same loader, keeps its queue)."""
         sampler, reason = None, ""
         if self.sample_rate is not None:
-            reason = f"CanaryAudit(sample_rate={self.sample_rate:g}) was given"
+            reason = f"{self.name}(sample_rate={self.sample_rate:g}) was given"
         elif world_size > 1:
             reason = "data-parallel training (the same draws on every rank)"
         else:
@@ -250,15 +315,26 @@ class OpacusBackend(BackendBase):
                 self.injector.sampling = self.sampling
             self.sampling_reason = reason
         if self.sampling is None:
-            self.warn("sampling", "CanaryAudit: canaries are drawn by the audit at the accountant's "
-                      f"rate, not by the training loader: {self.sampling_reason}")
+            self.warn("sampling", sampling_warning(self.name, self.sampling_reason))
+
+    def _warn_share(self, opt: Any, rate: float) -> None:
+        """Warn once when the canaries are :data:`CANARY_SHARE_WARN` or more of a step's
+        examples (:func:`canary_share_warning`)."""
+        assert self.auditor is not None
+        expected = getattr(opt, "expected_batch_size", None)
+        # the real examples a step sees: Opacus' expected batch (per process), else N q
+        real = float(expected) * self.world_size if expected else float(self.population or 0) * rate
+        message = canary_share_warning(self.name, self.auditor.num_canaries, float(rate), real,
+                                       self.population)
+        if message:
+            self.warn("share", message)
 
     def _warn_insertion(self) -> None:
         """Warn once when the canaries enter after clipping (the reason, in the summary too)."""
         insertion = self.injector.insertion
         if insertion != "before clipping" and insertion != self._insertion_warned:
             self._insertion_warned = insertion
-            self.warn("insertion", f"CanaryAudit: canaries enter the DP-SGD sum {insertion}, so a "
+            self.warn("insertion", f"{self.name}: canaries enter the DP-SGD sum {insertion}, so a "
                       "clipping bug does not show in the estimates")
 
     def _carry_history(self) -> None:
@@ -270,7 +346,7 @@ class OpacusBackend(BackendBase):
         if current[: len(old)] == old:
             return  # the same accountant, or one that holds the history already
         acc.history = [*old, *current]
-        self.warn("history", f"CanaryAudit: a new Opacus accountant (resumed or repeated fit): "
+        self.warn("history", f"{self.name}: a new Opacus accountant (resumed or repeated fit): "
                   f"{sum(h[2] for h in old)} earlier steps were put back into its history, so "
                   "its epsilon covers the whole training")
 
@@ -378,7 +454,7 @@ class OpacusBackend(BackendBase):
         out[f"{EPSILON_ANALYTIC_KNOWN_BATCHES}_status"] = (
             f"the batches are known: the most-sampled canary took part in {r} steps, a {r}-fold "
             f"Gaussian mechanism of noise multiplier {sigma:g} without amplification by sampling; "
-            "the claim for anyone holding the seed" if r else "no canary took part yet")
+            f"the claim at delta = {delta:g} for anyone holding the seed" if r else "no canary took part yet")
         return out
 
     def summary_inputs(self) -> dict[str, Any]:
