@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	# CPU build of torch first: plain `torch` would pull several GB of CUDA packages.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[test,flower]"
+	$(PY) -m pip install -q -e ".[test,flower,loggers]"
 	touch $(STAMP)
 
 demo: $(STAMP)

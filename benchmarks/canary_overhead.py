@@ -19,8 +19,8 @@ clients are sampled like real clients (Andrew et al. 2024 Alg. 2), so the audite
     every 25 (issue 28: >= 100 rounds, so that the fixed fit-end cost is amortised as in a real
     run), 1000 Hadamard canaries (default k'); ``--fed-kinds hadamard,gaussian`` adds Gaussian
     canaries (their pairs interleaved with the Hadamard ones; ~90 s a fit at 100 rounds).
-(2) demo: ``make demo``'s run (200 rounds, 300 clients, 30 a round, SmallCNN, z = 0.1,
-    ``CanaryAudit()``). The audit's own time is measured by wrapping the callback's hooks and
+(2) demo: ``make demo``'s run (50 rounds, 1,400 clients, 310 a round, MLP 64-200-10, z = 2,
+    local lr 0.5, ``CanaryAudit(150)``). The audit's own time is measured by wrapping the callback's hooks and
     the backend's protocol calls (``client_update_sum``, ``client_updates``,
     ``on_round_released``; ``perf_counter`` and ``thread_time``, all on the training thread) and
     reported as a share of the baseline fit.
@@ -487,7 +487,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fed-reps", type=int, default=5, help="(1) ABBA pairs per kind")
     p.add_argument("--fed-kinds", default="hadamard",
                    help="(1) canary kinds, comma-separated: hadamard (default), gaussian")
-    p.add_argument("--demo-rounds", type=int, default=200, help="(2) rounds (make demo's)")
+    p.add_argument("--demo-rounds", type=int, default=50, help="(2) rounds (make demo's)")
     p.add_argument("--demo-reps", type=int, default=3, help="(2) ABBA pairs")
     p.add_argument("--pass-dim", type=int, default=1_000_000, help="(3) d")
     p.add_argument("--pass-threads", default="1,2", help="(3) torch threads, comma-separated")
@@ -567,14 +567,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
             print_abba("[1] federated scenario (ratio: median of ABBA pairs audited / baseline)",
                        payload["federated"])
         if "demo" not in skip:
-            cfg = train_config(rounds=args.demo_rounds, rounds_per_epoch=min(25, args.demo_rounds),
+            cfg = train_config(model="mlp", hidden=[200], clients=1400, clients_per_round=310,
+                               noise_multiplier=2.0, local_lr=0.5,
+                               rounds=args.demo_rounds, rounds_per_epoch=min(10, args.demo_rounds),
                                accelerator=args.accelerator)
             dm = FederatedDataModule("digits", num_clients=cfg["clients"],
                                      rounds_per_epoch=cfg["rounds_per_epoch"], seed=cfg["seed"])
             dm.setup("fit")
-            print(f"\n[2] make demo's scenario: {cfg['rounds']} rounds, CanaryAudit() (k = 300), "
+            print(f"\n[2] make demo's scenario: {cfg['rounds']} rounds, CanaryAudit(150), "
                   f"{args.demo_reps} ABBA pairs", flush=True)
-            payload["demo"] = abba(dm, cfg, {"hadamard": {"num_canaries": 300}}, args.demo_reps,
+            payload["demo"] = abba(dm, cfg, {"hadamard": {"num_canaries": 150}}, args.demo_reps,
                                    log_root, "demo", warmup=not args.quick)
             print_abba("[2] make demo's scenario", payload["demo"])
     if "pass" not in skip:

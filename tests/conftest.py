@@ -48,6 +48,7 @@ SLOW: tuple[str, ...] = (
     "tests/examples/test_examples_dpsgd_label.py",
     "tests/examples/test_examples_ldp_audit.py",
     "tests/canary/test_mechanism_planted.py",
+    "tests/callbacks/test_loggers.py",
     # a subprocess, DDP ranks, an example's run
     "tests/auditing/test_auditor.py::test_flower_import_loads_neither_lightning_nor_opacus",
     "tests/auditing/test_html_report.py::test_screenshot_headless_chromium",
@@ -57,6 +58,7 @@ SLOW: tuple[str, ...] = (
     "tests/canary/test_steps_unknown.py::test_ddp_every_rank_observes_the_same_global_noisy_sum",
     "tests/examples/test_noise_replay.py::test_the_examples_noise_is_not_regenerated_from_its_logs_or_a_rerun",
     "tests/examples/test_examples_accelerator.py::test_demo_runs_on_the_cpu_with_the_flag",
+    "tests/examples/test_demo.py::test_make_demo_claims_at_most_10_reads_its_ratio_in_the_planned_range_and_warns_nothing",
     # over ~2 s
     "tests/plain/test_plain_delta.py::test_the_claim_after_make_private_with_epsilon_is_at_its_target",
     "tests/benchmarks/test_watched_coverage.py::test_the_maximum_of_every_logged_series_covers",

@@ -552,6 +552,10 @@ class CanaryAuditor:
             # series' last point (the bounds at plain alpha, under their own names), written last
             self._sink(sink.scalars, {tag: v for tag, v in report.scalars().items()
                                       if v is not None and self._last_scalars.get(tag) != v}, step)
+        if complete and getattr(sink, "text", None) is not None:  # beside the report's text
+            from audit_callbacks.auditing.sinks import FIT_END_TAG, fit_end_table
+
+            self._sink(sink.text, {FIT_END_TAG: fit_end_table(summary)}, step)
         drawn: dict[str, Any] = {}
         writes_images = bool(getattr(sink, "writes_images", True))
         if complete and figures and report is not None:

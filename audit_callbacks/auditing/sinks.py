@@ -6,18 +6,77 @@ Lightning's sink (scalars through every attached logger, the rest through its
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from audit_callbacks import names
 from audit_callbacks.auditing.files import check_writable, fresh_version_dir
 
-__all__ = ["WriterSink", "clean_scalars"]
+__all__ = ["FIT_END_TAG", "WriterSink", "clean_scalars", "fit_end_table"]
+
+#: The TensorBoard text tag of the fit-end numbers (:func:`fit_end_table`), beside the
+#: report's text (``audit/report``) in the Text tab.
+FIT_END_TAG = f"{names.FAMILY_AUDIT}/{names.FIT_END_NUMBERS}"
+
+_THREAT_MODEL_TITLES = {"all_iterates": "all iterates", "final_model": "final model"}
+_REFERENCE_TITLES = {names.EPSILON_ANALYTIC: "claim (analytic epsilon)",
+                     names.EPSILON_LAST_ITERATE_HEURISTIC: "last-iterate heuristic (not a bound)"}
 
 
 def clean_scalars(values: dict[str, float | None]) -> dict[str, float]:
     """Drop None and NaN; keep ``+inf`` (an infinite analytic epsilon)."""
     return {k: float(v) for k, v in values.items() if v is not None and not np.isnan(v)}
+
+
+def _cell(value: Any) -> str:
+    """A Markdown table cell: a number in the report's format, ``|`` escaped."""
+    from audit_callbacks.auditing.report import fmt
+
+    return fmt(value).replace("|", "\\|")
+
+
+def fit_end_table(summary: Mapping[str, Any]) -> str:
+    """The fit-end numbers of a canary audit's summary as one Markdown table, for TensorBoard's
+    Text tab (its text plugin renders Markdown tables): per threat model (all iterates first,
+    the one the claim is about) the estimate with its interval, the valid lower bound, the
+    reference and its value, estimate / reference, the verdict and the estimate's status (``ok``
+    or why it is not to be read, e.g. too few canaries); below it the claim with its
+    delta and the verdict of the checks of the mechanism.
+
+    Args:
+        summary: the summary JSON's content (``CanaryAuditor.summary``: ``results`` or
+            ``estimates`` of ``{name: {value, lower, upper, status}}``, the references, the
+            ratios, the ``verdict_*`` words and ``inputs``' ``delta`` and ``alpha``).
+
+    Returns:
+        Markdown; a number the summary lacks shows as ``-``.
+    """
+    from audit_callbacks.auditing.report import REFERENCES
+
+    estimates = summary.get("results") or summary.get("estimates") or {}
+    inputs = summary.get("inputs") or {}
+    delta, alpha = inputs.get("delta"), inputs.get("alpha")
+    level = "" if not isinstance(alpha, (int, float)) else f" {100 * (1 - alpha):g}%"
+    lines = [f"**Fit-end numbers** (epsilon at delta = {_cell(delta)}; intervals:{level} "
+             f"bootstrap; bounds: valid at{level} confidence)", "",
+             "| threat model | estimate | interval | valid lower bound | reference | value "
+             "| estimate / reference | verdict | status |", "|---|---|---|---|---|---|---|---|---|"]
+    for tm in ("all_iterates", "final_model"):
+        estimate_name, reference_name = REFERENCES[tm]
+        est = estimates.get(estimate_name) or {}
+        bound = (estimates.get(f"{names.EPSILON_LOWER_BOUND}_{tm}") or {}).get("value")
+        lower, upper = est.get("lower"), est.get("upper")
+        interval = "-" if lower is None or upper is None else f"[{_cell(lower)}, {_cell(upper)}]"
+        lines.append(f"| {_THREAT_MODEL_TITLES[tm]} | {_cell(est.get('value'))} | {interval} | {_cell(bound)} "
+                     f"| {_REFERENCE_TITLES[reference_name]} | {_cell(summary.get(reference_name))} "
+                     f"| {_cell(summary.get(f'epsilon_ratio_{tm}'))} "
+                     f"| {_cell(summary.get(f'verdict_{tm}', 'unchecked'))} | {_cell(est.get('status', '-'))} |")
+    claim = summary.get(names.EPSILON_ANALYTIC)
+    lines += ["", f"Claim: epsilon = {_cell(claim)} at delta = {_cell(delta)}; checks of the "
+                  f"mechanism: {_cell(summary.get(names.VERDICT_MECHANISM, 'unchecked'))}."]
+    return "\n".join(lines) + "\n"
 
 
 def _is_torch_writer(writer: Any) -> bool:

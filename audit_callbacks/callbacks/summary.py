@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import warnings
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from audit_callbacks.auditing.files import (
@@ -111,13 +111,25 @@ def summary_dir(trainer: Any, filename: str) -> str:
     return directory
 
 
-def publish_report(trainer: Any, paths: tuple[str, str] | None) -> None:
-    """Attach the audit report to the run's loggers where they take it: the Markdown as
-    TensorBoard text (``audit/report``), both files as MLflow artifacts or W&B files. A logger
-    that fails to take it is skipped (the files are on disk next to the summary)."""
+def publish_report(trainer: Any, paths: tuple[str, str] | None, summaries: Sequence[str] = ()) -> None:
+    """Attach the audit report and the audits' summaries to the run's loggers where they take
+    files: the report's Markdown as TensorBoard text (``audit/report``); the report (HTML and
+    Markdown) and every summary JSON as artifacts of the run of a ``MLFlowLogger``
+    (``MlflowClient.log_artifact(run_id, path, artifact_path)``) or files of the run of a
+    ``WandbLogger`` (``Run.save(path, base_path, policy="now")``), each under its path relative
+    to the run's folder. A logger that fails to take them is warned about and skipped (the
+    files are on disk in the run's folder).
+
+    Args:
+        trainer: the run's Trainer (only rank zero publishes).
+        paths: the report's ``(html, markdown)``, or None (nothing is published).
+        summaries: the audits' summary files (in the run's folder, as the report).
+    """
     if not paths or not getattr(trainer, "is_global_zero", True):
         return
     html, markdown = paths
+    base = os.path.dirname(os.path.abspath(html))
+    files = [*paths, *(s for s in summaries if s and os.path.isfile(s))]
     for logger in getattr(trainer, "loggers", None) or []:
         kind = type(logger).__name__.lower()
         try:
@@ -125,13 +137,15 @@ def publish_report(trainer: Any, paths: tuple[str, str] | None) -> None:
                 with open(markdown, encoding="utf-8") as fh:
                     logger.experiment.add_text("audit/report", fh.read(), int(trainer.global_step))
             elif "mlflow" in kind:
-                for path in paths:
-                    logger.experiment.log_artifact(logger.run_id, path)
+                for path in files:
+                    folder = os.path.dirname(os.path.relpath(os.path.abspath(path), base))
+                    logger.experiment.log_artifact(logger.run_id, path, folder or None)
             elif "wandb" in kind:
-                for path in paths:
-                    logger.experiment.save(path, base_path=os.path.dirname(html), policy="now")
-        except Exception:  # noqa: BLE001 - a logger's failure never loses the files or the fit
-            continue
+                for path in files:
+                    logger.experiment.save(os.path.abspath(path), base_path=base, policy="now")
+        except Exception as err:  # noqa: BLE001 - a logger's failure never loses the files or the fit
+            warnings.warn(f"{type(logger).__name__} did not take the audit report and summaries "
+                          f"({type(err).__name__}: {err}); they are in {base}", UserWarning, stacklevel=2)
 
 
 # Trainer -> the audits of its run (every callback of one Trainer shares it).
@@ -168,7 +182,7 @@ class LightningRun(AuditRun):
         return self._directory
 
     def publish(self, paths: tuple[str, str]) -> None:
-        publish_report(self.trainer, paths)
+        publish_report(self.trainer, paths, [o.summary_path for o in self.outputs if o.summary_path])
 
 
 class LightningOutput(AuditOutput):

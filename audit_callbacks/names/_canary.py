@@ -48,10 +48,17 @@ SOURCES: dict[str, str] = {
 }
 
 def _quantities() -> list[Quantity]:
-    final, allit, ratio = "final model: estimate, bound, reference", \
-        "all iterates: estimate, bound, reference", "estimate / reference"
-    verdict = "verdict (0 consistent, 1 suspicious or unproven, 2 violation)"
-    checks = "mechanism checks (at least 1 for the claimed mechanism)"
+    # One kind of number a chart: TensorBoard's Custom Scalars colour a line by its run only
+    # (every tag of one run is drawn in the run's colour, told apart by its marker), so lines
+    # that overlap (an estimate and the statistic it is, two verdict codes, three check ratios)
+    # get charts of their own; an estimate shares its chart only with the reference it is read
+    # against.
+    final, allit = "final model: estimate and its reference (last-iterate heuristic)", \
+        "all iterates: estimate and the claim (analytic epsilon)"
+    final_bound, allit_bound = "final model: valid lower bound", "all iterates: valid lower bound"
+    final_ratio, allit_ratio = "final model: estimate / reference", "all iterates: estimate / claim"
+    codes = "(0 consistent, 1 suspicious or unproven, 2 violation)"
+    checks = "(at least 1 for the claimed mechanism)"
     return [
         Quantity(FAMILY_AUDIT, EPSILON_FINAL_MODEL, final,
                  "empirical epsilon, final-model adversary: the equal-variance two-Gaussian fit "
@@ -59,10 +66,11 @@ def _quantities() -> list[Quantity]:
         Quantity(FAMILY_AUDIT, EPSILON_FINAL_MODEL_UNEQUAL_FIT, None,
                  "Andrew et al.'s unequal-variance fit of the same cosines (biased upward at "
                  "small epsilon; a comparison)"),
-        Quantity(FAMILY_AUDIT, EPSILON_LOWER_BOUND_FINAL_MODEL, final,
+        Quantity(FAMILY_AUDIT, EPSILON_LOWER_BOUND_FINAL_MODEL, final_bound,
                  "a valid (1 - alpha) lower bound on the final-model epsilon (Clopper-Pearson or "
-                 "the f-DP one-run bound, each at alpha / 2); the maximum of the logged series is "
-                 "itself a valid bound (alpha spent over the logged points)"),
+                 "the f-DP one-run bound, each at alpha / 2), at fit end at plain alpha (the "
+                 "summary's); the series logged during training is "
+                 "epsilon_lower_bound_final_model_watched"),
         Quantity(FAMILY_AUDIT, EPSILON_GDP_LOWER_BOUND_FINAL_MODEL, None,
                  "parametric (1 - alpha) lower bound assuming Gaussian scores of equal variance; "
                  "logged only where its goodness-of-fit test passes"),
@@ -72,15 +80,16 @@ def _quantities() -> list[Quantity]:
         Quantity(FAMILY_AUDIT, EPSILON_ALL_ITERATES, allit,
                  "empirical epsilon, all-iterates adversary: the larger of the matched "
                  "statistic's estimate and the final-model one"),
-        Quantity(FAMILY_AUDIT, EPSILON_ALL_ITERATES_MATCHED, allit,
+        Quantity(FAMILY_AUDIT, EPSILON_ALL_ITERATES_MATCHED, None,
                  "the estimate of the statistic matched to the analytic epsilon's adversary "
                  "(known rounds: DP-FedAvg, Flower; steps unknown: DP-SGD)"),
         Quantity(FAMILY_AUDIT, EPSILON_ALL_ITERATES_MAX_COSINE, None,
                  "Andrew et al.'s max over rounds of the cosine (Alg. 3), a comparison"),
-        Quantity(FAMILY_AUDIT, EPSILON_LOWER_BOUND_ALL_ITERATES, allit,
+        Quantity(FAMILY_AUDIT, EPSILON_LOWER_BOUND_ALL_ITERATES, allit_bound,
                  "a valid (1 - alpha) lower bound on the all-iterates epsilon from the matched "
                  "statistic's scores (Clopper-Pearson or the f-DP one-run bound, each at "
-                 "alpha / 2), spent over the logged points like the final model's"),
+                 "alpha / 2), at fit end at plain alpha (the summary's); the series logged during "
+                 "training is epsilon_lower_bound_all_iterates_watched"),
         Quantity(FAMILY_AUDIT, EPSILON_GDP_LOWER_BOUND_ALL_ITERATES, None,
                  "parametric (1 - alpha) lower bound on the matched scores; logged only where "
                  "its goodness-of-fit test passes"),
@@ -88,53 +97,53 @@ def _quantities() -> list[Quantity]:
                  "the all-iterates reference: the analytic epsilon of a canary at delta (the "
                  "run's accountant for DP-SGD; the Gaussian mechanism composed over the "
                  "most-sampled canary's rounds for DP-FedAvg and Flower)"),
-        Quantity(FAMILY_AUDIT, EPSILON_ANALYTIC_RDP, "epsilon (analytic, DP-SGD accountants)",
+        Quantity(FAMILY_AUDIT, EPSILON_ANALYTIC_RDP, "claim: RDP accountant (DP-SGD)",
                  "Opacus' RDP accountant on the run's history (DP-SGD)"),
-        Quantity(FAMILY_AUDIT, EPSILON_ANALYTIC_PRV, "epsilon (analytic, DP-SGD accountants)",
+        Quantity(FAMILY_AUDIT, EPSILON_ANALYTIC_PRV, "claim: PRV accountant (DP-SGD)",
                  "Opacus' PRV accountant on the run's history (DP-SGD)"),
-        Quantity(FAMILY_AUDIT, EPSILON_RATIO_FINAL_MODEL, ratio,
+        Quantity(FAMILY_AUDIT, EPSILON_RATIO_FINAL_MODEL, final_ratio,
                  "epsilon_final_model / epsilon_last_iterate_heuristic (near 1: the audit sees "
                  "what the heuristic predicts; well above: a leak beyond it)"),
-        Quantity(FAMILY_AUDIT, EPSILON_RATIO_ALL_ITERATES, ratio,
+        Quantity(FAMILY_AUDIT, EPSILON_RATIO_ALL_ITERATES, allit_ratio,
                  "epsilon_all_iterates / epsilon_analytic (near 1: the run is as private as "
                  "claimed and the audit is tight; above 1: a privacy violation)"),
         Quantity(FAMILY_AUDIT, NUM_CANARIES_PARTICIPATED, "canaries",
                  "observed canaries that took part at least once"),
-        Quantity(FAMILY_AUDIT, VERDICT_FINAL_MODEL, verdict,
+        Quantity(FAMILY_AUDIT, VERDICT_FINAL_MODEL, f"final model: verdict {codes}",
                  "the final-model verdict against the claimed (analytic) epsilon: 0 consistent, "
                  "2 violation (the valid lower bound epsilon_lower_bound_final_model exceeds the "
                  "claim); not logged when unchecked (no finite claim or no estimate). The summary "
                  "holds the word and verdict_final_model_sentence (docs/methods/verdicts.md)"),
-        Quantity(FAMILY_AUDIT, VERDICT_ALL_ITERATES, verdict,
+        Quantity(FAMILY_AUDIT, VERDICT_ALL_ITERATES, f"all iterates: verdict {codes}",
                  "the all-iterates verdict against the claimed (analytic) epsilon: 0 consistent, "
                  "1 suspicious (the estimate's interval lies above the claim), 2 violation (the "
                  "valid lower bound epsilon_lower_bound_all_iterates exceeds it); not logged when "
                  "unchecked. The summary holds the word and verdict_all_iterates_sentence"),
-        Quantity(FAMILY_AUDIT, NOISE_SCALE_RATIO, checks,
+        Quantity(FAMILY_AUDIT, NOISE_SCALE_RATIO, f"mechanism check: noise scale {checks}",
                  "the releases' energy over the claimed noise's, sum ||r_t||^2 / (m T s^2), on the "
                  "parameter tensor where it is smallest: at least about 1 with the claimed noise "
                  "on every tensor; its chi-square lower-tail test flags noise missing or short "
                  "(docs/methods/mechanism_checks.md F1, F3)"),
-        Quantity(FAMILY_AUDIT, FRESH_NOISE_RATIO, checks,
+        Quantity(FAMILY_AUDIT, FRESH_NOISE_RATIO, "mechanism check: fresh noise (about 2 with fresh noise, flagged below 1)",
                  "the energy of consecutive releases' differences over the claimed noise's, on "
                  "the tensor where it is smallest: about 2 with fresh noise, near 0 when the noise "
                  "repeats; flagged below the chi-square bound 1 (docs/methods/mechanism_checks.md "
                  "F2)"),
-        Quantity(FAMILY_AUDIT, BATCH_SIZE_VARIANCE_RATIO, checks,
+        Quantity(FAMILY_AUDIT, BATCH_SIZE_VARIANCE_RATIO, "mechanism check: batch-size variance (about 1 for Poisson batches)",
                  "the variance of the steps' real batch sizes over Binomial(N, q)'s N q (1 - q): "
                  "about 1 under the Poisson sampling the accountant assumes, about 0 for "
                  "fixed-size shuffled batches (docs/methods/mechanism_checks.md F4)"),
-        Quantity(FAMILY_AUDIT, VERDICT_MECHANISM, verdict,
+        Quantity(FAMILY_AUDIT, VERDICT_MECHANISM, f"mechanism checks: verdict {codes}",
                  "the checks of the mechanism: 0 consistent, 1 unproven (the loader is not the "
                  "sampler the accountant assumes, or the noise is replayable from a public "
                  "seed), 2 violation (the noise is missing, short or repeated on some tensor); "
                  "the summary holds the word and verdict_mechanism_sentence"),
-        Quantity(FAMILY_AUDIT, EPSILON_LOWER_BOUND_FINAL_MODEL_WATCHED, final,
+        Quantity(FAMILY_AUDIT, EPSILON_LOWER_BOUND_FINAL_MODEL_WATCHED, final_bound,
                  "the watched series of the final-model valid bound, logged during training: "
                  "each point at the level spent for it, so the series' maximum is a valid "
                  "(1 - alpha) bound; epsilon_lower_bound_final_model is the fit-end bound at "
                  "plain alpha (the summary's and the report's)"),
-        Quantity(FAMILY_AUDIT, EPSILON_LOWER_BOUND_ALL_ITERATES_WATCHED, allit,
+        Quantity(FAMILY_AUDIT, EPSILON_LOWER_BOUND_ALL_ITERATES_WATCHED, allit_bound,
                  "the watched series of the all-iterates valid bound, each point at the level "
                  "spent for it (the series' maximum is valid); epsilon_lower_bound_all_iterates "
                  "is the fit-end bound at plain alpha (the summary's and the report's)"),

@@ -69,6 +69,8 @@ EPSILON_GDP_LOWER_BOUND_FINAL_MODEL_WATCHED = "epsilon_gdp_lower_bound_final_mod
 #: the summary input saying where the audit's delta came from: ``"argument"`` (given to the
 #: audit), ``"module"`` (the training's own ``delta`` attribute) or ``"default"``
 DELTA_SOURCE = "delta_source"
+#: the TensorBoard text of the fit-end numbers (a Markdown table; not a scalar)
+FIT_END_NUMBERS = "fit_end_numbers"
 
 # -- label callbacks (label_attack, label_dp, fl_label_attack) ------------------------------------
 ACCURACY = "accuracy"

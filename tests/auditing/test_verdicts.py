@@ -104,7 +104,10 @@ def test_noise_at_a_quarter_of_the_claimed_scale_is_a_violation_warned_once(tmp_
     # TensorBoard: the code next to the estimates and the sentence as text, at every point
     assert [s["audit/verdict_all_iterates"] for s in sink.scalar_log[:2]] == [2, 2]
     assert sink.latest()["audit/verdict_all_iterates"] == 2
-    assert sink.text_log[-1]["audit/verdict_all_iterates_sentence"].startswith("violation:")
+    sentences = [t for t in sink.text_log if "audit/verdict_all_iterates_sentence" in t]
+    assert sentences[-1]["audit/verdict_all_iterates_sentence"].startswith("violation:")
+    # the fit-end numbers (one table, after the last point's sentences) say it too
+    assert "| violation |" in sink.text_log[-1]["audit/fit_end_numbers"]
     # one warning a run, however many points were flagged
     flagged = [m for k, m in warned if k == "verdict"]
     assert len(flagged) == 1 and "violation" in flagged[0] and "Training goes on" in flagged[0]

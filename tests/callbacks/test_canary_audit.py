@@ -62,17 +62,19 @@ def test_end_to_end_tensorboard_tags_and_summary(tmp_path):
     layout = layout_pb2.Layout()
     layout.ParseFromString(layout_events[0].tensor_proto.string_val[0])
     charts = {c.title: list(c.multiline.tag) for cat in layout.category for c in cat.chart}
-    # each threat model: its estimate, valid bound and reference on one chart
-    assert charts["final model: estimate, bound, reference"] == [
-        "^audit/epsilon_final_model$", "^audit/epsilon_lower_bound_final_model$",
-        "^audit/epsilon_last_iterate_heuristic$", "^audit/epsilon_lower_bound_final_model_watched$"]
-    assert charts["all iterates: estimate, bound, reference"] == [
-        "^audit/epsilon_all_iterates$", "^audit/epsilon_all_iterates_matched$",
-        "^audit/epsilon_lower_bound_all_iterates$", "^audit/epsilon_analytic$",
-        "^audit/epsilon_lower_bound_all_iterates_watched$"]
-    assert charts["estimate / reference"] == [
-        "^audit/epsilon_ratio_final_model$", "^audit/epsilon_ratio_all_iterates$"]
-    assert "epsilon (analytic, DP-SGD accountants)" not in charts  # DP-FedAvg: no RDP/PRV
+    # one kind of number a chart (a run's lines share its colour): each estimate with its
+    # reference, the valid bounds and the ratios on charts of their own
+    assert charts["final model: estimate and its reference (last-iterate heuristic)"] == [
+        "^audit/epsilon_final_model$", "^audit/epsilon_last_iterate_heuristic$"]
+    assert charts["all iterates: estimate and the claim (analytic epsilon)"] == [
+        "^audit/epsilon_all_iterates$", "^audit/epsilon_analytic$"]
+    assert charts["final model: valid lower bound"] == [
+        "^audit/epsilon_lower_bound_final_model$", "^audit/epsilon_lower_bound_final_model_watched$"]
+    assert charts["all iterates: valid lower bound"] == [
+        "^audit/epsilon_lower_bound_all_iterates$", "^audit/epsilon_lower_bound_all_iterates_watched$"]
+    assert charts["final model: estimate / reference"] == ["^audit/epsilon_ratio_final_model$"]
+    assert charts["all iterates: estimate / claim"] == ["^audit/epsilon_ratio_all_iterates$"]
+    assert not any("accountant" in title for title in charts)  # DP-FedAvg: no RDP/PRV
     assert charts["accuracy"] == [r"^val.*acc.*$"]
     # logged once per validation epoch (3) and at fit end
     final_events = acc.Scalars("audit/epsilon_final_model")
