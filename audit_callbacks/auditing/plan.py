@@ -171,7 +171,7 @@ def plan_line(plan: AuditPlan) -> str:
     if tier is not None:
         line += (f"; the claim {plan.reference_epsilon:.3g} is a {tier} on the scale of "
                  "Ponomareva et al. (JAIR 2023)")
-    if not plan.bugs_searched:
+    if not plan.bugs_searched and not plan.above_ceiling:
         line += ("; for the smallest bug it would flag, run audit_callbacks.estimators.plan_audit "
                  "with these settings before training (seconds to a minute)")
     return line

@@ -154,17 +154,24 @@ class AuditPlan:
     bugs_searched: bool = True
     source: str = SOURCE
 
+    @property
+    def above_ceiling(self) -> bool:
+        """Whether the claim is at or above the ceiling: no valid bound of these canaries can
+        exceed it, whatever the bug."""
+        return self.reference_epsilon is not None and self.reference_epsilon >= self.ceiling
+
     def summary(self) -> str:
         """One line for the fit-start log."""
         head = (f"plan: k = {self.num_canaries} canaries can show a valid epsilon of at most "
                 f"{self.ceiling:.2f} (delta = {self.delta:g}); a correct run's estimate/claim "
                 f"ratio is expected in [{self.ratio_low:.2f}, {self.ratio_high:.2f}] "
                 f"({100 * self.coverage:.0f}% of correct runs)")
+        if self.above_ceiling:
+            return (head + f"; the claim {self.reference_epsilon:.2f} is at or above that "
+                    "ceiling, so no valid bound can flag a bug (more canaries raise it; the "
+                    "estimate's interval still can)")
         if not self.bugs_searched:
             return head
-        if self.reference_epsilon >= self.ceiling:
-            return (head + f"; the claim {self.reference_epsilon:.2f} is at or above that "
-                    "ceiling, so no valid bound can flag a bug (more canaries raise it)")
         bugs = []
         if self.clip_factor is not None:
             bugs.append(f"a {self.clip_factor:.2g}x clipping bug")

@@ -91,6 +91,18 @@ def test_ceiling_is_not_log_k() -> None:
     assert abs(plan.ceiling - math.log(300)) > 0.5
 
 
+def test_a_claim_above_the_ceiling_is_said_without_the_bug_search() -> None:
+    """A claim no valid bound of these canaries can reach is said at fit start, where the bug
+    search is skipped (its answer is known: no bug is flagged by a bound)."""
+    common = dict(dim=1024, steps=50, sample_rate=0.1, noise_multiplier=1.0, delta=1e-6,
+                  replicates=10, search_bugs=False)
+    above = plan_audit(300, 300, reference_epsilon=20.0, **common)
+    below = plan_audit(300, 300, reference_epsilon=1.0, **common)
+    assert above.above_ceiling and not below.above_ceiling
+    assert "at or above that ceiling" in above.summary()
+    assert "ceiling, so" not in below.summary()
+
+
 # ---------------------------------------------------------------------------- the ratio range
 def test_ratio_range_covers_simulated_correct_dpsgd_runs(sgd_plan: AuditPlan) -> None:
     ratios = np.array([_sgd_ratio(s) for s in SEEDS])
