@@ -423,8 +423,10 @@ class CanaryAuditor:
         took_part = int(took.sum())
         if took_part < MIN_CANARIES:  # an estimate from a handful of canaries means little
             status = f"too few canaries (k = {took_part})"
-            self.warn("few", f"{self.name}: only {took_part} canaries took part: too few for an "
-                      f"estimate to mean anything (at least {MIN_CANARIES}); pass a larger num_canaries")
+            if index is None or self.num_canaries < MIN_CANARIES:  # early points: status only
+                self.warn("few", f"{self.name}: only {took_part} canaries took part: too few for "
+                          f"an estimate to mean anything (at least {MIN_CANARIES}); pass a larger "
+                          "num_canaries")
             estimates = {n: replace(e, status=status) for n, e in estimates.items()}
         return CanaryReport(
             checks=self.mechanism_checks(index), noise_source=self._noise_source(),

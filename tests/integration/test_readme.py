@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import os
 import re
 import subprocess
@@ -94,7 +95,7 @@ def test_readme_snippet_has_no_undefined_or_unused_name(line, code):
 
 
 @pytest.mark.parametrize("line,code", SNIPPETS, ids=[f"README.md:{line}" for line, _ in SNIPPETS])
-def test_readme_snippet_runs_as_written(line, code, tmp_path, monkeypatch):
+def test_readme_snippet_runs_as_written(line, code, tmp_path, monkeypatch, caplog):
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(ROOT))  # `datamodules`, `models`: the repository's own
     namespace = {"__name__": "__readme__"}
@@ -106,6 +107,8 @@ def test_readme_snippet_runs_as_written(line, code, tmp_path, monkeypatch):
     assert summaries, f"the snippet at README.md:{line} wrote no summary"
     # a snippet a user copies draws no warning from the audit about its own settings
     own = [str(w.message) for w in caught if str(w.message).startswith(FRONT_ENDS)]
+    own += [r.getMessage() for r in caplog.records  # Flower's front end warns through its logger
+            if r.levelno >= logging.WARNING and r.getMessage().startswith(FRONT_ENDS)]
     assert not own, f"the snippet at README.md:{line} warns: {own}"
     # doctest-style: the path a print's comment names is what it prints
     for expected in re.findall(r"^print\(.*?\)\s+#\s+(\S+\.(?:json|html))", code, re.M):
