@@ -285,10 +285,11 @@ class FedAvgBackend(LightningHooks, BackendBase):
 
     def analytic(self, delta: float) -> dict[str, float | None]:
         """The Gaussian mechanism composed over the most-sampled canary's rounds, if the
-        adversary knows them (the module's ``analytic_epsilon``); ``inf`` without noise."""
+        adversary knows them (the module's ``analytic_epsilon``) at the audit's ``delta``
+        (which may differ from the module's own); ``inf`` without noise."""
         assert self.auditor is not None
         max_part = int(self.auditor.participations.max(initial=0))
-        return {names.EPSILON_ANALYTIC: self.module.analytic_epsilon(max_part)}
+        return {names.EPSILON_ANALYTIC: self.module.analytic_epsilon(max_part, delta=delta)}
 
     def claim(self, delta: float) -> dict[str, Any]:
         """The analytic epsilon assumes known rounds (no amplification by sampling): it holds

@@ -805,8 +805,10 @@ class DPFedAvgMixin:
         assert self._participations is not None
         return self._participations.copy()
 
-    def analytic_epsilon(self, participations: int | None = None) -> float | None:
-        """Epsilon at ``delta`` if the adversary knows the rounds (docs/methods/canaries.md, D).
+    def analytic_epsilon(self, participations: int | None = None, delta: float | None = None
+                         ) -> float | None:
+        """Epsilon at ``delta`` (None: the module's) if the adversary knows the rounds
+        (docs/methods/canaries.md, D).
 
         ``participations`` defaults to the most rounds any real client took part in. Returns
         ``inf`` without noise (``noise_multiplier = 0``), ``None`` before the first round.
@@ -819,7 +821,8 @@ class DPFedAvgMixin:
             return math.inf
         if participations < 1:
             return 0.0
-        return gaussian_epsilon(self.noise_multiplier, self.delta, compositions=participations)
+        return gaussian_epsilon(self.noise_multiplier, self.delta if delta is None else delta,
+                                compositions=participations)
 
     # ------------------------------------------------------------------ evaluation
     def _eval_step(self, batch: Any, prefix: str, metric: MulticlassAccuracy | None) -> torch.Tensor:
