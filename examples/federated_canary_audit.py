@@ -40,39 +40,39 @@ from _cli import add_accelerator_argument, trainer_kwargs  # noqa: E402
 from lightning.pytorch.loggers import TensorBoardLogger  # noqa: E402
 
 from audit_callbacks.callbacks import CanaryAudit  # noqa: E402
-from audit_callbacks.estimators import plan_audit  # noqa: E402
 from audit_callbacks.federated import DPFedAvg  # noqa: E402
 from datamodules import FederatedDataModule  # noqa: E402
 from models import build_model  # noqa: E402
 
-#: The central probability of the estimate / claim range the demo reads its ratio against.
-PLAN_COVERAGE = 0.95
-
 
 def plan_range(summary: dict) -> tuple[float, float, float] | None:
     """``(low, high, coverage)``: the estimate / claim range a correct run shows at this run's
-    settings, with its probability. The summary's plan (``plan_ratio_low``, ``plan_ratio_high``,
-    ``plan_coverage``) where the library planned the run at fit start, else ``plan_audit``'s
-    (docs/methods/planner.md: the known-rounds statistic of Hadamard canaries, each canary in
-    T q rounds under shuffled cohorts) from the summary's inputs and claim. None for settings
-    the planner does not model or refuses (Gaussian canaries, no claim, too few canaries)."""
-    if summary.get("plan_ratio_low") is not None and summary.get("plan_ratio_high") is not None:
-        return summary["plan_ratio_low"], summary["plan_ratio_high"], summary.get("plan_coverage") or float("nan")
-    inputs, claim = summary.get("inputs") or {}, summary.get("epsilon_analytic")
-    if inputs.get("canaries") != "hadamard" or not claim or claim == float("inf"):
+    settings, with its probability, as the library planned it (the summary's ``plan_ratio_low``,
+    ``plan_ratio_high``, ``plan_coverage``; docs/methods/planner.md). None where the run was not
+    planned (``plan_status`` says why)."""
+    low, high = summary.get("plan_ratio_low"), summary.get("plan_ratio_high")
+    if low is None or high is None:
         return None
-    k = int(inputs["num_canaries"])
-    rate = min(1.0, inputs["clients_per_round"] / (inputs["num_real_clients"] + k))
-    try:
-        plan = plan_audit(k, int(inputs["num_unobserved"]), dim=int(inputs["dim"]), steps=int(inputs["rounds"]),
-                          sample_rate=rate, noise_multiplier=float(inputs["noise_multiplier"]),
-                          delta=float(inputs["delta"]), alpha=float(inputs["alpha"]),
-                          reference_epsilon=float(claim), training="dpfedavg",
-                          participation="fixed" if inputs["sampling"] == "shuffle" else "poisson",
-                          coverage=PLAN_COVERAGE, search_bugs=False)
-    except ValueError:  # settings the planner refuses (e.g. fewer than 2 canaries)
-        return None
-    return plan.ratio_low, plan.ratio_high, plan.coverage
+    return low, high, summary.get("plan_coverage") or float("nan")
+
+
+def why_this_level(claim: float, delta: float, ceiling: float | None) -> str:
+    """Why the demo runs at this privacy level, true for any ``--noise-multiplier``: the claim's
+    tier on Ponomareva et al.'s scale (JAIR 2023: epsilon <= 1 strong, <= 10 reasonable, above
+    little formal protection) and what can check it (the valid bound only below its ceiling)."""
+    if claim <= 1:
+        tier = "at most 1, a strong formal guarantee"
+    elif claim <= 10:
+        tier = "at most 10, where a DP guarantee still means something"
+    else:
+        tier = "above 10, which promises little (the default z = 2 claims 8.3)"
+    check = ("the canaries' valid bound can check it" if ceiling is not None and claim < ceiling
+             else "the estimate's interval can still check it (the valid bound's ceiling "
+                  f"{ceiling:.2f} is below the claim)" if ceiling is not None
+             else "the canaries' estimate can check it")
+    return (f"Why this privacy level: the claim is epsilon = {claim:.1f} at delta = {delta:g}, "
+            f"{tier} (Ponomareva et al., JAIR 2023; z = 0.1 would claim 649, which promises "
+            f"nothing), and {check}.")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -195,14 +195,9 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"  (a correct run lands outside it {1 - coverage:.0%} of the time: rerun; outside again, "
                   "and the run or its claim is not what the planner models: docs/methods/planner.md)")
     if claim is not None:
-        print(f"\nWhy this privacy level: the claim is epsilon = {claim:.1f} at delta = {args.delta:g}, at most 10,\n"
-              "where a DP guarantee still means something (Ponomareva et al., JAIR 2023; z = 0.1 would claim\n"
-              "649, which promises nothing), and the canaries can still check it.")
+        print(f"\n{why_this_level(claim, args.delta, summary.get('plan_ceiling'))}")
     print(f"TensorBoard logs: {logger.log_dir}  (tensorboard --logdir {args.log_dir}; smoothing 0)")
-    print(f"Summary: {audit.summary_path}")
-    if not hasattr(type(audit), "report_path"):  # a library with it prints "audit report: <path>" itself
-        paths = audit.auditor.report_paths if audit.auditor is not None else None
-        print(f"Report: {paths[0] if paths else '-'}")
+    print(f"Summary: {audit.summary_path}")  # the library printed "audit report: <path>"
     return summary
 
 

@@ -33,25 +33,26 @@ from audit_callbacks.canary.base import NoisyAverageDelta, NoMatchedStatistic, R
 __all__ = ["FedAvgBackend", "crowding_warning", "fedavg_release_model"]
 
 
-
-def crowding_warning(k: int, n_real: int, per_round: int | None, *, name: str = "CanaryAudit",
-                     setting: str = "clients_per_round") -> str | None:
+def crowding_warning(k: int, n_real: int, per_round: int | None, *, name: str = "CanaryAudit"
+                     ) -> str | None:
     """The warning for ``k`` sampled canary clients among ``n_real`` real ones, or None when
     they are less than 10% of the population: they take about k / (N + k) of every cohort's
-    places, and the message gives the cohort size (``setting``, named as the front end ``name``
-    takes it) that keeps the real clients a round. The DP-SGD path warns at the same share
+    places, and the message gives the ``clients_per_round`` that keeps ``per_round`` real
+    clients a round (None: no cohort size to suggest, as on Flower, whose cohort is
+    ``fraction_train`` of real and canary nodes). The DP-SGD path warns at the same share
     (:func:`audit_callbacks.backends.opacus.backend.canary_share_warning`)."""
     if n_real <= 0 or k <= 0 or k / (n_real + k) < CANARY_SHARE_WARN:
         return None
     share = k / (n_real + k)
-    hint = ""
+    fix = "pass a smaller num_canaries"
     if per_round:
         keep = math.ceil(per_round * (n_real + k) / n_real)
-        hint = f"; to keep {per_round} real clients a round on average, set {setting}={keep}"
+        fix = (f"set clients_per_round={keep} to keep {per_round} real clients a round on average, or "
+               + fix)
     what = "outnumber" if k > n_real else "are a large share of the population next to"
     return (f"{name}: {k} canary clients {what} the {n_real} real clients, so about "
             f"{share:.0%} of every cohort are canaries in places real clients would take, which "
-            f"slows learning{hint}, or pass a smaller num_canaries")
+            f"slows learning; {fix}")
 
 
 def fedavg_release_model(module: Any, kind: str) -> ReleaseModel:

@@ -244,8 +244,8 @@ class FlowerBackend(BackendBase):
                           f"canary clients, but the DP wrapper's num_sampled_clients is "
                           f"{sampled}: its noise on the sum of the cohort's updates is "
                           f"z C {m}/{sampled}, not z C; set num_sampled_clients={m}")
-            crowded = crowding_warning(k, n_real, round(m * n_real / (n_real + k)),
-                                       name="CanaryStrategy", setting="the cohort (fraction_train x nodes)")
+            # the cohort is fraction_train x (N + k): no cohort size to suggest, only fewer canaries
+            crowded = crowding_warning(k, n_real, None, name="CanaryStrategy")
             if crowded:
                 self.warn("crowding", crowded)
             LOGGER.log(INFO, "CanaryStrategy: %d canary clients join %d real ones; cohort %d, "

@@ -245,6 +245,19 @@ def test_cohort_without_a_real_client(tmp_path, caplog):
     assert all(e["status"] != "ok" or math.isfinite(e["value"]) for e in summary["estimates"].values())
 
 
+def test_canaries_over_a_tenth_of_the_nodes_are_warned_about_once(tmp_path, caplog):
+    """The one canary-share rule on Flower too: 30 canaries beside 20 real nodes are 60% of every
+    cohort (warned once, naming the fix); 2 beside 20 are under 10% (no warning)."""
+    caplog.set_level(logging.WARNING, logger="flwr")
+    _run(tmp_path / "crowded", n=20, k=30, fraction=0.2, rounds=2)
+    said = [r.getMessage() for r in caplog.records if "canary clients" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("CanaryStrategy: 30 canary clients outnumber the 20")
+    assert "60% of every cohort" in said[0] and "pass a smaller num_canaries" in said[0]
+    caplog.clear()
+    _run(tmp_path / "few", n=20, k=2, fraction=0.2, rounds=2)
+    assert not [r for r in caplog.records if "canary clients" in r.getMessage()]
+
+
 def test_client_side_clipping_and_unequal_weights(tmp_path, caplog):
     """Client-side fixed clipping: the clients clip with Flower's ``fixedclipping_mod``, and so
     do the canaries (norm 10 C before it). With z = 0 every released delta is an average of
