@@ -43,7 +43,7 @@ _VERDICT_NAMES = (names.VERDICT_FINAL_MODEL, names.VERDICT_ALL_ITERATES, names.V
 
 def value_names() -> list[str]:
     """Every name :meth:`CanaryReport.value` accepts, in the name table's order."""
-    known = set(_ESTIMATE_NAMES) | set(_FIELDS) | set(_RATIO_NAMES) | set(_CHECK_NAMES)
+    known = set(_ESTIMATE_NAMES) | set(_FIELDS) | set(_RATIO_NAMES) | set(_CHECK_NAMES) | set(_WATCHED)
     return [q.name for q in names.family(names.FAMILY_AUDIT) if q.name in known]
 
 
@@ -288,12 +288,20 @@ class CanaryReport:
         was skipped: :meth:`status` says why), an analytic epsilon or another field
         (``epsilon_analytic``, ``num_canaries_participated``...), a ratio
         (``epsilon_ratio_<tm>``) or a check of the mechanism (``noise_scale_ratio``...; None
-        when it did not run). The names are :mod:`audit_callbacks.names`' of family ``audit``.
+        when it did not run). The names are :mod:`audit_callbacks.names`' of family ``audit``,
+        as in every other view: at a logged point (``index`` set) the valid and parametric
+        bounds, at the alpha spent for that point, are under ``..._watched`` and the plain
+        names are None; the fit-end report's bounds (plain alpha) are under the plain names.
 
         Raises:
             KeyError: ``name`` is none of these (a misspelling, or a verdict: read those with
                 :meth:`verdicts` and :meth:`mechanism_verdict`); the message lists the names.
         """
+        if name in _WATCHED:  # a logged point's bound (at the alpha spent for it)
+            bound = self.estimates.get(_WATCHED[name]) if self.index is not None else None
+            return None if bound is None else bound.value
+        if name in _WATCHED.values() and self.index is not None:
+            return None  # the plain name is the fit-end bound's, at plain alpha
         if name in self.estimates:
             return self.estimates[name].value
         if name in _ESTIMATE_NAMES:
@@ -315,6 +323,13 @@ class CanaryReport:
         ``too few canaries (k = 10)``, ``flagged: ...``) or ``skipped: <reason>``; ``ok`` or
         ``unknown`` for the other names. Raises ``KeyError`` as :meth:`value` does."""
         value = self.value(name)
+        if name in _WATCHED and self.index is not None:
+            bound = _WATCHED[name]
+            return (self.estimates[bound].status if bound in self.estimates
+                    else f"skipped: {self.skipped.get(bound, 'not computed')}")
+        if name in _WATCHED or (name in _WATCHED.values() and self.index is not None):
+            return ("not at this point: a logged point's bound is under the name with _watched, "
+                    "the fit-end bound (plain alpha) under the plain name")
         if name in self.estimates:
             return self.estimates[name].status
         if name in _ESTIMATE_NAMES:
@@ -337,11 +352,7 @@ class CanaryReport:
                 value = getattr(self, q.name)
             elif q.name in ratios:
                 value = ratios[q.name]
-            elif q.name in _WATCHED:  # a logged point's bounds (spent alpha) under their own names
-                value = None if self.index is None else self.value(_WATCHED[q.name])
-            elif q.name in _WATCHED.values() and self.index is not None:
-                value = None  # the plain name is the fit-end bound's, at plain alpha
-            else:
+            else:  # a logged point's bounds (spent alpha) under the _watched names
                 value = self.value(q.name)
             out[q.tag] = None if value is None else float(value)
         return out

@@ -4,6 +4,8 @@ the names, and the default delta is warned once and recorded in the summary."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -81,6 +83,26 @@ def test_value_reads_every_audit_quantity_and_refuses_an_unknown_name():
     for name in listed:
         got = report.value(name)
         assert scalars[names.tag(names.FAMILY_AUDIT, name)] == (None if got is None else float(got))
+
+
+def test_value_gives_one_number_a_name_at_a_logged_point_as_the_scalars_do():
+    """At a logged point (``index`` set) the bounds at the spent alpha are read under the
+    ``_watched`` names and the plain names are None, as in TensorBoard and the summary; at fit
+    end (``index`` None) the other way round (before, ``value`` gave the spent-alpha bound under
+    the plain name and refused the watched one)."""
+    watched = names.EPSILON_LOWER_BOUND_ALL_ITERATES_WATCHED
+    plain = names.EPSILON_LOWER_BOUND_ALL_ITERATES
+    point = dataclasses.replace(_report(bound=1.0, estimate=2.0, lower=1.5, upper=2.5), index=3)
+    assert point.value(watched) == 1.0 and point.value(plain) is None
+    assert point.status(watched) == "ok" and point.status(plain).startswith("not at this point")
+    end = _report(bound=1.0, estimate=2.0, lower=1.5, upper=2.5)
+    assert end.value(plain) == 1.0 and end.value(watched) is None
+    assert watched in value_names()
+    for report in (point, end):
+        scalars = report.scalars()
+        for name in value_names():
+            got = report.value(name)
+            assert scalars[names.tag(names.FAMILY_AUDIT, name)] == (None if got is None else float(got))
 
 
 def _auditor(delta=None, delta_source=None):
