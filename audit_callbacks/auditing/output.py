@@ -212,7 +212,12 @@ def _default_emit(message: str, category: type[Warning] = UserWarning) -> None:
 
 def default_info(message: str) -> None:
     """A line of information for the person running the training (the plan, the report's
-    path): to standard error, where a terminal shows it whether or not logging is set up."""
+    path): to standard error, where a terminal shows it whether or not logging is set up; in a
+    ``torch.distributed`` job, from rank zero only (as Lightning's ``rank_zero_info``)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
+        return
     print(message, file=sys.stderr, flush=True)
 
 
