@@ -16,6 +16,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -98,6 +99,10 @@ def test_readme_snippet_has_no_undefined_or_unused_name(line, code):
 def test_readme_snippet_runs_as_written(line, code, tmp_path, monkeypatch, caplog):
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(ROOT))  # `datamodules`, `models`: the repository's own
+    # a user's script starts in a fresh process: torch's global generator seeded from OS
+    # entropy and no Lightning seed (an earlier test in this process may have seeded both)
+    monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)
+    torch.seed()
     namespace = {"__name__": "__readme__"}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
