@@ -87,12 +87,12 @@ def test_plain_loop_stopped_early_reads_the_ratio_against_the_steps_taken(tmp_pa
     assert 1 <= taken < 400
     audit.write(tmp_path / "out")
     summary = json.loads((tmp_path / "out" / "audit_summary.json").read_text())
-    assert audit.auditor.plan.steps == 400  # the fit-start plan is kept
-    assert summary[names.PLAN_STEPS] == taken
     assert summary[names.PLAN_REFERENCE] == pytest.approx(summary[names.EPSILON_ANALYTIC], rel=1e-9)
     assert audit.auditor.plan.reference_epsilon > 2 * summary[names.EPSILON_ANALYTIC]
     reading = summary[names.PLAN_RATIO_READING]
     assert f"(planned for 400 steps; read against a plan at the {taken} taken)" in reading
+    assert audit.auditor.plan.steps == 400  # the fit-start plan is kept
+    assert summary[names.PLAN_STEPS] == taken
     assert summary[names.PLAN_SENTENCE] in logged  # the fit-start line, as logged
     page = open(audit.report_path, encoding="utf-8").read()
     assert f"against the plan for {taken} steps" in page and "made at fit start" not in page
@@ -107,13 +107,13 @@ def test_fedavg_repeated_fit_plans_again_for_the_rounds_of_both_fits(tmp_path, m
     monkeypatch.setattr("audit_callbacks.callbacks.canary_audit.rank_zero_info", lines.append)
     fit(dm, module, [audit], 2, tmp_path, name="first")
     first = audit.auditor.plan
-    assert first.steps == 2
     fit(dm, module, [audit], 6, tmp_path, name="second")
     assert int(module.round) == 8
-    plans = [m for m in lines if "CanaryAudit: plan:" in m]
-    assert len(plans) == 2 and audit.auditor.plan.steps == 8
     summary = json.loads(open(audit.summary_path, encoding="utf-8").read())
-    assert summary[names.PLAN_STEPS] == 8
     assert summary[names.PLAN_REFERENCE] != first.reference_epsilon
+    plans = [m for m in lines if "CanaryAudit: plan:" in m]
+    assert len(plans) == 2
+    assert first.steps == 2 and audit.auditor.plan.steps == 8
+    assert summary[names.PLAN_STEPS] == 8
     assert "planned for" not in summary[names.PLAN_RATIO_READING]  # planned at the rounds taken
     assert summary[names.PLAN_SENTENCE] in plans[1]
