@@ -1,19 +1,22 @@
 """The audit plan of a run: its settings read from the auditor's backend, handed to
 :func:`~audit_callbacks.estimators.planner.plan_audit`, and the plan's summary entries.
 
-Every front end plans once, at fit start where the run's length is known (Lightning: the
-trainer's ``estimated_stepping_batches``; Flower: ``num_rounds``; the plain Opacus loop: a
-``steps`` given by the user, else at the first :meth:`write`, from the steps taken so far), logs
-the plan's one line (:meth:`AuditPlan.summary`) as information, not a warning, and the auditor
-keeps it for the summary (``plan_*`` keys, :func:`plan_entries`) and the report, which reads the
-measured ratio against it (:meth:`AuditPlan.read_ratio`).
+Every front end plans at fit start where the run's length is known (Lightning: the steps of
+earlier fits plus the trainer's ``estimated_stepping_batches``; Flower: ``num_rounds``; the
+plain Opacus loop: a ``steps`` given by the user, else at the first :meth:`write`, from the
+steps taken so far), again at a later fit whose length differs, logs the plan's one line
+(:meth:`AuditPlan.summary`) as information, not a warning, and the auditor keeps it for the
+summary (``plan_*`` keys, :func:`summary_plan_entries`) and the report, which reads the measured
+ratio against it (:meth:`AuditPlan.read_ratio`): against a plan made again at the steps taken
+and the run's claim where they differ from the plan's (:func:`plan_read`; a run stopped early).
 
 What is read (the numbers that matter to the statistic's law, ``docs/methods/planner.md``):
 
 * k, k', d, the canary kind, delta and alpha: the auditor's;
 * DP-SGD (a :class:`~audit_callbacks.canary.base.NoisySum` release): the noise multiplier, the
-  canaries' rate q, and the claim, the run's accountant's epsilon (PRV or RDP, as the run's) of
-  T steps at (sigma, q); the expected real batch q N;
+  canaries' rate q (the statistic's law: what the canaries see), and the claim, computed as the
+  run's own (:func:`planned_claim`: the accountant's history carried to T steps at the
+  accountant's rate, through ``run_claim``); the expected real batch q N;
 * DP-FedAvg (:class:`~audit_callbacks.canary.base.NoisyAverageDelta`, a module with
   ``clients_per_round``, or the Flower backend's ``inputs``): z, q = m / (N + k) (``repeats``:
   a fixed schedule of ``repeats`` rounds a canary), participation ``fixed`` for a shuffled
