@@ -39,7 +39,7 @@ from audit_callbacks import names
 from audit_callbacks.auditing.checksum import CHECKSUM_KEY, field_digests, verify
 from audit_callbacks.auditing.config import CanaryAuditConfig
 from audit_callbacks.auditing.output import AuditOutput, ReportSection
-from audit_callbacks.auditing.plan import plan_entries
+from audit_callbacks.auditing.plan import summary_plan_entries
 from audit_callbacks.auditing.report import REFERENCES, CanaryReport, summary_json
 from audit_callbacks.canary.base import (
     CanaryStatistic,
@@ -176,6 +176,8 @@ class CanaryAuditor:
         #: the audit's plan (:mod:`audit_callbacks.auditing.plan`; None: ``plan_reason``)
         self.plan: Any = None
         self.plan_reason, self.plan_line = "not planned", ""
+        #: the plan at the steps taken where they differ from the plan's (``plan_read``)
+        self.plan_reread: Any = None
         backend.attach(self)
 
     def _resolve_counts(self, config: CanaryAuditConfig, dim: int,
@@ -694,7 +696,7 @@ class CanaryAuditor:
                               inputs=inputs, gradients=self.backend.sign < 0, callback=self.name,
                               status=status),
                **claim, **self.backend.summary_status()}
-        return {**out, **plan_entries(self.plan, self.plan_reason, out)}
+        return {**out, **summary_plan_entries(self, out)}
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:

@@ -54,10 +54,11 @@ class AuditFrontEnd:
         warning; a front end gives it through its framework's logger."""
         default_info(message)
 
-    def _plan(self, steps: float | None) -> None:
-        """Plan the audit once, from the run's settings and its planned ``steps`` (rounds):
-        the plan's line is given as information and kept for the summary and the report."""
-        if self.auditor is not None and announce_plan(self.auditor, steps):
+    def _plan(self, steps: float | None, *, replan: bool = True) -> None:
+        """Plan the audit from the run's settings and its planned ``steps`` (rounds), again
+        when a later call's steps differ (``replan``): the plan's line is given as information
+        and kept for the summary and the report."""
+        if self.auditor is not None and announce_plan(self.auditor, steps, replan=replan):
             self._info(f"{self.name}: {self.auditor.plan_line}")
 
     def _warn(self, key: str, message: str) -> None:

@@ -109,6 +109,17 @@ def _headline_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def _plan_words(summary: Mapping[str, Any]) -> str:
+    """Which plan the ratio was read against, from what happened: its T (``plan_steps``,
+    rounds for DP-FedAvg), made at fit start, at the plain loop's first write, or again at
+    the steps taken (the reading then says so)."""
+    steps = summary.get(names.PLAN_STEPS)
+    if not isinstance(steps, int):
+        return "against the run's plan"
+    unit = "rounds" if "FedAvg" in str((summary.get("inputs") or {}).get("training", "")) else "steps"
+    return f"against the plan for {steps} {unit}"
+
+
 def _read_first(summary: Mapping[str, Any]) -> dict[str, str]:
     """The number to read: the all-iterates estimate (the adversary who sees every release),
     its interval, the claim, the ratio read against the plan, and both on the epsilon scale."""
@@ -121,7 +132,7 @@ def _read_first(summary: Mapping[str, Any]) -> dict[str, str]:
         f"epsilon_analytic = {fmt(claim)} at delta = {fmt((summary.get('inputs') or {}).get('delta'))}")}
     reading = summary.get(names.PLAN_RATIO_READING)
     if isinstance(reading, str):
-        out["estimate / claim"] = f"{reading} (the plan made at fit start)"
+        out["estimate / claim"] = f"{reading} ({_plan_words(summary)})"
     elif summary.get(names.EPSILON_RATIO_ALL_ITERATES) is not None:
         out["estimate / claim"] = (f"{fmt(summary.get(names.EPSILON_RATIO_ALL_ITERATES))} (no plan: "
                                    f"{summary.get(names.PLAN_STATUS, 'not planned')})")

@@ -1,19 +1,22 @@
 """The audit plan of a run: its settings read from the auditor's backend, handed to
 :func:`~audit_callbacks.estimators.planner.plan_audit`, and the plan's summary entries.
 
-Every front end plans once, at fit start where the run's length is known (Lightning: the
-trainer's ``estimated_stepping_batches``; Flower: ``num_rounds``; the plain Opacus loop: a
-``steps`` given by the user, else at the first :meth:`write`, from the steps taken so far), logs
-the plan's one line (:meth:`AuditPlan.summary`) as information, not a warning, and the auditor
-keeps it for the summary (``plan_*`` keys, :func:`plan_entries`) and the report, which reads the
-measured ratio against it (:meth:`AuditPlan.read_ratio`).
+Every front end plans at fit start where the run's length is known (Lightning: the steps of
+earlier fits plus the trainer's ``estimated_stepping_batches``; Flower: ``num_rounds``; the
+plain Opacus loop: a ``steps`` given by the user, else at the first :meth:`write`, from the
+steps taken so far), again at a later fit whose length differs, logs the plan's one line
+(:meth:`AuditPlan.summary`) as information, not a warning, and the auditor keeps it for the
+summary (``plan_*`` keys, :func:`summary_plan_entries`) and the report, which reads the measured
+ratio against it (:meth:`AuditPlan.read_ratio`): against a plan made again at the steps taken
+and the run's claim where they differ from the plan's (:func:`plan_read`; a run stopped early).
 
 What is read (the numbers that matter to the statistic's law, ``docs/methods/planner.md``):
 
 * k, k', d, the canary kind, delta and alpha: the auditor's;
 * DP-SGD (a :class:`~audit_callbacks.canary.base.NoisySum` release): the noise multiplier, the
-  canaries' rate q, and the claim, the run's accountant's epsilon (PRV or RDP, as the run's) of
-  T steps at (sigma, q); the expected real batch q N;
+  canaries' rate q (the statistic's law: what the canaries see), and the claim, computed as the
+  run's own (:func:`planned_claim`: the accountant's history carried to T steps at the
+  accountant's rate, through ``run_claim``); the expected real batch q N;
 * DP-FedAvg (:class:`~audit_callbacks.canary.base.NoisyAverageDelta`, a module with
   ``clients_per_round``, or the Flower backend's ``inputs``): z, q = m / (N + k) (``repeats``:
   a fixed schedule of ``repeats`` rounds a canary), participation ``fixed`` for a shuffled
@@ -37,7 +40,7 @@ from audit_callbacks.canary.base import NoisyAverageDelta, NoisySum
 from audit_callbacks.estimators.planner import AuditPlan, plan_audit
 
 __all__ = ["BUG_SEARCH_MAX_CANARIES", "EPSILON_SCALE", "EPSILON_SCALE_SOURCE", "epsilon_tier", "PLAN_COVERAGE", "announce_plan", "plan_entries", "plan_for",
-           "plan_line", "plan_settings"]
+           "plan_line", "plan_read", "plan_settings", "planned_claim", "summary_plan_entries"]
 
 #: The coverage of the ratio range a run is read against.
 PLAN_COVERAGE = 0.95
@@ -95,21 +98,48 @@ def plan_settings(auditor: Any, steps: float | None) -> tuple[dict[str, Any] | N
 
 
 def _dpsgd(backend: Any, model: NoisySum, base: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    """DP-SGD's settings: the statistic's law at the canaries' rate (what the canaries see: the
+    injector's ``sample_rate``, the one the user gave where given), the claim at the
+    accountant's (what the run claims: its accountant's history, carried to T steps at the
+    rate its step hook reports), computed by the run's own claim function."""
     injector = getattr(backend, "injector", None)
     rate = getattr(injector, "sample_rate", None)
     sigma = float(model.noise_multiplier)
     if rate is None or sigma <= 0:
         return None, "no sampling rate or no noise"
-    from audit_callbacks.backends.opacus.accounting import analytic_epsilons
-
-    eps = analytic_epsilons([(sigma, float(rate), int(base["steps"]))], base["delta"])
-    kind = type(getattr(backend, "accountant", None)).__name__
-    claim = eps["rdp"] if kind == "RDPAccountant" or eps["prv"] is None else eps["prv"]
+    claim = planned_claim(backend, sigma, int(base["steps"]), base["delta"])
     if claim is None or not math.isfinite(claim) or claim <= 0:
         return None, "the accountant gives no epsilon for these settings"
     population = getattr(backend, "population", None) or 0
     return {**base, "training": "dpsgd", "sample_rate": float(rate), "noise_multiplier": sigma,
             "reference_epsilon": float(claim), "real_per_step": float(rate) * population}, ""
+
+
+def planned_claim(backend: Any, noise_multiplier: float, steps: int, delta: float) -> float | None:
+    """The claim of a DP-SGD run of ``steps`` logical steps, computed as the run's own
+    (:func:`~audit_callbacks.backends.opacus.accounting.run_claim`, the function behind
+    ``OpacusBackend.analytic``): the accountant's history so far, followed by the steps left
+    at (``noise_multiplier``, the accountant's rate); at the steps taken it is the run's claim.
+    The accountant's rate is its step hook's; without one (or without a rate), the canaries'
+    rate, as the run's claim falls back to. None: no epsilon."""
+    from audit_callbacks.backends.opacus.accounting import run_claim
+    from audit_callbacks.backends.opacus.optimizer import find_accountant
+
+    injector = getattr(backend, "injector", None)
+    accountant = getattr(backend, "accountant", None)
+    rate = None
+    optimizer = getattr(injector, "optimizer", None)
+    if accountant is not None and optimizer is not None:
+        found, rate = find_accountant(optimizer)
+        rate = rate if found is accountant else None
+    rate = getattr(injector, "sample_rate", None) if rate is None else rate
+    history = [tuple(h) for h in (getattr(accountant, "history", None) or [])]
+    left = int(steps) - sum(int(h[2]) for h in history)
+    if left > 0 and rate is not None:
+        history.append((float(noise_multiplier), float(rate), left))
+    if not history:
+        return None
+    return run_claim(accountant, history, delta)[1]
 
 
 def _fedavg(backend: Any, model: NoisyAverageDelta, base: dict[str, Any], k: int
@@ -149,18 +179,71 @@ def plan_for(auditor: Any, steps: float | None) -> tuple[AuditPlan | None, str]:
     return plan, ""
 
 
-def announce_plan(auditor: Any, steps: float | None) -> bool:
-    """Plan ``auditor``'s run once (kept as ``auditor.plan``, ``plan_reason`` and
-    ``plan_line``); True when a plan was made now (its line is for the front end to give).
-    A run whose length is unknown is planned at a later call that knows it."""
-    if auditor.plan is not None or auditor.plan_reason not in ("not planned", _UNKNOWN_LENGTH):
-        return False  # planned, or refused for a reason another call would not change
+def announce_plan(auditor: Any, steps: float | None, *, replan: bool = True) -> bool:
+    """Plan ``auditor``'s run (kept as ``auditor.plan``, ``plan_reason`` and ``plan_line``);
+    True when a plan was made now (its line is for the front end to give).
+
+    A run whose length is unknown is planned at a later call that knows it; a planned run is
+    planned again when a later call's T differs from the plan's (a repeated fit), unless
+    ``replan`` is False (the plain loop's :meth:`write`, which plans only a run not yet
+    planned). A plan refused for another reason is not tried again."""
+    planned = auditor.plan
+    if planned is not None:
+        known = steps is not None and math.isfinite(steps) and steps >= 1
+        if not replan or not known or int(steps) == planned.steps:
+            return False
+    elif auditor.plan_reason not in ("not planned", _UNKNOWN_LENGTH):
+        return False  # refused for a reason another call would not change
     plan, reason = plan_for(auditor, steps)
     auditor.plan, auditor.plan_reason = plan, reason
     if plan is None:
         return False
     auditor.plan_line = plan_line(plan)
     return True
+
+
+def _unit(plan: AuditPlan) -> str:
+    return "rounds" if plan.training == "dpfedavg" else "steps"
+
+
+def plan_read(auditor: Any, claim: Any = None) -> tuple[AuditPlan | None, str]:
+    """The plan the run's ratio is read against, and what the reading says about it.
+
+    The plan made at fit start holds for its T and its claim. Where the steps (rounds) taken,
+    ``backend.progress()``, differ from its T (a run stopped early, a repeated fit), or, for
+    DP-SGD, its claim differs from the run's ``claim`` (the summary's ``epsilon_analytic``),
+    the run is planned again at the steps taken, without the bug search (under a second), the
+    ratio read against that plan and the note says so; the fit-start plan's line stays as
+    logged. Kept on the auditor (``plan_reread``) for the next summary at the same steps."""
+    plan = auditor.plan
+    if plan is None:
+        return None, ""
+    taken = int(auditor.backend.progress())
+    claim = float(claim) if isinstance(claim, (int, float)) and math.isfinite(claim) else None
+    claim_differs = (plan.training == "dpsgd" and claim is not None
+                     and not math.isclose(plan.reference_epsilon, claim, rel_tol=1e-9))
+    if taken < 1 or (taken == plan.steps and not claim_differs):
+        return plan, ""
+    unit = _unit(plan)
+    note = (f"planned for {plan.steps} {unit}; read against a plan at the {taken} taken"
+            if taken != plan.steps else
+            f"read against a plan at the run's claim {claim:.4g} (planned at {plan.reference_epsilon:.4g})")
+    cached = getattr(auditor, "plan_reread", None)
+    if cached is not None and cached[0] == (taken, claim):
+        return cached[1], note if cached[1] is not None else cached[2]
+    kwargs, reason = plan_settings(auditor, taken)
+    again: AuditPlan | None = None
+    if kwargs is not None:
+        if kwargs["training"] == "dpsgd" and claim is not None and claim > 0:
+            kwargs["reference_epsilon"] = claim  # the run's claim, as the ratio's
+        try:
+            again = plan_audit(**kwargs, search_bugs=False)
+        except ValueError as err:
+            reason = str(err)
+    if again is None:
+        note = f"planned for {plan.steps} {unit}, {taken} taken; no plan at those: {reason}"
+    auditor.plan_reread = ((taken, claim), again, note)
+    return again, note
 
 
 def plan_line(plan: AuditPlan) -> str:
@@ -178,19 +261,37 @@ def plan_line(plan: AuditPlan) -> str:
 
 
 def plan_entries(plan: AuditPlan | None, reason: str = "",
-                 summary: dict[str, Any] | None = None) -> dict[str, Any]:
+                 summary: dict[str, Any] | None = None, *, note: str = "",
+                 line: str | None = None) -> dict[str, Any]:
     """The summary's ``plan_*`` keys (``plan_status``: ``ok`` or why there is no plan), with
-    ``plan_ratio_reading``, the all-iterates ratio of ``summary`` read against the plan."""
+    ``plan_ratio_reading``, the all-iterates ratio of ``summary`` read against ``plan`` (the
+    plan read against, :func:`plan_read`; ``note`` says why it is not the fit-start one),
+    ``plan_steps`` its T and ``plan_sentence`` ``line`` (the line logged at fit start; default
+    ``plan``'s)."""
     if plan is None:
-        return {names.PLAN_STATUS: f"skipped: {reason or 'not planned'}"}
+        why = note or f"skipped: {reason or 'not planned'}"
+        return {names.PLAN_STATUS: why if why.startswith("skipped") else f"skipped: {why}"}
     ratio = (summary or {}).get(names.EPSILON_RATIO_ALL_ITERATES)
     ok = isinstance(ratio, (int, float)) and math.isfinite(ratio)
+    reading = plan.read_ratio(max(float(ratio), 0.0)) if ok else None
+    if reading is not None and note:
+        reading = f"{reading} ({note})"
     return {
-        names.PLAN_RATIO_READING: plan.read_ratio(max(float(ratio), 0.0)) if ok else None,
+        names.PLAN_RATIO_READING: reading,
         names.PLAN_STATUS: "ok", names.PLAN_CEILING: plan.ceiling,
         names.PLAN_RATIO_LOW: plan.ratio_low, names.PLAN_RATIO_MEDIAN: plan.ratio_median,
         names.PLAN_RATIO_HIGH: plan.ratio_high, names.PLAN_COVERAGE: plan.coverage,
         names.PLAN_REFERENCE: plan.reference_epsilon,
         names.PLAN_CLIP_FACTOR: plan.clip_factor, names.PLAN_NOISE_FACTOR: plan.noise_factor,
-        names.PLAN_SENTENCE: plan_line(plan),
+        names.PLAN_SENTENCE: plan_line(plan) if line is None else line,
+        names.PLAN_STEPS: plan.steps,
     }
+
+
+def summary_plan_entries(auditor: Any, summary: dict[str, Any]) -> dict[str, Any]:
+    """``auditor``'s ``plan_*`` summary keys: the ratio of ``summary`` read against the plan
+    for the steps taken and the run's claim (:func:`plan_read`), the fit-start line kept."""
+    if auditor.plan is None:
+        return plan_entries(None, auditor.plan_reason)
+    plan, note = plan_read(auditor, summary.get(names.EPSILON_ANALYTIC))
+    return plan_entries(plan, "", summary, note=note, line=auditor.plan_line or None)

@@ -101,10 +101,12 @@ class CanaryAudit(AuditFrontEnd, FederatedAuditHooks, Callback):
         if self.auditor is not None:
             self.auditor.backend.on_fit_start(trainer, pl_module)  # a repeated fit goes on
         self._bind(trainer, pl_module)  # Opacus: the DPOptimizer exists now
+        resumed = self._state is not None
         self._open(None)  # a checkpoint's state
         assert self.auditor is not None
         self.auditor.start()
-        self._plan(_planned_steps(trainer))
+        # a repeated fit (a new trainer, no checkpoint) goes on from the steps taken before it
+        self._plan(_planned_steps(trainer, 0 if resumed else self.auditor.backend.progress()))
         self.output.layout(self.auditor.layout())
         if not trainer.loggers:
             self._warn("nologger", "CanaryAudit: no logger is attached, so estimates are not logged; "
@@ -175,11 +177,12 @@ class CanaryAudit(AuditFrontEnd, FederatedAuditHooks, Callback):
             self.auditor.backend.detach()
 
 
-def _planned_steps(trainer: pl.Trainer) -> float | None:
-    """The steps (DP-SGD) or rounds (DP-FedAvg) the fit will take: the trainer's
-    ``estimated_stepping_batches`` (inf for an open-ended run, None where it cannot tell: the
-    plan then says the run's length is unknown)."""
+def _planned_steps(trainer: pl.Trainer, before: int = 0) -> float | None:
+    """The steps (DP-SGD) or rounds (DP-FedAvg) the audit will have seen at the fit's end:
+    ``before`` (taken in earlier fits) plus the trainer's ``estimated_stepping_batches`` (inf
+    for an open-ended run, None where it cannot tell: the plan then says the run's length is
+    unknown)."""
     try:
-        return trainer.estimated_stepping_batches
+        return before + trainer.estimated_stepping_batches
     except Exception:  # noqa: BLE001 - no plan rather than a failed fit
         return None

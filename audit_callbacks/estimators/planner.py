@@ -129,6 +129,8 @@ class AuditPlan:
         training, threat_model, delta, alpha: as given.
         replicates: simulated runs behind the ratio range.
         bugs_searched: False when the bug search was skipped (``search_bugs=False``).
+        steps: T, the DP-SGD steps or DP-FedAvg rounds planned for (the plan holds for a run
+            of this length only).
         source: the papers behind the numbers.
     """
 
@@ -152,6 +154,7 @@ class AuditPlan:
     alpha: float
     replicates: int
     bugs_searched: bool = True
+    steps: int | None = None
     source: str = SOURCE
 
     @property
@@ -518,5 +521,5 @@ def plan_audit(
         reference_epsilon=float(ref), ratio_low=float(lo), ratio_median=float(med),
         ratio_high=float(hi), coverage=cov, clip_factor=clip, noise_factor=noise, power=pw,
         max_factor=mf, num_canaries=k, num_unobserved=ku, training=tr, threat_model=tm,
-        delta=dl, alpha=a, replicates=reps, bugs_searched=search,
+        delta=dl, alpha=a, replicates=reps, bugs_searched=search, steps=t,
     )

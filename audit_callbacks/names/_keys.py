@@ -60,6 +60,7 @@ PLAN_CLIP_FACTOR = "plan_clip_factor"
 PLAN_NOISE_FACTOR = "plan_noise_factor"
 PLAN_SENTENCE = "plan_sentence"
 PLAN_RATIO_READING = "plan_ratio_reading"
+PLAN_STEPS = "plan_steps"
 #: the watched series' valid bounds (each point at the level spent for it), apart from the
 #: fit-end bounds at plain alpha
 EPSILON_LOWER_BOUND_ALL_ITERATES_WATCHED = "epsilon_lower_bound_all_iterates_watched"

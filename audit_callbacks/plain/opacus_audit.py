@@ -188,7 +188,7 @@ class OpacusCanaryAudit(AuditFrontEnd):
         if directory is None:
             raise ValueError(f"{self.name}.write: log_dir is None here and at construction")
         sink = self._sink(directory)
-        self._plan(self.steps)  # a run whose length was not given: planned now
+        self._plan(self.steps, replan=False)  # a run whose length was not given: planned now
         self.output.bind_directory(directory, sink)
         self.summary_path = self.auditor.finish(
             step=self.steps, output=self.output, histograms=self.log_histograms,

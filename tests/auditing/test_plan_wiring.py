@@ -73,3 +73,47 @@ def test_plain_loop_without_steps_plans_at_the_first_write(tmp_path, capsys):
     audit.write(tmp_path / "out")
     assert capsys.readouterr().err.count("plan:") == 1
     assert audit.auditor.plan is not None and audit.auditor.plan_reason == ""
+
+
+def test_plain_loop_stopped_early_reads_the_ratio_against_the_steps_taken(tmp_path, capsys):
+    """Planned for 400 steps, stopped after 16: the ratio is read against a plan at the 16
+    taken, whose claim is the run's, and the reading says so; the logged line stays."""
+    model, opt, loader, engine = _loop()
+    audit = OpacusCanaryAudit(opt, data_loader=loader, num_canaries=50, bootstrap=0, steps=400)
+    logged = capsys.readouterr().err
+    for _ in range(2):
+        _epoch(model, opt, loader)
+    taken = audit.steps
+    assert 1 <= taken < 400
+    audit.write(tmp_path / "out")
+    summary = json.loads((tmp_path / "out" / "audit_summary.json").read_text())
+    assert summary[names.PLAN_REFERENCE] == pytest.approx(summary[names.EPSILON_ANALYTIC], rel=1e-9)
+    assert audit.auditor.plan.reference_epsilon > 2 * summary[names.EPSILON_ANALYTIC]
+    reading = summary[names.PLAN_RATIO_READING]
+    assert f"(planned for 400 steps; read against a plan at the {taken} taken)" in reading
+    assert audit.auditor.plan.steps == 400  # the fit-start plan is kept
+    assert summary[names.PLAN_STEPS] == taken
+    assert summary[names.PLAN_SENTENCE] in logged  # the fit-start line, as logged
+    page = open(audit.report_path, encoding="utf-8").read()
+    assert f"against the plan for {taken} steps" in page and "made at fit start" not in page
+
+
+def test_fedavg_repeated_fit_plans_again_for_the_rounds_of_both_fits(tmp_path, monkeypatch):
+    """A second fit goes on from the rounds taken: planned again at their sum, and the summary
+    reads the ratio against a plan at the rounds taken (not the first fit's)."""
+    dm, module = digits_dpfedavg(4)
+    audit = CanaryAudit(30, 30, seed=1)
+    lines: list[str] = []
+    monkeypatch.setattr("audit_callbacks.callbacks.canary_audit.rank_zero_info", lines.append)
+    fit(dm, module, [audit], 2, tmp_path, name="first")
+    first = audit.auditor.plan
+    fit(dm, module, [audit], 6, tmp_path, name="second")
+    assert int(module.round) == 8
+    summary = json.loads(open(audit.summary_path, encoding="utf-8").read())
+    assert summary[names.PLAN_REFERENCE] != first.reference_epsilon
+    plans = [m for m in lines if "CanaryAudit: plan:" in m]
+    assert len(plans) == 2
+    assert first.steps == 2 and audit.auditor.plan.steps == 8
+    assert summary[names.PLAN_STEPS] == 8
+    assert "planned for" not in summary[names.PLAN_RATIO_READING]  # planned at the rounds taken
+    assert summary[names.PLAN_SENTENCE] in plans[1]

@@ -13,6 +13,7 @@ periodic estimates."""
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import ctypes.util
 import functools
@@ -186,6 +187,38 @@ def accountant_epsilon(accountant: IAccountant | None, delta: float) -> float | 
     except (ValueError, RuntimeError, OverflowError, ZeroDivisionError, FloatingPointError):
         return None
     return eps if np.isfinite(eps) else None
+
+
+def run_claim(accountant: IAccountant | None, history: Sequence[tuple[float, float, int]],
+              delta: float) -> tuple[dict[str, float | None], float | None]:
+    """A DP-SGD run's claim: the epsilon ``accountant``'s kind gives for ``history``, with
+    :func:`analytic_epsilons` beside it; the one function behind both the run's claim
+    (``OpacusBackend.analytic``) and the audit plan's (``audit_callbacks.auditing.plan``), so
+    the two cannot differ.
+
+    The run's own accountant's epsilon is computed whatever its cost (the PRV epsilon has no
+    cost bound for a PRV run; beside an RDP run it has :data:`PRV_MAX_POINTS`). Opacus' RDP and
+    PRV accountants: the matching value of :func:`analytic_epsilons`; another accountant: a copy
+    of it holding ``history`` (:func:`accountant_epsilon`); none, or no value: the RDP epsilon.
+
+    Args:
+        accountant: the run's accountant (only its kind and, for other kinds, a copy are used).
+        history: ``[(noise_multiplier, sample_rate, num_steps), ...]`` (Opacus' ``history``).
+        delta: target delta in (0, 1).
+
+    Returns:
+        ``(analytic_epsilons(history, ...), claim)``; the claim None only where the RDP
+        epsilon is.
+    """
+    bound = None if isinstance(accountant, PRVAccountant) else PRV_MAX_POINTS
+    out = analytic_epsilons(history, delta, max_prv_points=bound)
+    same = {RDPAccountant: "rdp", PRVAccountant: "prv"}.get(type(accountant))
+    own = out[same] if same is not None else None
+    if same is None and accountant is not None and history:
+        shadow = copy.copy(accountant)
+        shadow.history = [tuple(h) for h in history]
+        own = accountant_epsilon(shadow, delta)
+    return out, (out["rdp"] if own is None else own)
 
 
 def analytic_epsilons(history: Sequence[tuple[float, float, int]], delta: float, *,

@@ -28,14 +28,13 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from opacus.accountants import PRVAccountant, RDPAccountant
+from opacus.accountants import PRVAccountant
 
 from audit_callbacks.backends.base import CANARY_SHARE_WARN, BackendBase, num_batches, num_examples
 from audit_callbacks.backends.opacus.accounting import (
     PRV_MAX_POINTS,
-    accountant_epsilon,
-    analytic_epsilons,
     prv_epsilon_status,
+    run_claim,
 )
 from audit_callbacks.backends.opacus.buffers import FlatGather, flat_parameters
 from audit_callbacks.backends.opacus.injector import GradientCanaryInjector
@@ -398,16 +397,10 @@ class OpacusBackend(BackendBase):
         # the run's own accountant's epsilon is computed whatever its cost (it is the claim);
         # a PRV epsilon beside an RDP run only up to its bound (a status says when skipped)
         bound = None if isinstance(acc, PRVAccountant) else PRV_MAX_POINTS
-        out = analytic_epsilons(history, delta, max_prv_points=bound)
+        # the claim and the audit plan's come from one function (run_claim)
+        out, claim = run_claim(acc, history, delta)
         self._prv_status = prv_epsilon_status(history, delta, bound) if out["prv"] is None else "ok"
-        # the run's own accountant is Opacus' RDP or PRV one (make_private's default: PRV) on
-        # this history: its epsilon is one just computed, not a second PRV computation
-        same = {RDPAccountant: "rdp", PRVAccountant: "prv"}.get(type(acc))
-        if same is not None and history and [tuple(h) for h in acc.history] == [tuple(h) for h in history]:
-            own = out[same]
-        else:
-            own = accountant_epsilon(acc, delta) if history else None
-        return {EPSILON_ANALYTIC: out["rdp"] if own is None else own,
+        return {EPSILON_ANALYTIC: claim,
                 EPSILON_ANALYTIC_RDP: out["rdp"], EPSILON_ANALYTIC_PRV: out["prv"]}
 
     def summary_status(self) -> dict[str, str]:
