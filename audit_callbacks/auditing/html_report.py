@@ -39,7 +39,13 @@ from typing import Any
 from audit_callbacks import names
 from audit_callbacks.auditing.files import write_text
 from audit_callbacks.auditing.plan import EPSILON_SCALE, EPSILON_SCALE_SOURCE, epsilon_tier
-from audit_callbacks.auditing.report import REFERENCES, fmt, verdict
+from audit_callbacks.auditing.report import (
+    REFERENCE_TITLES,
+    REFERENCES,
+    THREAT_MODEL_TITLES,
+    fmt,
+    verdict,
+)
 
 __all__ = ["EPSILON_SCALE", "EPSILON_SCALE_SOURCE", "HTML_FILENAME", "MARKDOWN_FILENAME", "epsilon_tier",
            "fmt", "history_figure", "interval", "markdown_text", "number_to_read", "render_html",
@@ -49,9 +55,6 @@ __all__ = ["EPSILON_SCALE", "EPSILON_SCALE_SOURCE", "HTML_FILENAME", "MARKDOWN_F
 HTML_FILENAME = "audit_report.html"
 MARKDOWN_FILENAME = "audit_report.md"
 
-_TITLES = {"final_model": "final model", "all_iterates": "all iterates"}
-_REFERENCE_TITLES = {names.EPSILON_LAST_ITERATE_HEURISTIC: "last-iterate heuristic (not a bound)",
-                     names.EPSILON_ANALYTIC: "analytic epsilon (the claim)"}
 _DESCRIPTIONS = {q.name: q.description for q in names.family(names.FAMILY_AUDIT)}
 #: the report's figure titles, in words (a figure is given by its TensorBoard tag)
 _FIGURE_TITLES = {
@@ -66,6 +69,14 @@ _FIGURE_TITLES = {
 def interval(lower: Any, upper: Any) -> str:
     """``[lower, upper]`` as shown, or ``-`` when the estimate has no interval."""
     return "-" if lower is None and upper is None else f"[{fmt(lower)}, {fmt(upper)}]"
+
+
+def _interval_words(est: Mapping[str, Any]) -> str:
+    """An estimate's interval in a sentence: ``interval [a, b]``, or why there is none (the
+    intervals are bootstrap percentiles, which ``bootstrap=0`` does not compute)."""
+    if est.get("lower") is None and est.get("upper") is None:
+        return "no interval: bootstrap=0" if est.get("value") is not None else "no estimate"
+    return f"interval {interval(est.get('lower'), est.get('upper'))}"
 
 
 def _number(value: Any) -> float | None:
@@ -127,7 +138,7 @@ def _read_first(summary: Mapping[str, Any]) -> dict[str, str]:
     claim = summary.get(names.EPSILON_ANALYTIC)
     out = {"the number to read": (
         f"epsilon_all_iterates = {fmt(est.get('value'))} "
-        f"(interval {interval(est.get('lower'), est.get('upper'))}; {est.get('status', 'skipped')}): "
+        f"({_interval_words(est)}; {est.get('status', 'skipped')}): "
         "the empirical epsilon of an adversary who sees every release, against the claim "
         f"epsilon_analytic = {fmt(claim)} at delta = {fmt((summary.get('inputs') or {}).get('delta'))}")}
     reading = summary.get(names.PLAN_RATIO_READING)
@@ -342,7 +353,7 @@ def render_html(summary: Mapping[str, Any] | None, images: Mapping[str, str],
            f"<h1>Privacy audit report: {_e(callback)} {_e(training)}</h1>",
            "<h2>The number to read</h2>", _table(_read_first(summary)), "<h2>Verdict</h2>"]
     rows = _headline_rows(summary)
-    verdicts = [(_TITLES[row["threat_model"]], *row["verdict"]) for row in rows]
+    verdicts = [(THREAT_MODEL_TITLES[row["threat_model"]], *row["verdict"]) for row in rows]
     mechanism = _mechanism(summary)
     if mechanism is not None:
         verdicts.append(("checks of the mechanism", *mechanism))
@@ -354,9 +365,9 @@ def render_html(summary: Mapping[str, Any] | None, images: Mapping[str, str],
                "<th>estimate / reference</th><th>status</th></tr>")
     for row in rows:
         out.append(
-            f"<tr><th>{_e(_TITLES[row['threat_model']])}</th>{_num_td(row['estimate'])}"
+            f"<tr><th>{_e(THREAT_MODEL_TITLES[row['threat_model']])}</th>{_num_td(row['estimate'])}"
             f"<td class='num'>{_e(interval(row['lower'], row['upper']))}</td>"
-            f"{_num_td(row['bound'])}<td>{_e(_REFERENCE_TITLES[row['reference_name']])}</td>"
+            f"{_num_td(row['bound'])}<td>{_e(REFERENCE_TITLES[row['reference_name']])}</td>"
             f"{_num_td(row['reference'])}{_num_td(row['ratio'])}<td>{_e(row['status'])}</td></tr>")
     out.append("</table>")
     analytic = {k: summary.get(k) for k in (names.EPSILON_ANALYTIC, names.EPSILON_ANALYTIC_RDP,
@@ -379,7 +390,7 @@ def render_html(summary: Mapping[str, Any] | None, images: Mapping[str, str],
     for section, values in (extra or {}).items():
         out.append(f"<h2>{_e(section)}</h2>{_table(_extra_table(values))}")
     out.append("<h2>Threat models</h2>")
-    out.append(_table({_TITLES.get(k, k): v for k, v in (summary.get("threat_models") or {}).items()}))
+    out.append(_table({THREAT_MODEL_TITLES.get(k, k): v for k, v in (summary.get("threat_models") or {}).items()}))
     out.append("<h2>Settings</h2>" + _table(summary.get("inputs") or {}))
     if summary.get("versions"):
         out.append("<h2>Versions</h2>" + _table(summary["versions"]))
@@ -410,7 +421,7 @@ def render_markdown(summary: Mapping[str, Any] | None, figure_titles: Sequence[s
     lines += [f"| {cell(k)} | {cell(v)} |" for k, v in _read_first(summary).items()]
     lines += ["", "## Verdict", ""]
     rows = _headline_rows(summary)
-    lines += [f"- **{_TITLES[r['threat_model']]}**: {cell(r['verdict'][1])}" for r in rows]
+    lines += [f"- **{THREAT_MODEL_TITLES[r['threat_model']]}**: {cell(r['verdict'][1])}" for r in rows]
     mechanism = _mechanism(summary)
     if mechanism is not None:
         lines.append(f"- **checks of the mechanism**: {cell(mechanism[1])}")
@@ -418,9 +429,9 @@ def render_markdown(summary: Mapping[str, Any] | None, figure_titles: Sequence[s
               "| threat model | estimate | interval | valid lower bound | reference | value "
               "| estimate / reference | status |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {_TITLES[r['threat_model']]} | {cell(r['estimate'])} | "
+        lines.append(f"| {THREAT_MODEL_TITLES[r['threat_model']]} | {cell(r['estimate'])} | "
                      f"{cell(interval(r['lower'], r['upper']))} | {cell(r['bound'])} | "
-                     f"{_REFERENCE_TITLES[r['reference_name']]} | {cell(r['reference'])} | "
+                     f"{REFERENCE_TITLES[r['reference_name']]} | {cell(r['reference'])} | "
                      f"{cell(r['ratio'])} | {cell(r['status'])} |")
     claim = _claim(summary)
     if claim:

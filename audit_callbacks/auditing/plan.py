@@ -251,9 +251,9 @@ def plan_line(plan: AuditPlan) -> str:
     skipped."""
     line = plan.summary()
     tier = epsilon_tier(plan.reference_epsilon)
-    if tier is not None:
-        line += (f"; the claim {plan.reference_epsilon:.3g} is a {tier} on the scale of "
-                 "Ponomareva et al. (JAIR 2023)")
+    if tier is not None:  # the claim is named once in the line
+        claim = "it" if plan.above_ceiling else f"the claim {plan.reference_epsilon:.3g}"
+        line += f"; {claim} is a {tier} on the scale of Ponomareva et al. (JAIR 2023)"
     if not plan.bugs_searched and not plan.above_ceiling:
         line += ("; for the smallest bug it would flag, run audit_callbacks.estimators.plan_audit "
                  "with these settings before training (seconds to a minute)")

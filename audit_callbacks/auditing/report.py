@@ -19,7 +19,7 @@ from audit_callbacks.auditing.output import SCHEMA
 from audit_callbacks.estimators.canary_report import SOURCE, THREAT_MODELS, estimate_names
 from audit_callbacks.estimators.result import AuditResult
 
-__all__ = ["VERDICT_CODES", "CanaryReport", "at_delta", "fmt", "mechanism_verdict",
+__all__ = ["REFERENCE_TITLES", "THREAT_MODEL_TITLES", "VERDICT_CODES", "CanaryReport", "at_delta", "fmt", "mechanism_verdict",
            "summary_estimates", "summary_json", "value_names", "verdict"]
 
 #: The watched series' name of each valid bound: a report at a logged point (``index`` set, its
@@ -50,6 +50,10 @@ def value_names() -> list[str]:
 #: Each threat model's headline estimate and the reference it is compared with.
 REFERENCES = {"final_model": (names.EPSILON_FINAL_MODEL, names.EPSILON_LAST_ITERATE_HEURISTIC),
               "all_iterates": (names.EPSILON_ALL_ITERATES, names.EPSILON_ANALYTIC)}
+#: A threat model's and a reference's words in every view (the report, TensorBoard's table).
+THREAT_MODEL_TITLES = {"final_model": "final model", "all_iterates": "all iterates"}
+REFERENCE_TITLES = {names.EPSILON_LAST_ITERATE_HEURISTIC: "last-iterate heuristic (not a bound)",
+                    names.EPSILON_ANALYTIC: "claim (analytic epsilon)"}
 
 #: A verdict's scalar code in TensorBoard (``audit/verdict_<tm>``); ``unchecked`` is not logged.
 VERDICT_CODES = {"consistent": 0, "suspicious": 1, "unproven": 1, "violation": 2}

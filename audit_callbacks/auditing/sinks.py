@@ -13,6 +13,7 @@ import numpy as np
 
 from audit_callbacks import names
 from audit_callbacks.auditing.files import check_writable, fresh_version_dir
+from audit_callbacks.auditing.report import REFERENCE_TITLES, THREAT_MODEL_TITLES
 
 __all__ = ["FIT_END_TAG", "WriterSink", "clean_scalars", "fit_end_table"]
 
@@ -20,9 +21,6 @@ __all__ = ["FIT_END_TAG", "WriterSink", "clean_scalars", "fit_end_table"]
 #: report's text (``audit/report``) in the Text tab.
 FIT_END_TAG = f"{names.FAMILY_AUDIT}/{names.FIT_END_NUMBERS}"
 
-_THREAT_MODEL_TITLES = {"all_iterates": "all iterates", "final_model": "final model"}
-_REFERENCE_TITLES = {names.EPSILON_ANALYTIC: "claim (analytic epsilon)",
-                     names.EPSILON_LAST_ITERATE_HEURISTIC: "last-iterate heuristic (not a bound)"}
 
 
 def clean_scalars(values: dict[str, float | None]) -> dict[str, float]:
@@ -69,8 +67,8 @@ def fit_end_table(summary: Mapping[str, Any]) -> str:
         bound = (estimates.get(f"{names.EPSILON_LOWER_BOUND}_{tm}") or {}).get("value")
         lower, upper = est.get("lower"), est.get("upper")
         interval = "-" if lower is None or upper is None else f"[{_cell(lower)}, {_cell(upper)}]"
-        lines.append(f"| {_THREAT_MODEL_TITLES[tm]} | {_cell(est.get('value'))} | {interval} | {_cell(bound)} "
-                     f"| {_REFERENCE_TITLES[reference_name]} | {_cell(summary.get(reference_name))} "
+        lines.append(f"| {THREAT_MODEL_TITLES[tm]} | {_cell(est.get('value'))} | {interval} | {_cell(bound)} "
+                     f"| {REFERENCE_TITLES[reference_name]} | {_cell(summary.get(reference_name))} "
                      f"| {_cell(summary.get(f'epsilon_ratio_{tm}'))} "
                      f"| {_cell(summary.get(f'verdict_{tm}', 'unchecked'))} | {_cell(est.get('status', '-'))} |")
     claim = summary.get(names.EPSILON_ANALYTIC)
