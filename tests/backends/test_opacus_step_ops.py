@@ -187,26 +187,32 @@ def _step(model, opt, x, y, t: int) -> None:
     opt.step()
 
 
+@pytest.mark.parametrize("flat", [True, False])
 @pytest.mark.parametrize("kind", ["hadamard", "gaussian"])
-def test_cached_canary_rows_train_as_fresh_injectors(kind):
-    """A persistent injector reuses its [m, *p.shape] views of the canary rows whenever m
-    repeats; fresh injectors (one a step, no cache) give the same parameters bit for bit,
-    and so does Opacus' processed-flag check (a view marked processed would raise)."""
+def test_cached_canary_rows_train_as_fresh_injectors(kind, flat):
+    """A persistent injector reuses its [m, d] rows (and, one block a parameter, their
+    [m, *p.shape] views) whenever m repeats; fresh injectors (one a step, no cache) give the
+    same parameters bit for bit, and so does Opacus' processed-flag check (rows marked
+    processed would raise)."""
     dim = 6 * 5 + 5 + 5 * 3 + 3
     cs = CanarySet(3, dim, 12, kind=kind)
     model, opt, net, x, y = _private()
     inj = GradientCanaryInjector(opt, cs, 12, sample_rate=0.3, seed=2)
+    inj.flat_rows = flat
     sizes = []
     for t in range(10):
         sizes.append(len(inj.joined(t, 0.3)))
         _step(model, opt, x, y, t)
     assert inj.steps == 10 and inj.insertion == "before clipping"
     assert len(set(sizes)) < len(sizes)  # some m repeated: cached views were reused
-    assert len(inj._row_views) == len(set(sizes) - {0})
+    assert len(inj._row_slices) == len(set(sizes) - {0})
+    assert len(inj._row_views) == (0 if flat else len(set(sizes) - {0}))
+    assert (inj._flat is not None) == flat
     cached = [p.detach().clone() for p in net.parameters()]
     model2, opt2, net2, x2, y2 = _private()
     for t in range(10):
         fresh = GradientCanaryInjector(opt2, cs, 12, sample_rate=0.3, seed=2)
+        fresh.flat_rows = flat
         fresh.steps = t
         _step(model2, opt2, x2, y2, t)
         fresh.detach()
@@ -278,6 +284,7 @@ def test_noisy_sum_and_canary_rows_in_few_ops():
     seen: list[tuple[torch.Tensor, int]] = []
     inj = GradientCanaryInjector(opt, cs, 16, sample_rate=0.5, seed=3,
                                  observer=lambda g, q: seen.append((g.clone(), g.data_ptr())))
+    inj.flat_rows = False  # the rows one block a parameter (the flat rows: test_audit_ops_*)
     ops: dict[str, list[int]] = {"noisy_sum": [], "split": []}
     buffers: list[torch.Tensor] = []  # the rows' buffer of each call (grown by 8 rows when m outgrows it)
     refs: list[torch.Tensor] = []
