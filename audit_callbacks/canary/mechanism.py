@@ -4,9 +4,11 @@ tensor, and the batch sizes against the accountant's Poisson sampling.
 :class:`NoiseChecks` folds each release ``r_t`` (DP-SGD: the noisy sum; DP-FedAvg: the noisy
 sum recovered from the model delta, ``(Delta_t - beta Delta_{t-1})``) into two sums of squares
 per parameter tensor, on the release's device and with no host synchronisation: ``||r_t||^2``
-(noise scale, F1) and ``||r_t - r_{t-1}||^2`` (fresh noise, F2). One fused ``_foreach_norm`` per
-sum covers every tensor: the ops a release costs do not grow with the number of tensors on a
-GPU. :class:`SamplerCheck` keeps the real batch size of every DP-SGD step. Their tests are
+(noise scale, F1) and ``||r_t - r_{t-1}||^2`` (fresh noise, F2). Every tensor's sums come from
+one flat buffer by a fixed number of ops (one norm over its rows, one cumulative sum, one
+matrix-vector product: :meth:`NoiseChecks._energies`): the ops a release costs do not grow with
+the number of tensors, on the CPU (where a per-tensor or ``_foreach_norm`` norm runs one norm a
+tensor) as on a GPU. :class:`SamplerCheck` keeps the real batch size of every DP-SGD step. Their tests are
 :func:`~audit_callbacks.estimators.mechanism_checks.noise_energy_check` and
 :func:`~audit_callbacks.estimators.mechanism_checks.sampler_check`; the laws, false-alarm rates
 and power are in ``docs/methods/mechanism_checks.md``.

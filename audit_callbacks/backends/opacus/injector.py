@@ -8,9 +8,11 @@ replaced that Opacus relies on:
   calls the previous one first (``previous`` stays reachable for :func:`find_accountant`);
 * gradient canaries go in through :class:`GradientCanaryInjector`, which wraps the
   optimizer's ``clip_and_accumulate`` and ``add_noise`` on the instance: once per logical step
-  each joining canary becomes one more row of the per-example gradients ``p.grad_sample``, at a
-  norm well above ``max_grad_norm``, so that Opacus' own clipping, summation, noise and
-  ``1 / expected_batch_size`` scaling act on it as on a real example (a clipping bug moves the
+  the joining canaries, at a norm well above ``max_grad_norm``, are clipped by the optimizer's
+  own ``clip_and_accumulate`` as per-example gradients of one flat parameter ``[d]`` (a fixed
+  number of ops whatever the number of parameter tensors) and their clipped sum added to every
+  ``p.summed_grad``, so that Opacus' own clipping, summation, noise and
+  ``1 / expected_batch_size`` scaling act on each as on a real example (a clipping bug moves the
   estimates); where the optimizer has no per-example gradients to extend (ghost clipping,
   per-layer or adaptive clipping) ``max_grad_norm * c_j`` is added to the clipped sum in
   ``add_noise`` instead; under data-parallel training (Opacus' ``DistributedDPOptimizer``) on
@@ -89,13 +91,19 @@ class GradientCanaryInjector:
     Where a canary enters (``insertion``). By default **before clipping**: the optimizer's
     ``clip_and_accumulate`` is wrapped on the instance (so a subclass's or an instance's own
     override still runs on the canaries too), and at the first ``clip_and_accumulate`` of each
-    logical step, right after the real examples' call, it is called a second time with every
-    parameter's per-example gradients ``p.grad_sample`` set to one row per joining canary:
-    ``norm_multiplier * max_grad_norm * c_j`` cut into the parameters' shapes, so Opacus' own
-    per-sample norm, clip factor ``min(1, C / (norm + 1e-6))`` and summation into
-    ``p.summed_grad`` (then its noise and scaling) act on it as on a real example, and with
+    logical step, right after the real examples' call, it is called a second time on one row
+    per joining canary, ``norm_multiplier * max_grad_norm * c_j``: by default with the
+    parameters presented as one flat parameter ``[d]`` whose ``grad_sample`` is the rows
+    ``[m, d]`` (:meth:`_clip_canaries_flat`: a fixed number of ops, the clipped sum added to
+    every ``p.summed_grad`` by one ``_foreach_add_``), or, where the parameters differ in
+    device or dtype or ``flat_rows`` is False, with every ``p.grad_sample`` set to the rows cut
+    into the parameter's shape (:meth:`_clip_canaries`, about ten ops a parameter tensor). Either
+    way Opacus' own per-sample norm, clip factor ``min(1, C / (norm + 1e-6))`` and summation
+    into ``p.summed_grad`` (then its noise and scaling) act on it as on a real example, and with
     correct clipping the canary adds ``max_grad_norm * c_j`` (times ``1 - 1e-6 /
-    (norm_multiplier C)``) to the summed gradient; clipping at 2C doubles it. The real
+    (norm_multiplier C)``) to the summed gradient; clipping at 2C doubles it. The two ways give
+    the same sum up to the float32 rounding of the rows' norms (the flat row's norm, or the
+    norm of its per-parameter norms: about 1e-7 relative). The real
     per-example gradients are never copied or extended (concatenating the rows to them
     would copy all B x d every step) and are put back right after the
     canaries' call (the same objects, marked processed by Opacus' first call), so
