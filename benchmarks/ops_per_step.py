@@ -20,10 +20,10 @@ warm-up steps, and the counts are subtracted:
 Models (``MODELS``; Poisson batches of expected size ``--batch-size``):
 
 * ``mlp6`` / ``mlp48``: ``Linear(32, 32)`` + ReLU blocks on 32 features (6 and 48 parameter
-  tensors, d = 2,244 and 24,804), the issue's models;
+  tensors, d = 2,244 and 24,420), the issue's models;
 * ``cnn``: ``gpu_overhead.py``'s GroupNorm CNN on 3 x 32 x 32 (d = 1,070,986; 12 tensors);
 * ``transformer``: 4 pre-norm transformer blocks (width 64, 4 heads, Opacus'
-  ``DPMultiheadAttention``, MLP 128) over 16 tokens of a 64-word vocabulary (71 tensors).
+  ``DPMultiheadAttention``, MLP 128) over 16 tokens of a 64-word vocabulary (69 tensors).
 
 Front ends: ``plain`` (``OpacusCanaryAudit(optimizer, num_canaries=500)`` on a hand-written
 loop), ``lightning`` (``CanaryAudit(num_canaries=500)`` on ``DPSGDClassifier``, the step from

@@ -58,6 +58,8 @@ SLOW: tuple[str, ...] = (
     "tests/examples/test_noise_replay.py::test_the_examples_noise_is_not_regenerated_from_its_logs_or_a_rerun",
     "tests/examples/test_examples_accelerator.py::test_demo_runs_on_the_cpu_with_the_flag",
     # over ~2 s
+    "tests/backends/test_opacus_step_ops.py::test_audit_ops_per_step_do_not_grow_with_the_parameter_tensors",
+    "tests/benchmarks/test_ops_per_step.py::test_a_quick_plain_pass_writes_the_budget_check",
     "tests/benchmarks/test_watched_coverage.py::test_the_maximum_of_every_logged_series_covers",
     "tests/callbacks/test_canary_audit.py::test_resume_gives_the_same_estimate",
     "tests/callbacks/test_canary_audit_dpsgd.py::test_accountant_untouched_and_validate_after_fit_with_every_callback",

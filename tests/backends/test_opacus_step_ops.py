@@ -351,10 +351,14 @@ def _mlp_run(depth: int, audited: bool, seed: int = 0):
             data_loader=DataLoader(TensorDataset(x, y), batch_size=64), noise_multiplier=1.0,
             max_grad_norm=1.0, poisson_sampling=True, noise_generator=torch.Generator().manual_seed(seed))
         audit = OpacusCanaryAudit(opt, data_loader=loader, num_canaries=500) if audited else None
-    batches = iter(loader)
+    batches = [iter(loader)]
 
     def step():
-        xb, yb = next(batches)
+        try:
+            xb, yb = next(batches[0])
+        except StopIteration:  # the next epoch
+            batches[0] = iter(loader)
+            xb, yb = next(batches[0])
         opt.zero_grad()
         nn.functional.cross_entropy(model(xb), yb).backward()
         opt.step()
@@ -463,3 +467,32 @@ def test_param_groups_are_put_back_when_the_clipping_raises():
     assert calls == [4, 1]
     assert opt.original_optimizer.param_groups is groups and list(opt.params) == params
     assert inj._flat is not None and inj._flat.param.grad_sample is None
+
+
+def _estimates(flat: bool) -> dict:
+    """Every estimate of a short audited MLP run (Poisson batches, sigma 1), canary rows clipped
+    flat or one block a parameter; the run and its noise follow the same seed either way."""
+    step, audit, _ = _mlp_run(2, audited=True, seed=3)
+    audit.backend.injector.flat_rows = flat
+    for _ in range(40):
+        step()
+    report = audit.report(bootstrap=20)
+    checks = {name: res.value for name, res in report.checks.items()}
+    return {name: (res.value, res.lower, res.upper) for name, res in report.estimates.items()}, checks
+
+
+def test_estimates_with_flat_canary_rows_are_within_the_previous_intervals():
+    """The flat rows change the canaries' clipped sum by float32 rounding only: every estimate
+    lies inside the per-parameter run's bootstrap interval (and within 1e-3 of its value), and
+    the mechanism checks' ratios agree to 1e-4."""
+    flat, flat_checks = _estimates(True)
+    ref, ref_checks = _estimates(False)
+    assert flat.keys() == ref.keys() and flat
+    for name, (value, _, _) in flat.items():
+        ref_value, lower, upper = ref[name]
+        assert abs(value - ref_value) <= 1e-3 * max(1.0, abs(ref_value)), (name, value, ref_value)
+        if lower is not None and upper is not None:
+            assert lower <= value <= upper, (name, value, lower, upper)
+    assert flat_checks.keys() == ref_checks.keys() and flat_checks
+    for name, value in flat_checks.items():
+        assert abs(value - ref_checks[name]) <= 1e-4 * max(1.0, abs(value)), name
