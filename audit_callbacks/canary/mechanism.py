@@ -16,6 +16,7 @@ and power are in ``docs/methods/mechanism_checks.md``.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -110,7 +111,6 @@ class NoiseChecks:
             "e": torch.zeros(2 * m, dtype=torch.float64, device=dev),
             "n": torch.zeros(2, dtype=torch.float64, device=dev),
             "has_prev": torch.zeros((), dtype=torch.bool, device=dev),
-            "has_delta": torch.zeros((), dtype=torch.bool, device=dev),
         }
         buf["squares"] = torch.zeros(2 * m, dtype=torch.float64, device=dev)
         buf["squares2"], buf["e2"] = buf["squares"].view(2, m), buf["e"].view(2, m)
@@ -138,11 +138,10 @@ class NoiseChecks:
         cur = b["cur"]
         head = cur[:self.dim] if self.extra else cur
         if self.momentum:
+            # the previous delta only counts once one was released: until then (and after a
+            # restart) it is zeros, and vec - beta * 0 is vec, bit for bit (no mask a release)
             torch.sub(vec, b["delta"], alpha=self.momentum, out=head)
-            # the previous delta only counts once one was released (a new fit restarts it)
-            torch.where(b["has_delta"], head, vec, out=head)
             b["delta"].copy_(vec)
-            b["has_delta"].fill_(True)
         else:
             head.copy_(vec)
         if self.extra:
@@ -156,7 +155,8 @@ class NoiseChecks:
                 b["integral"].add_(whole.to(torch.int64))
         torch.sub(cur, b["prev"], out=b["diff"])
         squares = self._energies(b)  # [2, m]
-        finite = torch.isfinite(squares).all(1)
+        # |x| < inf is isfinite in 2 dispatched ops (isfinite is 4): NaN and +-inf fail it
+        finite = (squares.abs() < math.inf).all(1)
         ok = finite[0]
         # a non-finite release becomes the previous one too: the next difference is then not
         # finite and skipped, and the one after is whole again (no conditional copy of d values)
@@ -193,7 +193,7 @@ class NoiseChecks:
         """A new fit: the next release has no predecessor (the server momentum restarts)."""
         if self._buffers is not None:
             self._buffers["has_prev"].fill_(False)
-            self._buffers["has_delta"].fill_(False)
+            self._buffers["delta"].zero_()
 
     def counts(self) -> tuple[int, int]:
         """Releases and differences folded so far (reads the device back)."""
