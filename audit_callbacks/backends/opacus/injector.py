@@ -142,6 +142,11 @@ class GradientCanaryInjector:
     wrapped or computed beyond the canaries. ``noisy_sum`` is a buffer the injector reuses from
     step to step (one copy a step): an observer that keeps it must copy it.
 
+    Attributes:
+        flat_rows: True (default): the canary rows are clipped as one flat parameter where the
+            parameters allow it; set False to clip them one block a parameter.
+        insertion: ``"before clipping"`` or ``"after clipping: <reason>"``.
+
     Args:
         optimizer: the run's ``DPOptimizer``; its ``add_noise`` (and ``clip_and_accumulate``)
             are wrapped on the instance.
@@ -206,12 +211,12 @@ class GradientCanaryInjector:
         # of them), made once per m and buffer (no view ops per step)
         self._row_views: dict[int, tuple[torch.Tensor, list[torch.Tensor]]] = {}
         self._row_slices: dict[int, torch.Tensor] = {}  # the buffer's first m rows, per m
-        #: the canaries' clipped sum [d] (its per-parameter views cached): the flat parameter's
-        #: ``summed_grad`` (see :meth:`_clip_canaries`)
+        #: the flat parameter, its ``summed_grad`` buffer [d] and that buffer's per-parameter
+        #: views (see :meth:`_clip_canaries_flat`)
         self._flat: _FlatCanaryParameter | None = None
-        #: True: the canary rows go through the optimizer's clipping as one flat parameter
-        #: (a fixed number of ops); False: as one block a parameter (the parameters differ in
-        #: device or dtype, or ``per_tensor`` was asked for: the previous insertion)
+        #: True (default): the canary rows go through the optimizer's clipping as one flat
+        #: parameter (a fixed number of ops) wherever the parameters share one device and
+        #: dtype; False: always as one block a parameter (about ten ops a parameter tensor)
         self.flat_rows = True
         self._noisy = FlatGather()  # the noisy sum given to the observer, reused across steps
         #: the last logical step's real batch size (None: not counted) and its Poisson batches
@@ -401,7 +406,9 @@ class GradientCanaryInjector:
         to float32 rounding, about 1e-7 relative); the summation order of the real and canary
         parts of ``p.summed_grad`` is the same. A clipping bug of the optimizer (a wrong
         ``max_grad_norm``, a wrong clip factor) acts on the canaries as before; the ops do not
-        depend on the number of parameter tensors (about a dozen, against about ten a tensor).
+        depend on the number of parameter tensors (about 30 top-level aten ops on the CPU,
+        Opacus' own call and the rows included, against about ten a tensor for
+        :meth:`_clip_canaries`: ``benchmarks/ops_per_step.py``).
 
         The flat parameter is shown through ``param_groups`` (Opacus' ``params``) for the
         duration of the call only, with the first group's other settings; the real parameter
