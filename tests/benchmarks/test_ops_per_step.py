@@ -32,6 +32,7 @@ def test_a_quick_plain_pass_writes_the_budget_check(tmp_path, monkeypatch):
     for r in by.values():
         assert r["added"]["top"] > 0 and r["ops"]["audited"]["top"] > r["ops"]["baseline"]["top"]
         assert r["time"]["steps"] == 2 and "added_ms" in r["time"]
+        assert ("cpu_time" in r) == (payload["device"] == "cpu")
     check = saved["budget_check"]["plain_top"]
     assert check["added_at_48_tensors"] == by["mlp48"]["added"]["top"]
     assert check["holds"] is (check["added_at_48_tensors"] <= 300 and check["per_tensor"] <= 4)
