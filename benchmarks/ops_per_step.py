@@ -15,7 +15,8 @@ warm-up steps, and the counts are subtracted:
 * ``kernels`` (CUDA only): device kernels, memcpys and memsets the step ran;
 * ``time``: the step's wall time (CUDA synchronised), median over ``--steps`` steps of each
   run taken in alternation (plain loop) or over a fit of each (Lightning), and the audit's
-  marginal cost as the median paired difference with its sign-test interval; ``cpu_time``
+  marginal cost as the median paired difference with its sign-test interval (plain loop: both
+  runs step on the same Poisson batches, the audited run's); ``cpu_time``
   (plain loop on the CPU): the same from the thread's CPU time (``time.thread_time``; torch on
   one thread), which a shared host's other processes disturb far less than the wall time.
 
@@ -277,19 +278,22 @@ def plain_scenario(model_name: str, device: torch.device, batch: int, steps: int
     examples = 40 * batch
     runs = {a: PlainRun(model_name, device, batch, examples, audited=a) for a in (False, True)}
     for _ in range(warm):
+        b = runs[True].next_batch()
         for run in runs.values():
-            run.step(run.next_batch())
+            run.step(b)
+    # both runs step on the audited run's Poisson batches (its loader draws the canaries too): a
+    # pair's difference is then the audit's, not that of two batch sizes
     ops = {}
+    batch_xy = runs[True].next_batch()
     for audited, run in runs.items():
-        batch_xy = run.next_batch()
         ops["audited" if audited else "baseline"] = count_ops(lambda r=run, b=batch_xy: r.step(b), cuda)
     times: dict[str, list[float]] = {"baseline": [], "audited": []}
     cpu: dict[str, list[float]] = {"baseline": [], "audited": []}
     for i in range(steps):
         order = (False, True) if i % 2 == 0 else (True, False)
+        b = runs[True].next_batch()
         for audited in order:
             run = runs[audited]
-            b = run.next_batch()
             synchronize()
             t0, c0 = time.perf_counter(), time.thread_time()
             run.step(b)
