@@ -21,9 +21,10 @@ estimate, figures and report are not counted here (``canary_overhead.py`` times 
     for it, so ~14 of the k canaries join a step), ``CanaryAudit()`` at its defaults otherwise (k = 1000 Hadamard canaries,
     k' = min(n - k, 100,000)). Pieces, per logical step:
 
-    * ``canary_rows_and_clip``: ``GradientCanaryInjector._clip_canaries``: the joining
-      canaries' rows ``[m, d]`` built and put through the optimizer's own
-      ``clip_and_accumulate`` (the canaries enter before clipping, issue 25);
+    * ``canary_rows_and_clip``: ``GradientCanaryInjector._clip_canaries_flat`` (or
+      ``_clip_canaries`` where the rows go one block a parameter): the joining canaries' rows
+      ``[m, d]`` built and put through the optimizer's own ``clip_and_accumulate`` (the
+      canaries enter before clipping, issue 25);
     * ``add_noise_wrapper``: the injector's ``add_noise`` less Opacus' own ``add_noise``
       (participation counts, the noisy-sum observer where there is one);
     * ``release``: ``OpacusBackend.on_train_batch_end``: the parameter delta folded into the
@@ -119,7 +120,9 @@ class Attach(pl.Callback):
             return
         if self.kind == "opacus":
             inj = backend.injector
-            self.timer.wrap(inj, "_clip_canaries", "canary_rows_and_clip")
+            self.timer.wrap(inj, "_clip_canaries", "canary_rows_and_clip")  # one block a parameter
+            if hasattr(inj, "_clip_canaries_flat"):  # one flat parameter (the default)
+                self.timer.wrap(inj, "_clip_canaries_flat", "canary_rows_and_clip")
             self.timer.wrap(inj.optimizer, "add_noise", "add_noise_wrapper_total")
             self.timer.wrap(inj, "_original", "opacus_add_noise")
             self.timer.wrap(backend, "on_train_batch_end", "release")

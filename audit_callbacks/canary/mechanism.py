@@ -4,9 +4,11 @@ tensor, and the batch sizes against the accountant's Poisson sampling.
 :class:`NoiseChecks` folds each release ``r_t`` (DP-SGD: the noisy sum; DP-FedAvg: the noisy
 sum recovered from the model delta, ``(Delta_t - beta Delta_{t-1})``) into two sums of squares
 per parameter tensor, on the release's device and with no host synchronisation: ``||r_t||^2``
-(noise scale, F1) and ``||r_t - r_{t-1}||^2`` (fresh noise, F2). One fused ``_foreach_norm`` per
-sum covers every tensor: the ops a release costs do not grow with the number of tensors on a
-GPU. :class:`SamplerCheck` keeps the real batch size of every DP-SGD step. Their tests are
+(noise scale, F1) and ``||r_t - r_{t-1}||^2`` (fresh noise, F2). Every tensor's sums come from
+one flat buffer by a fixed number of ops (one norm over its rows, one cumulative sum, one
+matrix-vector product: :meth:`NoiseChecks._energies`): the ops a release costs do not grow with
+the number of tensors, on the CPU (where a per-tensor or ``_foreach_norm`` norm runs one norm a
+tensor) as on a GPU. :class:`SamplerCheck` keeps the real batch size of every DP-SGD step. Their tests are
 :func:`~audit_callbacks.estimators.mechanism_checks.noise_energy_check` and
 :func:`~audit_callbacks.estimators.mechanism_checks.sampler_check`; the laws, false-alarm rates
 and power are in ``docs/methods/mechanism_checks.md``.
@@ -14,6 +16,7 @@ and power are in ``docs/methods/mechanism_checks.md``.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -26,6 +29,10 @@ from audit_callbacks.estimators.mechanism_checks import noise_energy_check, samp
 from audit_callbacks.estimators.result import AuditResult
 
 __all__ = ["NoiseChecks", "SamplerCheck"]
+
+#: Entries per row of the noise checks' buffer: each row is normed by one op, the rows' squares
+#: are summed in float64.
+CHUNK = 256
 
 
 class NoiseChecks:
@@ -66,7 +73,6 @@ class NoiseChecks:
         self.momentum = float(momentum)
         self.what = what
         self._buffers: dict[str, torch.Tensor] | None = None
-        self._views: list[torch.Tensor] = []
 
     def _on(self, like: torch.Tensor) -> dict[str, torch.Tensor]:
         buf = self._buffers
@@ -75,19 +81,40 @@ class NoiseChecks:
             return buf
         dev, m = like.device, len(self.sizes)
         old = buf
-        # cur and diff are one buffer, so that one fused norm covers both; e and n hold the
-        # noise-scale half first, the fresh-noise half second
+        # cur and diff are one buffer of rows of CHUNK entries, so that one norm covers both:
+        # a zero row, then for each of cur and diff its rows (zero-padded) and one "tail" row a
+        # boundary between tensors (see _energies); e and n hold the noise-scale half first,
+        # the fresh-noise half second
         full = self.dim + self.extra
-        both = torch.empty(2 * full, dtype=dtype, device=dev)
+        chunks, ends = -(-full // CHUNK), m + 1
+        block = chunks + ends
+        both = torch.zeros((1 + 2 * block) * CHUNK, dtype=dtype, device=dev)
+        blocks = both[CHUNK:].view(2, block, CHUNK)
+        starts = np.concatenate(([0], np.cumsum(self.sizes)))  # each tensor's first entry, and the end
+        first = 1 + block * np.arange(2)[:, None]  # each half's first row
+        row = first + starts[None, :] // CHUNK  # [2, m + 1]: the row of each boundary
+        tail = first + chunks + np.arange(ends)[None, :]  # its tail row
+        # E = P(end) - P(start), P(x) = cums[row(x) - 1] + (cums[tail(x)] - cums[tail(x) - 1]);
+        # tail(j + 1) - 1 = tail(j)
+        terms = np.stack((row[:, 1:] - 1, row[:, :-1] - 1, tail[:, 1:], tail[:, :-1], tail[:, :-1] - 1), -1)
         buf = {
-            "both": both, "cur": both[:full], "diff": both[full:],
+            "both": both, "cur": blocks[0].reshape(-1)[:full], "diff": blocks[1].reshape(-1)[:full],
+            "rows": both.view(-1, CHUNK), "tails": blocks[:, chunks:],
+            "row": torch.as_tensor(row.reshape(-1), dtype=torch.int64, device=dev),
+            "before": (torch.arange(CHUNK)[None, None, :]
+                       < torch.as_tensor(starts % CHUNK)[None, :, None]).expand(2, ends, CHUNK).to(dev),
+            "terms": torch.as_tensor(terms.reshape(-1, 5), dtype=torch.int64, device=dev),
+            "signs": torch.tensor([1.0, -1.0, 1.0, -2.0, 1.0], dtype=torch.float64, device=dev),
+            "zero": torch.zeros((), dtype=dtype, device=dev),
             "prev": torch.zeros(full, dtype=dtype, device=dev),
             "delta": torch.zeros(self.dim, dtype=dtype, device=dev),
             "e": torch.zeros(2 * m, dtype=torch.float64, device=dev),
             "n": torch.zeros(2, dtype=torch.float64, device=dev),
             "has_prev": torch.zeros((), dtype=torch.bool, device=dev),
-            "has_delta": torch.zeros((), dtype=torch.bool, device=dev),
         }
+        buf["squares"] = torch.zeros(2 * m, dtype=torch.float64, device=dev)
+        buf["squares2"], buf["e2"] = buf["squares"].view(2, m), buf["e"].view(2, m)
+        buf["zero64"] = torch.zeros((), dtype=torch.float64, device=dev)
         if old is not None:  # a model moved to another device: the sums go on
             buf["e"].copy_(old["e"].to(dev))
             buf["n"].copy_(old["n"].to(dev))
@@ -95,8 +122,7 @@ class NoiseChecks:
         if old is not None:
             buf["integral"].copy_(old["integral"].to(dev))
         self._buffers = buf
-        self._views = list(torch.split(both, self.sizes + self.sizes))
-        self._extra_views = self._views[self._first_extra:len(self.sizes)]
+        self._extra_views = list(torch.split(buf["cur"], self.sizes))[self._first_extra:]
         return buf
 
     def fold(self, release: Any) -> torch.Tensor:
@@ -109,14 +135,13 @@ class NoiseChecks:
         b = self._on(vec)
         if vec.dtype != b["cur"].dtype:  # a half-precision release: compared in float32
             vec = vec.to(b["cur"].dtype)
-        cur, m = b["cur"], len(self.sizes)
+        cur = b["cur"]
         head = cur[:self.dim] if self.extra else cur
         if self.momentum:
+            # the previous delta only counts once one was released: until then (and after a
+            # restart) it is zeros, and vec - beta * 0 is vec, bit for bit (no mask a release)
             torch.sub(vec, b["delta"], alpha=self.momentum, out=head)
-            # the previous delta only counts once one was released (a new fit restarts it)
-            torch.where(b["has_delta"], head, vec, out=head)
             b["delta"].copy_(vec)
-            b["has_delta"].fill_(True)
         else:
             head.copy_(vec)
         if self.extra:
@@ -129,24 +154,46 @@ class NoiseChecks:
                 whole = torch.stack([(v == v.round()).all() for v in self._extra_views])
                 b["integral"].add_(whole.to(torch.int64))
         torch.sub(cur, b["prev"], out=b["diff"])
-        squares = torch.stack(torch._foreach_norm(self._views)).to(torch.float64).square_()
-        finite = torch.isfinite(squares.view(2, m)).all(1)
+        squares = self._energies(b)  # [2, m]
+        # |x| < inf is isfinite in 2 dispatched ops (isfinite is 4): NaN and +-inf fail it
+        finite = (squares.abs() < math.inf).all(1)
         ok = finite[0]
         # a non-finite release becomes the previous one too: the next difference is then not
         # finite and skipped, and the one after is whole again (no conditional copy of d values)
         pair = finite[1] & ok & b["has_prev"]
-        mask = torch.stack((ok, pair)).repeat_interleave(m)
-        b["e"].add_(torch.where(mask, squares, 0.0))
-        b["n"].add_(torch.stack((ok, pair)))
+        counted = torch.stack((ok, pair))
+        b["e2"].add_(torch.where(counted[:, None], squares, b["zero64"]))
+        b["n"].add_(counted)
         b["prev"].copy_(cur)
         b["has_prev"].fill_(True)
         return ok
+
+    def _energies(self, b: dict[str, torch.Tensor]) -> torch.Tensor:
+        """``[2, m]`` float64: each tensor's sum of squares in ``cur``, then in ``diff``, in a
+        fixed number of ops whatever m (a per-tensor norm costs one op a tensor on the CPU).
+
+        The buffer's rows of :data:`CHUNK` entries are normed by one op (float32 within a row,
+        about 1e-7 of a row's sum) and their squares summed cumulatively in float64; a tensor's sum is the difference of
+        the prefix sums at its two ends. The prefix sum at a boundary inside a row is the sum of
+        the rows before it plus the squares of the row's entries before the boundary: these
+        are copied (``torch.where``, so that a non-finite entry after the boundary does not
+        reach it) into the boundary's own tail row of the buffer before the norm. Each sum reads
+        5 prefix sums (one matrix-vector product with weights 1, -1, 1, -2, 1), all of its own
+        half: a non-finite ``diff`` never reaches the sums of ``cur``; a non-finite entry of
+        ``cur`` makes its tensor's sum and the later ones non-finite (the release is then not
+        folded, as before)."""
+        rows = b["rows"]
+        picked = rows.index_select(0, b["row"]).view(b["before"].shape)
+        torch.where(b["before"], picked, b["zero"], out=b["tails"])
+        cums = torch.cumsum(torch.linalg.vector_norm(rows, dim=1).square_(), 0, dtype=torch.float64)
+        torch.mv(torch.take(cums, b["terms"]), b["signs"], out=b["squares"])
+        return b["squares2"]
 
     def restart(self) -> None:
         """A new fit: the next release has no predecessor (the server momentum restarts)."""
         if self._buffers is not None:
             self._buffers["has_prev"].fill_(False)
-            self._buffers["has_delta"].fill_(False)
+            self._buffers["delta"].zero_()
 
     def counts(self) -> tuple[int, int]:
         """Releases and differences folded so far (reads the device back)."""

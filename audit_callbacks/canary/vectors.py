@@ -643,6 +643,9 @@ class HadamardCanaries(CanarySet):
             x.mul_(signs.unsqueeze(1))
         y = fwht(x)
         sel = self._selected_rows(indices, device)
+        if len(cols) == 1:  # the gather from the column as [n]: ~4x faster than from [n, 1] on the CPU
+            out = torch.index_select(y.view(-1), 0, sel).to(torch.float64).mul_(self.scale)
+            return out if single else out.unsqueeze(1)
         out = torch.index_select(y, 0, sel).to(torch.float64).mul_(self.scale)  # y[sel], 3x faster
         return out[:, 0] if single else out
 

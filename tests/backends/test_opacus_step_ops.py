@@ -11,7 +11,12 @@
   trains bit-identically to fresh injectors (no cache) at every step;
 * op counts (``torch.profiler``): the noisy sum is one op, the release's delta two, the canary
   rows' split into parameters none once their number has been seen, the fold of a step at most
-  11 beyond the canaries' own transform (the code before: 25, 38, 37 and 19).
+  11 beyond the canaries' own transform (the code before: 25, 38, 37 and 19);
+* the canary rows clipped as one flat parameter: the audit adds the same number of ops to a
+  logical step of an MLP with 6 and with 48 parameter tensors (at most 300 top-level ops, at
+  most 4 a further tensor; before: +173 and +593), the summed gradient is the per-parameter
+  blocks' up to float32 rounding, and the optimizer's ``param_groups`` are put back even when
+  its clipping raises.
 """
 
 from __future__ import annotations
@@ -187,26 +192,32 @@ def _step(model, opt, x, y, t: int) -> None:
     opt.step()
 
 
+@pytest.mark.parametrize("flat", [True, False])
 @pytest.mark.parametrize("kind", ["hadamard", "gaussian"])
-def test_cached_canary_rows_train_as_fresh_injectors(kind):
-    """A persistent injector reuses its [m, *p.shape] views of the canary rows whenever m
-    repeats; fresh injectors (one a step, no cache) give the same parameters bit for bit,
-    and so does Opacus' processed-flag check (a view marked processed would raise)."""
+def test_cached_canary_rows_train_as_fresh_injectors(kind, flat):
+    """A persistent injector reuses its [m, d] rows (and, one block a parameter, their
+    [m, *p.shape] views) whenever m repeats; fresh injectors (one a step, no cache) give the
+    same parameters bit for bit, and so does Opacus' processed-flag check (rows marked
+    processed would raise)."""
     dim = 6 * 5 + 5 + 5 * 3 + 3
     cs = CanarySet(3, dim, 12, kind=kind)
     model, opt, net, x, y = _private()
     inj = GradientCanaryInjector(opt, cs, 12, sample_rate=0.3, seed=2)
+    inj.flat_rows = flat
     sizes = []
     for t in range(10):
         sizes.append(len(inj.joined(t, 0.3)))
         _step(model, opt, x, y, t)
     assert inj.steps == 10 and inj.insertion == "before clipping"
     assert len(set(sizes)) < len(sizes)  # some m repeated: cached views were reused
-    assert len(inj._row_views) == len(set(sizes) - {0})
+    assert len(inj._row_slices) == len(set(sizes) - {0})
+    assert len(inj._row_views) == (0 if flat else len(set(sizes) - {0}))
+    assert (inj._flat is not None) == flat
     cached = [p.detach().clone() for p in net.parameters()]
     model2, opt2, net2, x2, y2 = _private()
     for t in range(10):
         fresh = GradientCanaryInjector(opt2, cs, 12, sample_rate=0.3, seed=2)
+        fresh.flat_rows = flat
         fresh.steps = t
         _step(model2, opt2, x2, y2, t)
         fresh.detach()
@@ -278,6 +289,7 @@ def test_noisy_sum_and_canary_rows_in_few_ops():
     seen: list[tuple[torch.Tensor, int]] = []
     inj = GradientCanaryInjector(opt, cs, 16, sample_rate=0.5, seed=3,
                                  observer=lambda g, q: seen.append((g.clone(), g.data_ptr())))
+    inj.flat_rows = False  # the rows one block a parameter (the flat rows: test_audit_ops_*)
     ops: dict[str, list[int]] = {"noisy_sum": [], "split": []}
     buffers: list[torch.Tensor] = []  # the rows' buffer of each call (grown by 8 rows when m outgrows it)
     refs: list[torch.Tensor] = []
@@ -316,3 +328,171 @@ def test_noisy_sum_and_canary_rows_in_few_ops():
         seen_m.add((m, id(buf)))
     assert any(n == 0 for n in ops["split"])
     inj.detach()
+
+
+# ------------------------------------------------------------------ the flat canary rows
+
+
+def _mlp_run(depth: int, audited: bool, seed: int = 0):
+    """An Opacus MLP on 32 features (2 * depth + 2 parameter tensors), Poisson batches of 64,
+    with or without OpacusCanaryAudit(500); returns (step(), its batches)."""
+    from audit_callbacks.plain import OpacusCanaryAudit
+
+    torch.manual_seed(seed)
+    layers: list[nn.Module] = []
+    for _ in range(depth):
+        layers += [nn.Linear(32, 32), nn.ReLU()]
+    net = nn.Sequential(*layers, nn.Linear(32, 4))
+    x, y = torch.randn(2000, 32), torch.randint(0, 4, (2000,))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, opt, loader = PrivacyEngine().make_private(
+            module=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.1),
+            data_loader=DataLoader(TensorDataset(x, y), batch_size=64), noise_multiplier=1.0,
+            max_grad_norm=1.0, poisson_sampling=True, noise_generator=torch.Generator().manual_seed(seed))
+        audit = OpacusCanaryAudit(opt, data_loader=loader, num_canaries=500) if audited else None
+    batches = [iter(loader)]
+
+    def step():
+        try:
+            xb, yb = next(batches[0])
+        except StopIteration:  # the next epoch
+            batches[0] = iter(loader)
+            xb, yb = next(batches[0])
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(xb), yb).backward()
+        opt.step()
+
+    return step, audit, net
+
+
+def _all_events(fn) -> int:
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return sum(e.name.startswith("aten::") for e in prof.events())
+
+
+def test_audit_ops_per_step_do_not_grow_with_the_parameter_tensors():
+    """One Opacus logical step with and without the audit, at 6 and 48 parameter tensors: the
+    audit adds at most 300 top-level aten ops at 48 tensors and at most 4 more a further tensor
+    (top-level and all events). Before: +173 and +593 top-level (10 a tensor: the canary
+    rows' second per-tensor clip_and_accumulate), +551 and +2,525 in all events."""
+    added: dict[int, tuple[int, int]] = {}
+    for depth in (2, 23):
+        counts = []
+        for audited in (False, True):
+            step, audit, net = _mlp_run(depth, audited)
+            for _ in range(3):
+                step()
+            if audit is not None:  # the profiled step has canaries in it
+                inj = audit.backend.injector
+                assert inj.insertion == "before clipping" and inj.flat_rows
+            top = _aten_ops(step)[0]
+            counts.append((top, _all_events(step)))
+        tensors = len(list(net.parameters()))
+        added[tensors] = (counts[1][0] - counts[0][0], counts[1][1] - counts[0][1])
+    assert set(added) == {6, 48}
+    assert added[48][0] <= 300, added
+    assert (added[48][0] - added[6][0]) / 42 <= 4, added
+    assert (added[48][1] - added[6][1]) / 42 <= 4, added
+
+
+def _one_step(flat: bool, planted: bool = False, accumulate: int = 1):
+    """The noiseless summed gradient of one logical step (canaries in, before clipping) and the
+    canaries that joined, with the canary rows clipped flat or one block a parameter."""
+    model, opt, net, x, y = _private(noise=0.0)
+    if planted:
+        own = opt.clip_and_accumulate
+
+        def clip_at_2c():
+            c = opt.max_grad_norm
+            opt.max_grad_norm = 2 * c
+            try:
+                own()
+            finally:
+                opt.max_grad_norm = c
+
+        opt.clip_and_accumulate = clip_at_2c
+    dim = sum(p.numel() for p in net.parameters())
+    cs = CanarySet(3, dim, 12, kind="gaussian")
+    seen: list[torch.Tensor] = []
+    inj = GradientCanaryInjector(opt, cs, 12, sample_rate=0.4, seed=5, observer=lambda g, q: seen.append(g.clone()))
+    inj.flat_rows = flat
+    groups = opt.original_optimizer.param_groups
+    opt.zero_grad()
+    for part in torch.arange(12).chunk(accumulate):
+        nn.functional.cross_entropy(model(x[part]), y[part], reduction="sum").backward()
+    opt.step()
+    assert opt.original_optimizer.param_groups is groups  # put back: the same list
+    assert (inj._flat is not None) == flat
+    joined = np.repeat(np.arange(12), inj.participations)
+    return seen[0], joined, cs
+
+
+@pytest.mark.parametrize("accumulate", [1, 3])
+def test_flat_canary_rows_add_what_the_per_parameter_blocks_add(accumulate):
+    """The same step with the canary rows clipped as one flat parameter and as one block a
+    parameter: the same summed gradient up to the float32 rounding of the canaries' norms
+    (the flat row's norm against the norm of per-parameter norms); a planted 2C clipping in
+    the optimizer's own clip_and_accumulate doubles the canaries' part either way."""
+    ref, joined, _ = _one_step(flat=False, accumulate=accumulate)
+    got, joined2, _ = _one_step(flat=True, accumulate=accumulate)
+    assert np.array_equal(joined, joined2) and joined.size
+    torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-6)
+    # (test_preclip_canaries.py: the canaries' part doubles under the planted bug, flat rows)
+    bad, _, _ = _one_step(flat=True, planted=True, accumulate=accumulate)
+    bad_ref, _, _ = _one_step(flat=False, planted=True, accumulate=accumulate)
+    torch.testing.assert_close(bad, bad_ref, rtol=1e-6, atol=1e-6)
+    assert not torch.allclose(bad, got, rtol=1e-3, atol=1e-3)
+
+
+def test_param_groups_are_put_back_when_the_clipping_raises():
+    model, opt, net, x, y = _private()
+    dim = sum(p.numel() for p in net.parameters())
+    inj = GradientCanaryInjector(opt, CanarySet(3, dim, 12, kind="hadamard"), 12, sample_rate=1.0, seed=5)
+    own, calls = inj._clip_original, []
+
+    def fails_on_the_canaries():
+        calls.append(len(opt.params))
+        if len(calls) == 2:  # the canaries' call: one flat parameter
+            raise RuntimeError("planted")
+        own()
+
+    inj._clip_original = fails_on_the_canaries
+    groups, params = opt.original_optimizer.param_groups, list(opt.params)
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(x[:12]), y[:12]).backward()
+    with pytest.raises(RuntimeError, match="planted"):
+        opt.step()
+    assert calls == [4, 1]
+    assert opt.original_optimizer.param_groups is groups and list(opt.params) == params
+    assert inj._flat is not None and inj._flat.param.grad_sample is None
+
+
+def _estimates(flat: bool) -> dict:
+    """Every estimate of a short audited MLP run (Poisson batches, sigma 1), canary rows clipped
+    flat or one block a parameter; the run and its noise follow the same seed either way."""
+    step, audit, _ = _mlp_run(2, audited=True, seed=3)
+    audit.backend.injector.flat_rows = flat
+    for _ in range(40):
+        step()
+    report = audit.report(bootstrap=20)
+    checks = {name: res.value for name, res in report.checks.items()}
+    return {name: (res.value, res.lower, res.upper) for name, res in report.estimates.items()}, checks
+
+
+def test_estimates_with_flat_canary_rows_are_within_the_previous_intervals():
+    """The flat rows change the canaries' clipped sum by float32 rounding only: every estimate
+    lies inside the per-parameter run's bootstrap interval (and within 1e-3 of its value), and
+    the mechanism checks' ratios agree to 1e-4."""
+    flat, flat_checks = _estimates(True)
+    ref, ref_checks = _estimates(False)
+    assert flat.keys() == ref.keys() and flat
+    for name, (value, _, _) in flat.items():
+        ref_value, lower, upper = ref[name]
+        assert abs(value - ref_value) <= 1e-3 * max(1.0, abs(ref_value)), (name, value, ref_value)
+        if lower is not None and upper is not None:
+            assert lower <= value <= upper, (name, value, lower, upper)
+    assert flat_checks.keys() == ref_checks.keys() and flat_checks
+    for name, value in flat_checks.items():
+        assert abs(value - ref_checks[name]) <= 1e-4 * max(1.0, abs(value)), name

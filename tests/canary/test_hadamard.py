@@ -386,3 +386,16 @@ def test_hadamard_canaries_are_the_same_on_cuda():
     v = torch.randn(10_000)
     assert torch.allclose(cs.dots(v.cuda()).cpu(), cs.dots(v), atol=1e-5)
     assert torch.equal(cs.batch(range(5), device="cuda").cpu(), cs.batch(range(5)))
+
+
+def test_dots_of_one_vector_gather_from_the_column_with_the_same_bits():
+    """One vector (alone, as a one-vector list, with indices): the gather from the transform's
+    column as ``[n]`` gives the bits of the gather from ``[n, 1]`` (the general path's)."""
+    cs = HadamardCanaries(3, 1500, 40)
+    v = torch.randn(1500, generator=torch.Generator().manual_seed(2))
+    two = cs.dots([v, v])  # the general path: columns of [n, 2]
+    assert torch.equal(cs.dots(v), two[:, 0])
+    one = cs.dots([v])
+    assert one.shape == (40, 1) and torch.equal(one[:, 0], two[:, 1])
+    idx = [5, 0, 39]
+    assert torch.equal(cs.dots(v, idx), cs.dots([v, v], idx)[:, 0])

@@ -8,9 +8,11 @@ replaced that Opacus relies on:
   calls the previous one first (``previous`` stays reachable for :func:`find_accountant`);
 * gradient canaries go in through :class:`GradientCanaryInjector`, which wraps the
   optimizer's ``clip_and_accumulate`` and ``add_noise`` on the instance: once per logical step
-  each joining canary becomes one more row of the per-example gradients ``p.grad_sample``, at a
-  norm well above ``max_grad_norm``, so that Opacus' own clipping, summation, noise and
-  ``1 / expected_batch_size`` scaling act on it as on a real example (a clipping bug moves the
+  the joining canaries, at a norm well above ``max_grad_norm``, are clipped by the optimizer's
+  own ``clip_and_accumulate`` as per-example gradients of one flat parameter ``[d]`` (a fixed
+  number of ops whatever the number of parameter tensors) and their clipped sum added to every
+  ``p.summed_grad``, so that Opacus' own clipping, summation, noise and
+  ``1 / expected_batch_size`` scaling act on each as on a real example (a clipping bug moves the
   estimates); where the optimizer has no per-example gradients to extend (ghost clipping,
   per-layer or adaptive clipping) ``max_grad_norm * c_j`` is added to the clipped sum in
   ``add_noise`` instead; under data-parallel training (Opacus' ``DistributedDPOptimizer``) on
@@ -49,6 +51,39 @@ def _tensors(grad_sample: Any) -> list[torch.Tensor] | None:
     return None
 
 
+def _uniform(layout: list[tuple[torch.Tensor, torch.device, torch.dtype]]) -> bool:
+    """Whether every parameter and its per-example gradients share one device and one dtype
+    (the canary rows can then be clipped as one flat parameter)."""
+    _, device, dtype = layout[0]
+    return all(p.device == device == d and p.dtype == dtype == t
+               and isinstance(getattr(p, "summed_grad", None), torch.Tensor)
+               and p.summed_grad.dtype == dtype and p.summed_grad.device == device
+               for p, d, t in layout)
+
+
+class _FlatCanaryParameter:
+    """A stand-in parameter ``[d]`` for the canary rows' clipping call, its summed-gradient
+    buffer ``[d]`` and that buffer's per-parameter views (made once)."""
+
+    def __init__(self, params: list[torch.Tensor], dtype: torch.dtype) -> None:
+        device = params[0].device
+        self.shapes = [(p.shape, p.device) for p in params]
+        self.dtype = dtype
+        d = sum(p.numel() for p in params)
+        # a leaf that requires a gradient, as Opacus' ``params`` keeps only those; never stepped
+        self.param = torch.nn.Parameter(torch.empty(d, dtype=dtype, device=device))
+        self.summed = torch.zeros(d, dtype=dtype, device=device)
+        self.views: list[torch.Tensor] = []
+        offset = 0
+        for p in params:
+            self.views.append(self.summed[offset:offset + p.numel()].view(p.shape))
+            offset += p.numel()
+
+    def fits(self, params: list[torch.Tensor], dtype: torch.dtype) -> bool:
+        """Whether these buffers serve ``params`` (their shapes, devices and dtype)."""
+        return dtype == self.dtype and [(p.shape, p.device) for p in params] == self.shapes
+
+
 class GradientCanaryInjector:
     """Insert example-level gradient canaries into a ``DPOptimizer`` (Andrew et al., ICLR 2024,
     with a canary in the place of a training example).
@@ -56,13 +91,19 @@ class GradientCanaryInjector:
     Where a canary enters (``insertion``). By default **before clipping**: the optimizer's
     ``clip_and_accumulate`` is wrapped on the instance (so a subclass's or an instance's own
     override still runs on the canaries too), and at the first ``clip_and_accumulate`` of each
-    logical step, right after the real examples' call, it is called a second time with every
-    parameter's per-example gradients ``p.grad_sample`` set to one row per joining canary:
-    ``norm_multiplier * max_grad_norm * c_j`` cut into the parameters' shapes, so Opacus' own
-    per-sample norm, clip factor ``min(1, C / (norm + 1e-6))`` and summation into
-    ``p.summed_grad`` (then its noise and scaling) act on it as on a real example, and with
+    logical step, right after the real examples' call, it is called a second time on one row
+    per joining canary, ``norm_multiplier * max_grad_norm * c_j``: by default with the
+    parameters presented as one flat parameter ``[d]`` whose ``grad_sample`` is the rows
+    ``[m, d]`` (:meth:`_clip_canaries_flat`: a fixed number of ops, the clipped sum added to
+    every ``p.summed_grad`` by one ``_foreach_add_``), or, where the parameters differ in
+    device or dtype or ``flat_rows`` is False, with every ``p.grad_sample`` set to the rows cut
+    into the parameter's shape (:meth:`_clip_canaries`, about ten ops a parameter tensor). Either
+    way Opacus' own per-sample norm, clip factor ``min(1, C / (norm + 1e-6))`` and summation
+    into ``p.summed_grad`` (then its noise and scaling) act on it as on a real example, and with
     correct clipping the canary adds ``max_grad_norm * c_j`` (times ``1 - 1e-6 /
-    (norm_multiplier C)``) to the summed gradient; clipping at 2C doubles it. The real
+    (norm_multiplier C)``) to the summed gradient; clipping at 2C doubles it. The two ways give
+    the same sum up to the float32 rounding of the rows' norms (the flat row's norm, or the
+    norm of its per-parameter norms: about 1e-7 relative). The real
     per-example gradients are never copied or extended (concatenating the rows to them
     would copy all B x d every step) and are put back right after the
     canaries' call (the same objects, marked processed by Opacus' first call), so
@@ -100,6 +141,11 @@ class GradientCanaryInjector:
     1 for ``"sum"``), so every rank sees the same global noisy sum. With no observer nothing is
     wrapped or computed beyond the canaries. ``noisy_sum`` is a buffer the injector reuses from
     step to step (one copy a step): an observer that keeps it must copy it.
+
+    Attributes:
+        flat_rows: True (default): the canary rows are clipped as one flat parameter where the
+            parameters allow it; set False to clip them one block a parameter.
+        insertion: ``"before clipping"`` or ``"after clipping: <reason>"``.
 
     Args:
         optimizer: the run's ``DPOptimizer``; its ``add_noise`` (and ``clip_and_accumulate``)
@@ -164,6 +210,14 @@ class GradientCanaryInjector:
         # per number of rows m: (the buffer's first m rows, each parameter's [m, *p.shape] view
         # of them), made once per m and buffer (no view ops per step)
         self._row_views: dict[int, tuple[torch.Tensor, list[torch.Tensor]]] = {}
+        self._row_slices: dict[int, torch.Tensor] = {}  # the buffer's first m rows, per m
+        #: the flat parameter, its ``summed_grad`` buffer [d] and that buffer's per-parameter
+        #: views (see :meth:`_clip_canaries_flat`)
+        self._flat: _FlatCanaryParameter | None = None
+        #: True (default): the canary rows go through the optimizer's clipping as one flat
+        #: parameter (a fixed number of ops) wherever the parameters share one device and
+        #: dtype; False: always as one block a parameter (about ten ops a parameter tensor)
+        self.flat_rows = True
         self._noisy = FlatGather()  # the noisy sum given to the observer, reused across steps
         #: the last logical step's real batch size (None: not counted) and its Poisson batches
         self.last_batch_size: int | None = None
@@ -257,7 +311,10 @@ class GradientCanaryInjector:
             return
         self._clip_original()  # the real examples, as they are: nothing of theirs is copied
         self._placed = True
-        self._clip_canaries(self._joined, layout)
+        if self.flat_rows and _uniform(layout):
+            self._clip_canaries_flat(self._joined, layout)
+        else:
+            self._clip_canaries(self._joined, layout)
 
     def _canary_layout(self) -> list[tuple[torch.Tensor, torch.device, torch.dtype]] | None:
         """``[(p, device, dtype)]`` of the canary rows for every parameter (those of its
@@ -293,18 +350,12 @@ class GradientCanaryInjector:
         opt = self.optimizer
         first_device = layout[0][1]
         m = len(joined)
-        buf = self._rows_buffer
-        if buf is None or buf.shape[0] < m or buf.device != first_device:
-            # reused from step to step (grown by 8 rows at a time): a fresh m x d allocation
-            # costs its page faults on the CPU at every step
-            buf = self._rows_buffer = torch.empty(-(-m // 8) * 8, self.canaries.dim, dtype=torch.float32,
-                                                  device=first_device)
-            self._row_views = {}
+        rows = self._rows(m, first_device)  # (a new buffer clears the cached views)
         views = self._row_views.get(m)
         if views is None:
             if len(self._row_views) >= 64:  # Poisson batches vary m: keep the cache bounded
                 self._row_views.clear()
-            views = self._row_views[m] = (buf[:m], self._parameter_views(buf[:m], layout))
+            views = self._row_views[m] = (rows, self._parameter_views(rows, layout))
         rows, blocks = views
         # the indices as the numpy array they are (no Python list, no per-element checks)
         self.canaries.batch(joined, device=first_device, out=rows,
@@ -323,6 +374,72 @@ class GradientCanaryInjector:
                 # Opacus marks what it clipped as processed (a second use raises): the views are
                 # this injector's own, used again at a later step with new rows
                 block.__dict__.pop("_processed", None)
+
+    def _rows(self, m: int, device: torch.device) -> torch.Tensor:
+        """The first ``m`` rows ``[m, d]`` float32 of the canary-row buffer on ``device``, reused
+        from step to step (grown by 8 rows at a time: a fresh m x d allocation costs its page
+        faults on the CPU at every step)."""
+        buf = self._rows_buffer
+        if buf is None or buf.shape[0] < m or buf.device != device:
+            buf = self._rows_buffer = torch.empty(-(-m // 8) * 8, self.canaries.dim, dtype=torch.float32,
+                                                  device=device)
+            self._row_views, self._row_slices = {}, {}
+        rows = self._row_slices.get(m)
+        if rows is None:  # once per m and buffer (no slice op per step)
+            if len(self._row_slices) >= 64:  # Poisson batches vary m: keep the cache bounded
+                self._row_slices.clear()
+            rows = self._row_slices[m] = buf[:m]
+        return rows
+
+    def _clip_canaries_flat(self, joined: np.ndarray,
+                            layout: list[tuple[torch.Tensor, torch.device, torch.dtype]]) -> None:
+        """Clip ``norm_multiplier * max_grad_norm * scale * c_j`` (j in ``joined``) by the
+        optimizer's own ``clip_and_accumulate`` (the one this injector wrapped: a class's or an
+        instance's override included), called a second time with the optimizer's parameters
+        presented as **one flat parameter** ``[d]`` whose ``grad_sample`` is the canary rows
+        ``[m, d]`` and whose ``summed_grad`` is a reused zeroed buffer; the clipped sum is then
+        added to every ``p.summed_grad`` by one ``torch._foreach_add_`` over cached views.
+
+        Opacus' per-example norm is over all parameters of a row, so each canary is clipped as
+        one example, exactly as in the per-parameter call (:meth:`_clip_canaries`): the norm of
+        the row, where that call takes the norm of its per-parameter norms (the same value up
+        to float32 rounding, about 1e-7 relative); the summation order of the real and canary
+        parts of ``p.summed_grad`` is the same. A clipping bug of the optimizer (a wrong
+        ``max_grad_norm``, a wrong clip factor) acts on the canaries as before; the ops do not
+        depend on the number of parameter tensors (about 30 top-level aten ops on the CPU,
+        Opacus' own call and the rows included, against about ten a tensor for
+        :meth:`_clip_canaries`: ``benchmarks/ops_per_step.py``).
+
+        The flat parameter is shown through ``param_groups`` (Opacus' ``params``) for the
+        duration of the call only, with the first group's other settings; the real parameter
+        groups are put back, unchanged, in a ``finally``."""
+        opt = self.optimizer
+        device, dtype = layout[0][1], layout[0][2]
+        params = [p for p, _, _ in layout]
+        flat = self._flat
+        if flat is None or not flat.fits(params, dtype):
+            flat = self._flat = _FlatCanaryParameter(params, dtype)
+        rows = self._rows(len(joined), device)
+        self.canaries.batch(joined, device=device, out=rows,
+                            scale=self.norm_multiplier * float(opt.max_grad_norm) * self.scale)
+        grad_sample = rows if rows.dtype == dtype else rows.to(dtype)
+        groups = opt.original_optimizer.param_groups
+        flat.summed.zero_()
+        flat.param.summed_grad = flat.summed
+        flat.param.grad_sample = grad_sample
+        opt.original_optimizer.param_groups = [{**groups[0], "params": [flat.param]}]
+        try:
+            self._clip_original()
+        finally:
+            opt.original_optimizer.param_groups = groups
+            flat.param.grad_sample = None
+            # Opacus marks what it clipped as processed (a second use raises): the rows are
+            # this injector's own, refilled at a later step
+            grad_sample.__dict__.pop("_processed", None)
+        if flat.param.summed_grad is not flat.summed:  # an override that replaced it
+            flat.summed.copy_(flat.param.summed_grad.reshape(-1))
+        flat.param.summed_grad = None
+        torch._foreach_add_([p.summed_grad for p in params], flat.views)  # one op, not one a parameter
 
     @staticmethod
     def _parameter_views(rows: torch.Tensor, layout: list[tuple[torch.Tensor, torch.device, torch.dtype]]
@@ -385,5 +502,6 @@ class GradientCanaryInjector:
                 else:
                     opt.__dict__[name] = self._own[name]
         self._joined, self._placed, self._rows_buffer, self._row_views = None, False, None, {}
+        self._row_slices, self._flat = {}, None
         self._noisy = FlatGather()
         self.set_observer(None)
