@@ -281,7 +281,7 @@ class CanaryAuditor:
 
     def release(self, model_delta: torch.Tensor | None, participants: np.ndarray | None = None, *,
                 noisy_sum: torch.Tensor | None = None, rate: float | None = None,
-                batch_size: int | None = None, batches: int = 1,
+                batch_size: int | None = None, batches: int = 1, batch_rate: float | None = None,
                 extras: torch.Tensor | None = None, what: str = "a release") -> None:
         """One release: count the observed canaries that took part (local indices ``[m]`` in
         ``0..k-1``, repeats allowed), project each released vector onto the canaries once and
@@ -296,7 +296,9 @@ class CanaryAuditor:
                 size), read by the steps-unknown statistic; kept only while it is folded.
             rate: the noisy sum's Poisson rate q in (0, 1].
             batch_size: the step's real batch size (DP-SGD), read by the sampler check; None
-                when unknown. batches: the Poisson batches summed into the step.
+                when unknown. batches: the Poisson batches summed into the step. batch_rate: the
+                real examples' Poisson rate of the step where it differs from ``rate`` (the
+                canaries' rate was given), read by the sampler check; None: ``rate``.
             extras: the change of arrays released beside the model that carry no canary (a
                 Flower model's integer buffers), read by the noise checks; or None.
             what: the release's name in warnings.
@@ -309,7 +311,7 @@ class CanaryAuditor:
             np.add.at(self.participations, np.asarray(participants, dtype=np.int64), 1)
         if noisy_sum is not None:
             release = Release(Projection(self.canaries, noisy_sum), participants, rate,
-                              batch_size=batch_size, batches=int(batches))
+                              batch_size=batch_size, batches=int(batches), batch_rate=batch_rate)
             for stat in self.statistics:
                 if stat.reads == "noisy_sum":
                     stat.fold(release)

@@ -43,6 +43,8 @@ class Release:
             part (repeats allowed), or None.
         rate: the release's Poisson sampling rate q in (0, 1] (DP-SGD's noisy sums), or None.
         batch_size: the real examples in the step's batch (DP-SGD), or None when unknown.
+        batch_rate: the real examples' Poisson rate q of the step where it differs from the
+            canaries' ``rate`` (a canary rate the user gave), or None (``rate``).
         batches: the Poisson batches summed into the step (gradient accumulation), >= 1.
         extras: the release's change of the arrays of a release model's ``extra_tensors``
             (flat), or None.
@@ -53,6 +55,7 @@ class Release:
     rate: float | None = None
     batch_size: int | None = None
     batches: int = 1
+    batch_rate: float | None = None
     extras: torch.Tensor | None = None
 
     @property

@@ -271,7 +271,9 @@ class SamplerCheck:
 
     def fold(self, release: Any) -> torch.Tensor:
         size = getattr(release, "batch_size", None)
-        rate = getattr(release, "rate", None)
+        rate = getattr(release, "batch_rate", None)  # the real examples' rate, where it differs
+        if rate is None:
+            rate = getattr(release, "rate", None)
         if size is not None and rate is not None and self.population:
             batches = max(1, int(getattr(release, "batches", 1) or 1))
             self.histogram[(int(self.population) * batches, float(rate) / batches, int(size))] += 1

@@ -159,6 +159,7 @@ class OpacusBackend(BackendBase):
             "; or give the LightningModule a delta attribute" if module is not None else "")
         self.warn = warn
         self.sample_rate = sample_rate
+        self._loader_rate: float | None = None  # the accountant's rate, found at attach
         self.seed = int(seed)
         self.norm_multiplier = norm_multiplier
         self.injector: GradientCanaryInjector | None = None
@@ -208,6 +209,7 @@ class OpacusBackend(BackendBase):
         if dim != self.dim:
             raise ValueError(f"{self.name}: the model has {dim} parameters, the audit's canaries {self.dim}")
         accountant, rate = find_accountant(opt)
+        self._loader_rate = rate  # the real examples' rate (the accountant's), for the sampler check
         if self.sample_rate is not None:
             rate = self.sample_rate
         if rate is None:
@@ -259,7 +261,11 @@ class OpacusBackend(BackendBase):
         injector = self.injector
         size = injector.last_batch_size if injector is not None and self.world_size == 1 else None
         batches = injector.last_batches if injector is not None else 1
-        self.auditor.release(None, noisy_sum=noisy_sum, rate=rate, batch_size=size, batches=batches)
+        real_rate = self._loader_rate  # the canaries' rate was given: the batches follow the loader's
+        batch_rate = (min(1.0, real_rate * batches) if self.sample_rate is not None and real_rate
+                      else None)
+        self.auditor.release(None, noisy_sum=noisy_sum, rate=rate, batch_size=size, batches=batches,
+                             batch_rate=batch_rate)
 
     def _check_noise_source(self, opt: Any) -> None:
         """Warn once where Opacus draws the noise from a publicly seeded generator."""
