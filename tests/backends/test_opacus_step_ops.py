@@ -46,13 +46,6 @@ pytestmark = pytest.mark.filterwarnings(
     "ignore:.*(backward hook|secure RNG|does not have many workers|Optimal order|fewer than 2|too few).*")
 
 
-def _all_events(fn) -> int:
-    """Every aten event ``fn()`` runs (those inside other aten ops included)."""
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        fn()
-    return sum(e.name.startswith("aten::") for e in prof.events())
-
-
 def _aten_ops(fn) -> tuple[int, list[str]]:
     """The top-level aten ops ``fn()`` dispatches (those not inside another aten op)."""
     with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -412,6 +405,7 @@ def _mlp_run(depth: int, audited: bool, seed: int = 0):
 
 
 def _all_events(fn) -> int:
+    """Every aten event ``fn()`` runs (those inside other aten ops included)."""
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         fn()
     return sum(e.name.startswith("aten::") for e in prof.events())
