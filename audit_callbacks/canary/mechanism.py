@@ -110,8 +110,12 @@ class NoiseChecks:
             "delta": torch.zeros(self.dim, dtype=dtype, device=dev),
             "e": torch.zeros(2 * m, dtype=torch.float64, device=dev),
             "n": torch.zeros(2, dtype=torch.float64, device=dev),
-            "has_prev": torch.zeros((), dtype=torch.bool, device=dev),
+            # [True, whether a previous release is held]: the gate of the two halves' counts
+            "gate": torch.tensor([True, False], device=dev),
+            "norms64": torch.zeros(1 + 2 * block, dtype=torch.float64, device=dev),
+            "cums": torch.zeros(1 + 2 * block, dtype=torch.float64, device=dev),
         }
+        buf["has_prev"] = buf["gate"][1]  # (a view: filled in place)
         buf["squares"] = torch.zeros(2 * m, dtype=torch.float64, device=dev)
         buf["squares2"], buf["e2"] = buf["squares"].view(2, m), buf["e"].view(2, m)
         buf["zero64"] = torch.zeros((), dtype=torch.float64, device=dev)
@@ -157,16 +161,15 @@ class NoiseChecks:
         squares = self._energies(b)  # [2, m]
         # |x| < inf is isfinite in 2 dispatched ops (isfinite is 4): NaN and +-inf fail it
         finite = (squares.abs() < math.inf).all(1)
-        ok = finite[0]
         # a non-finite release becomes the previous one too: the next difference is then not
-        # finite and skipped, and the one after is whole again (no conditional copy of d values)
-        pair = finite[1] & ok & b["has_prev"]
-        counted = torch.stack((ok, pair))
-        b["e2"].add_(torch.where(counted[:, None], squares, b["zero64"]))
+        # finite and skipped, and the one after is whole again (no conditional copy of d values);
+        # counted = [ok, finite difference & ok & a previous release], ok = finite[0]
+        counted = finite & b["gate"] & finite[:1]
+        b["e2"].add_(torch.where(counted.unsqueeze(1), squares, b["zero64"]))
         b["n"].add_(counted)
         b["prev"].copy_(cur)
         b["has_prev"].fill_(True)
-        return ok
+        return counted[0]
 
     def _energies(self, b: dict[str, torch.Tensor]) -> torch.Tensor:
         """``[2, m]`` float64: each tensor's sum of squares in ``cur``, then in ``diff``, in a
@@ -185,7 +188,11 @@ class NoiseChecks:
         rows = b["rows"]
         picked = rows.index_select(0, b["row"]).view(b["before"].shape)
         torch.where(b["before"], picked, b["zero"], out=b["tails"])
-        cums = torch.cumsum(torch.linalg.vector_norm(rows, dim=1).square_(), 0, dtype=torch.float64)
+        norms = torch.linalg.vector_norm(rows, dim=1)
+        # the squares (float32: x * x, as square_), then their float64 cumulative sum, through
+        # reused buffers (the conversion inside cumsum(dtype=) costs four events)
+        b["norms64"].copy_(norms.mul_(norms))
+        cums = torch.cumsum(b["norms64"], 0, out=b["cums"])
         torch.mv(torch.take(cums, b["terms"]), b["signs"], out=b["squares"])
         return b["squares2"]
 

@@ -82,14 +82,50 @@ def test_flat_gather_is_the_concatenation_bit_for_bit_in_one_op():
     assert not first.requires_grad
     with torch.no_grad():
         params[0].mul_(2.0)
-    n, names = _aten_ops(lambda: g.gather(params))
+    copies = [p.detach().clone() for p in params]
+    n, names = _aten_ops(lambda: g.gather(copies))  # other storages: one op
     assert n == 1 and names == ["aten::_foreach_copy_"]
+    assert g.flat is first and torch.equal(first, flat_parameters(params))
+    # the same storages on two calls in a row (persistent tensors): from then on one cat of
+    # aliases, one aten event in all (not one copy_ a tensor), the updated values bit for bit
+    g.gather(params)
+    assert torch.equal(g.gather(params), flat_parameters(params))
+    with torch.no_grad():
+        params[1].add_(1.5)
+    n, names = _aten_ops(lambda: g.gather(params))
+    assert names == ["aten::cat"] and _all_events(lambda: g.gather(params)) == 1
     assert g.flat is first and torch.equal(first, flat_parameters(params))
     # a new layout: a new buffer
     other = g.gather([torch.ones(2, 2)])
     assert other is not first and torch.equal(other, torch.ones(4))
     with pytest.raises(ValueError, match="tensors"):
         g.gather([])
+
+
+def test_flat_gather_of_new_or_replaced_tensors_copies_them():
+    """Tensors made anew every call (``p.grad``) stay on ``_foreach_copy_`` (no aliases kept
+    after a miss); a parameter whose storage is replaced is read from its new storage."""
+    gen = torch.Generator().manual_seed(3)
+    g = FlatGather(torch.float32)
+    for _ in range(4):  # new tensors each call (the allocator may give back the same addresses)
+        grads = [torch.randn(4, 3, generator=gen), torch.randn(3, generator=gen)]
+        assert torch.equal(g.gather(grads), flat_parameters(grads))
+    g.gather(grads)  # the same tensors twice: aliased (if not already)
+    other = [torch.randn(4, 3, generator=gen), torch.randn(3, generator=gen)]
+    assert torch.equal(g.gather(other), flat_parameters(other))  # a miss: no aliases from now on
+    g.gather(other)
+    assert _all_events(lambda: g.gather(other)) == 3  # _foreach_copy_ and its two copy_
+    assert torch.equal(g.flat, flat_parameters(other))
+    params = [nn.Parameter(torch.randn(4, 3, generator=gen)), nn.Parameter(torch.randn(3, generator=gen))]
+    h = FlatGather(torch.float32)
+    for _ in range(3):
+        h.gather(params)
+    params[0].data = torch.randn(4, 3, generator=gen)  # a new storage
+    assert torch.equal(h.gather(params), flat_parameters(params))
+    t = torch.randn(3, 4, generator=gen)
+    mixed = FlatGather(torch.float32)  # a non-contiguous tensor: never aliased
+    for _ in range(3):
+        assert torch.equal(mixed.gather([t.t(), params[1]]), torch.cat([t.t().reshape(-1), params[1].detach()]))
 
 
 # ------------------------------------------------------------------ the steps-unknown fold
@@ -262,9 +298,11 @@ def test_release_deltas_are_flat_parameter_differences_in_two_ops():
     assert len(auditor.released) == 6
     for t, delta in enumerate(auditor.released):
         assert torch.equal(delta, thetas[t + 1] - thetas[t])
-    # the first call builds its second buffer; then two ops (before: 38, a cat of 12 flattened
-    # casts and a fresh subtraction)
-    assert counts[1:] == [2] * 5, counts
+    # the first calls build the second buffer and each buffer's aliases of the parameters (once);
+    # then two ops, a cat and a subtraction (before: 38, a cat of 12 flattened casts and a fresh
+    # subtraction)
+    assert counts[3:] == [2] * 3, counts
+    assert names == ["aten::cat", "aten::sub"], names
     assert len({d.data_ptr() for d in auditor.given}) == 2  # two buffers in turn, no allocation
     # a resume: the next delta is taken against the parameters at load time
     state = backend.state_dict()
@@ -367,6 +405,7 @@ def _mlp_run(depth: int, audited: bool, seed: int = 0):
 
 
 def _all_events(fn) -> int:
+    """Every aten event ``fn()`` runs (those inside other aten ops included)."""
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         fn()
     return sum(e.name.startswith("aten::") for e in prof.events())
