@@ -38,9 +38,11 @@ import torch
 from audit_callbacks import names
 from audit_callbacks.auditing.checksum import CHECKSUM_KEY, field_digests, verify
 from audit_callbacks.auditing.config import CanaryAuditConfig
+from audit_callbacks.auditing.html_report import number_to_read
 from audit_callbacks.auditing.output import AuditOutput, ReportSection
 from audit_callbacks.auditing.plan import summary_plan_entries
 from audit_callbacks.auditing.report import REFERENCES, CanaryReport, summary_json
+from audit_callbacks.auditing.sinks import FIT_END_TAG, fit_end_table
 from audit_callbacks.canary.base import (
     CanaryStatistic,
     Release,
@@ -550,8 +552,6 @@ class CanaryAuditor:
                            if names.VERDICT_MECHANISM in summary else None)
         path = output.write_summary(summary)
         if complete and path is not None:  # rank zero, once: the number to read, in the terminal
-            from audit_callbacks.auditing.html_report import number_to_read
-
             output.info(f"{self.name}: {number_to_read(summary)}")
         self.log(last, sink, step=step, histograms=histograms and complete)
         if report is not None:  # the fit-end numbers (the summary's) where they differ from the
@@ -559,8 +559,6 @@ class CanaryAuditor:
             self._sink(sink.scalars, {tag: v for tag, v in report.scalars().items()
                                       if v is not None and self._last_scalars.get(tag) != v}, step)
         if complete and getattr(sink, "text", None) is not None:  # beside the report's text
-            from audit_callbacks.auditing.sinks import FIT_END_TAG, fit_end_table
-
             self._sink(sink.text, {FIT_END_TAG: fit_end_table(summary)}, step)
         drawn: dict[str, Any] = {}
         writes_images = bool(getattr(sink, "writes_images", True))
