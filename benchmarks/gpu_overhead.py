@@ -35,15 +35,52 @@ checkpointing, no progress bar); the data module is built once per scenario.
 ``--quick``: 512 examples and 1 epoch (opacus), 5 rounds (fedavg), one pair each, no warm-up:
 it checks that the script runs; its ratios are not measurements.
 
+Long fits (``--min-fit-s S``; the default on CUDA is 60, elsewhere 0: off). A fit of a few
+seconds is decided by the audit's fixed costs, so the Opacus scenario is sized to last: a timed
+calibration fit of the baseline (``--calibration-epochs``, 2) gives the steady seconds an epoch
+(the last epoch, from the epoch starts and the train end) and the fit's start-up and teardown
+seconds, and the number of epochs is chosen so that the baseline fit lasts >= 1.05 S
+(:func:`plan_epochs`). The data set is CIFAR-10's size (50,000 examples, ``--opacus-examples``;
+196 Poisson batches of expected size 256 an epoch) unless given. After one untimed fit of each
+audited variant at the calibration's length (the calibration is the baseline's warm-up), the
+fits run in *blocks*: a baseline and each variant once, the order reversed every other block
+(``B C A``, ``A C B``, ...), a variant's ratio against the baseline of its own block, reported
+as the median with its sign-test interval; blocks run while the last block's time still fits in
+``--budget-s`` (at least one; ``--reps`` fixes the number instead), and the JSON is rewritten
+after each block, so a run stopped from outside keeps the blocks it finished. With a baseline of
+60 s and audited fits of 65-90 s, one block takes about 4 minutes: a 10-minute device call
+holds one block (two with ~8 minutes for this script alone), so its interval is the one ratio.
+
+Each audited fit also gives, from its own hooks (every callback's ``setup``, ``on_fit_start``,
+``on_train_start``, epoch and validation hooks, ``on_train_end``, ``on_fit_end`` and
+``teardown`` timed by a ``HookTimer(sync=True)``: on CUDA the device is synchronised around those
+few calls, a few dozen a fit, never around a step), the audit's cost split in
+:func:`decompose`: ``fit_start_s``, ``per_epoch_s`` (the estimates at the epochs' ends),
+``fit_end_s`` (the final estimate, summary and report), and the per-step marginal
+``per_step_marginal_ms = (audited fit - baseline fit - fit start - epochs - fit end) / steps``
+(what each training step costs: Opacus' canary work inside ``optimizer.step`` and the per-step
+hooks); ``per_step_all_in_ms`` adds the epochs' estimates back. A direct measure beside it:
+every fit (baseline too) carries a ``StepClock`` that records when each training batch starts
+(no synchronisation), and ``per_step_direct_ms`` is the audited fit's steady seconds a step
+less its block's baseline's (:func:`steady_step_s`: within each epoch after the first, from the
+second batch's start to the last's, so no epoch boundary, validation or estimate is in it).
+The JSON's ``targets`` (``TARGETS``: the ratios <= 1.10 with ``CanaryAudit()`` and <= 1.15 with
+all three callbacks, the per-step marginal <= 0.5 ms, each on a baseline fit >= 60 s) say of
+each ``value``, ``holds`` (the median), ``holds_at_upper`` (the interval's upper end) and
+``pass`` (holds on a fit long enough); ``pass`` at the top: all of them.
+
 Output: tables on stdout and ``benchmarks/results/gpu_overhead_<device>.json`` (``cuda`` or
-``cpu``; ``_quick`` appended with ``--quick``) with the device name
+``cpu``; ``_long`` with ``--min-fit-s``, ``_quick`` with ``--quick``; ``--output`` names another
+file) with the device name
 (``torch.cuda.get_device_name`` or the CPU's), ``machine_info()`` and the commit measured.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import tempfile
+import time
 import warnings
 from typing import Any
 
@@ -84,6 +121,19 @@ SIZES = {  # per device kind; --quick overrides
     "quick": {"opacus": {"examples": 512, "epochs": 1, "reps": 1},
               "fedavg": {"rounds": 5, "reps": 1}},
 }
+
+
+#: The long fit's data set (CIFAR-10's training set size) and the issue's targets on it: median
+#: audited / baseline fit time with ``CanaryAudit()`` and with all three callbacks, the audit's
+#: per-step marginal time at d ~ 10^6, and the baseline fit's length they need.
+LONG_EXAMPLES = 50_000
+TARGETS = {"canary": 1.10, "all_three": 1.15, "per_step_marginal_ms": 0.5, "min_fit_s": 60.0}
+#: The hooks timed in a long fit's audited runs (each synchronised: a few dozen calls a fit); the
+#: per-step hooks are not timed (they are in the per-step marginal).
+START_HOOKS = ("setup", "on_fit_start", "on_train_start")
+EPOCH_HOOKS = ("on_train_epoch_start", "on_train_epoch_end", "on_validation_start",
+               "on_validation_epoch_start", "on_validation_epoch_end", "on_validation_end")
+END_HOOKS = ("on_train_end", "on_fit_end", "teardown")
 
 
 def quiet() -> None:
@@ -140,8 +190,99 @@ def attach_timer(timer: HookTimer | None, callbacks: list[Any]) -> None:
             timer.attach_hooks(cb, prefix=f"{type(cb).__name__}.")
 
 
+class StepClock(pl.Callback):
+    """When each training batch, each training epoch and the training's end began
+    (``perf_counter`` seconds; no synchronisation: a few list appends a step, so a baseline fit
+    carries it too). ``batch_starts`` is ``[(epoch, seconds)]``."""
+
+    def __init__(self) -> None:
+        self.origin = time.perf_counter()
+        self.batch_starts: list[tuple[int, float]] = []
+        self.epoch_starts: list[float] = []
+        self.train_end: float | None = None
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        self.epoch_starts.append(time.perf_counter())
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        self.batch_starts.append((int(trainer.current_epoch), time.perf_counter()))
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        self.train_end = time.perf_counter()
+
+
+def steady_step_s(batch_starts: list[tuple[int, float]]) -> float | None:
+    """Steady seconds a training step from ``[(epoch, start seconds)]`` of the batches: within
+    each epoch, (last start - second start) / (batches - 2), so that no epoch boundary (the
+    validation, the estimates, the loader's start) is in it; the median over the epochs after
+    the first (the first alone when there is one). None when no epoch has 3 batches."""
+    by: dict[int, list[float]] = {}
+    for epoch, t in batch_starts:
+        by.setdefault(epoch, []).append(t)
+    rates = [(ts[-1] - ts[1]) / (len(ts) - 2) for _, ts in sorted(by.items()) if len(ts) >= 3]
+    if not rates:
+        return None
+    return float(np.median(rates[1:] if len(rates) > 1 else rates))
+
+
+def plan_epochs(fit_s: float, epoch_starts: list[float], train_end: float, min_fit_s: float,
+                margin: float = 1.05) -> dict[str, float | int]:
+    """Epochs for a fit of >= ``margin * min_fit_s`` seconds, from a calibration fit of
+    ``fit_s`` seconds whose epochs started at ``epoch_starts`` and whose training ended at
+    ``train_end`` (seconds on one clock): an epoch costs the last epoch's seconds (the steady
+    one: the first pays the one-off start), the rest of the fit (``fixed_s``: the trainer's
+    start-up and teardown) is paid once. Returns ``{epochs, epoch_s, fixed_s, predicted_fit_s}``.
+
+    Raises:
+        ValueError: ``min_fit_s`` or ``fit_s`` not positive, no epoch, or an epoch boundary
+            out of order (``epoch_starts`` / ``train_end``).
+    """
+    if not min_fit_s > 0:
+        raise ValueError(f"min_fit_s: must be positive, got {min_fit_s!r}")
+    if not fit_s > 0:
+        raise ValueError(f"fit_s: must be positive, got {fit_s!r}")
+    if not epoch_starts:
+        raise ValueError("epoch_starts: the calibration fit ran no epoch")
+    bounds = [*epoch_starts, train_end]
+    durations = np.diff(bounds)
+    if np.any(durations <= 0):
+        raise ValueError(f"epoch_starts / train_end: not increasing ({bounds})")
+    epoch_s = float(durations[-1])
+    fixed_s = max(0.0, fit_s - float(durations.sum()))
+    epochs = max(1, math.ceil((margin * min_fit_s - fixed_s) / epoch_s))
+    return {"epochs": epochs, "epoch_s": epoch_s, "fixed_s": fixed_s, "predicted_fit_s": fixed_s + epochs * epoch_s}
+
+
+def attach_phases(timer: HookTimer, callbacks: list[Any]) -> None:
+    """Time, on ``timer``, the hooks of ``START_HOOKS`` / ``EPOCH_HOOKS`` / ``END_HOOKS`` that
+    each callback overrides, named ``start:Class.hook``, ``epoch:...`` and ``end:...``; no
+    per-step hook (their cost is the per-step marginal's)."""
+    phases = {**{h: "start" for h in START_HOOKS}, **{h: "epoch" for h in EPOCH_HOOKS},
+              **{h: "end" for h in END_HOOKS}}
+    for cb in callbacks:
+        for hook, phase in phases.items():
+            if getattr(type(cb), hook, None) is not getattr(pl.Callback, hook, None):
+                timer.wrap(cb, hook, f"{phase}:{type(cb).__name__}.{hook}")
+
+
+def phase_totals(timer: HookTimer) -> dict[str, float]:
+    """``{start, epoch, end}``: the wall seconds of ``attach_phases``' hooks by phase."""
+    out = {"start": 0.0, "epoch": 0.0, "end": 0.0}
+    for name, wall in timer.wall.items():
+        phase = name.split(":", 1)[0]
+        if phase in out:
+            out[phase] += wall
+    return out
+
+
 def opacus_fit(dm: RandomImages, epochs: int, variant: str, device: torch.device, log_root: str,
-               name: str, timer: HookTimer | None = None) -> dict[str, Any]:
+               name: str, timer: HookTimer | None = None, clock: StepClock | None = None,
+               rare: HookTimer | None = None) -> dict[str, Any]:
+    """One fit of ``variant`` (``baseline``, ``canary`` or ``all_three``) for ``epochs`` epochs:
+    ``{fit_s, steps, num_parameters, ...}``. ``timer`` times every hook of the callbacks (the
+    breakdown fit); ``rare`` only those of ``START_HOOKS``, ``EPOCH_HOOKS`` and ``END_HOOKS``
+    (a long fit's decomposition, under the names ``phase:Class.hook``); ``clock`` (first in the
+    callback list) records the training batches' start times."""
     pl.seed_everything(0, verbose=False)
     model = build_model("cnn", (3, 32, 32), 10, **OPACUS_CNN)
     module = DPSGDClassifier(model, lr=0.1, noise_multiplier=1.0, max_grad_norm=1.0, delta=1e-5, noise_seed=0)
@@ -151,15 +292,26 @@ def opacus_fit(dm: RandomImages, epochs: int, variant: str, device: torch.device
     if variant == "all_three":
         callbacks += [LabelReconstructionAttack(), LabelDPLowerBound()]
     attach_timer(timer, callbacks)
-    trainer = make_trainer(device, log_root, name, callbacks, max_epochs=epochs)
+    if rare is not None:
+        attach_phases(rare, callbacks)
+    trainer = make_trainer(device, log_root, name, ([clock] if clock is not None else []) + callbacks,
+                           max_epochs=epochs)
     fit_s = timed_fit(trainer, module, dm)
-    out: dict[str, Any] = {"fit_s": fit_s, "steps": int(trainer.global_step), "num_parameters": num_parameters(model)}
+    out: dict[str, Any] = {"fit_s": fit_s, "steps": int(trainer.global_step), "epochs": int(trainer.current_epoch),
+                           "num_parameters": num_parameters(model)}
     for cb in callbacks:
         if isinstance(cb, CanaryAudit) and cb.auditor is not None:
             out["num_canaries"] = cb.auditor.num_canaries
             out["num_unobserved"] = cb.auditor.num_unobserved
         elif hasattr(cb, "coverage"):  # a label callback: how many steps it attacked or skipped
             out[f"{type(cb).__name__}_coverage"] = {k: v for k, v in cb.coverage().items() if k != "skip_reason_codes"}
+    if rare is not None:
+        out["phases_s"] = phase_totals(rare)
+        out["hooks"] = rare.by_name()
+    if clock is not None:
+        out["step_s"] = steady_step_s(clock.batch_starts)
+        out["epoch_starts"] = [t - clock.origin for t in clock.epoch_starts]
+        out["train_end"] = None if clock.train_end is None else clock.train_end - clock.origin
     return out
 
 
@@ -247,6 +399,166 @@ def breakdown(fit: Any, variants: list[str], label: str) -> dict[str, Any]:
     return out
 
 
+# ---------------------------------------------------------------------------------- long fits
+def decompose(base: dict[str, Any], audit: dict[str, Any]) -> dict[str, Any]:
+    """The audit's cost in one block, from a baseline fit and an audited fit of the same length
+    (``opacus_fit`` results, the audited one with ``phases_s`` and both with ``step_s``):
+    ``added_s`` (audited - baseline fit seconds), ``fit_start_s``, ``epochs_s`` (the epoch and
+    validation hooks, all epochs) and ``per_epoch_s``, ``fit_end_s``, ``per_step_marginal_ms``
+    (what is left of ``added_s`` after those, a step), ``per_step_all_in_ms`` (the epochs'
+    estimates back in) and ``per_step_direct_ms`` (the steady step seconds' difference, None
+    without both).
+
+    Raises:
+        ValueError: the fits ran different numbers of steps (``base`` / ``audit``), or
+            ``audit`` has no ``phases_s``.
+    """
+    if base["steps"] != audit["steps"] or not audit["steps"]:
+        raise ValueError(f"base / audit: the fits ran {base['steps']} and {audit['steps']} steps")
+    if "phases_s" not in audit:
+        raise ValueError("audit: no phases_s (fit it with a rare-hook HookTimer)")
+    steps, epochs, ph = audit["steps"], max(1, audit.get("epochs") or 1), audit["phases_s"]
+    added = audit["fit_s"] - base["fit_s"]
+    rest = added - ph["start"] - ph["epoch"] - ph["end"]
+    a_step, b_step = audit.get("step_s"), base.get("step_s")
+    return {"added_s": added, "fit_start_s": ph["start"], "epochs_s": ph["epoch"], "per_epoch_s": ph["epoch"] / epochs,
+            "fit_end_s": ph["end"], "steps": steps, "epochs": epochs, "per_step_marginal_ms": 1e3 * rest / steps,
+            "per_step_all_in_ms": 1e3 * (rest + ph["epoch"]) / steps,
+            "per_step_direct_ms": None if a_step is None or b_step is None else 1e3 * (a_step - b_step)}
+
+
+COST_KEYS = ("added_s", "fit_start_s", "per_epoch_s", "fit_end_s", "per_step_marginal_ms", "per_step_all_in_ms",
+             "per_step_direct_ms")
+
+
+def summarise_blocks(blocks: list[dict[str, dict[str, Any]]], variants: list[str]) -> dict[str, Any]:
+    """Per variant, over ``blocks`` (``[{variant or "baseline": opacus_fit result}]``): the fit
+    times, the ratios against each block's baseline with their median and sign-test interval,
+    and the decomposition of every block (``costs.blocks``) with the median and interval of each
+    of ``COST_KEYS`` (``costs.<key>``)."""
+    out: dict[str, Any] = {}
+    for v in variants:
+        tb = np.array([b["baseline"]["fit_s"] for b in blocks])
+        ta = np.array([b[v]["fit_s"] for b in blocks])
+        ratios = ta / tb
+        parts = [decompose(b["baseline"], b[v]) for b in blocks]
+        costs: dict[str, Any] = {"blocks": parts}
+        for key in COST_KEYS:
+            vals = [p[key] for p in parts if p[key] is not None]
+            costs[key] = {"median": float(np.median(vals)), **median_interval(vals)} if vals else None
+        out[v] = {"baseline_fit_s": tb.tolist(), "audit_fit_s": ta.tolist(), "pair_ratios": ratios.tolist(),
+                  "median_ratio": float(np.median(ratios)), "median_ratio_interval": median_interval(ratios),
+                  "costs": costs}
+    return out
+
+
+def target_checks(summary: dict[str, Any], baseline_fit_s: list[float]) -> dict[str, Any]:
+    """``TARGETS`` against a long fit's ``summary`` (``summarise_blocks``): for the ratios of
+    ``canary`` and ``all_three`` and the ``canary`` variant's per-step marginal, ``{target,
+    value, interval, holds, holds_at_upper, pass}`` (``holds``: the median at most the target;
+    ``pass``: it holds and every baseline fit lasted >= ``TARGETS["min_fit_s"]``), the fit's
+    length ``fit_long_enough`` (the shortest baseline fit), and ``pass``: all of them."""
+    shortest = float(min(baseline_fit_s))
+    long_enough = shortest >= TARGETS["min_fit_s"]
+    out: dict[str, Any] = {"fit_long_enough": {"target": TARGETS["min_fit_s"], "value": shortest,
+                                               "holds": long_enough, "pass": long_enough}}
+
+    def check(name: str, target: float, value: float, lower: float, upper: float, **extra: Any) -> None:
+        out[name] = {"target": target, "value": value, "interval": [lower, upper], "holds": value <= target,
+                     "holds_at_upper": upper <= target, "pass": long_enough and value <= target, **extra}
+
+    for v in ("canary", "all_three"):
+        if v in summary:
+            r = summary[v]
+            ci = r["median_ratio_interval"]
+            check(f"{v}_ratio", TARGETS[v], r["median_ratio"], ci["lower"], ci["upper"])
+    if "canary" in summary and summary["canary"]["costs"]["per_step_marginal_ms"] is not None:
+        c = summary["canary"]["costs"]
+        m = c["per_step_marginal_ms"]
+        direct = c["per_step_direct_ms"]
+        check("per_step_marginal_ms", TARGETS["per_step_marginal_ms"], m["median"], m["lower"], m["upper"],
+              direct_value=None if direct is None else direct["median"])
+    out["pass"] = all(v["pass"] for v in out.values() if isinstance(v, dict))
+    return out
+
+
+def long_fit_opacus(dm: RandomImages, cfg: dict[str, Any], device: torch.device, log_root: str, *,
+                    min_fit_s: float, epochs: int | None, reps: int | None, budget_s: float | None,
+                    started: float, warmup: bool, save: Any) -> dict[str, Any]:
+    """The Opacus scenario sized to last (the module's docstring, "Long fits"): a calibration
+    fit of the baseline, ``plan_epochs`` (unless ``epochs``), one untimed fit of each audited
+    variant (``warmup``), then blocks of a baseline and each variant, ``reps`` of them or as many
+    as ``budget_s`` (seconds since ``started``) holds, at least one; ``save(result)`` after each
+    block."""
+    variants = ["canary", "all_three"]
+    cal_epochs = cfg["calibration_epochs"]
+    clock = StepClock()
+    cal = opacus_fit(dm, cal_epochs, "baseline", device, log_root, "opacus_calibration", clock=clock)
+    plan = plan_epochs(cal["fit_s"], cal["epoch_starts"], cal["train_end"], min_fit_s)
+    n_epochs = epochs or int(plan["epochs"])
+    print(f"  calibration: {cal_epochs} epochs in {cal['fit_s']:.2f} s (steady epoch {plan['epoch_s']:.2f} s, "
+          f"start-up and teardown {plan['fixed_s']:.2f} s): {n_epochs} epochs, ~{plan['predicted_fit_s']:.0f} s a "
+          f"baseline fit", flush=True)
+    warm = [cal]
+    if warmup:
+        for v in variants:
+            w = opacus_fit(dm, cal_epochs, v, device, log_root, f"opacus_warmup_{v}")
+            print(f"  opacus {v:9s} warm-up: fit {w['fit_s']:8.2f} s", flush=True)
+            warm.append(w)
+    blocks: list[dict[str, dict[str, Any]]] = []
+    result: dict[str, Any] = {}
+    while True:
+        i = len(blocks)
+        order = ["baseline", *variants] if i % 2 == 0 else [*variants[::-1], "baseline"]
+        t_block = time.perf_counter()
+        block: dict[str, dict[str, Any]] = {}
+        for v in order:
+            rare = HookTimer(sync=True) if v != "baseline" else None
+            block[v] = opacus_fit(dm, n_epochs, v, device, log_root, f"opacus_{v}_{i}", clock=StepClock(), rare=rare)
+            r = block[v]
+            extra = "" if rare is None else (f", start {r['phases_s']['start']:.3f} s, epochs "
+                                             f"{r['phases_s']['epoch']:.3f} s, end {r['phases_s']['end']:.3f} s")
+            step = r.get("step_s")
+            print(f"  opacus {v:9s} {i:2d}: fit {r['fit_s']:8.2f} s, {r['steps']} steps"
+                  f"{'' if step is None else f', {1e3 * step:.2f} ms a step'}{extra}", flush=True)
+        blocks.append(block)
+        block_s = time.perf_counter() - t_block
+        summary = summarise_blocks(blocks, variants)
+        result = {"long_fit": {"min_fit_s": min_fit_s, "calibration_epochs": cal_epochs, "plan": plan,
+                               "epochs": n_epochs, "steps": blocks[0]["baseline"]["steps"], "blocks": len(blocks),
+                               "order": "blocks of baseline and each variant, the order reversed every other block",
+                               "budget_s": budget_s},
+                  "warmup": warm, "variants": summary, "blocks": blocks,
+                  "targets": target_checks(summary, [b["baseline"]["fit_s"] for b in blocks])}
+        save(result)
+        if reps is not None:
+            if len(blocks) >= reps:
+                break
+        elif budget_s is None or time.perf_counter() - started + block_s > budget_s:
+            break
+    return result
+
+
+def print_long(res: dict[str, Any]) -> None:
+    print(f"\nOpacus DP-SGD, long fits ({res['long_fit']['epochs']} epochs, {res['long_fit']['steps']} steps, "
+          f"{res['long_fit']['blocks']} block(s)): audited / baseline fit time and the audit's cost")
+    for v, r in res["variants"].items():
+        ci, c = r["median_ratio_interval"], r["costs"]
+        direct = c["per_step_direct_ms"]
+        print(f"  {v:10s} baseline {np.median(r['baseline_fit_s']):8.2f} s, audited {np.median(r['audit_fit_s']):8.2f} s:"
+              f" ratio {r['median_ratio']:.3f} [{ci['lower']:.3f}, {ci['upper']:.3f}] ({ci['n']} blocks); fit start "
+              f"{c['fit_start_s']['median']:.3f} s, {c['per_epoch_s']['median']:.3f} s an epoch, fit end "
+              f"{c['fit_end_s']['median']:.3f} s; per step {c['per_step_marginal_ms']['median']:.3f} ms marginal, "
+              f"{c['per_step_all_in_ms']['median']:.3f} ms with the epochs' estimates, "
+              f"{'-' if direct is None else format(direct['median'], '.3f')} ms direct", flush=True)
+    for name, t in res["targets"].items():
+        if isinstance(t, dict):
+            sign = ">=" if name == "fit_long_enough" else "<="
+            print(f"  target {name} {sign} {t['target']:g}: {t['value']:.3f}, "
+                  f"{'holds' if t['holds'] else 'missed'}{'' if t['pass'] or not t['holds'] else ' (fit too short)'}")
+    print(f"  targets: {'all pass' if res['targets']['pass'] else 'not all pass'}", flush=True)
+
+
 def print_table(title: str, res: dict[str, Any]) -> None:
     print(f"\n{title}")
     for v, r in res["variants"].items():
@@ -257,46 +569,92 @@ def print_table(title: str, res: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = parser(__doc__, quick="tiny sizes, one pair, no warm-up: a smoke test", summary=True)
+    started = time.perf_counter()
+    p = parser(__doc__, quick="tiny sizes, one pair, no warm-up: a smoke test", summary=True,
+               output="result file name (default gpu_overhead_<device>[_long][_quick].json)")
     add_accelerator_argument(p)
     p.add_argument("--scenarios", default="opacus,fedavg", help="comma-separated: opacus, fedavg")
-    p.add_argument("--reps", type=int, default=None, help="pairs per variant (default: by device)")
-    p.add_argument("--opacus-epochs", type=int, default=None)
-    p.add_argument("--opacus-examples", type=int, default=None)
+    p.add_argument("--reps", type=int, default=None,
+                   help="pairs per variant (default: by device); with --min-fit-s, blocks (default: by --budget-s)")
+    p.add_argument("--opacus-epochs", type=int, default=None, help="with --min-fit-s: instead of the calibration's")
+    p.add_argument("--opacus-examples", type=int, default=None,
+                   help=f"default: by device; {LONG_EXAMPLES:,} with --min-fit-s")
+    p.add_argument("--opacus-batch-size", type=int, default=256, help="expected Poisson batch (default 256)")
+    p.add_argument("--val-examples", type=int, default=1000, help="Opacus validation split (default 1000)")
     p.add_argument("--fedavg-rounds", type=int, default=None)
+    p.add_argument("--min-fit-s", type=float, default=None,
+                   help="long fits: size the Opacus baseline fit to last at least this many seconds "
+                        "(default 60 on CUDA without --quick, else 0: off)")
+    p.add_argument("--calibration-epochs", type=int, default=2, help="with --min-fit-s: the calibration fit's epochs")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="with --min-fit-s and no --reps: run blocks while the last block's time fits in this many "
+                        "seconds from the start (default: one block)")
     p.add_argument("--no-breakdown", dest="breakdown", action="store_false",
                         help="skip the extra per-hook timed fit of each audited variant")
     args = p.parse_args(argv)
     quiet()
     device = torch_device(args.accelerator)  # ValueError for gpu without CUDA
+    min_fit_s = args.min_fit_s if args.min_fit_s is not None else (
+        TARGETS["min_fit_s"] if device.type == "cuda" and not args.quick else 0.0)
+    if not (math.isfinite(min_fit_s) and min_fit_s >= 0):
+        raise ValueError(f"--min-fit-s: must be a finite number >= 0, got {min_fit_s!r}")
+    if args.calibration_epochs < 2:
+        raise ValueError(f"--calibration-epochs: must be >= 2 (the last epoch is the steady one), "
+                         f"got {args.calibration_epochs}")
+    if args.budget_s is not None and not args.budget_s > 0:
+        raise ValueError(f"--budget-s: must be positive, got {args.budget_s!r}")
+    for flag in ("reps", "opacus_epochs", "opacus_examples", "opacus_batch_size", "val_examples", "fedavg_rounds"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise ValueError(f"--{flag.replace('_', '-')}: must be >= 1, got {value}")
+    long_fit = min_fit_s > 0
     sizes = SIZES["quick" if args.quick else device.type]
     scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     for s in scenarios:
         if s not in ("opacus", "fedavg"):
             raise SystemExit(f"--scenarios: unknown scenario {s!r}")
-    print(f"gpu_overhead on {device_name(device)} ({'quick' if args.quick else 'full'})", flush=True)
+    mode = f"long fits of >= {min_fit_s:g} s" if long_fit else "full"
+    print(f"gpu_overhead on {device_name(device)} ({'quick, ' if args.quick else ''}{mode})", flush=True)
     payload: dict[str, Any] = {"benchmark": "gpu_overhead", "device": device.type, "device_name": device_name(device),
-                               "quick": args.quick, "machine": machine_info(), "git": git_state()}
+                               "quick": args.quick, "min_fit_s": min_fit_s, "machine": machine_info(),
+                               "git": git_state()}
     if device.type == "cuda":
         payload["cuda"] = {"torch_cuda": torch.version.cuda, "device_count": torch.cuda.device_count(),
                            "capability": list(torch.cuda.get_device_capability(device))}
+    name = args.output or f"gpu_overhead_{device.type}{'_long' if long_fit else ''}{'_quick' if args.quick else ''}.json"
     with tempfile.TemporaryDirectory() as log_root:
         if "opacus" in scenarios:
-            cfg = dict(sizes["opacus"], batch_size=256)
-            cfg["examples"] = args.opacus_examples or cfg["examples"]
-            cfg["epochs"] = args.opacus_epochs or cfg["epochs"]
-            cfg["reps"] = args.reps or cfg["reps"]
-            dm = RandomImages(cfg["examples"], (3, 32, 32), 10, cfg["batch_size"])
-            print(f"\n[1] Opacus DP-SGD, GroupNorm CNN, {cfg['examples']} CIFAR-shaped examples, batch "
-                  f"{cfg['batch_size']}, {cfg['epochs']} epochs, {cfg['reps']} pairs", flush=True)
-            res = interleaved(lambda v, name: opacus_fit(dm, cfg["epochs"], v, device, log_root, name),
-                              ["canary", "all_three"], cfg["reps"], not args.quick, "opacus")
-            if args.breakdown:
-                res["breakdown"] = breakdown(
-                    lambda v, name, timer: opacus_fit(dm, cfg["epochs"], v, device, log_root, name, timer),
-                    ["canary", "all_three"], "opacus")
-            payload["opacus"] = {"config": {**cfg, "model": OPACUS_CNN}, **res}
-            print_table("Opacus DP-SGD: audited / baseline fit time", res)
+            cfg = dict(sizes["opacus"], batch_size=args.opacus_batch_size, val_examples=args.val_examples)
+            default_examples = LONG_EXAMPLES if long_fit and not args.quick else cfg["examples"]
+            cfg["examples"] = args.opacus_examples or default_examples
+            dm = RandomImages(cfg["examples"], (3, 32, 32), 10, cfg["batch_size"], val_examples=cfg["val_examples"])
+            if long_fit:
+                cfg.update(epochs=args.opacus_epochs, reps=args.reps, calibration_epochs=args.calibration_epochs)
+                print(f"\n[1] Opacus DP-SGD, GroupNorm CNN, {cfg['examples']} CIFAR-shaped examples, batch "
+                      f"{cfg['batch_size']}, baseline fits of >= {min_fit_s:g} s", flush=True)
+
+                def save(res: dict[str, Any]) -> None:
+                    payload["opacus"] = {"config": {**cfg, "model": OPACUS_CNN}, **res}
+                    payload["pass"] = res["targets"]["pass"]
+                    write_json(name, payload)
+
+                res = long_fit_opacus(dm, cfg, device, log_root, min_fit_s=min_fit_s, epochs=args.opacus_epochs,
+                                      reps=args.reps, budget_s=args.budget_s, started=started,
+                                      warmup=not args.quick, save=save)
+                print_long(res)
+            else:
+                cfg["epochs"] = args.opacus_epochs or cfg["epochs"]
+                cfg["reps"] = args.reps or cfg["reps"]
+                print(f"\n[1] Opacus DP-SGD, GroupNorm CNN, {cfg['examples']} CIFAR-shaped examples, batch "
+                      f"{cfg['batch_size']}, {cfg['epochs']} epochs, {cfg['reps']} pairs", flush=True)
+                res = interleaved(lambda v, run: opacus_fit(dm, cfg["epochs"], v, device, log_root, run),
+                                  ["canary", "all_three"], cfg["reps"], not args.quick, "opacus")
+                if args.breakdown:
+                    res["breakdown"] = breakdown(
+                        lambda v, run, timer: opacus_fit(dm, cfg["epochs"], v, device, log_root, run, timer),
+                        ["canary", "all_three"], "opacus")
+                payload["opacus"] = {"config": {**cfg, "model": OPACUS_CNN}, **res}
+                print_table("Opacus DP-SGD: audited / baseline fit time", res)
         if "fedavg" in scenarios:
             cfg = dict(sizes["fedavg"], clients=3400, per_client=10, real_per_round=50, rounds_per_epoch=25,
                        val_examples=2000)
@@ -307,17 +665,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(f"\n[2] DP-FedAvg, CNN, EMNIST-shaped: {cfg['clients']} clients x {cfg['per_client']}, "
                   f"{cfg['real_per_round']} real a round, {cfg['rounds']} rounds, {cfg['reps']} pairs", flush=True)
             res = interleaved(
-                lambda v, name: fedavg_fit(dm_f, cfg["rounds"], cfg["real_per_round"], v, device, log_root, name),
+                lambda v, run: fedavg_fit(dm_f, cfg["rounds"], cfg["real_per_round"], v, device, log_root, run),
                 ["canary"], cfg["reps"], not args.quick, "fedavg")
             if args.breakdown:
                 res["breakdown"] = breakdown(
-                    lambda v, name, timer: fedavg_fit(dm_f, cfg["rounds"], cfg["real_per_round"], v, device,
-                                                      log_root, name, timer),
+                    lambda v, run, timer: fedavg_fit(dm_f, cfg["rounds"], cfg["real_per_round"], v, device,
+                                                     log_root, run, timer),
                     ["canary"], "fedavg")
             payload["fedavg"] = {"config": {**cfg, "model": FEDAVG_CNN}, **res}
             print_table("DP-FedAvg: audited / baseline fit time", res)
-    name = f"gpu_overhead_{device.type}{'_quick' if args.quick else ''}.json"
-    print(f"\nwrote {write_json(name, payload)}")
+    payload["wall_s"] = time.perf_counter() - started
+    print(f"\nwrote {write_json(name, payload)} ({payload['wall_s']:.0f} s)")
     return payload
 
 
