@@ -11,7 +11,7 @@
 #    one block of baseline / CanaryAudit / all three callbacks (--budget-s 300: a second block
 #    only if it still fits): the ratios (targets <= 1.10 and <= 1.15), the fit-start, per-epoch
 #    and fit-end costs and the per-step marginal audit time (target <= 0.5 ms), with pass/fail
-#    fields; results/gpu_overhead_cuda_long.json, rewritten after each block;
+#    fields; results/gpu_overhead_cuda_long.json, rewritten after each fit;
 # 2. ops_per_step (<= 120 s): the aten ops and CUDA kernels the audit adds to one step of the
 #    6- and 48-tensor MLPs and the transformer, 10 timed steps; results/ops_per_step_cuda.json;
 # 3. per_step_profile (<= 150 s, what is left): where the Opacus step's audit work goes;
@@ -21,7 +21,7 @@
 #
 # The results are written to benchmarks/results/ as usual and, when $OUT is set (the device
 # machine sets it), copied there as soon as each step ends (killed or not: gpu_overhead's file
-# then holds the blocks it finished), so a call cut short keeps what finished.
+# then holds the fits it finished), so a call cut short keeps what finished.
 # Opacus is installed from .whl/ into /tmp/site when the machine's Python lacks it (here, first:
 # pip download --no-deps --only-binary=:all: -d .whl opacus==1.6.0; then carry .whl).
 #   ACCEL=cpu QUICK=1 bash benchmarks/gpu_check.sh    # every step's smoke test on a CPU (~1.5 min)

@@ -47,7 +47,8 @@ fits run in *blocks*: a baseline and each variant once, the order reversed every
 (``B C A``, ``A C B``, ...), a variant's ratio against the baseline of its own block, reported
 as the median with its sign-test interval; blocks run while the last block's time still fits in
 ``--budget-s`` (at least one; ``--reps`` fixes the number instead), and the JSON is rewritten
-after each block, so a run stopped from outside keeps the blocks it finished. With a baseline of
+after each fit (``long_fit.complete`` false while a block is unfinished), so a run stopped from
+outside keeps every fit it finished. With a baseline of
 60 s and audited fits of 65-90 s, one block takes about 4 minutes: a 10-minute device call
 holds one block (two with ~8 minutes for this script alone), so its interval is the one ratio.
 
@@ -432,16 +433,20 @@ COST_KEYS = ("added_s", "fit_start_s", "per_epoch_s", "fit_end_s", "per_step_mar
 
 
 def summarise_blocks(blocks: list[dict[str, dict[str, Any]]], variants: list[str]) -> dict[str, Any]:
-    """Per variant, over ``blocks`` (``[{variant or "baseline": opacus_fit result}]``): the fit
-    times, the ratios against each block's baseline with their median and sign-test interval,
-    and the decomposition of every block (``costs.blocks``) with the median and interval of each
-    of ``COST_KEYS`` (``costs.<key>``)."""
+    """Per variant, over the ``blocks`` (``[{variant or "baseline": opacus_fit result}]``) that
+    hold it and a baseline (the last block may be unfinished): the fit times, the ratios against
+    each block's baseline with their median and sign-test interval, and the decomposition of
+    every block (``costs.blocks``) with the median and interval of each of ``COST_KEYS``
+    (``costs.<key>``). A variant in no such block is left out."""
     out: dict[str, Any] = {}
     for v in variants:
-        tb = np.array([b["baseline"]["fit_s"] for b in blocks])
-        ta = np.array([b[v]["fit_s"] for b in blocks])
+        done = [b for b in blocks if "baseline" in b and v in b]
+        if not done:
+            continue
+        tb = np.array([b["baseline"]["fit_s"] for b in done])
+        ta = np.array([b[v]["fit_s"] for b in done])
         ratios = ta / tb
-        parts = [decompose(b["baseline"], b[v]) for b in blocks]
+        parts = [decompose(b["baseline"], b[v]) for b in done]
         costs: dict[str, Any] = {"blocks": parts}
         for key in COST_KEYS:
             vals = [p[key] for p in parts if p[key] is not None]
@@ -457,7 +462,8 @@ def target_checks(summary: dict[str, Any], baseline_fit_s: list[float]) -> dict[
     ``canary`` and ``all_three`` and the ``canary`` variant's per-step marginal, ``{target,
     value, interval, holds, holds_at_upper, pass}`` (``holds``: the median at most the target;
     ``pass``: it holds and every baseline fit lasted >= ``TARGETS["min_fit_s"]``), the fit's
-    length ``fit_long_enough`` (the shortest baseline fit), and ``pass``: all of them."""
+    length ``fit_long_enough`` (the shortest baseline fit), and ``pass``: all four there and
+    passing (a run cut short before a variant's fit does not pass)."""
     shortest = float(min(baseline_fit_s))
     long_enough = shortest >= TARGETS["min_fit_s"]
     out: dict[str, Any] = {"fit_long_enough": {"target": TARGETS["min_fit_s"], "value": shortest,
@@ -478,7 +484,8 @@ def target_checks(summary: dict[str, Any], baseline_fit_s: list[float]) -> dict[
         direct = c["per_step_direct_ms"]
         check("per_step_marginal_ms", TARGETS["per_step_marginal_ms"], m["median"], m["lower"], m["upper"],
               direct_value=None if direct is None else direct["median"])
-    out["pass"] = all(v["pass"] for v in out.values() if isinstance(v, dict))
+    required = ("fit_long_enough", "canary_ratio", "all_three_ratio", "per_step_marginal_ms")
+    out["pass"] = all(name in out and out[name]["pass"] for name in required)
     return out
 
 
@@ -507,11 +514,27 @@ def long_fit_opacus(dm: RandomImages, cfg: dict[str, Any], device: torch.device,
             warm.append(w)
     blocks: list[dict[str, dict[str, Any]]] = []
     result: dict[str, Any] = {}
+
+    def report(finished: int) -> dict[str, Any]:
+        # every fit so far, the last block perhaps unfinished: a run stopped from outside keeps them
+        summary = summarise_blocks(blocks, variants)
+        baselines = [b["baseline"]["fit_s"] for b in blocks if "baseline" in b]
+        out = {"long_fit": {"min_fit_s": min_fit_s, "calibration_epochs": cal_epochs, "plan": plan,
+                            "epochs": n_epochs, "steps": next((f["steps"] for b in blocks for f in b.values()), None),
+                            "blocks": finished, "complete": finished == len(blocks),
+                            "order": "blocks of baseline and each variant, the order reversed every other block",
+                            "budget_s": budget_s},
+               "warmup": warm, "variants": summary, "blocks": blocks,
+               "targets": target_checks(summary, baselines) if baselines and summary else {"pass": False}}
+        save(out)
+        return out
+
     while True:
         i = len(blocks)
         order = ["baseline", *variants] if i % 2 == 0 else [*variants[::-1], "baseline"]
         t_block = time.perf_counter()
         block: dict[str, dict[str, Any]] = {}
+        blocks.append(block)
         for v in order:
             rare = HookTimer(sync=True) if v != "baseline" else None
             block[v] = opacus_fit(dm, n_epochs, v, device, log_root, f"opacus_{v}_{i}", clock=StepClock(), rare=rare)
@@ -521,16 +544,8 @@ def long_fit_opacus(dm: RandomImages, cfg: dict[str, Any], device: torch.device,
             step = r.get("step_s")
             print(f"  opacus {v:9s} {i:2d}: fit {r['fit_s']:8.2f} s, {r['steps']} steps"
                   f"{'' if step is None else f', {1e3 * step:.2f} ms a step'}{extra}", flush=True)
-        blocks.append(block)
+            result = report(len(blocks) - (len(block) < len(order)))
         block_s = time.perf_counter() - t_block
-        summary = summarise_blocks(blocks, variants)
-        result = {"long_fit": {"min_fit_s": min_fit_s, "calibration_epochs": cal_epochs, "plan": plan,
-                               "epochs": n_epochs, "steps": blocks[0]["baseline"]["steps"], "blocks": len(blocks),
-                               "order": "blocks of baseline and each variant, the order reversed every other block",
-                               "budget_s": budget_s},
-                  "warmup": warm, "variants": summary, "blocks": blocks,
-                  "targets": target_checks(summary, [b["baseline"]["fit_s"] for b in blocks])}
-        save(result)
         if reps is not None:
             if len(blocks) >= reps:
                 break

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -89,6 +90,63 @@ def test_targets_pass_only_on_a_fit_long_enough():
     slow = gpu_overhead.target_checks(summary(61.0, 1.12, 0.2), [61.0])
     assert not slow["pass"] and not slow["canary_ratio"]["holds"] and slow["all_three_ratio"]["holds"]
     assert slow["per_step_marginal_ms"]["value"] == pytest.approx(2.0) and not slow["per_step_marginal_ms"]["holds"]
+
+
+def _fake_fits(fail_at: str | None = None):
+    """``opacus_fit`` without training: a calibration of 7.5 s (epochs of 4 s and 3 s), 60 s
+    baseline fits, audited
+    fits of 63 s (canary) and 66 s (all three) with 0.5 s at fit end; KeyboardInterrupt when a
+    fit's name is ``fail_at``."""
+    names: list[str] = []
+
+    def fit(dm, epochs, variant, device, log_root, name, timer=None, clock=None, rare=None):
+        names.append(name)
+        if name == fail_at:
+            raise KeyboardInterrupt
+        fit_s = 7.5 if name == "opacus_calibration" else {"baseline": 60.0, "canary": 63.0, "all_three": 66.0}[variant]
+        out = {"fit_s": fit_s, "steps": 100,
+               "epochs": epochs, "step_s": 0.01, "epoch_starts": [0.0, 4.0], "train_end": 7.0}
+        if rare is not None:
+            out["phases_s"] = {"start": 0.1, "epoch": 0.4, "end": 0.5}
+        return out
+    return fit, names
+
+
+def _long(monkeypatch, **kwargs):
+    saved: list[dict] = []
+    args = {"min_fit_s": 60.0, "epochs": None, "reps": None, "budget_s": None, "started": 0.0, "warmup": True,
+            "save": lambda res: saved.append(json.loads(json.dumps(res))), **kwargs}
+    return gpu_overhead.long_fit_opacus(None, {"calibration_epochs": 2}, None, "", **args), saved
+
+
+def test_a_long_run_plans_warms_up_and_runs_one_block_by_default(monkeypatch):
+    fit, names = _fake_fits()
+    monkeypatch.setattr(gpu_overhead, "opacus_fit", fit)
+    res, saved = _long(monkeypatch)
+    assert names == ["opacus_calibration", "opacus_warmup_canary", "opacus_warmup_all_three",
+                     "opacus_baseline_0", "opacus_canary_0", "opacus_all_three_0"]
+    assert res["long_fit"]["epochs"] == math.ceil((1.05 * 60.0 - 0.5) / 3.0) and res["long_fit"]["complete"]
+    assert len(saved) == 3 and res["variants"]["canary"]["median_ratio"] == pytest.approx(1.05)
+    # 3 s added, 1 s of it start, epochs and end: 2 s over 100 steps
+    assert res["variants"]["canary"]["costs"]["per_step_marginal_ms"]["median"] == pytest.approx(20.0)
+    assert res["targets"]["canary_ratio"]["pass"] and not res["targets"]["pass"]  # 20 ms a step
+    assert _long(monkeypatch, budget_s=1.0, started=time.perf_counter() - 2.0)[0]["long_fit"]["blocks"] == 1
+    res2, _ = _long(monkeypatch, reps=2)
+    assert res2["long_fit"]["blocks"] == 2
+    assert names[-3:] == ["opacus_all_three_1", "opacus_canary_1", "opacus_baseline_1"]  # reversed
+
+
+def test_a_long_run_stopped_mid_block_keeps_the_fits_it_finished(monkeypatch):
+    fit, _ = _fake_fits(fail_at="opacus_all_three_0")
+    monkeypatch.setattr(gpu_overhead, "opacus_fit", fit)
+    saved: list[dict] = []
+    with pytest.raises(KeyboardInterrupt):
+        gpu_overhead.long_fit_opacus(None, {"calibration_epochs": 2}, None, "", min_fit_s=60.0, epochs=None,
+                                     reps=None, budget_s=None, started=0.0, warmup=False, save=saved.append)
+    last = saved[-1]
+    assert not last["long_fit"]["complete"] and last["long_fit"]["blocks"] == 0
+    assert set(last["variants"]) == {"canary"} and last["variants"]["canary"]["median_ratio"] == pytest.approx(1.05)
+    assert "all_three_ratio" not in last["targets"] and last["targets"]["pass"] is False
 
 
 def test_a_tiny_long_fit_on_the_cpu_writes_the_costs_apart(tmp_path, monkeypatch):
