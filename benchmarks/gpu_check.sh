@@ -49,6 +49,7 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1
 if [[ -n "$OUT" ]]; then  # the whole log comes back too, also when the call is cut short
     mkdir -p "$OUT"
     exec > >(tee "$OUT/gpu_check.log") 2>&1
+    TEE_PID=$!
 fi
 STAMP=$(mktemp)
 
@@ -93,5 +94,9 @@ step 150 per_step_profile --accelerator "$ACCEL" --scenarios opacus
 if [[ "${1:-}" == "fwht" ]]; then step 60 fwht_speed --accelerator "$ACCEL" --threads 0 --reps 9; fi
 echo "== $(date +%T) done in $((SECONDS - START)) s"
 rm -f "$STAMP"
-if [[ -n "$OUT" ]]; then ls -l "$OUT"; fi
+if [[ -n "$OUT" ]]; then
+    ls -l "$OUT"
+    exec >&- 2>&-  # let tee write the log's last lines before the call returns
+    wait "$TEE_PID" 2>/dev/null
+fi
 exit $status
