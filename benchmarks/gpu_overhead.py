@@ -48,9 +48,12 @@ fits run in *blocks*: a baseline and each variant once, the order reversed every
 as the median with its sign-test interval; blocks run while the last block's time still fits in
 ``--budget-s`` (at least one; ``--reps`` fixes the number instead), and the JSON is rewritten
 after each fit (``long_fit.complete`` false while a block is unfinished), so a run stopped from
-outside keeps every fit it finished. With a baseline of
-60 s and audited fits of 65-90 s, one block takes about 4 minutes: a 10-minute device call
-holds one block (two with ~8 minutes for this script alone), so its interval is the one ratio.
+outside keeps every fit it finished. With a baseline of 60 s and audited fits of 65-90 s (a
+plan, not a measurement), one block takes about 4 minutes: a 10-minute device call holds one
+block (two would need ~8 minutes for this script alone), so its interval is the one ratio.
+The data set's size also sets the sampling rate: ~5 of the 1000 canaries join a step at 50,000
+examples, ~14 at 18,000 (``--opacus-examples 18000``: the rate of the short fits and of
+``per_step_profile.py``).
 
 Each audited fit also gives, from its own hooks (every callback's ``setup``, ``on_fit_start``,
 ``on_train_start``, epoch and validation hooks, ``on_train_end``, ``on_fit_end`` and
