@@ -559,12 +559,13 @@ def long_fit_opacus(dm: RandomImages, cfg: dict[str, Any], device: torch.device,
 
 def print_long(res: dict[str, Any]) -> None:
     print(f"\nOpacus DP-SGD, long fits ({res['long_fit']['epochs']} epochs, {res['long_fit']['steps']} steps, "
-          f"{res['long_fit']['blocks']} block(s)): audited / baseline fit time and the audit's cost")
+          f"{res['long_fit']['blocks']} finished block(s)): audited / baseline fit time and the audit's cost")
     for v, r in res["variants"].items():
         ci, c = r["median_ratio_interval"], r["costs"]
         direct = c["per_step_direct_ms"]
         print(f"  {v:10s} baseline {np.median(r['baseline_fit_s']):8.2f} s, audited {np.median(r['audit_fit_s']):8.2f} s:"
-              f" ratio {r['median_ratio']:.3f} [{ci['lower']:.3f}, {ci['upper']:.3f}] ({ci['n']} blocks); fit start "
+              f" ratio {r['median_ratio']:.3f} [{ci['lower']:.3f}, {ci['upper']:.3f}] ({ci['n']} block"
+              f"{'s' if ci['n'] != 1 else ''}); fit start "
               f"{c['fit_start_s']['median']:.3f} s, {c['per_epoch_s']['median']:.3f} s an epoch, fit end "
               f"{c['fit_end_s']['median']:.3f} s; per step {c['per_step_marginal_ms']['median']:.3f} ms marginal, "
               f"{c['per_step_all_in_ms']['median']:.3f} ms with the epochs' estimates, "
