@@ -35,6 +35,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from audit_callbacks.backends.opacus.backend import OpacusBackend
 from audit_callbacks.backends.opacus.buffers import FlatGather, flat_parameters
 from audit_callbacks.backends.opacus.injector import GradientCanaryInjector
+from audit_callbacks.canary import steps_unknown
 from audit_callbacks.canary.steps_unknown import (
     StepsUnknownScores,
     _all_finite,
@@ -179,11 +180,38 @@ def test_fold_ops_per_step_and_constants_made_once():
     dots = cs.dots(g)
     cs.dots = lambda v: dots  # count the fold's own ops, not the transform's
     n, names = _aten_ops(lambda: s.update(g, 0.1))
-    # sum, sub, eq (finite?), add_ (the run's count), div (/ C), sub_, div_, add_, logaddexp,
-    # where, add_ (the sums); before: 19 (isfinite + all, four count updates, a slice copied back, ...)
-    assert n <= 11, names
+    # linalg_vector_norm and lt (finite?), div (/ C), sub_, div_, add_, logaddexp, where, add_
+    # (the sums); the run's count keeps the flag as it is. Before: 19 (isfinite + all, four
+    # count updates, a slice copied back, ...), then 11 (a float64 sum, sub, eq and the
+    # count's add_)
+    assert n <= 9, names
     assert "aten::isfinite" not in names and "aten::copy_" not in names
+    assert _all_events(lambda: s.update(g, 0.1)) <= 11  # 24 with the sum's and adds' conversions
     assert len(s._constants) == 2  # log1p(-q) and 0, on the CPU
+
+
+@pytest.mark.parametrize("pending", [1, 3, 4096])
+def test_finiteness_flags_of_a_run_are_counted_when_read(monkeypatch, pending):
+    """A run's finiteness flags are kept as they are and summed every ``_PENDING_FLAGS``
+    steps (no device op a step): the history, the counts of seen and skipped steps and a
+    checkpoint are those of the steps given, whatever that number."""
+    monkeypatch.setattr(steps_unknown, "_PENDING_FLAGS", pending)
+    cs = CanarySet(5, 300, 40, kind="hadamard")
+    s = StepsUnknownScores(cs, 20, 20, max_grad_norm=1.0, noise_multiplier=1.3)
+    gen = torch.Generator().manual_seed(4)
+    rates = [0.1] * 7 + [0.2] * 5 + [0.1] * 9
+    bad = {2, 3, 8, 12, 20}
+    for t, q in enumerate(rates):
+        g = torch.randn(300, generator=gen)
+        if t in bad:
+            g[t] = float("nan") if t % 2 else float("inf")
+        assert bool(s.update(g, q)) == (t not in bad)
+    assert s.history == [(1.3, 0.1, 5), (1.3, 0.2, 4), (1.3, 0.1, 7)]
+    assert s.steps_skipped == 5 and s.steps_seen == 16
+    other = StepsUnknownScores(cs, 20, 20, max_grad_norm=1.0, noise_multiplier=1.3)
+    other.load_state_dict(s.state_dict())
+    assert other.history == s.history and other.steps_skipped == 5 and other.steps_seen == 16
+    assert torch.equal(other._sums, s._sums)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
