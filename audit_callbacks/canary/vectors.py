@@ -83,14 +83,20 @@ def _hadamard_block(size: int, dtype: torch.dtype, device: torch.device) -> torc
 
 def _butterflies(cur: torch.Tensor, h: int) -> torch.Tensor:
     """The butterfly levels ``h, 2h, ..., n/2`` of the transform along dim 0 of ``cur``
-    (``[n, M]``, contiguous; overwritten: it is one of the two ping-pong buffers)."""
+    (``[n, M]``, contiguous; overwritten: it is one of the two ping-pong buffers). A level's
+    halves ``x.view(n / 2h, 2, h, M)[:, i]`` are taken as one ``as_strided`` each (the same
+    views, 6 dispatched ops a level instead of 16; a strided ``cur`` is made contiguous first)."""
+    if not cur.is_contiguous():
+        cur = cur.contiguous()
     n = cur.shape[0]
+    m = cur.numel() // n if n else 0
     nxt = torch.empty_like(cur)
     while h < n:
-        a = cur.view(n // (2 * h), 2, h, -1)
-        b = nxt.view(n // (2 * h), 2, h, -1)
-        torch.add(a[:, 0], a[:, 1], out=b[:, 0])
-        torch.sub(a[:, 0], a[:, 1], out=b[:, 1])
+        size, stride = (n // (2 * h), h, m), (2 * h * m, m, 1)
+        a0 = cur.as_strided(size, stride, cur.storage_offset())
+        a1 = cur.as_strided(size, stride, cur.storage_offset() + h * m)
+        torch.add(a0, a1, out=nxt.as_strided(size, stride, nxt.storage_offset()))
+        torch.sub(a0, a1, out=nxt.as_strided(size, stride, nxt.storage_offset() + h * m))
         cur, nxt = nxt, cur
         h *= 2
     return cur

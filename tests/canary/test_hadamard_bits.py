@@ -5,8 +5,9 @@ The references below are the code as it was (a view and a transpose before each 
 matmul, ``v[:n]`` sliced, the gather by ``index_select`` followed by ``.to(float64)``, the rows'
 factors gathered on the device from shifted and masked indices): the new code must give the
 same bits on random inputs (float32, float64 and float16 vectors; d a power of two or not, up
-to d = 125,626 and 300,000, which take the Kronecker and the low-block paths), and dispatch
-fewer aten ops (CPU profiler, nested events included).
+to d = 125,626 and 300,000, which take the Kronecker and the low-block paths; float16 and many
+columns, which take the butterfly loop), and dispatch fewer aten ops (CPU profiler, nested
+events included).
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from audit_callbacks.canary.vectors import (
     _CPU_MIN_N,
     CanarySet,
     _butterflies,
-    _fwht_low_block,
     _hadamard_block,
     _host_index,
     _matmul_is_exact,
@@ -33,6 +33,26 @@ from audit_callbacks.canary.vectors import (
 
 
 # ------------------------------------------------------------------ the code before
+def _old_butterflies(cur: torch.Tensor, h: int) -> torch.Tensor:
+    n = cur.shape[0]
+    nxt = torch.empty_like(cur)
+    while h < n:
+        a = cur.view(n // (2 * h), 2, h, -1)
+        b = nxt.view(n // (2 * h), 2, h, -1)
+        torch.add(a[:, 0], a[:, 1], out=b[:, 0])
+        torch.sub(a[:, 0], a[:, 1], out=b[:, 1])
+        cur, nxt = nxt, cur
+        h *= 2
+    return cur
+
+
+def _old_low_block(x: torch.Tensor, block: int) -> torch.Tensor:
+    n = x.shape[0]
+    b = min(block, n)
+    low = torch.mm(x.reshape(n // b, b), _hadamard_block(b, x.dtype, x.device))
+    return _old_butterflies(low.view(n, 1), b).view(n)
+
+
 def _old_kronecker(x: torch.Tensor, max_block: int) -> torch.Tensor:
     n, m = x.shape
     bits = n.bit_length() - 1
@@ -50,9 +70,9 @@ def _old_fwht(x: torch.Tensor) -> torch.Tensor:
     if n > 1 and 0 < n * cols.shape[1] <= _CPU_KRON_MAX_N and _matmul_is_exact(x):
         return _old_kronecker(cols, _CPU_KRON_BLOCK).view(x.shape)
     if n >= _CPU_MIN_N and cols.shape[1] == 1 and _matmul_is_exact(x):
-        return _fwht_low_block(cols.reshape(n), _CPU_LOW_BLOCK).view(x.shape)
+        return _old_low_block(cols.reshape(n), _CPU_LOW_BLOCK).view(x.shape)
     cur = cols.clone() if cols.is_contiguous() else cols.contiguous()
-    return _butterflies(cur, 1).view(x.shape)
+    return _old_butterflies(cur, 1).view(x.shape)
 
 
 def _old_dots(cs, v: torch.Tensor) -> torch.Tensor:
@@ -91,21 +111,26 @@ def _events(fn) -> int:
 
 
 # ------------------------------------------------------------------ the bits
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
 def test_fwht_has_the_bits_of_before_at_every_size(dtype):
     gen = torch.Generator().manual_seed(0)
-    for k in range(19):  # n = 1 .. 2^18: the Kronecker, low-block and loop paths
+    for k in range(19):  # n = 1 .. 2^18: the Kronecker, low-block and loop (float16) paths
         n = 1 << k
-        x = torch.randn(n, generator=gen, dtype=dtype) * 3
+        x = (torch.randn(n, generator=gen) * 3).to(dtype)
         before = x.clone()
         assert _bits(fwht(x)) == _bits(_old_fwht(x)), n
         assert _bits(fwht(x.unsqueeze(1))) == _bits(_old_fwht(x.unsqueeze(1))), n
         assert torch.equal(x, before)
         if n <= 1 << 13:
-            cols = torch.randn(n, 3, generator=gen, dtype=dtype)
+            cols = torch.randn(n, 3, generator=gen).to(dtype)
             assert _bits(fwht(cols)) == _bits(_old_fwht(cols)), n
-            strided = torch.randn(2 * n, generator=gen, dtype=dtype)[::2]
+            strided = torch.randn(2 * n, generator=gen).to(dtype)[::2]
             assert _bits(fwht(strided)) == _bits(_old_fwht(strided)), n
+            many = torch.randn(n, 40, generator=gen).to(dtype)  # the loop, several columns
+            assert _bits(fwht(many)) == _bits(_old_fwht(many)), n
+        if n >= 2:  # the loop from any level, on a strided input
+            wide = torch.randn(5, n, generator=gen).to(dtype).t()
+            assert _bits(_butterflies(wide.clone(), 1)) == _bits(_old_butterflies(wide.contiguous(), 1))
 
 
 @pytest.mark.parametrize("dim", [2, 3, 100, 1000, 1500, 2244, 24420, 65536, 125_626, 300_000])
@@ -132,7 +157,7 @@ def test_dots_and_rows_have_the_bits_of_before(dim):
 
 # ------------------------------------------------------------------ the ops
 def test_one_projection_and_the_rows_take_few_ops():
-    """At d = 24,420 (n = 2^14: three Kronecker matmuls of 2 + 2 events each) a dot product
+    """At d = 24,420 (n = 2^14: three Kronecker matmuls of 1 + 3 events each) a dot product
     with every canary is 17 events in all (before: 43), and the rows of 17 canaries 8 (before:
     31: the tail's slice and zero, the shifted and masked indices, two index_select)."""
     cs = CanarySet(2, 24420, 1000, kind="hadamard")
@@ -145,3 +170,9 @@ def test_one_projection_and_the_rows_take_few_ops():
     cs.batch(picks, out=out, scale=10.0)
     assert _events(lambda: cs.batch(picks, out=out, scale=10.0)) <= 8
     assert _events(lambda: _old_batch(cs, picks, 10.0)) >= 25
+    # d = 10^6 (n = 2^19: the low-block path, then 14 butterfly levels of 6 events; before 16)
+    big = CanarySet(2, 1_000_000, 100, kind="hadamard")
+    w = torch.randn(1_000_000)
+    big.dots(w)  # (the first call makes the gather's buffers)
+    assert _events(lambda: big.dots(w)) <= 6 * 14 + 15  # 99 (before: 249)
+    assert _events(lambda: _old_dots(big, w)) >= 16 * 14
