@@ -653,7 +653,13 @@ class HadamardCanaries(CanarySet):
         if d > self.n:  # the first n coordinates are written below
             out.as_strided((b, d - self.n), (d, 1), out.storage_offset() + self.n).fill_(0.0)
         main = out.as_strided((b, high_len, width), (d, width, 1))
-        if high_len <= _PARITY_TABLE_MAX:
+        if b == 1 and high_len <= _PARITY_TABLE_MAX and dev.type != "cpu":
+            # one row on a GPU (the representative canary of a DP-FedAvg round): two rows of the
+            # cached Sylvester matrices, as views, picked on the host (no copy to the device)
+            r = int(rows[0])
+            high = _hadamard_block(high_len, torch.float32, dev)[r >> low_bits].view(1, high_len, 1)
+            low = _hadamard_block(width, torch.float32, dev)[r & (width - 1)].view(1, 1, width)
+        elif high_len <= _PARITY_TABLE_MAX:
             # row r's high and low factors are rows r_hi and r_lo of the cached Sylvester matrix
             # H_{n/L} (n / L is L or 2 L; the first L entries of its row r_lo < L are row r_lo
             # of H_L): one [2b, n / L] gather, picked on the host on the CPU (no device op)
