@@ -179,11 +179,14 @@ def _parity_signs(rows: torch.Tensor, length: int) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=16)
 def _hadamard_rows_host(size: int) -> np.ndarray:
-    """The cached CPU float32 Sylvester matrix ``H_size`` as a read-only numpy array (its
-    memory): rows picked on the host cost no dispatched op."""
-    table = _hadamard_block(size, torch.float32, torch.device("cpu")).numpy()
-    table.flags.writeable = False
-    return table
+    """Sylvester's ``size x size`` Hadamard matrix as a read-only float32 numpy array, built
+    once by doubling (the +-1 entries of :func:`_hadamard_block`): rows picked on the host
+    cost no dispatched op."""
+    h = np.ones((1, 1), dtype=np.float32)
+    while h.shape[0] < size:
+        h = np.block([[h, h], [h, -h]])
+    h.flags.writeable = False
+    return h
 
 
 def _index_tensor(indices: list[int], device: torch.device) -> torch.Tensor:

@@ -25,6 +25,7 @@ from audit_callbacks.canary.vectors import (
     CanarySet,
     _butterflies,
     _hadamard_block,
+    _hadamard_rows_host,
     _host_index,
     _matmul_is_exact,
     _parity_signs,
@@ -153,6 +154,13 @@ def test_dots_and_rows_have_the_bits_of_before(dim):
         out = torch.full((len(picks), dim), float("nan"))  # every entry written, the tail too
         assert _bits(cs.batch(picks, scale=scale, out=out)) == _bits(ref)
         assert _bits(cs.batch(picks[:1], scale=scale)) == _bits(ref[:1])
+
+
+def test_host_rows_are_the_cached_sylvester_matrix():
+    for size in (1, 2, 4, 64, 1024):
+        table = _hadamard_rows_host(size)
+        assert table.dtype == np.float32 and not table.flags.writeable
+        assert np.array_equal(table, _hadamard_block(size, torch.float32, torch.device("cpu")).numpy())
 
 
 # ------------------------------------------------------------------ the ops
