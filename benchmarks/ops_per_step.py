@@ -39,7 +39,8 @@ runs during the profiled steps.
 
 The budget (``BUDGET``): at most 300 aten ops added to one Opacus logical step of the 48-tensor
 MLP and at most 4 more for each further parameter tensor (the slope between ``mlp6`` and
-``mlp48``), in ``top`` ops; the JSON records both counts and whether each holds.
+``mlp48``), in ``top`` ops and in ``all`` events; the JSON records both counts and whether each
+holds.
 
 Output: a table and ``benchmarks/results/ops_per_step.json`` (``ops_per_step_quick.json`` with
 ``--quick``; ``--output`` names another file).
@@ -82,7 +83,7 @@ from benchmarks.gpu_overhead import OPACUS_CNN, emnist_shaped, make_trainer, qui
 from models import build_model
 from models.dpsgd import DPSGDClassifier
 
-#: The audit's budget per Opacus logical step (top-level aten ops): at most ``added`` at 48
+#: The audit's budget per Opacus logical step (top-level aten ops and all events): at most ``added`` at 48
 #: parameter tensors, at most ``per_tensor`` more for each further tensor.
 BUDGET = {"added_at_48_tensors": 300, "per_tensor": 4}
 #: The DP-FedAvg backend's per-round methods (the canary clients' updates and the release)

@@ -97,28 +97,35 @@ class NoiseChecks:
         # E = P(end) - P(start), P(x) = cums[row(x) - 1] + (cums[tail(x)] - cums[tail(x) - 1]);
         # tail(j + 1) - 1 = tail(j)
         terms = np.stack((row[:, 1:] - 1, row[:, :-1] - 1, tail[:, 1:], tail[:, :-1], tail[:, :-1] - 1), -1)
+        # the tail rows by one gather from the buffer: entry c of boundary j's tail row is entry c
+        # of the row the boundary falls in where c is before the boundary, else the zero row's
+        before = np.arange(CHUNK)[None, None, :] < (starts % CHUNK)[None, :, None]  # [1, m + 1, CHUNK]
+        picks = np.where(before, row[:, :, None] * CHUNK + np.arange(CHUNK), 0)  # [2, m + 1, CHUNK]
         buf = {
             "both": both, "cur": blocks[0].reshape(-1)[:full], "diff": blocks[1].reshape(-1)[:full],
             "rows": both.view(-1, CHUNK), "tails": blocks[:, chunks:],
-            "row": torch.as_tensor(row.reshape(-1), dtype=torch.int64, device=dev),
-            "before": (torch.arange(CHUNK)[None, None, :]
-                       < torch.as_tensor(starts % CHUNK)[None, :, None]).expand(2, ends, CHUNK).to(dev),
+            "picks": torch.as_tensor(picks, dtype=torch.int64, device=dev),
             "terms": torch.as_tensor(terms.reshape(-1, 5), dtype=torch.int64, device=dev),
             "signs": torch.tensor([1.0, -1.0, 1.0, -2.0, 1.0], dtype=torch.float64, device=dev),
-            "zero": torch.zeros((), dtype=dtype, device=dev),
-            "prev": torch.zeros(full, dtype=dtype, device=dev),
+            "zero64": torch.zeros((), dtype=torch.float64, device=dev),
+            # NaN until a release is held (and after a restart): the first difference is then
+            # not finite, so not counted (the gate of the fresh-noise half)
+            "prev": torch.full((full,), math.nan, dtype=dtype, device=dev),
             "delta": torch.zeros(self.dim, dtype=dtype, device=dev),
             "e": torch.zeros(2 * m, dtype=torch.float64, device=dev),
             "n": torch.zeros(2, dtype=torch.float64, device=dev),
-            # [True, whether a previous release is held]: the gate of the two halves' counts
-            "gate": torch.tensor([True, False], device=dev),
             "norms64": torch.zeros(1 + 2 * block, dtype=torch.float64, device=dev),
             "cums": torch.zeros(1 + 2 * block, dtype=torch.float64, device=dev),
+            "terms5": torch.zeros(2 * m, 5, dtype=torch.float64, device=dev),
+            "squares": torch.zeros(2 * m, dtype=torch.float64, device=dev),
+            "masked": torch.zeros(2, m, dtype=torch.float64, device=dev),
+            "counted64": torch.zeros(2, dtype=torch.float64, device=dev),
         }
-        buf["has_prev"] = buf["gate"][1]  # (a view: filled in place)
-        buf["squares"] = torch.zeros(2 * m, dtype=torch.float64, device=dev)
+        # the prefix sums at each half's last row (its sum of squares, tails included, plus the
+        # halves before it): finite exactly when every tensor's sum of the half and of the
+        # halves before it is (see fold)
+        buf["ends"] = buf["cums"].as_strided((2,), (block,), block)
         buf["squares2"], buf["e2"] = buf["squares"].view(2, m), buf["e"].view(2, m)
-        buf["zero64"] = torch.zeros((), dtype=torch.float64, device=dev)
         if old is not None:  # a model moved to another device: the sums go on
             buf["e"].copy_(old["e"].to(dev))
             buf["n"].copy_(old["n"].to(dev))
@@ -159,17 +166,20 @@ class NoiseChecks:
                 b["integral"].add_(whole.to(torch.int64))
         torch.sub(cur, b["prev"], out=b["diff"])
         squares = self._energies(b)  # [2, m]
-        # |x| < inf is isfinite in 2 dispatched ops (isfinite is 4): NaN and +-inf fail it
-        finite = (squares.abs() < math.inf).all(1)
-        # a non-finite release becomes the previous one too: the next difference is then not
-        # finite and skipped, and the one after is whole again (no conditional copy of d values);
-        # counted = [ok, finite difference & ok & a previous release], ok = finite[0]
-        counted = finite & b["gate"] & finite[:1]
-        b["e2"].add_(torch.where(counted.unsqueeze(1), squares, b["zero64"]))
-        b["n"].add_(counted)
+        # counted = [ok, ok & a finite difference], ok: every sum of the release is finite. The
+        # sums are differences of the prefix sums of non-negative squares, so they are all
+        # finite exactly when the prefix sum at the half's last row is (a NaN or inf square
+        # makes that one and a sum that reads it non-finite; finite squares of float32 cannot
+        # overflow a float64 sum); the fresh-noise half's prefix sums include the release's.
+        # Without a previous release prev is NaN, so the difference is not finite: no gate.
+        # A non-finite release becomes the previous one too: the next difference is then not
+        # finite and skipped, and the one after is whole again (no conditional copy of d values)
+        counted = torch.lt(b["ends"], math.inf)
+        torch.lt(b["ends"], math.inf, out=b["counted64"])
+        b["e2"].add_(torch.where(counted.as_strided((2, 1), (1, 1)), squares, b["zero64"], out=b["masked"]))
+        b["n"].add_(b["counted64"])
         b["prev"].copy_(cur)
-        b["has_prev"].fill_(True)
-        return counted[0]
+        return counted.as_strided((), ())  # counted[0] (a new tensor each fold)
 
     def _energies(self, b: dict[str, torch.Tensor]) -> torch.Tensor:
         """``[2, m]`` float64: each tensor's sum of squares in ``cur``, then in ``diff``, in a
@@ -179,27 +189,30 @@ class NoiseChecks:
         about 1e-7 of a row's sum) and their squares summed cumulatively in float64; a tensor's sum is the difference of
         the prefix sums at its two ends. The prefix sum at a boundary inside a row is the sum of
         the rows before it plus the squares of the row's entries before the boundary: these
-        are copied (``torch.where``, so that a non-finite entry after the boundary does not
-        reach it) into the boundary's own tail row of the buffer before the norm. Each sum reads
+        are gathered into the boundary's own tail row of the buffer before the norm (one
+        ``torch.take``, whose index reads the zero row for the entries after the boundary, so
+        that a non-finite one does not reach it). Each sum reads
         5 prefix sums (one matrix-vector product with weights 1, -1, 1, -2, 1), all of its own
         half: a non-finite ``diff`` never reaches the sums of ``cur``; a non-finite entry of
         ``cur`` makes its tensor's sum and the later ones non-finite (the release is then not
         folded, as before)."""
+        torch.take(b["both"], b["picks"], out=b["tails"])
         rows = b["rows"]
-        picked = rows.index_select(0, b["row"]).view(b["before"].shape)
-        torch.where(b["before"], picked, b["zero"], out=b["tails"])
         norms = torch.linalg.vector_norm(rows, dim=1)
         # the squares (float32: x * x, as square_), then their float64 cumulative sum, through
         # reused buffers (the conversion inside cumsum(dtype=) costs four events)
         b["norms64"].copy_(norms.mul_(norms))
         cums = torch.cumsum(b["norms64"], 0, out=b["cums"])
-        torch.mv(torch.take(cums, b["terms"]), b["signs"], out=b["squares"])
+        # the 5 prefix sums of each tensor's sum, weighted: mv(take(cums, terms), signs), as
+        # the addmv with beta = 0 that mv dispatches (the same product), into reused buffers
+        torch.addmv(b["squares"], torch.take(cums, b["terms"], out=b["terms5"]), b["signs"], beta=0,
+                    out=b["squares"])
         return b["squares2"]
 
     def restart(self) -> None:
         """A new fit: the next release has no predecessor (the server momentum restarts)."""
         if self._buffers is not None:
-            self._buffers["has_prev"].fill_(False)
+            self._buffers["prev"].fill_(math.nan)
             self._buffers["delta"].zero_()
 
     def counts(self) -> tuple[int, int]:
@@ -275,8 +288,11 @@ class SamplerCheck:
         #: (population, rate, size) -> steps; population is N times the Poisson batches summed
         #: into the step (gradient accumulation), rate the rate of each of them
         self.histogram: Counter[tuple[int, float, int]] = Counter()
+        self._true = torch.ones((), dtype=torch.bool)  # fold's flag, made once (no op a step)
 
     def fold(self, release: Any) -> torch.Tensor:
+        """Count the step's real batch size (host only); returns a shared 0-dim True (never
+        modify it)."""
         size = getattr(release, "batch_size", None)
         rate = getattr(release, "batch_rate", None)  # the real examples' rate, where it differs
         if rate is None:
@@ -284,7 +300,7 @@ class SamplerCheck:
         if size is not None and rate is not None and self.population:
             batches = max(1, int(getattr(release, "batches", 1) or 1))
             self.histogram[(int(self.population) * batches, float(rate) / batches, int(size))] += 1
-        return torch.ones((), dtype=torch.bool)
+        return self._true
 
     def results(self, alpha: float) -> dict[str, AuditResult]:
         """``{batch_size_variance_ratio}``: the sampler check over the steps of the most common

@@ -46,6 +46,7 @@ scores are those of a one-run audit (Steinke, Nasr, Jagielski 2023, "Privacy Aud
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Literal
 
@@ -97,16 +98,23 @@ def steps_unknown_increment(y: torch.Tensor, rate: float, noise_multiplier: floa
 
 
 def _all_finite(x: torch.Tensor) -> torch.Tensor:
-    """``torch.isfinite(x).all()`` (0-dim bool on x's device, no host synchronisation) in three
-    ops with no ``[d]`` temporaries (``isfinite`` is four elementwise kernels and a reduction):
-    for float32, float16 and bfloat16, ``s = x.sum(dtype=float64)`` is finite exactly when every
-    entry is (no finite sum of fewer than 10^269 such entries overflows float64; a NaN, or infs
-    of both signs, give NaN, infs of one sign inf), and ``s - s == 0`` exactly when s is finite.
-    Other dtypes (float64: a finite sum could overflow) go through ``isfinite``."""
-    if x.dtype in (torch.float32, torch.float16, torch.bfloat16):
-        s = torch.sum(x, dtype=torch.float64)
-        return torch.sub(s, s).eq(0)
-    return torch.isfinite(x).all()
+    """``torch.isfinite(x).all()`` (0-dim bool on x's device, no host synchronisation) in two
+    dispatched ops (three aten events) with no ``[d]`` temporary: ``max |x|`` (the inf-norm,
+    which propagates a NaN) is below inf exactly when every entry is finite (a maximum cannot
+    overflow, whatever the dtype). The comparison is with a cached 0-dim inf of x's dtype (a
+    Python float against a 0-dim tensor converts the scalar: four more events)."""
+    return torch.lt(torch.linalg.vector_norm(x, math.inf), _infinity(x.dtype, x.device))
+
+
+@functools.lru_cache(maxsize=16)
+def _infinity(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A 0-dim ``inf`` of ``dtype`` on ``device``, made once (shared, never modified)."""
+    return torch.full((), math.inf, dtype=dtype, device=device)
+
+
+#: Finiteness flags of a run kept as they are (no device op a step) before they are summed into
+#: the run's device count; a run's count is read back at estimate time
+_PENDING_FLAGS = 4096
 
 
 class StepsUnknownScores:
@@ -166,8 +174,9 @@ class StepsUnknownScores:
         self._skipped_base = 0  # steps skipped before this object's (a checkpoint's)
         self._history_base: list[list[Any]] = []  # a checkpoint's history, as runs
         self._offset = 0  # Gaussian blocks: the row position of this object's first step
-        # the steps given, in runs of equal q: [q, steps, device int64 count of the finite ones]
-        # (the history and the counts of seen and skipped steps are derived from these runs)
+        # the steps given, in runs of equal q: [q, steps, device int64 count of the finite ones
+        # (None: none summed yet), the finiteness flags not summed yet, their device] (the
+        # history and the counts of seen and skipped steps are derived from these runs)
         self._runs: list[list[Any]] = []
         self._constants: dict[tuple[float, torch.device], torch.Tensor] = {}  # see _constant
         # Gaussian canaries: the steps waiting for a pass (each row's payload: its rate)
@@ -269,21 +278,35 @@ class StepsUnknownScores:
         return t
 
     def _record(self, q: float, ok: torch.Tensor) -> None:
-        """Count the step in its run of equal q: on the host, and its finiteness on the device
-        (one op: the run's count of finite steps)."""
-        if self._runs and self._runs[-1][0] == q and self._runs[-1][2].device == ok.device:
-            self._runs[-1][1] += 1
-            self._runs[-1][2].add_(ok)
+        """Count the step in its run of equal q: on the host, and its finiteness flag kept
+        as it is (no device op a step): every :data:`_PENDING_FLAGS` flags of a run are summed
+        into its device count (one stack and one sum, no host synchronisation)."""
+        runs = self._runs
+        if runs and runs[-1][0] == q and runs[-1][4] == ok.device:
+            run = runs[-1]
+            run[1] += 1
+            run[3].append(ok)
+            if len(run[3]) >= _PENDING_FLAGS:
+                total = torch.stack(run[3]).sum()
+                run[2] = total if run[2] is None else run[2].add_(total)
+                run[3] = []
         else:
-            self._runs.append([q, 1, ok.to(torch.int64)])
+            runs.append([q, 1, None, [ok], ok.device])
 
     def _run_counts(self) -> list[tuple[float, int, int]]:
         """``[(q, steps, non-finite steps), ...]``: the checkpoint's runs, then this object's,
-        whose device counts are read back in one transfer (on a GPU: one synchronisation)."""
+        whose device counts and pending flags are read back in one transfer (on a GPU: one
+        synchronisation)."""
         good: list[int] = []
         if self._runs:
-            good = torch.stack([r[2].to(self._runs[0][2].device) for r in self._runs]).tolist()
-        mine = [(q, n, n - int(g)) for (q, n, _), g in zip(self._runs, good, strict=True)]
+            device = self._runs[0][4]
+            counts = []
+            for _, _, count, flags, _ in self._runs:
+                total = count if not flags else torch.stack(flags).sum() if count is None else \
+                    count + torch.stack(flags).sum()
+                counts.append(total.to(device))
+            good = torch.stack(counts).tolist()
+        mine = [(q, n, n - int(g)) for (q, n, *_), g in zip(self._runs, good, strict=True)]
         return [*[(q, n, bad) for q, n, bad in self._history_base], *mine]
 
     @property

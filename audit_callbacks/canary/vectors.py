@@ -83,14 +83,20 @@ def _hadamard_block(size: int, dtype: torch.dtype, device: torch.device) -> torc
 
 def _butterflies(cur: torch.Tensor, h: int) -> torch.Tensor:
     """The butterfly levels ``h, 2h, ..., n/2`` of the transform along dim 0 of ``cur``
-    (``[n, M]``, contiguous; overwritten: it is one of the two ping-pong buffers)."""
+    (``[n, M]``, contiguous; overwritten: it is one of the two ping-pong buffers). A level's
+    halves ``x.view(n / 2h, 2, h, M)[:, i]`` are taken as one ``as_strided`` each (the same
+    views, 6 dispatched ops a level instead of 16; a strided ``cur`` is made contiguous first)."""
+    if not cur.is_contiguous():
+        cur = cur.contiguous()
     n = cur.shape[0]
+    m = cur.numel() // n if n else 0
     nxt = torch.empty_like(cur)
     while h < n:
-        a = cur.view(n // (2 * h), 2, h, -1)
-        b = nxt.view(n // (2 * h), 2, h, -1)
-        torch.add(a[:, 0], a[:, 1], out=b[:, 0])
-        torch.sub(a[:, 0], a[:, 1], out=b[:, 1])
+        size, stride = (n // (2 * h), h, m), (2 * h * m, m, 1)
+        a0 = cur.as_strided(size, stride, cur.storage_offset())
+        a1 = cur.as_strided(size, stride, cur.storage_offset() + h * m)
+        torch.add(a0, a1, out=nxt.as_strided(size, stride, nxt.storage_offset()))
+        torch.sub(a0, a1, out=nxt.as_strided(size, stride, nxt.storage_offset() + h * m))
         cur, nxt = nxt, cur
         h *= 2
     return cur
@@ -105,18 +111,35 @@ def _fwht_low_block(x: torch.Tensor, block: int) -> torch.Tensor:
     return _butterflies(low.view(n, 1), b).view(n)
 
 
+def _kronecker_stages(flat: torch.Tensor, n: int, max_block: int) -> torch.Tensor:
+    """The f matmuls of :func:`_fwht_kronecker` on ``flat``: the ``n * M`` entries of an
+    ``[n, M]`` layout as a 1-D tensor (or any contiguous tensor of that many). Each
+    stage contracts the leading axis of the ``[a_1, ..., a_f, M]`` layout against ``H_a`` and
+    moves it last: ``cur.view(a, -1).t()`` is taken as one ``as_strided`` (the same sizes and
+    strides, so the same matmul and bits, in one dispatched op instead of four). Returns the
+    last matmul's output, contiguous: in memory order the entries of ``[M, n]`` (``[n]`` when
+    M = 1)."""
+    total = flat.numel()
+    bits = n.bit_length() - 1
+    parts = max(1, -(-bits // (max_block.bit_length() - 1)))
+    cur = flat
+    for j in range(parts):
+        a = 1 << (bits // parts + (j < bits % parts))
+        rest = total // a
+        # (a strided input, first stage only: through its view, as before, for the same bits)
+        lead = cur.as_strided((rest, a), (1, rest)) if cur.is_contiguous() else cur.view(a, -1).t()
+        cur = torch.mm(lead, _hadamard_block(a, flat.dtype, flat.device))
+    return cur
+
+
 def _fwht_kronecker(x: torch.Tensor, max_block: int) -> torch.Tensor:
     """``H x`` for ``x`` of shape ``[n, M]`` by ``H_n = H_{a_1} (x) ... (x) H_{a_f}`` with
     Sylvester blocks ``a_j <= max_block`` of near-equal sizes: f matmuls. Each contracts the
     leading axis of the ``[a_1, ..., a_f, M]`` layout and moves it last, so after f steps the
-    factors are back in order and M leads: one transpose restores ``[n, M]``."""
+    factors are back in order and M leads: one transpose restores ``[n, M]``
+    (:func:`_kronecker_stages`)."""
     n, m = x.shape
-    bits = n.bit_length() - 1
-    parts = max(1, -(-bits // (max_block.bit_length() - 1)))
-    cur = x.reshape(-1)
-    for j in range(parts):
-        a = 1 << (bits // parts + (j < bits % parts))
-        cur = torch.mm(cur.view(a, -1).t(), _hadamard_block(a, x.dtype, x.device)).view(-1)
+    cur = _kronecker_stages(x.reshape(-1), n, max_block)
     return cur.view(n, m) if m == 1 else cur.view(m, n).t().contiguous()
 
 
@@ -152,6 +175,18 @@ def _parity_signs(rows: torch.Tensor, length: int) -> torch.Tensor:
         if shift < bits:
             x ^= x >> shift
     return (1 - 2 * (x & 1)).to(torch.float32)
+
+
+@functools.lru_cache(maxsize=16)
+def _hadamard_rows_host(size: int) -> np.ndarray:
+    """Sylvester's ``size x size`` Hadamard matrix as a read-only float32 numpy array, built
+    once by doubling (the +-1 entries of :func:`_hadamard_block`): rows picked on the host
+    cost no dispatched op."""
+    h = np.ones((1, 1), dtype=np.float32)
+    while h.shape[0] < size:
+        h = np.block([[h, h], [h, -h]])
+    h.flags.writeable = False
+    return h
 
 
 def _index_tensor(indices: list[int], device: torch.device) -> torch.Tensor:
@@ -221,6 +256,8 @@ def fwht(x: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"fwht needs a leading dimension that is a power of 2, got {tuple(x.shape)}")
     if not x.is_floating_point():
         raise ValueError(f"fwht needs a floating tensor, got {x.dtype}")
+    if x.dim() == 1 and x.is_contiguous():  # one column: the output holds H x in memory order
+        return _fwht_column(x, owned=False).view(n)
     cols = x.reshape(n, -1)
     if not x.is_cpu:
         if n > 1 and cols.shape[1] > 0 and _matmul_is_exact(x):
@@ -231,6 +268,25 @@ def fwht(x: torch.Tensor) -> torch.Tensor:
         return _fwht_low_block(cols.reshape(n), _CPU_LOW_BLOCK).view(x.shape)
     cur = cols.clone() if cols.is_contiguous() else cols.contiguous()  # a private copy, contiguous
     return _butterflies(cur, 1).view(x.shape)
+
+
+def _fwht_column(x: torch.Tensor, *, owned: bool) -> torch.Tensor:
+    """``H x`` for one contiguous column ``x`` ``[n]`` (n a power of 2, floating), by the path
+    :func:`fwht` takes for it and with its bits, in fewer dispatched ops: a contiguous tensor
+    whose entries in memory order are ``H x`` (on the Kronecker path its shape is the last
+    matmul's, ``[n / a, a]``: view it as ``[n]`` or gather from it with ``torch.take``).
+    ``owned``: ``x`` is the caller's own scratch, which the butterfly path may overwrite
+    instead of copying it first."""
+    n = x.shape[0]
+    exact = n > 1 and _matmul_is_exact(x)
+    if not x.is_cpu:
+        if exact:
+            return _kronecker_stages(x, n, _KRON_MAX_BLOCK)
+    elif exact and n <= _CPU_KRON_MAX_N:
+        return _kronecker_stages(x, n, _CPU_KRON_BLOCK)
+    elif exact and n >= _CPU_MIN_N:
+        return _fwht_low_block(x, _CPU_LOW_BLOCK)
+    return _butterflies((x if owned else x.clone()).view(n, 1), 1)  # overwrites its input
 
 
 def cosines_from_dots(dots: torch.Tensor, norms: torch.Tensor) -> torch.Tensor:
@@ -511,8 +567,10 @@ class HadamardCanaries(CanarySet):
         self.rows = torch.from_numpy(self._rows_host)
         self.scale = 1.0 / math.sqrt(self.n)
         self._on: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._scaled_on: dict[tuple[torch.device, float], torch.Tensor] = {}
+        self._scaled_on: dict[tuple[torch.device, float, tuple[int, int] | None], torch.Tensor] = {}
         self._ones_on: dict[torch.device, torch.Tensor] = {}
+        #: (device, b) -> the float32 and float64 buffers of :meth:`_gather`
+        self._gather_on: dict[tuple[torch.device, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def _device_parts(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """(signs [n], rows [k]) on ``device`` (copied once per device)."""
@@ -521,17 +579,23 @@ class HadamardCanaries(CanarySet):
             parts = self._on[device] = (self.signs.to(device), self.rows.to(device))
         return parts
 
-    def _scaled_signs(self, device: torch.device, scale: float = 1.0) -> torch.Tensor:
-        """``signs * (scale / sqrt(n))`` ``[n]`` float32 on ``device``, built once per device and
-        ``scale`` (a few scales at most are kept: a run uses one canary norm): each entry is
-        ``+-float32(scale / sqrt(n))`` exactly, so ``v * (signs / sqrt(n))`` has the bits of
-        ``(v * signs) * scale``. Shared, never modified."""
-        key = (device, float(scale))
+    def _scaled_signs(self, device: torch.device, scale: float = 1.0,
+                      blocks: tuple[int, int] | None = None) -> torch.Tensor:
+        """``signs * (scale / sqrt(n))`` ``[n]`` float32 on ``device`` (``blocks``: viewed as
+        that 2-D shape), built once per device and ``scale`` (a few scales at most are kept: a
+        run uses one canary norm), the view once too: each entry is ``+-float32(scale /
+        sqrt(n))`` exactly, so ``v * (signs / sqrt(n))`` has the bits of ``(v * signs) * scale``.
+        Shared, never modified."""
+        key = (device, float(scale), blocks)
         scaled = self._scaled_on.get(key)
         if scaled is None:
             if len(self._scaled_on) >= 8:
                 self._scaled_on.clear()
-            scaled = self._scaled_on[key] = self._device_parts(device)[0] * (self.scale * float(scale))
+            if blocks is None:
+                scaled = self._device_parts(device)[0] * (self.scale * float(scale))
+            else:
+                scaled = self._scaled_signs(device, scale).view(blocks)
+            self._scaled_on[key] = scaled
         return scaled
 
     def _ones(self, device: torch.device, count: int) -> torch.Tensor:
@@ -580,30 +644,41 @@ class HadamardCanaries(CanarySet):
         ``IndexError`` for an index outside ``[0, num_canaries)``."""
         dev = torch.device(device) if device is not None else torch.device("cpu")
         rows = self._host_rows(indices)
-        b = rows.size
+        b, d = rows.size, self.dim
         low_bits = (self.n.bit_length() - 1) // 2
         width = 1 << low_bits  # divides n: coordinates 0 .. n - 1 are n / L whole blocks
         high_len = self.n // width
         if out is None:
-            out = torch.empty(b, self.dim, dtype=torch.float32, device=dev)
+            out = torch.empty(b, d, dtype=torch.float32, device=dev)
         else:
-            _check_out(out, b, self.dim, dev)
-        if self.dim > self.n:
-            out[:, self.n:].zero_()  # the first n coordinates are written below
-        main = out[:, : self.n].view(b, high_len, width)
-        if b == 1 and high_len <= _PARITY_TABLE_MAX:
-            # one row (the representative canary of a DP-FedAvg round): two rows of the cached
-            # Sylvester matrices, as views, picked on the host (the same +-1 values as below)
+            _check_out(out, b, d, dev)
+        # out[:, :n] as [b, n / L, L] and out[:, n:], each by one as_strided (out is contiguous)
+        if d > self.n:  # the first n coordinates are written below
+            out.as_strided((b, d - self.n), (d, 1), out.storage_offset() + self.n).fill_(0.0)
+        main = out.as_strided((b, high_len, width), (d, width, 1))
+        if b == 1 and high_len <= _PARITY_TABLE_MAX and dev.type != "cpu":
+            # one row on a GPU (the representative canary of a DP-FedAvg round): two rows of the
+            # cached Sylvester matrices, as views, picked on the host (no copy to the device)
             r = int(rows[0])
-            high1 = _hadamard_block(high_len, torch.float32, dev)[r >> low_bits]
-            low1 = _hadamard_block(width, torch.float32, dev)[r & (width - 1)]
-            torch.mul(high1.unsqueeze(1), low1, out=main[0])
+            high = _hadamard_block(high_len, torch.float32, dev)[r >> low_bits].view(1, high_len, 1)
+            low = _hadamard_block(width, torch.float32, dev)[r & (width - 1)].view(1, 1, width)
+        elif high_len <= _PARITY_TABLE_MAX:
+            # row r's high and low factors are rows r_hi and r_lo of the cached Sylvester matrix
+            # H_{n/L} (n / L is L or 2 L; the first L entries of its row r_lo < L are row r_lo
+            # of H_L): one [2b, n / L] gather, picked on the host on the CPU (no device op)
+            picks = np.concatenate((rows >> low_bits, rows & (width - 1)))
+            if dev.type == "cpu":
+                both = torch.from_numpy(_hadamard_rows_host(high_len)[picks])
+            else:
+                both = torch.index_select(_hadamard_block(high_len, torch.float32, dev), 0, _host_index(picks, dev))
+            high = both.as_strided((b, high_len, 1), (high_len, 1, 1))
+            low = both.as_strided((b, 1, width), (high_len, width, 1), both.storage_offset() + b * high_len)
         else:
             r_dev = _host_index(rows, dev)
-            low = _parity_signs(r_dev & (width - 1), width)  # [b, L]
-            high = _parity_signs(r_dev >> low_bits, high_len)  # [b, n / L]
-            torch.mul(high[:, :, None], low[:, None, :], out=main)
-        main.mul_(self._scaled_signs(dev, scale).view(high_len, width))  # D's diagonal times the scale
+            low = _parity_signs(r_dev & (width - 1), width)[:, None, :]  # [b, 1, L]
+            high = _parity_signs(r_dev >> low_bits, high_len)[:, :, None]  # [b, n / L, 1]
+        torch.mul(high, low, out=main)
+        main.mul_(self._scaled_signs(dev, scale, blocks=(high_len, width)))  # D's diagonal times the scale
         return out
 
     def sum(
@@ -633,19 +708,39 @@ class HadamardCanaries(CanarySet):
         cols, single = _as_columns(vectors, self.dim)
         device = cols[0].device
         signs = self._device_parts(device)[0]
-        if len(cols) == 1:  # one pass: D * v[:n] (the column of the general case, same values)
-            head = cols[0][: self.n]
-            x = torch.mul(head if head.dtype == torch.float32 else head.to(torch.float32), signs).unsqueeze(1)
-        else:
-            x = torch.zeros(self.n, len(cols), dtype=torch.float32, device=device)
-            for m, v in enumerate(cols):
-                x[:, m] = v[: self.n].to(torch.float32)
-            x.mul_(signs.unsqueeze(1))
-        y = fwht(x)
         sel = self._selected_rows(indices, device)
-        if len(cols) == 1:  # the gather from the column as [n]: ~4x faster than from [n, 1] on the CPU
-            out = torch.index_select(y.view(-1), 0, sel).to(torch.float64).mul_(self.scale)
+        if len(cols) == 1:
+            # one pass: D * v[:n] (the column of the general case, the same values), its
+            # transform, and the gather from the transform's column as [n] (~4x faster than
+            # from [n, 1] on the CPU): the bits of the general path in about a third of its ops
+            v = cols[0]
+            head = v.as_strided((self.n,), (v.stride(0),))  # v[:n] in one op
+            y = _fwht_column(torch.mul(head if head.dtype == torch.float32 else head.to(torch.float32), signs),
+                             owned=True)
+            out = self._gather(y, sel)
             return out if single else out.unsqueeze(1)
+        x = torch.zeros(self.n, len(cols), dtype=torch.float32, device=device)
+        for m, v in enumerate(cols):
+            x[:, m] = v[: self.n].to(torch.float32)
+        x.mul_(signs.unsqueeze(1))
+        y = fwht(x)
         out = torch.index_select(y, 0, sel).to(torch.float64).mul_(self.scale)  # y[sel], 3x faster
         return out[:, 0] if single else out
 
+    def _gather(self, y: torch.Tensor, sel: torch.Tensor) -> torch.Tensor:
+        """``float64(y[sel]) * scale``, a new ``[b]`` float64 tensor (the bits of
+        ``index_select(y, 0, sel).to(float64).mul_(scale)``) for ``y`` float32 contiguous, its
+        entries in memory order the transform's column: ``torch.take`` into a reused float32
+        buffer, a converting ``copy_`` into a reused float64 one, and one multiplication (3 ops
+        where the conversion alone dispatches 4). The buffers are kept per device and b."""
+        key = (y.device, sel.numel())
+        bufs = self._gather_on.get(key)
+        if bufs is None:
+            if len(self._gather_on) >= 8:  # a few subsets at most: keep the cache small
+                self._gather_on.clear()
+            bufs = self._gather_on[key] = (torch.empty(key[1], dtype=torch.float32, device=y.device),
+                                           torch.empty(key[1], dtype=torch.float64, device=y.device))
+        picked, wide = bufs
+        torch.take(y, sel, out=picked)
+        wide.copy_(picked)
+        return torch.mul(wide, self.scale)
