@@ -1,7 +1,9 @@
 """The seeded score sets of ``test_canary_estimates_golden.py`` and the canonical form of
-:func:`~audit_callbacks.estimators.canary_report.canary_estimates`' output compared there.
+:func:`~audit_callbacks.estimators.canary_report.canary_estimates`' output compared there, and
+the DP-FedAvg plans (:func:`~audit_callbacks.estimators.planner.plan_audit`, the claim per
+simulated run) compared the same way.
 
-Run as a script to write ``data/canary_estimates_golden.json`` from the code as it stands
+Run as a script to write ``golden/canary_estimates.json`` from the code as it stands
 (every float as ``float.hex``, so the comparison is bit for bit)::
 
     PYTHONPATH=. python tests/estimators/golden_canary_estimates.py
@@ -17,10 +19,11 @@ from typing import Any
 import numpy as np
 
 from audit_callbacks.estimators.canary_report import canary_estimates
+from audit_callbacks.estimators.planner import plan_audit
 from audit_callbacks.estimators.result import AuditResult
 from audit_callbacks.estimators.score_auditor import CanaryScoreAuditor
 
-PATH = os.path.join(os.path.dirname(__file__), "data", "canary_estimates_golden.json")
+PATH = os.path.join(os.path.dirname(__file__), "golden", "canary_estimates.json")
 
 
 def cases() -> dict[str, tuple[tuple[Any, ...], dict[str, Any]]]:
@@ -64,10 +67,28 @@ def canonical(value: Any) -> Any:
     raise TypeError(f"no canonical form for {type(value).__name__}")
 
 
+def plan_cases() -> dict[str, dict[str, Any]]:
+    """``{name: kwargs}`` of ``plan_audit`` for DP-FedAvg's all iterates without a claim (each
+    simulated run against the analytic epsilon at its own most participations)."""
+    return {f"plan_fedavg_{i}": dict(num_canaries=k, num_unobserved=ku, dim=1 << 16, steps=t,
+                                     sample_rate=q, noise_multiplier=z, delta=1e-6,
+                                     training="dpfedavg", search_bugs=False, seed=i)
+            for i, (k, ku, t, q, z) in enumerate([(1000, 64536, 100, 0.1, 0.3),
+                                                   (200, 5000, 40, 0.05, 1.0)])}
+
+
+def plan_canonical(kwargs: dict[str, Any]) -> Any:
+    """A plan's fields in canonical form."""
+    plan = plan_audit(**kwargs)
+    return {f: canonical(getattr(plan, f)) for f in plan.__dataclass_fields__}
+
+
 def compute() -> dict[str, Any]:
-    """Every case's ``canary_estimates`` output in canonical form."""
-    return {name: canonical(canary_estimates(*args, **kwargs))
-            for name, (args, kwargs) in cases().items()}
+    """Every case's ``canary_estimates`` output and every plan, in canonical form."""
+    out = {name: canonical(canary_estimates(*args, **kwargs))
+           for name, (args, kwargs) in cases().items()}
+    out.update({name: plan_canonical(kwargs) for name, kwargs in plan_cases().items()})
+    return out
 
 
 if __name__ == "__main__":
