@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import special
 
-__all__ = ["brown_forsythe_pvalue", "dagostino_pearson_pvalue"]
+__all__ = ["brown_forsythe_pvalue", "dagostino_pearson_pvalue", "sorted_median", "union_median"]
 
 
 def dagostino_pearson_pvalue(a: np.ndarray) -> float:
@@ -88,13 +88,53 @@ def _kurtosis_z(b2: np.ndarray, n: np.ndarray) -> np.ndarray:
     return (term1 - term2) / (2 / (9.0 * big_a)) ** 0.5
 
 
-def brown_forsythe_pvalue(x: np.ndarray, y: np.ndarray) -> float:
+def sorted_median(s: np.ndarray) -> np.float64:
+    """``numpy.median`` of an ascending 1-D array, bit for bit, without its partition: the
+    middle value, or the mean (``ndarray.mean``, as numpy.median takes it) of the two middle
+    ones."""
+    n = s.shape[0]
+    half = n // 2
+    return s[half: half + 1].mean(axis=0) if n % 2 else s[half - 1: half + 1].mean(axis=0)
+
+
+def _kth_of_two(a: np.ndarray, b: np.ndarray, k: int) -> np.float64:
+    """The k-th smallest (0-based) value of two ascending arrays together, by a binary search
+    on how many of the k + 1 smallest come from ``a`` (O(log n))."""
+    lo, hi = max(0, k + 1 - b.shape[0]), min(k + 1, a.shape[0])
+    while lo < hi:
+        i = (lo + hi) // 2
+        j = k + 1 - i
+        if j > 0 and i < a.shape[0] and b[j - 1] > a[i]:
+            lo = i + 1  # more of the smallest come from a
+        else:
+            hi = i
+    j = k + 1 - lo
+    if lo == 0:
+        return b[j - 1]
+    return a[lo - 1] if j == 0 else max(a[lo - 1], b[j - 1])
+
+
+def union_median(a: np.ndarray, b: np.ndarray) -> np.float64:
+    """``numpy.median(numpy.concatenate([a, b]))`` of two ascending 1-D arrays (not both
+    empty), bit for bit: the middle order statistic of the two together, or the mean of the
+    two middle ones, found without concatenating or partitioning."""
+    n = a.shape[0] + b.shape[0]
+    half = n // 2
+    if n % 2:
+        return np.asarray([_kth_of_two(a, b, half)]).mean(axis=0)
+    return np.asarray([_kth_of_two(a, b, half - 1), _kth_of_two(a, b, half)]).mean(axis=0)
+
+
+def brown_forsythe_pvalue(x: np.ndarray, y: np.ndarray,
+                          medians: tuple[float, float] | None = None) -> float:
     """P-value of the Brown-Forsythe test of equal variances of two samples, as
     ``scipy.stats.levene(x, y, center="median").pvalue``: Levene's W of the absolute
     deviations from each sample's median, against F(1, N - 2).
 
     Args:
         x, y: ``[k]`` and ``[k']`` float64 scores, finite, 2 or more each.
+        medians: their medians when known (``numpy.median``'s values, e.g. from
+            :func:`sorted_median` of sorted copies); None: computed here.
 
     Returns:
         The p-value (NaN where scipy's is NaN, e.g. no spread in either sample).
@@ -111,7 +151,8 @@ def brown_forsythe_pvalue(x: np.ndarray, y: np.ndarray) -> float:
     with np.errstate(all="ignore"):
         k = len(samples)
         nis = [v.shape[-1] for v in samples]
-        ycis = [np.median(v, axis=-1, keepdims=True) for v in samples]
+        ycis = ([np.median(v, axis=-1, keepdims=True) for v in samples] if medians is None
+                else [np.asarray([c], dtype=np.float64) for c in medians])
         ntot = sum(nis)
         zijs = [np.abs(v - yc) for v, yc in zip(samples, ycis, strict=True)]
         zbaris = [np.mean(z, axis=-1, keepdims=True) for z in zijs]

@@ -36,7 +36,12 @@ from scipy.optimize import brentq
 from scipy.special import nctdtr, ndtri
 
 from ..validation import check_alpha, check_dim, check_real, check_seed
-from ._normality import brown_forsythe_pvalue, dagostino_pearson_pvalue
+from ._normality import (
+    brown_forsythe_pvalue,
+    dagostino_pearson_pvalue,
+    sorted_median,
+    union_median,
+)
 from .canary_epsilon import estimate_epsilon_from_cosines, share_resamples
 from .cosine_null import logsf_unchecked
 from .gaussian import gaussian_epsilon_array, log_sub
@@ -320,9 +325,15 @@ class CanaryScoreAuditor:
             if self.dim is not None:
                 self._std = (self.in_scores, None, 0.0, 1.0)
             else:
-                both = np.concatenate([self.in_scores, self.out_scores])
-                shift = float(np.median(both))
-                scale = 2.0 * float(np.max(np.abs(both - shift)))
+                done = getattr(self, "_sorted", None)
+                if done is None:
+                    both = np.concatenate([self.in_scores, self.out_scores])
+                    shift = float(np.median(both))
+                    scale = 2.0 * float(np.max(np.abs(both - shift)))
+                else:  # the same numbers from the sorted scores: no partition, no pass
+                    shift = float(union_median(*done))
+                    ends = np.array([min(done[0][0], done[1][0]), max(done[0][-1], done[1][-1])])
+                    scale = 2.0 * float(np.max(np.abs(ends - shift)))  # |s - shift| peaks at an end
                 self._std = ((self.in_scores - shift) / scale, (self.out_scores - shift) / scale,
                              shift, scale)
         return self._std
@@ -602,7 +613,9 @@ class CanaryScoreAuditor:
             gof, gof_name = _pvalue(stats.shapiro, resid), "shapiro_wilk"
         else:
             gof, gof_name = _pvalue(dagostino_pearson_pvalue, resid), "dagostino_pearson"
-        ev = _pvalue(brown_forsythe_pvalue, x, y)
+        done = getattr(self, "_sorted", None)  # sorted already (a valid bound): their medians
+        ev = _pvalue(brown_forsythe_pvalue, x, y,
+                     None if done is None else (sorted_median(done[0]), sorted_median(done[1])))
         if gof is None:
             status = f"rejected: goodness-of-fit p undefined ({gof_name})"
         elif gof < level:
