@@ -113,22 +113,32 @@ def bucket_indices(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
     """
     bins = edges.size - 1
     zero = bins // 2  # edges[zero] == 0
+    # in place in one float buffer (a fresh array per step costs more than the arithmetic)
+    k = np.abs(values)
+    k *= 1e12
     with np.errstate(divide="ignore"):
-        k = np.log(np.abs(values) * 1e12)  # ln(|x| / v_0); -inf at 0
+        np.log(k, out=k)  # ln(|x| / v_0); -inf at 0
     k /= _LOG_RATIO
     np.floor(k, out=k)
     np.clip(k, -1.0, float(zero), out=k)
-    # x >= 0 in [v_k, v_(k+1)): bucket zero + 1 + k = (zero - 1/2) + (k + 3/2);
-    # x < 0 in [-v_(k+1), -v_k): bucket zero - 2 - k = (zero - 1/2) - (k + 3/2) (exact halves)
+    # x >= 0 in [v_k, v_(k+1)): bucket i = zero + 1 + k; x < 0 in [-v_(k+1), -v_k): i = zero - 2 - k;
+    # i + 1 = (zero + 1/2) +- (k + 3/2), exact in halves
     k += 1.5
     np.copysign(k, values, out=k)
-    k += zero - 0.5
-    idx = k.astype(np.int64)
-    np.clip(idx, -1, bins, out=idx)
+    k += zero + 0.5
+    shifted = k.astype(np.int64)  # i + 1
+    np.clip(shifted, 0, bins + 1, out=shifted)  # i in [-1, bins]
     ext = np.concatenate([[-np.inf], edges, [np.inf]])  # ext[i + 1] = edges[i], i = -1..bins+1
-    bad = np.flatnonzero((values < ext[idx + 1]) | (values >= ext[idx + 2]))
-    if bad.size:  # the few the logarithm put a bucket off (it rounds across an edge): searched
-        idx[bad] = np.searchsorted(edges, values[bad], side="right") - 1
+    np.take(ext, shifted, out=k)  # the bucket's lower edge
+    bad = values < k
+    shifted += 1
+    np.take(ext, shifted, out=k)  # its upper edge
+    bad |= values >= k
+    shifted -= 2
+    idx = shifted
+    wrong = np.flatnonzero(bad)
+    if wrong.size:  # the few the logarithm put a bucket off (it rounds across an edge): searched
+        idx[wrong] = np.searchsorted(edges, values[wrong], side="right") - 1
     idx[values == edges[-1]] = bins - 1  # numpy's last bucket is closed
     return idx
 
@@ -136,7 +146,7 @@ def bucket_indices(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
 def tensorboard_histogram(values: np.ndarray, edges: list[float]) -> Any:
     """The ``HistogramProto`` ``torch.utils.tensorboard.summary.make_histogram(values, edges)``
     builds, field for field, with its counts from :func:`bucket_indices` (``numpy.histogram``'s
-    counts, without its sort of the values: ~1 ms instead of ~2.7 ms for 65,536 values).
+    counts, without its sort of the values: ~0.7 ms instead of ~2.7 ms for 65,536 values).
 
     Args:
         values: ``[n]`` finite float64, n >= 1. edges: TensorFlow's buckets
