@@ -270,7 +270,7 @@ def roc_figure(in_scores: np.ndarray, out_scores: np.ndarray, *, title: str = ""
     ins = np.sort(np.asarray(in_scores, float)[np.isfinite(in_scores)])
     outs = np.sort(np.asarray(out_scores, float)[np.isfinite(out_scores)])
     fig = Figure(figsize=(4.5, 4), dpi=DPI)
-    fig.subplots_adjust(left=0.16, right=0.96, bottom=0.14, top=0.9)
+    fig.subplots_adjust(left=0.16, right=0.96, bottom=0.14, top=0.88)
     ax = fig.add_subplot(1, 1, 1)
     if ins.size and outs.size:
         thresholds = np.concatenate([[np.inf], np.unique(np.concatenate([ins, outs]))[::-1]])
@@ -289,7 +289,9 @@ def roc_figure(in_scores: np.ndarray, out_scores: np.ndarray, *, title: str = ""
         in_view_ticks(ax)
     ax.set_xlabel("false positive rate")
     ax.set_ylabel("true positive rate")
-    fig.text(0.5, 0.985, title or "final model: how well the canaries' cosines tell inserted from never inserted", ha="center", va="top")
+    # two lines: the 4.5-inch figure is narrower than the sentence on one line (it was cut)
+    fig.text(0.5, 0.985, title or "final model: how well the canaries' cosines\ntell inserted from never inserted",
+             ha="center", va="top")
     ax.legend(loc="lower right", fontsize="small", frameon=False)
     return fig
 
