@@ -482,5 +482,8 @@ def _bisect_round(
     return grid[rows, left], grid[rows, left + 1]
 
 
-#: Bisection steps of :func:`fdp_mu` before lanes that cannot be their group's maximum stop.
-_PRUNE_AFTER = 10
+#: Bisection steps of :func:`fdp_mu` before lanes that cannot be their group's maximum stop:
+#: after 3 (a bracket of MU_MAX / 8) most lanes of a canary report's pools already lie below
+#: their group's best and the wide first rounds end early (~10% of the search's time saved on
+#: the benchmark's DP-FedAvg reports against 10 steps; any value gives the same maxima).
+_PRUNE_AFTER = 3

@@ -504,8 +504,10 @@ def plan_audit(
     est, rmax = _estimates(s, _draws(rng, s, reps, full_out=False))
     if ref is None:  # each run against the analytic epsilon at its own most participations
         ref = gaussian_epsilon(sigma, dl, compositions=max(int(np.median(rmax)), 1))
+        # the same numbers as one call per run: one call per distinct r_max (a few values)
+        distinct, where = np.unique(rmax, return_inverse=True)
         refs = np.array([gaussian_epsilon(sigma, dl, compositions=int(r)) if r > 0 else math.inf
-                         for r in rmax])
+                         for r in distinct])[where.reshape(-1)]
         ratio = est / refs
     else:
         ratio = est / ref

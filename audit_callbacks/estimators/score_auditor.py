@@ -36,6 +36,12 @@ from scipy.optimize import brentq
 from scipy.special import nctdtr, ndtri
 
 from ..validation import check_alpha, check_dim, check_real, check_seed
+from ._normality import (
+    brown_forsythe_pvalue,
+    dagostino_pearson_pvalue,
+    sorted_median,
+    union_median,
+)
 from .canary_epsilon import estimate_epsilon_from_cosines, share_resamples
 from .cosine_null import logsf_unchecked
 from .gaussian import gaussian_epsilon_array, log_sub
@@ -201,11 +207,27 @@ class CanaryScoreAuditor:
             for name, arr in (("in_scores", self.in_scores), ("out_scores", self.out_scores)):
                 if np.any(np.abs(arr) > 1.0 + 1e-9):
                     raise ValueError(f"{name} must be cosines in [-1, 1] when dim is given")
-        self._in_sorted = np.sort(self.in_scores)
-        self._out_sorted = np.sort(self.out_scores)
+        self._sorted: tuple[np.ndarray, np.ndarray] | None = None
         self.k_in = int(self.in_scores.size)
         self.k_out = int(self.out_scores.size)
         self._std: tuple[np.ndarray, np.ndarray | None, float, float] | None = None
+
+    @property
+    def _in_sorted(self) -> np.ndarray:
+        """The in-scores, ascending (sorted at the first use: the estimates and the GDP
+        bound never need them, and a report builds auditors only for those)."""
+        return self._sorted_scores()[0]
+
+    @property
+    def _out_sorted(self) -> np.ndarray:
+        """The out-scores, ascending (sorted at the first use, with the in-scores)."""
+        return self._sorted_scores()[1]
+
+    def _sorted_scores(self) -> tuple[np.ndarray, np.ndarray]:
+        done = getattr(self, "_sorted", None)  # an auditor unpickled from before has none
+        if done is None:
+            done = self._sorted = (np.sort(self.in_scores), np.sort(self.out_scores))
+        return done
 
     @classmethod
     def from_cosines(
@@ -303,9 +325,15 @@ class CanaryScoreAuditor:
             if self.dim is not None:
                 self._std = (self.in_scores, None, 0.0, 1.0)
             else:
-                both = np.concatenate([self.in_scores, self.out_scores])
-                shift = float(np.median(both))
-                scale = 2.0 * float(np.max(np.abs(both - shift)))
+                done = getattr(self, "_sorted", None)
+                if done is None:
+                    both = np.concatenate([self.in_scores, self.out_scores])
+                    shift = float(np.median(both))
+                    scale = 2.0 * float(np.max(np.abs(both - shift)))
+                else:  # the same numbers from the sorted scores: no partition, no pass
+                    shift = float(union_median(*done))
+                    ends = np.array([min(done[0][0], done[1][0]), max(done[0][-1], done[1][-1])])
+                    scale = 2.0 * float(np.max(np.abs(ends - shift)))  # |s - shift| peaks at an end
                 self._std = ((self.in_scores - shift) / scale, (self.out_scores - shift) / scale,
                              shift, scale)
         return self._std
@@ -584,8 +612,10 @@ class CanaryScoreAuditor:
         if resid.size <= 5000:
             gof, gof_name = _pvalue(stats.shapiro, resid), "shapiro_wilk"
         else:
-            gof, gof_name = _pvalue(stats.normaltest, resid), "dagostino_pearson"
-        ev = _pvalue(stats.levene, x, y, center="median")
+            gof, gof_name = _pvalue(dagostino_pearson_pvalue, resid), "dagostino_pearson"
+        done = getattr(self, "_sorted", None)  # sorted already (a valid bound): their medians
+        ev = _pvalue(brown_forsythe_pvalue, x, y,
+                     None if done is None else (sorted_median(done[0]), sorted_median(done[1])))
         if gof is None:
             status = f"rejected: goodness-of-fit p undefined ({gof_name})"
         elif gof < level:
@@ -684,10 +714,13 @@ def _upper_hull(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _pvalue(test: Any, *args: Any, **kwargs: Any) -> float | None:
-    """A scipy test's p-value; None where it is undefined (e.g. no spread within a group)."""
+    """A test's p-value (a scipy test's result's ``pvalue``, or the float a function of
+    :mod:`~audit_callbacks.estimators._normality` returns); None where it is undefined (e.g.
+    no spread within a group)."""
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
-        p = float(test(*args, **kwargs).pvalue)
+        res = test(*args, **kwargs)
+        p = float(getattr(res, "pvalue", res))
     return p if math.isfinite(p) else None
 
 
