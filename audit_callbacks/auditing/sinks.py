@@ -15,8 +15,7 @@ from audit_callbacks import names
 from audit_callbacks.auditing.files import check_writable, fresh_version_dir
 from audit_callbacks.auditing.report import REFERENCE_TITLES, THREAT_MODEL_TITLES
 
-__all__ = ["FIT_END_TAG", "WriterSink", "bucket_indices", "clean_scalars", "fit_end_table",
-           "tensorboard_histogram"]
+__all__ = ["FIT_END_TAG", "WriterSink", "clean_scalars", "fit_end_table"]
 
 #: The TensorBoard text tag of the fit-end numbers (:func:`fit_end_table`), beside the
 #: report's text (``audit/report``) in the Text tab.
@@ -76,100 +75,6 @@ def fit_end_table(summary: Mapping[str, Any]) -> str:
     lines += ["", f"Claim: epsilon = {_cell(claim)} at delta = {_cell(delta)}; checks of the "
                   f"mechanism: {_cell(summary.get(names.VERDICT_MECHANISM, 'unchecked'))}."]
     return "\n".join(lines) + "\n"
-
-
-def _geometric_buckets(edges: Any) -> bool:
-    """Whether ``edges`` are torch's ``SummaryWriter.default_bins`` (TensorFlow's buckets):
-    ``-v_K, ..., -v_0, 0, v_0, ..., v_K`` with v_0 = 1e-12 and v_(i+1) = 1.1 v_i, which
-    :func:`bucket_indices` locates by a logarithm. Checked once per call, ~0.1 ms."""
-    if not isinstance(edges, list) or len(edges) < 3 or len(edges) % 2 != 1:
-        return False
-    half = len(edges) // 2
-    pos = [1e-12]
-    while len(pos) < half:
-        pos.append(pos[-1] * 1.1)
-    return edges == [-v for v in reversed(pos)] + [0] + pos
-
-
-#: ln(1.1), the spacing of TensorFlow's buckets on a log scale.
-_LOG_RATIO = float(np.log(1.1))
-
-
-def bucket_indices(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """The bucket of each value among TensorFlow's ``edges`` (:func:`_geometric_buckets`), as
-    ``numpy.histogram`` counts it: i with edges[i] <= x < edges[i + 1], the last bucket also
-    holding x = edges[-1]; -1 below the first edge and len(edges) - 1 above the last.
-
-    A first guess from ln(|x| / 1e-12) / ln(1.1) (the buckets' geometric spacing), checked
-    against the edges: where edges[i] <= x < edges[i + 1] does not hold (the logarithm rounded
-    across an edge) the bucket is searched in ``edges``. The comparisons, not the logarithm,
-    decide, so the indices are those of a search in ``edges``. O(n), without sorting.
-
-    Args:
-        values: ``[n]`` finite float64. edges: ``[2K + 3]`` float64, the buckets' edges.
-
-    Returns:
-        ``[n]`` int64.
-    """
-    bins = edges.size - 1
-    zero = bins // 2  # edges[zero] == 0
-    # in place in one float buffer (a fresh array per step costs more than the arithmetic)
-    k = np.abs(values)
-    k *= 1e12
-    with np.errstate(divide="ignore"):
-        np.log(k, out=k)  # ln(|x| / v_0); -inf at 0
-    k /= _LOG_RATIO
-    np.floor(k, out=k)
-    np.clip(k, -1.0, float(zero), out=k)
-    # x >= 0 in [v_k, v_(k+1)): bucket i = zero + 1 + k; x < 0 in [-v_(k+1), -v_k): i = zero - 2 - k;
-    # i + 1 = (zero + 1/2) +- (k + 3/2), exact in halves
-    k += 1.5
-    np.copysign(k, values, out=k)
-    k += zero + 0.5
-    shifted = k.astype(np.int64)  # i + 1
-    np.clip(shifted, 0, bins + 1, out=shifted)  # i in [-1, bins]
-    ext = np.concatenate([[-np.inf], edges, [np.inf]])  # ext[i + 1] = edges[i], i = -1..bins+1
-    np.take(ext, shifted, out=k)  # the bucket's lower edge
-    bad = values < k
-    shifted += 1
-    np.take(ext, shifted, out=k)  # its upper edge
-    bad |= values >= k
-    shifted -= 2
-    idx = shifted
-    wrong = np.flatnonzero(bad)
-    if wrong.size:  # the few the logarithm put a bucket off (it rounds across an edge): searched
-        idx[wrong] = np.searchsorted(edges, values[wrong], side="right") - 1
-    idx[values == edges[-1]] = bins - 1  # numpy's last bucket is closed
-    return idx
-
-
-def tensorboard_histogram(values: np.ndarray, edges: list[float]) -> Any:
-    """The ``HistogramProto`` ``torch.utils.tensorboard.summary.make_histogram(values, edges)``
-    builds, field for field, with its counts from :func:`bucket_indices` (``numpy.histogram``'s
-    counts, without its sort of the values: ~0.7 ms instead of ~2.7 ms for 65,536 values).
-
-    Args:
-        values: ``[n]`` finite float64, n >= 1. edges: TensorFlow's buckets
-            (:func:`_geometric_buckets`).
-
-    Returns:
-        ``tensorboard.compat.proto.summary_pb2.HistogramProto``.
-    """
-    from tensorboard.compat.proto.summary_pb2 import HistogramProto
-
-    limits = np.asarray(edges, dtype=np.float64)
-    idx = bucket_indices(values, limits)
-    bins = limits.size - 1
-    counts = np.bincount(idx + 1, minlength=bins + 2)[1:-1]  # idx -1 and bins: outside
-    # what make_histogram does with numpy's counts: the support, with an empty bucket left of it
-    cum_counts = np.cumsum(np.greater(counts, 0))
-    start, end = np.searchsorted(cum_counts, [0, cum_counts[-1] - 1], side="right")
-    start, end = int(start), int(end) + 1
-    counts = counts[start - 1: end] if start > 0 else np.concatenate([[0], counts[:end]])
-    limits = limits[start: end + 1]
-    return HistogramProto(min=values.min(), max=values.max(), num=len(values), sum=values.sum(),
-                          sum_squares=values.dot(values), bucket_limit=limits.tolist(),
-                          bucket=counts.tolist())
 
 
 def _is_torch_writer(writer: Any) -> bool:
@@ -233,28 +138,14 @@ class WriterSink:
         self.writer.flush()
 
     def histograms(self, values: dict[str, np.ndarray], step: int) -> None:
-        """``{tag: values}`` as TensorBoard histograms at ``step`` (the finite values; none
-        written for a tag without one), in the writer's default buckets. Through torch's
-        ``SummaryWriter`` the event is the one ``add_histogram`` writes, its bucket counts
-        found without sorting the values (:func:`tensorboard_histogram`); any other writer
-        gets ``add_histogram``."""
-        writer = self.writer
-        if writer is None:
+        if self.writer is None:
             return
-        direct = _is_torch_writer(writer) and _geometric_buckets(getattr(writer, "default_bins", None))
         for tag, arr in values.items():
             arr = np.asarray(arr, dtype=np.float64)
             arr = arr[np.isfinite(arr)]
-            if not arr.size:
-                continue
-            if direct:
-                from tensorboard.compat.proto.summary_pb2 import Summary
-
-                histo = tensorboard_histogram(arr, writer.default_bins)
-                writer._get_file_writer().add_summary(Summary(value=[Summary.Value(tag=tag, histo=histo)]), step, None)
-            else:
-                writer.add_histogram(tag, arr, step)
-        writer.flush()
+            if arr.size:
+                self.writer.add_histogram(tag, arr, step)
+        self.writer.flush()
 
     def figures(self, figures: dict[str, Any], step: int) -> None:
         """``{tag: figure}`` as TensorBoard images at ``step``. A matplotlib ``Figure`` is

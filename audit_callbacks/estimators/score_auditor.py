@@ -36,12 +36,6 @@ from scipy.optimize import brentq
 from scipy.special import nctdtr, ndtri
 
 from ..validation import check_alpha, check_dim, check_real, check_seed
-from ._normality import (
-    brown_forsythe_pvalue,
-    dagostino_pearson_pvalue,
-    sorted_median,
-    union_median,
-)
 from .canary_epsilon import estimate_epsilon_from_cosines, share_resamples
 from .cosine_null import logsf_unchecked
 from .gaussian import gaussian_epsilon_array, log_sub
@@ -325,15 +319,9 @@ class CanaryScoreAuditor:
             if self.dim is not None:
                 self._std = (self.in_scores, None, 0.0, 1.0)
             else:
-                done = getattr(self, "_sorted", None)
-                if done is None:
-                    both = np.concatenate([self.in_scores, self.out_scores])
-                    shift = float(np.median(both))
-                    scale = 2.0 * float(np.max(np.abs(both - shift)))
-                else:  # the same numbers from the sorted scores: no partition, no pass
-                    shift = float(union_median(*done))
-                    ends = np.array([min(done[0][0], done[1][0]), max(done[0][-1], done[1][-1])])
-                    scale = 2.0 * float(np.max(np.abs(ends - shift)))  # |s - shift| peaks at an end
+                both = np.concatenate([self.in_scores, self.out_scores])
+                shift = float(np.median(both))
+                scale = 2.0 * float(np.max(np.abs(both - shift)))
                 self._std = ((self.in_scores - shift) / scale, (self.out_scores - shift) / scale,
                              shift, scale)
         return self._std
@@ -612,10 +600,8 @@ class CanaryScoreAuditor:
         if resid.size <= 5000:
             gof, gof_name = _pvalue(stats.shapiro, resid), "shapiro_wilk"
         else:
-            gof, gof_name = _pvalue(dagostino_pearson_pvalue, resid), "dagostino_pearson"
-        done = getattr(self, "_sorted", None)  # sorted already (a valid bound): their medians
-        ev = _pvalue(brown_forsythe_pvalue, x, y,
-                     None if done is None else (sorted_median(done[0]), sorted_median(done[1])))
+            gof, gof_name = _pvalue(stats.normaltest, resid), "dagostino_pearson"
+        ev = _pvalue(stats.levene, x, y, center="median")
         if gof is None:
             status = f"rejected: goodness-of-fit p undefined ({gof_name})"
         elif gof < level:
@@ -714,13 +700,10 @@ def _upper_hull(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _pvalue(test: Any, *args: Any, **kwargs: Any) -> float | None:
-    """A test's p-value (a scipy test's result's ``pvalue``, or the float a function of
-    :mod:`~audit_callbacks.estimators._normality` returns); None where it is undefined (e.g.
-    no spread within a group)."""
+    """A scipy test's p-value; None where it is undefined (e.g. no spread within a group)."""
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
-        res = test(*args, **kwargs)
-        p = float(getattr(res, "pvalue", res))
+        p = float(test(*args, **kwargs).pvalue)
     return p if math.isfinite(p) else None
 
 
