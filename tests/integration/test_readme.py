@@ -114,6 +114,9 @@ def test_readme_snippet_runs_as_written(line, code, tmp_path, monkeypatch, caplo
     own = [str(w.message) for w in caught if str(w.message).startswith(FRONT_ENDS)]
     own += [r.getMessage() for r in caplog.records  # Flower's front end warns through its logger
             if r.levelno >= logging.WARNING and r.getMessage().startswith(FRONT_ENDS)]
+    # a verdict is about this run's random noise and cohorts (a correct run is flagged at the
+    # checks' false-positive rate), not about the snippet's settings
+    own = [m for m in own if "the claimed privacy:" not in m]
     assert not own, f"the snippet at README.md:{line} warns: {own}"
     # doctest-style: the path a print's comment names is what it prints
     for expected in re.findall(r"^print\(.*?\)\s+#\s+(\S+\.(?:json|html))", code, re.M):
