@@ -487,6 +487,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fed-reps", type=int, default=5, help="(1) ABBA pairs per kind")
     p.add_argument("--fed-kinds", default="hadamard",
                    help="(1) canary kinds, comma-separated: hadamard (default), gaussian")
+    p.add_argument("--fed-canaries", type=int, default=1000,
+                   help="(1) num_canaries (default 1000, issue 28's; 55 keeps the canaries under 10%% "
+                        "of the 500 clients' cohorts, the share the audit warns at)")
     p.add_argument("--demo-rounds", type=int, default=50, help="(2) rounds (make demo's)")
     p.add_argument("--demo-reps", type=int, default=3, help="(2) ABBA pairs")
     p.add_argument("--pass-dim", type=int, default=1_000_000, help="(3) d")
@@ -503,6 +506,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.fed_rounds, args.fed_rounds_per_epoch, args.fed_reps = 4, 4, 1
         args.demo_rounds, args.demo_reps, args.pass_threads = 6, 1, "1"
         args.pass_dim, args.memory_rounds, args.memory_hidden = 100_000, 2, [200, 200]
+    if args.fed_canaries < 1:
+        p.error(f"--fed-canaries must be >= 1, got {args.fed_canaries}")
     args.fed_kinds = [k.strip() for k in args.fed_kinds.split(",") if k.strip()]
     if not args.fed_kinds or any(k not in KINDS for k in args.fed_kinds):
         p.error(f"--fed-kinds: comma-separated names among {', '.join(KINDS)}, got {args.fed_kinds}")
@@ -559,9 +564,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
                                      rounds_per_epoch=cfg["rounds_per_epoch"], seed=cfg["seed"])
             dm.setup("fit")
             print(f"\n[1] federated: wide CNN, {cfg['clients']} clients, {cfg['clients_per_round']} a round, "
-                  f"{cfg['rounds']} rounds (an estimate every {cfg['rounds_per_epoch']}), batch 1; 1000 canaries "
+                  f"{cfg['rounds']} rounds (an estimate every {cfg['rounds_per_epoch']}), batch 1; {args.fed_canaries} canaries "
                   f"({', '.join(args.fed_kinds)}), {args.fed_reps} ABBA pairs each", flush=True)
-            variants = {kind: {"num_canaries": 1000, "canaries": kind} for kind in args.fed_kinds}
+            variants = {kind: {"num_canaries": args.fed_canaries, "canaries": kind} for kind in args.fed_kinds}
             payload["federated"] = abba(dm, cfg, variants, args.fed_reps, log_root, "fed",
                                         warmup=not args.quick)
             print_abba("[1] federated scenario (ratio: median of ABBA pairs audited / baseline)",

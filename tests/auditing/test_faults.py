@@ -50,15 +50,23 @@ SCRIPT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts", "si
 def test_a_signal_mid_fit_writes_the_interrupted_summary_and_exits_non_zero(tmp_path, signum, code):
     """Lightning turns SIGTERM into ``SIGTERMException`` (a ``SystemExit`` of code 0) and
     SIGINT into ``sys.exit(1)``; the audit writes what it measured in ``on_exception``."""
+    # a shell without job control starts background commands with SIGINT ignored, and a child
+    # inherits that: give the script the default handlers a user's terminal gives it
     proc = subprocess.Popen([sys.executable, SCRIPT, "--out", str(tmp_path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    started = tmp_path / "started"
-    deadline = time.monotonic() + 120
-    while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert started.exists(), proc.communicate()[0].decode()[-3000:]
-    proc.send_signal(signum)
-    out = proc.communicate(timeout=120)[0].decode()
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, restore_signals=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        started = tmp_path / "started"
+        deadline = time.monotonic() + 120
+        while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert started.exists(), proc.communicate()[0].decode()[-3000:]
+        proc.send_signal(signum)
+        out = proc.communicate(timeout=120)[0].decode()
+    finally:
+        if proc.poll() is None:  # never leave the fit running
+            proc.kill()
+            proc.communicate()
     assert proc.returncode == code, out[-3000:]
     path = tmp_path / "audit" / "version_0" / "audit_summary.json"
     assert path.exists(), out[-3000:]
