@@ -183,13 +183,14 @@ def test_fold_ops_per_step_and_constants_made_once():
     dots = cs.dots(g)
     cs.dots = lambda v: dots  # count the fold's own ops, not the transform's
     n, names = _aten_ops(lambda: s.update(g, 0.1))
-    # linalg_vector_norm and lt (finite?), div (/ C), sub_, div_, add_, logaddexp, where, add_
-    # (the sums); the run's count keeps the flag as it is. Before: 19 (isfinite + all, four
-    # count updates, a slice copied back, ...), then 11 (a float64 sum, sub, eq and the
-    # count's add_)
-    assert n <= 9, names
+    # aminmax, neg, maximum and lt (finite?), div (/ C), sub_, div_, add_, logaddexp, where,
+    # add_ (the sums); the run's count keeps the flag as it is. Before: 19 (isfinite + all,
+    # four count updates, a slice copied back, ...), then 11 (a float64 sum, sub, eq and the
+    # count's add_), then 9 with max |x| < inf by vector_norm, which took ~25x aminmax's time
+    # at d = 10^6 on the CPU (2.8 against 0.1 ms a step)
+    assert n <= 11, names
     assert "aten::isfinite" not in names and "aten::copy_" not in names
-    assert _all_events(lambda: s.update(g, 0.1)) <= 11  # 24 with the sum's and adds' conversions
+    assert _all_events(lambda: s.update(g, 0.1)) <= 13  # 24 with the sum's and adds' conversions
     assert len(s._constants) == 2  # log1p(-q) and 0, on the CPU
 
 
@@ -487,7 +488,9 @@ def test_audit_ops_per_step_do_not_grow_with_the_parameter_tensors():
         tensors = len(list(runs[True][2].parameters()))
         added[tensors] = (counts[True][0] - counts[False][0], counts[True][1] - counts[False][1])
     assert set(added) == {6, 48}
-    assert added[48][0] <= 90 and added[48][1] <= 250, added  # the budget: 300
+    # the budget: 300 (the finiteness test by aminmax, not the inf-norm: 2 events more,
+    # 2.7 ms a step less at d = 10^6 on the CPU)
+    assert added[48][0] <= 90 and added[48][1] <= 255, added
     assert (added[48][0] - added[6][0]) / 42 <= 4, added
     assert (added[48][1] - added[6][1]) / 42 <= 4, added
 
