@@ -220,17 +220,21 @@ def run_valid_setting(mu: float, k: int, a: argparse.Namespace) -> dict:
     allowed = int(stats.binom.ppf(0.999, n, 0.05))
     t0 = time.perf_counter()
     sets = list(zip(x, y, strict=True))
-    full = valid_bound_values(sets, alpha=alpha, delta=delta)
-    coins = valid_bound_values(sets, alpha=alpha, delta=delta, inclusion="coins").max(axis=1)
+    # all three methods: the scores are a Gaussian (mu-GDP) pair, where the f-DP bound holds
+    full = valid_bound_values(sets, alpha=alpha, delta=delta, methods=METHODS)
+    coins = valid_bound_values(sets, alpha=alpha, delta=delta, inclusion="coins",
+                               methods=METHODS).max(axis=1)
     cps = [k * (i + 1) // jj for i in range(jj)]
     watched, horizon, naive = (np.zeros((n, jj)) for _ in range(3))
     gdp_naive, gdp_spent = np.zeros((n, jj)), np.zeros((n, jj))
     for i, c in enumerate(cps, start=1):
         part = list(zip(x[:, :c], y[:, :c], strict=True))
-        watched[:, i - 1] = valid_bound_values(part, alpha=spent_alpha(alpha, i),
-                                               delta=delta).max(axis=1)
-        horizon[:, i - 1] = valid_bound_values(part, alpha=alpha / jj, delta=delta).max(axis=1)
-        naive[:, i - 1] = valid_bound_values(part, alpha=alpha, delta=delta).max(axis=1)
+        watched[:, i - 1] = valid_bound_values(part, alpha=spent_alpha(alpha, i), delta=delta,
+                                               methods=METHODS).max(axis=1)
+        horizon[:, i - 1] = valid_bound_values(part, alpha=alpha / jj, delta=delta,
+                                               methods=METHODS).max(axis=1)
+        naive[:, i - 1] = valid_bound_values(part, alpha=alpha, delta=delta,
+                                             methods=METHODS).max(axis=1)
         for s_, (xi, yi) in enumerate(part):
             aud = CanaryScoreAuditor(xi, yi)
             gdp_naive[s_, i - 1] = aud.epsilon_gdp_lower_bound(alpha, delta, gof_level=0.0).value

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from audit_callbacks.callbacks import CanaryAudit
-from audit_callbacks.estimators.valid_bounds import tightest_valid_lower_bound
+from audit_callbacks.estimators.valid_bounds import METHODS, tightest_valid_lower_bound
 from audit_callbacks.federated import DPFedAvg
 from benchmarks._common import (
     add_accelerator_argument,
@@ -122,7 +122,7 @@ def bound_cap(k: int, k_un: int, delta: float) -> float:
     """The tightest valid 95% bound of perfectly separated scores: the most any valid bound
     can show with k in- and k' out-scores."""
     return tightest_valid_lower_bound(np.full(k, 10.0) + np.arange(k) * 1e-6, np.arange(k_un) * 1e-6,
-                                      alpha=0.05, delta=delta).value
+                                      alpha=0.05, delta=delta, methods=METHODS).value
 
 
 def canaries_to_lift(target: float, k_un: int, delta: float) -> int | None:

@@ -45,6 +45,7 @@ from audit_callbacks.auditing.report import REFERENCES, CanaryReport, summary_js
 from audit_callbacks.auditing.sinks import FIT_END_TAG, fit_end_table
 from audit_callbacks.canary.base import (
     CanaryStatistic,
+    NoMatchedStatistic,
     Release,
     further_statistics,
     matched_statistic,
@@ -52,9 +53,9 @@ from audit_callbacks.canary.base import (
 from audit_callbacks.canary.projection import Projection
 from audit_callbacks.canary.statistics import CanaryStatistics
 from audit_callbacks.canary.vectors import CanarySet, hadamard_length
-from audit_callbacks.estimators.canary_report import canary_estimates
+from audit_callbacks.estimators.canary_report import BOUND_METHODS, canary_estimates
 from audit_callbacks.estimators.result import AuditResult
-from audit_callbacks.estimators.valid_bounds import spent_alpha
+from audit_callbacks.estimators.valid_bounds import DEFAULT_METHODS, spent_alpha
 
 __all__ = ["CanaryAuditor", "NoEstimateYet", "ReportSink", "Warn"]
 
@@ -155,6 +156,9 @@ class CanaryAuditor:
         model = backend.release_model(config.canaries)
         self.matched, self.matched_reason = matched_statistic(model, canaries, k, k_un,
                                                               max_buffered=buffered)
+        #: the valid bounds' methods: with the f-DP bound only where a release is a Gaussian
+        #: noisy sum (it assumes a Gaussian-shaped mechanism; docs/methods/score_auditor.md §8)
+        self.bound_methods = DEFAULT_METHODS if isinstance(model, NoMatchedStatistic) else BOUND_METHODS
         #: every statistic, in the order each release is folded into them
         self.statistics: list[CanaryStatistic] = [self.stats]
         if self.matched is not None:
@@ -422,7 +426,7 @@ class CanaryAuditor:
         estimates, skipped = canary_estimates(
             (stats["final_observed"], stats["final_unobserved"]), delta, max_cosine=max_cos,
             matched=matched, dim=self.stats.dim if exact_null else None, alpha=alpha,
-            bootstrap=bootstrap, seed=seed, index=index,
+            bootstrap=bootstrap, seed=seed, index=index, methods=self.bound_methods,
         )
         if matched_skip:
             skipped[names.EPSILON_ALL_ITERATES_MATCHED] = matched_skip

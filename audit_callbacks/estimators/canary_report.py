@@ -101,11 +101,16 @@ Scores = tuple[np.ndarray, np.ndarray]
 #: Chaudhuri 2024; the strongest with balanced counts, in 5999 of 6000 simulated data sets of
 #: ``benchmarks/lower_bounds.py --valid``). On the benchmark's runs either wins: DP-FedAvg
 #: z = 1: 4.89 against 4.26; z = 2: 2.55 against 1.75; DP-SGD sigma = 1: 5.13 against 4.34.
+#: The f-DP bound holds for Gaussian-shaped mechanisms (the noisy sums of DP-SGD and DP-FedAvg);
+#: a training whose release is not such a sum (local randomizers, an unmatched release) gets
+#: :data:`~audit_callbacks.estimators.valid_bounds.DEFAULT_METHODS` (``docs/methods/
+#: score_auditor.md`` §8).
 BOUND_METHODS = ("clopper_pearson", "one_run_fdp")
 
 
 def _valid_bounds(pools: list[list[Scores | CanaryScoreAuditor]], delta: float, alpha: float,
-                  index: int | None, seed: int) -> list[AuditResult | ValueError]:
+                  index: int | None, seed: int, methods: tuple[str, ...]
+                  ) -> list[AuditResult | ValueError]:
     """The valid bound of each pool of score sets: the largest of the sets' valid lower bounds,
     each at ``alpha / len(pool)``, at the level spent for logged point ``index`` (None: the
     plain level). Computed together: one f-DP search for every set of every pool
@@ -119,7 +124,7 @@ def _valid_bounds(pools: list[list[Scores | CanaryScoreAuditor]], delta: float, 
         try:
             auds = []
             for i, x in enumerate(scores):
-                check_bound_arguments(share, delta, seed + i, index, BOUND_METHODS, "fixed")
+                check_bound_arguments(share, delta, seed + i, index, methods, "fixed")
                 auds.append(x if isinstance(x, CanaryScoreAuditor) else CanaryScoreAuditor(*x))
             checked.append(auds)
         except ValueError as err:
@@ -133,7 +138,7 @@ def _valid_bounds(pools: list[list[Scores | CanaryScoreAuditor]], delta: float, 
             alphas += [alpha / len(scores)] * len(auds)
             seeds += [seed + i for i in range(len(auds))]
     flat = tightest_valid_lower_bounds(sets, alphas=alphas, delta=delta, seeds=seeds,
-                                       index=index, methods=BOUND_METHODS) if sets else []
+                                       index=index, methods=methods) if sets else []
     out: list[AuditResult | ValueError] = []
     for scores, auds in zip(pools, checked, strict=True):
         if isinstance(auds, ValueError):
@@ -163,7 +168,7 @@ def canary_estimates(
     final: Scores, delta: float, *, max_cosine: Scores | None = None,
     matched: tuple[Scores | CanaryScoreAuditor, AuditResult] | None = None, dim: int | None = None,
     alpha: float = 0.05, bootstrap: int = 0, seed: int = 0, index: int | None = None,
-    gof_level: float = 0.01,
+    gof_level: float = 0.01, methods: tuple[str, ...] = BOUND_METHODS,
 ) -> tuple[dict[str, AuditResult], dict[str, str]]:
     """Every estimate of both threat models.
 
@@ -186,6 +191,9 @@ def canary_estimates(
             spent for it (:func:`~audit_callbacks.estimators.valid_bounds.spent_alpha`); None:
             at plain alpha (the summary's).
         gof_level: the goodness-of-fit level below which the GDP bound is rejected.
+        methods: the valid bounds' methods: :data:`BOUND_METHODS` (with the f-DP bound) where
+            the release is a Gaussian noisy sum; ``valid_bounds.DEFAULT_METHODS`` (valid for
+            any mechanism) otherwise.
 
     Returns:
         ``(estimates, skipped)``: name -> result, and name -> the reason it is missing. No
@@ -232,7 +240,8 @@ def canary_estimates(
         pool = [matched[0]]
         gdp_scores = matched[0]
     # both threat models' valid bounds in one computation (each the value it has alone)
-    bound_final, bound_all = _valid_bounds([[final_set], pool], delta, alpha, index, seed)
+    bound_final, bound_all = _valid_bounds([[final_set], pool], delta, alpha, index, seed,
+                                             tuple(methods))
 
     def bound(res: AuditResult | ValueError) -> AuditResult:
         if isinstance(res, ValueError):

@@ -527,6 +527,12 @@ class CanaryScoreAuditor:
         the same C candidate rules), converted to epsilon at delta by the mu-GDP formula
         delta(eps) = Phi(mu/2 - eps/mu) - e^eps Phi(-mu/2 - eps/mu).
 
+        The epsilon is a lower bound on the mechanism's only when its trade-off curve is
+        Gaussian-shaped (the Gaussian mechanism and its compositions; DP-SGD's subsampled
+        Gaussian over many steps, close to it): for other mechanisms, randomized response for
+        one, it can exceed the true epsilon with any confidence. :meth:`epsilon_lower_bound` and
+        :meth:`epsilon_one_run` hold for any mechanism.
+
         Args:
             alpha: 1 - confidence, in (0, 1).
             delta: in (0, 1).

@@ -51,7 +51,8 @@ def _series(x: np.ndarray, y: np.ndarray, alpha_of: object) -> np.ndarray:
     cols = []
     for i, n_i in enumerate(CHECKPOINTS, start=1):
         sets = list(zip(x[:, :n_i], y[:, :n_i], strict=True))
-        cols.append(valid_bound_values(sets, alpha=alpha_of(i), delta=DELTA).max(axis=1))
+        cols.append(valid_bound_values(sets, alpha=alpha_of(i), delta=DELTA,
+                                       methods=METHODS).max(axis=1))
     return np.stack(cols, axis=1)
 
 
@@ -92,7 +93,8 @@ def test_spent_alpha_bad_arguments(kwargs: dict, msg: str) -> None:
 def test_tightest_is_the_largest_method_at_alpha_over_m() -> None:
     rng = np.random.default_rng(1)
     x, y = rng.normal(2.0, 1.0, 400), rng.normal(0.0, 1.0, 300)
-    r = tightest_valid_lower_bound(x, y, alpha=ALPHA, delta=DELTA, inclusion="coins", seed=3)
+    r = tightest_valid_lower_bound(x, y, alpha=ALPHA, delta=DELTA, inclusion="coins", seed=3,
+                                   methods=METHODS)
     a = CanaryScoreAuditor(x, y)
     each = ALPHA / 3
     want = {
@@ -156,7 +158,8 @@ def test_infeasible_pool_gives_zero_one_run_bounds(monkeypatch: pytest.MonkeyPat
     x, y = _gauss_sets(4.0, n_sets=1, k=40)
     seen = False
     for seed in range(50):
-        r = tightest_valid_lower_bound(x[0], y[0], alpha=ALPHA, delta=DELTA, seed=seed)
+        r = tightest_valid_lower_bound(x[0], y[0], alpha=ALPHA, delta=DELTA, seed=seed,
+                                       methods=METHODS)
         if not r.details["pool"]["feasible"]:
             seen = True
             assert r.details["values"]["one_run"] == 0.0
@@ -203,7 +206,7 @@ BAD = [
     (dict(alpha=float("nan")), "alpha"),
     (dict(delta=1.0), "delta"),
     (dict(delta=-1e-3), "delta"),
-    (dict(delta=0.0), "delta must be in \\(0, 1\\) when methods include 'one_run_fdp'"),
+    (dict(delta=0.0, methods=METHODS), "delta must be in \\(0, 1\\) when methods include 'one_run_fdp'"),
     (dict(methods=()), "methods"),
     (dict(methods="one_run"), "methods"),
     (dict(methods=("one_run", "gdp")), "methods"),
@@ -243,14 +246,15 @@ def gauss(request: pytest.FixtureRequest) -> tuple[float, float, np.ndarray, np.
 def test_coverage_tightest_valid(gauss: tuple) -> None:
     """(a) the tightest valid 95% bound exceeds the truth in <= 5% + slack of 300 data sets."""
     mu, truth, x, y = gauss
-    vals = valid_bound_values(list(zip(x, y, strict=True)), alpha=ALPHA, delta=DELTA)
+    vals = valid_bound_values(list(zip(x, y, strict=True)), alpha=ALPHA, delta=DELTA,
+                              methods=METHODS)  # the f-DP bound too: these scores are GDP
     best = vals.max(axis=1)
     exceed = int(np.sum(best > truth))
     print(f"\n(a) mu={mu:g} eps={truth:.2f}: exceed {exceed}/{N_SETS}, mean bound "
           f"{best.mean():.3f}, wins {dict(zip(METHODS, np.bincount(vals.argmax(1), minlength=3), strict=True))}")
     assert exceed <= _allowed(N_SETS)
     assert best.mean() > 0.1 * truth  # not vacuous
-    r = tightest_valid_lower_bound(x[0], y[0], alpha=ALPHA, delta=DELTA)
+    r = tightest_valid_lower_bound(x[0], y[0], alpha=ALPHA, delta=DELTA, methods=METHODS)
     assert r.value == pytest.approx(best[0], rel=1e-12)
 
 
@@ -264,7 +268,8 @@ def test_coverage_watched_series_maximum(gauss: tuple) -> None:
     assert exceed <= _allowed(N_SETS)
     assert top.mean() > 0.1 * truth
     n3 = CHECKPOINTS[2]
-    w = watched_lower_bound(x[7, :n3], y[7, :n3], alpha=ALPHA, delta=DELTA, index=3, seed=0)
+    w = watched_lower_bound(x[7, :n3], y[7, :n3], alpha=ALPHA, delta=DELTA, index=3, seed=0,
+                            methods=METHODS)
     assert w.value == pytest.approx(series[7, 2], rel=1e-12)
 
 
@@ -306,6 +311,29 @@ def test_one_run_emulated_pool_covers_where_the_bound_is_tight() -> None:
               f"mean {v.mean():.3f}")
         assert np.sum(v > eps) <= _allowed(N_SETS)
         assert v.mean() > 0.7 * eps
+
+
+def test_default_methods_hold_for_randomized_response_where_the_fdp_bound_does_not() -> None:
+    """The default methods hold for any mechanism; the f-DP bound (mu-GDP rejected, converted
+    to epsilon) only for Gaussian-shaped ones. Randomized response at eps = 4 (a pure eps-DP
+    pair of scores, k = k' = 1000, delta = 1e-5, 100 data sets): the default tightest bound
+    exceeds the truth in <= 5% + slack, the f-DP bound in most data sets."""
+    rng = np.random.default_rng(13)
+    eps, n_sets, k = 4.0, 100, 1000
+    p = math.exp(eps) / (1 + math.exp(eps))
+    x = (rng.random((n_sets, k)) < p).astype(float)
+    y = (rng.random((n_sets, k)) >= p).astype(float)
+    sets = list(zip(x, y, strict=True))
+    default = valid_bound_values(sets, alpha=ALPHA, delta=1e-5).max(axis=1)
+    fdp = valid_bound_values(sets, alpha=ALPHA, delta=1e-5, methods=("one_run_fdp",))[:, 0]
+    print(f"\nrandomized response eps=4: default exceeds {np.sum(default > eps)}/{n_sets} "
+          f"(mean {default.mean():.3f}), one_run_fdp exceeds {np.sum(fdp > eps)}/{n_sets}")
+    assert vb.DEFAULT_METHODS == ("clopper_pearson", "one_run")
+    assert np.sum(default > eps) <= _allowed(n_sets)
+    assert default.mean() > 0.5 * eps  # not vacuous
+    assert np.sum(fdp > eps) > n_sets // 2
+    r = tightest_valid_lower_bound(x[0], y[0], alpha=ALPHA, delta=1e-5)
+    assert tuple(r.details["methods"]) == vb.DEFAULT_METHODS
 
 
 # ------------------------------------------------------------------ GDP gating
