@@ -592,7 +592,10 @@ class CanaryScoreAuditor:
         level = check_real(gof_level, "gof_level")
         if not 0.0 <= level < 1.0:
             raise ValueError(f"gof_level must be in [0, 1), got {gof_level!r}")
-        x, y = self.in_scores, self.out_scores
+        # the bound does not depend on the scores' scale: scaled by a power of two (exact, so
+        # the same bits at ordinary scales), squares neither overflow nor underflow
+        exponent = int(np.frexp(max(np.abs(self.in_scores).max(), np.abs(self.out_scores).max()))[1])
+        x, y = np.ldexp(self.in_scores, -exponent), np.ldexp(self.out_scores, -exponent)
         k, kk = x.size, y.size
         df = k + kk - 2
         ss = np.sum((x - x.mean()) ** 2) + np.sum((y - y.mean()) ** 2)
@@ -753,7 +756,7 @@ def _nct_lower(t_obs: float, df: int, alpha: float) -> float:
         return cdf - (1.0 - alpha)
 
     z = float(ndtri(1.0 - alpha))
-    spread = z * math.sqrt(1.0 + t_obs * t_obs / (2.0 * df)) + 1.0
+    spread = abs(z) * math.sqrt(1.0 + t_obs * t_obs / (2.0 * df)) + 1.0  # z < 0 for alpha > 1/2
     lo, hi = t_obs - 2.0 * spread - 1.0, t_obs + 1.0
     try:
         while f(lo) <= 0.0:  # cdf decreases in lambda: f(lo) > 0 > f(hi) brackets the root

@@ -140,3 +140,23 @@ def test_vectorised_shapes() -> None:
 def test_bad_input_raises(call) -> None:
     with pytest.raises(ValueError):
         call()
+
+
+@pytest.mark.parametrize("dim", [10**12, 10**15, 10**18, 2**62])
+def test_sf_at_huge_dim_is_the_normal_limit(dim: int) -> None:
+    """Far beyond any model (betainc is off by 1e-4 at d = 1e12 and by order 1 at 1e16), the
+    null is N(0, 1/d) to O(1/d): sf(z / sqrt(d)) = Phi(-z)."""
+    z = np.array([0.5, 1.0, 3.0, 5.0])
+    got = cosine_null_sf(z / np.sqrt(dim), dim)
+    assert np.allclose(got, norm.sf(z), rtol=1e-8, atol=0)
+    assert np.allclose(cosine_null_logsf(z / np.sqrt(dim), dim), norm.logsf(z), rtol=1e-8, atol=0)
+    assert cosine_null_sf(1.0, dim) == 0.0 and cosine_null_sf(-1.0, dim) == 1.0
+
+
+def test_sf_continuous_where_the_student_t_identity_takes_over() -> None:
+    from audit_callbacks.estimators.cosine_null import T_IDENTITY_DIM
+
+    d = T_IDENTITY_DIM
+    z = np.array([0.5, 1.0, 3.0, 6.0])
+    below, above = cosine_null_sf(z / np.sqrt(d), d), cosine_null_sf(z / np.sqrt(d + 1), d + 1)
+    assert np.allclose(below, above, rtol=1e-7, atol=0)

@@ -365,3 +365,19 @@ def test_gdp_gate_rejects_a_mixture_but_keeps_the_value() -> None:
             assert r.value > 0 and math.isfinite(r.value)
     print(f"\n(d) mixture rejected in {rejected}/100")
     assert rejected >= 95
+
+
+def test_gdp_bound_ignores_the_scores_scale_and_any_alpha_returns() -> None:
+    """The GDP bound is scale-free (scores at 1e-300 or 1e300 give the bound of scale 1, not a
+    ZeroDivisionError or 0 from overflowing squares) and returns for every alpha in (0, 1)
+    (its bracket walked away from the root for alpha > 0.84)."""
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(1.0, 1.0, 1000), rng.normal(0.0, 1.0, 1000)
+    base = CanaryScoreAuditor(x, y).epsilon_gdp_lower_bound(ALPHA, DELTA)
+    for scale in (2.0**-1000, 2.0**-60, 2.0**60, 2.0**1000):
+        r = CanaryScoreAuditor(x * scale, y * scale).epsilon_gdp_lower_bound(ALPHA, DELTA)
+        assert r.value == base.value and r.details["mu_hat"] == base.details["mu_hat"]
+    values = [CanaryScoreAuditor(x[:100], y[:100]).epsilon_gdp_lower_bound(a, DELTA).value
+              for a in (0.05, 0.5, 0.85, 0.9, 0.99)]
+    assert all(math.isfinite(v) for v in values)
+    assert values == sorted(values)  # a larger alpha, a less conservative bound
