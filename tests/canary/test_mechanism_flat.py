@@ -328,3 +328,37 @@ def test_the_fold_has_the_bits_of_before(sizes, momentum, extra):
         assert bool(resumed.fold(_release(v, extras))) == bool(ref_resumed.fold(_release(v, extras)))
     assert resumed._buffers["e"].numpy().tobytes() == ref_resumed._buffers["e"].numpy().tobytes()
     assert resumed.counts() == ref_resumed.counts()
+
+
+def test_resume_with_server_momentum_leaves_out_the_release_whose_noise_is_unknown() -> None:
+    """With server momentum a release's noise part is delta_t - beta delta_(t-1). A resumed fit
+    does not hold delta_(t-1): its first release is left out of both checks, and the sums go
+    on as in the uninterrupted run (before, beta delta_(t-1) was counted as noise energy, which
+    hides too little noise: the noise-scale check is one-sided)."""
+    beta, std, split = 0.9, 0.5, 6
+    tensors = [("w", 300), ("b", 20)]
+    gen = torch.Generator().manual_seed(0)
+    deltas, prev = [], torch.zeros(320)
+    for _ in range(12):
+        prev = beta * prev + std * torch.randn(320, generator=gen) + 0.3  # drift: not noise
+        deltas.append(prev.clone())
+
+    def folded(checks: NoiseChecks, vectors: list[torch.Tensor]) -> None:
+        for v in vectors:
+            checks.fold(types.SimpleNamespace(vector=v, extras=None))
+
+    whole = NoiseChecks(tensors, std, reads="model_delta", momentum=beta)
+    folded(whole, deltas)
+    first = NoiseChecks(tensors, std, reads="model_delta", momentum=beta)
+    folded(first, deltas[:split])
+    resumed = NoiseChecks(tensors, std, reads="model_delta", momentum=beta)
+    resumed.load_state_dict(first.state_dict())
+    folded(resumed, deltas[split:])
+    # the uninterrupted sums less release `split` (and, for the differences, the two that read it)
+    n1, n2 = whole.counts()
+    assert resumed.counts() == (n1 - 1, n2 - 2)
+    e_whole = whole.state_dict()["e1"]
+    e_res = resumed.state_dict()["e1"]
+    noise_part = deltas[split] - beta * deltas[split - 1]
+    left_out = [float((noise_part[:300] ** 2).sum()), float((noise_part[300:] ** 2).sum())]
+    assert np.allclose(np.add(e_res, left_out), e_whole, rtol=1e-5)
