@@ -165,6 +165,19 @@ def test_sampler_false_alarm_rate_on_poisson_batches(population, rate):
     assert hits <= stats.binom.ppf(0.9995, runs, alpha), hits
 
 
+@pytest.mark.parametrize("population, rate, steps", [(100, 0.01, 100), (1000, 0.002, 500)])
+def test_sampler_dispersion_keeps_its_level_at_small_expected_sizes(population, rate, steps):
+    """At N q = 1-2 the dispersion D is far from chi2(T) (variance T (2 + 1/v - 6/N), not 2T):
+    against chi2(T) its p-value fell below alpha / 3 = 0.0167 in 4.4% of runs at N q = 1,
+    T = 100 (2.6x the level); the scaled chi-square keeps it (1.4%). 1,500 runs each."""
+    rng = np.random.default_rng(8)
+    runs, level = 1500, 0.05 / 3
+    sizes = rng.binomial(population, rate, size=(runs, steps))
+    hits = sum(sampler_check(b, population, rate, alpha=0.05).details["p_value_dispersion"] <= level
+               for b in sizes)
+    assert hits <= stats.binom.ppf(0.999, runs, level), hits
+
+
 def test_sampler_catches_fixed_size_shuffled_batches():
     """DataLoader(shuffle=True, batch_size=64) over 1,000 examples under a Poisson accountant
     at q = 0.064: 15 batches of 64 and one of 40 each epoch, rejected within one epoch."""
