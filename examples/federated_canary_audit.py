@@ -2,6 +2,7 @@
 
     python examples/federated_canary_audit.py                       # the demo (make demo)
     python examples/federated_canary_audit.py --noise-multiplier 1  # another claim
+    python examples/federated_canary_audit.py --quick               # 10 rounds (smoke test)
     python examples/federated_canary_audit.py --accelerator gpu     # on a CUDA GPU (default: auto)
 
 Trains an MLP (one hidden layer of 200; ``--model cnn`` for a CNN) with DP-FedAvg over
@@ -101,8 +102,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--delta", type=float, default=1e-6)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-dir", default="runs")
+    p.add_argument("--quick", action="store_true",
+                   help="at most 10 rounds (seconds; smoke test: a smaller claim, fewer participations)")
     add_accelerator_argument(p)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.rounds = min(args.rounds, 10)
+    return args
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -89,8 +89,10 @@ def _ldp() -> list[Quantity]:
                  "the epsilon the randomizer claims for one release of a whole d-dim row "
                  "(epsilon_for_dim(d): eps0 for LDP-SGD, d * eps for per-coordinate mechanisms)"),
         Quantity(FAMILY_LDP, EPSILON0_CEILING, _EPSILON0,
-                 "the largest lower bound the callback's number of trials can show "
-                 "(measurable_ceiling(trials, alpha)); no estimate above it is measurable"),
+                 "the largest lower bound the audit's tests could show: the largest over its "
+                 "adversaries of the zero-error bound at the test's realised split of the trials "
+                 "(near measurable_ceiling(trials, alpha), the nominal split's); no lower bound "
+                 "logged at that round is above it"),
     ]
     out += [
         Quantity(FAMILY_LDP, CLIP_NORM, _NORMS,

@@ -104,11 +104,14 @@ def test_end_to_end_tags_layout_summary_and_values(tmp_path):
         if rec["adversary"] == "gradient_flip":
             assert logged[rec["round"]] == pytest.approx(rec["epsilon0_lower_bound"], rel=1e-6)
     assert {e.value for e in acc.Scalars("ldp/epsilon0_claimed")} == {2.0}
-    ceiling = measurable_ceiling(4000, 0.05)
-    assert acc.Scalars("ldp/epsilon0_ceiling")[0].value == pytest.approx(ceiling, rel=1e-6)
+    ceilings = {e.step: e.value for e in acc.Scalars("ldp/epsilon0_ceiling")}
+    for rnd, ceiling in ceilings.items():  # the realised splits' (4000 trials: near 6.29)
+        recs = [r for r in audit.history if r["round"] == rnd]
+        assert ceiling == pytest.approx(max(r["ceiling"] for r in recs), rel=1e-6)
+        assert abs(ceiling - measurable_ceiling(4000, 0.05)) < 0.1
     for rec in audit.history:
         assert rec["method"] == "fast"
-        assert 0 <= rec["epsilon0_lower_bound"] <= rec["epsilon0"] <= ceiling + 1e-12
+        assert 0 <= rec["epsilon0_lower_bound"] <= rec["epsilon0"] <= ceilings[rec["round"]] + 1e-5
         if rec["adversary"] in ("dummy", "collusion"):
             assert rec["norm_g1"] >= 1.0 - 1e-6 and rec["epsilon0_expected"] == pytest.approx(2.0)
             assert rec["epsilon0_lower_bound"] <= 2.0 <= rec["epsilon0_upper_bound"]
@@ -207,8 +210,11 @@ def test_every_logged_tag_summary_key_and_chart_is_in_the_name_table(tmp_path):
     assert summary["source"] and "paper" not in summary
     assert summary["tags"] == {q.name: q.tag for q in names.family("ldp")}
     inputs = summary["inputs"]
-    for name in ("epsilon0_claimed", "epsilon0_ceiling", "clip_norm"):
+    for name in ("epsilon0_claimed", "clip_norm"):
         assert all(v == pytest.approx(inputs[name], rel=1e-6) for v in scalars[names.tag("ldp", name)].values())
+    last = max(scalars[names.tag("ldp", "epsilon0_ceiling")])
+    assert scalars[names.tag("ldp", "epsilon0_ceiling")][last] == pytest.approx(
+        summary["results"]["epsilon0_ceiling"]["value"], rel=1e-6)
     share = summary["client_update_norms"]["client_updates_at_clip"]
     assert scalars[names.tag("ldp", "client_updates_at_clip")][4] == pytest.approx(share, rel=1e-6)
     for pub in summary["history"]:
@@ -271,6 +277,39 @@ def test_correct_randomizer_is_never_flagged_across_many_audits():
         pooled = epsilon_from_counts(*(sum(r[k] for r in recs) for k in ("tp", "fn", "fp", "tn")))
         assert pooled.epsilon_lower_bound <= 1.0 <= pooled.epsilon_upper_bound
         assert pooled.epsilon == pytest.approx(1.0, abs=0.03)
+
+
+def test_logged_ceiling_is_the_realised_splits_and_no_lower_bound_exceeds_it():
+    # each test splits its trials at random; the ceiling of the nominal split (1000 / 1000) is
+    # below the lower bound of a zero-error test whose split is uneven, so the logged ceiling
+    # must be the zero-error bound of the group sizes the tests actually had
+    dm, module = make(LDPSGD(30.0, 1.0), clients=10)
+    audit = LDPAudit(trials=2000, adversaries=("gradient_flip", "dummy"), every_n_rounds=1, seed=5)
+    logged = {}
+    audit.output.bind = lambda trainer: None
+    audit.output.scalars = lambda values, step: logged.__setitem__(step, dict(values))
+    nominal = measurable_ceiling(2000, 0.05)
+    for round_idx in range(1, 9):
+        audit.audit(object(), module, round_idx)
+    assert sorted(logged) == list(range(1, 9))
+    moved = 0
+    for round_idx, values in logged.items():
+        recs = [r for r in audit.history if r["round"] == round_idx]
+        assert len(recs) == 2
+        ceiling = values["ldp/epsilon0_ceiling"]
+        sizes = [(r["fp"] + r["tn"], r["fn"] + r["tp"]) for r in recs]
+        assert all(n1 + n2 == 2000 for n1, n2 in sizes)
+        own = max(epsilon_from_counts(n2, 0, 0, n1).epsilon_lower_bound for n1, n2 in sizes)
+        assert ceiling == pytest.approx(own, rel=1e-12)
+        for r in recs:
+            assert values[f"ldp/epsilon0_lower_bound_{r['adversary']}"] <= ceiling + 1e-12
+            assert r["epsilon0_lower_bound"] <= ceiling + 1e-12
+        moved += abs(ceiling - nominal) > 1e-9
+    assert moved  # the splits were uneven: the nominal ceiling would not do
+    # the summary's ceiling is the last audit's, the nominal split's in its details
+    summary = audit.audit_summary(module)
+    assert summary["results"]["epsilon0_ceiling"]["value"] == pytest.approx(logged[8]["ldp/epsilon0_ceiling"])
+    assert summary["results"]["epsilon0_ceiling"]["details"]["nominal_split_ceiling"] == pytest.approx(nominal)
 
 
 def test_broken_ldp_sgd_is_flagged_once_per_adversary(tmp_path):
