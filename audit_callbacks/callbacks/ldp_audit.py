@@ -145,6 +145,11 @@ SOURCE_EXACT = ("the definition of epsilon-LDP: max over inputs x, x' and output
 ADVERSARY_NAMES: tuple[str, ...] = ("benign", "label_flip", "gradient_flip", "collusion", "dummy")
 _GRADIENT_ADVERSARIES = ("benign", "label_flip", "gradient_flip", "collusion")
 _REL_TOL = 1e-9
+#: The real client updates a published update-norm aggregate (its tag, the summary, the
+#: checkpoint) covers at least, beyond the one published before it: a cohort of one client
+#: would otherwise publish that client's norm, and two successive values their difference
+#: (as the label attack's ``min_examples``).
+MIN_CLIENTS_PUBLISHED = 100
 
 
 class BrokenRandomizerWarning(UserWarning):
@@ -298,6 +303,10 @@ class LDPAudit(FederatedAuditHooks, Callback):
         self.last_audited_round = 0
         #: aggregates over every real client update so far (no largest norm: one client's value)
         self.update_norms = {"count": 0, "at_clip": 0, "sum": 0.0}
+        #: ``update_norms`` as last published: taken when it has grown by at least
+        #: :data:`MIN_CLIENTS_PUBLISHED` updates; the only aggregate logged, summarised or
+        #: checkpointed (a resume goes on from it)
+        self.published_norms = dict(self.update_norms)
         self.summary_path: str | None = None
         #: the audit's output path: warnings once (the set is checkpointed), the summary, the
         #: report section, the scalars and layout
@@ -361,6 +370,8 @@ class LDPAudit(FederatedAuditHooks, Callback):
         self.update_norms["count"] += int(norms.size)
         self.update_norms["at_clip"] += int(np.count_nonzero(norms >= clip * (1 - 1e-6)))
         self.update_norms["sum"] += float(norms.sum())
+        if self.update_norms["count"] - self.published_norms["count"] >= MIN_CLIENTS_PUBLISHED:
+            self.published_norms = dict(self.update_norms)
 
     def on_federated_round_end(self, trainer: pl.Trainer, pl_module: Any, fl_round: FederatedRound) -> None:
         if fl_round.index % self.every_n_rounds == 0:
@@ -453,9 +464,9 @@ class LDPAudit(FederatedAuditHooks, Callback):
             names.tag(FAMILY, names.EPSILON0_CLAIMED): claimed,
             names.tag(FAMILY, names.CLIP_NORM): clip,
         }
-        if self.update_norms["count"]:
+        if self.published_norms["count"]:
             metrics[names.tag(FAMILY, names.CLIENT_UPDATES_AT_CLIP)] = (
-                self.update_norms["at_clip"] / self.update_norms["count"]
+                self.published_norms["at_clip"] / self.published_norms["count"]
             )
         was_training = pl_module.model.training
         for name in self.adversaries:
@@ -635,7 +646,8 @@ class LDPAudit(FederatedAuditHooks, Callback):
             results[names.qualified(names.EPSILON0_LOWER_BOUND_STEM, name)] = result_entry(
                 recs[-1][names.EPSILON0_LOWER_BOUND_STEM], alpha=test["alpha"], delta=0.0,
                 method=f"{test['method']}_lower_bound", source=SOURCE, counts=test["counts"])
-        n = self.update_norms["count"]
+        published = self.published_norms
+        n = published["count"]
         claimed = self._claimed(pl_module) if rnd is not None else None
         inputs = {
             "randomizer": repr(rnd),
@@ -651,7 +663,7 @@ class LDPAudit(FederatedAuditHooks, Callback):
             "audit_randomness": self.randomness(),
             "rounds": int(getattr(pl_module, "round", 0) or 0),
         }
-        share = (self.update_norms["at_clip"] / n) if n else None
+        share = (published["at_clip"] / n) if n else None
         results.update(
             epsilon0_claimed=result_entry(claimed, reason="no randomizer", method="the randomizer's claim"),
             epsilon0_ceiling=self._ceiling_result(),
@@ -677,10 +689,11 @@ class LDPAudit(FederatedAuditHooks, Callback):
                 "flagged": self.exact["flagged"],
             },
             adversaries=by_adv,
-            client_update_norms={  # aggregates only: no client's own value
+            client_update_norms={  # aggregates of >= MIN_CLIENTS_PUBLISHED updates only
                 "count": n,
                 names.CLIENT_UPDATES_AT_CLIP: share,
-                "mean": (self.update_norms["sum"] / n) if n else None,
+                "mean": (published["sum"] / n) if n else None,
+                "min_clients_published": MIN_CLIENTS_PUBLISHED,
             },
             history=[_published(r) for r in self.history],
         )
@@ -696,7 +709,7 @@ class LDPAudit(FederatedAuditHooks, Callback):
             "exact": None if self.exact is None else dict(self.exact),
             "audits": self.audits,
             "last_audited_round": self.last_audited_round,
-            "update_norms": dict(self.update_norms),
+            "update_norms": dict(self.published_norms),
             "warned": sorted(self.output.warned),
         }
 
@@ -709,6 +722,7 @@ class LDPAudit(FederatedAuditHooks, Callback):
         self.audits = int(state_dict["audits"])
         self.last_audited_round = int(state_dict["last_audited_round"])
         self.update_norms = {k: v for k, v in state_dict["update_norms"].items() if k != "max"}
+        self.published_norms = dict(self.update_norms)
         self.output.warned = set(state_dict["warned"])
 
 

@@ -11,6 +11,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
+import audit_callbacks.callbacks.ldp_audit as ldp_audit_module
 from audit_callbacks.attacks import LDPFLInferenceAttack, measurable_ceiling
 from audit_callbacks.callbacks.ldp_audit import (
     ADVERSARY_NAMES,
@@ -49,6 +50,13 @@ class LyingLDPSGD(LDPSGD):
 
     def randomize(self, x, generator=None):  # overridden: the audit must test this code
         return super().randomize(x, generator)
+
+
+@pytest.fixture(autouse=True)
+def _publish_every_update(monkeypatch):
+    """These runs see tens of client updates: publish the update-norm aggregates at every update
+    (``test_update_norms_are_published_only_over_blocks_of_clients`` runs the real threshold)."""
+    monkeypatch.setattr(ldp_audit_module, "MIN_CLIENTS_PUBLISHED", 1)
 
 
 def broken_warnings(caught):
@@ -401,6 +409,36 @@ def test_resume_gives_identical_final_numbers(tmp_path):
     assert resumed[0].update_norms == full[0].update_norms
     assert resumed[1].history == full[1].history
     assert len(full[1].history) == 8
+
+
+def test_update_norms_are_published_only_over_blocks_of_clients(tmp_path, monkeypatch):
+    """One client a round: the share of clipped updates and the mean norm reach no tag, summary
+    or checkpoint before MIN_CLIENTS_PUBLISHED updates (one value would be that client's, the
+    difference of two successive ones too); in memory they cover every update."""
+    monkeypatch.setattr(ldp_audit_module, "MIN_CLIENTS_PUBLISHED", 100)
+    dm, module = make(TwoPoint(3.0, center=0.0, radius=0.2), per_round=1)
+    audit = LDPAudit(trials=1000, every_n_rounds=2, seed=1)
+    ckpt = ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), save_last=True, every_n_train_steps=3)
+    fit(dm, module, [audit, ckpt], 6, tmp_path)
+    assert audit.update_norms["count"] == 6
+    summary = json.load(open(audit.summary_path, encoding="utf-8"))
+    assert summary["client_update_norms"]["count"] == 0
+    assert summary["client_update_norms"]["mean"] is None
+    assert summary["client_update_norms"]["client_updates_at_clip"] is None
+    acc = EventAccumulator(os.path.join(str(tmp_path), "run", "version_0"), size_guidance={"scalars": 0})
+    acc.Reload()
+    assert "ldp/client_updates_at_clip" not in acc.Tags()["scalars"]
+    state = torch.load(str(tmp_path / "ckpt" / "last.ckpt"), weights_only=False)["callbacks"]
+    (ldp_state,) = [v for k, v in state.items() if k.startswith("LDPAudit")]
+    assert ldp_state["update_norms"]["count"] == 0
+    # at the threshold the block is published, and the checkpoint resumes from it
+    monkeypatch.setattr(ldp_audit_module, "MIN_CLIENTS_PUBLISHED", 4)
+    dm, module = make(TwoPoint(3.0, center=0.0, radius=0.2), per_round=1)
+    audit = LDPAudit(trials=1000, every_n_rounds=2, seed=1)
+    fit(dm, module, [audit], 6, tmp_path / "b")
+    assert audit.published_norms["count"] == 4 and audit.update_norms["count"] == 6
+    summary = json.load(open(audit.summary_path, encoding="utf-8"))
+    assert summary["client_update_norms"]["count"] == 4
 
 
 def test_wrong_module_or_no_randomizer_raises_type_error(tmp_path):
