@@ -87,6 +87,11 @@ class LDPInferenceAudit(FederatedAuditHooks, Callback):
 
     Attributes: ``history`` (one dict per logged round), ``last`` (``{mode:``
     :class:`~audit_callbacks.attacks.InferencePrediction` ``}`` of the last prediction).
+
+    Resume: the checkpoint keeps ``history`` only. The attack's target is the mean of the real
+    clients' un-randomized (projected) updates, which no artifact may hold, so a resumed fit
+    restarts the attack and its target together at the resume (each record's ``rows`` counts
+    the rows since then).
     """
 
     def __init__(
@@ -287,14 +292,11 @@ class LDPInferenceAudit(FederatedAuditHooks, Callback):
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
+        """The logged records only: the target (a sum of real clients' un-randomized updates)
+        stays in memory, and the attack restarts with it at a resume."""
         if not self.attacks:
             return {}
-        return {
-            "attacks": {m: a.state_dict() for m, a in self.attacks.items()},
-            "target_sum": None if self._target_sum is None else self._target_sum.tolist(),
-            "target_count": self._target_count,
-            "history": [dict(h) for h in self.history],
-        }
+        return {"history": [dict(h) for h in self.history]}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not state_dict:
@@ -305,10 +307,5 @@ class LDPInferenceAudit(FederatedAuditHooks, Callback):
             self._pending_state = state_dict
 
     def _restore(self, state: dict[str, Any]) -> None:
-        for mode, st in state["attacks"].items():
-            if mode in self.attacks:
-                self.attacks[mode].load_state_dict(st)
-        ts = state["target_sum"]
-        self._target_sum = None if ts is None else np.asarray(ts, dtype=float)
-        self._target_count = int(state["target_count"])
+        # an older checkpoint's "attacks" / "target_sum" are not read: the attack restarts
         self.history = [dict(h) for h in state["history"]]
