@@ -113,9 +113,12 @@ class LDPInferenceAudit(FederatedAuditHooks, Callback):
         self.center = None if center is None else check_real(center, "center")
         self.radius = None if radius is None else check_positive(radius, "radius")
         self.modes = modes
+        if weights is not None:
+            given = np.asarray(weights).reshape(-1)
+            if given.size == 0 or given.dtype == bool or not np.issubdtype(given.dtype, np.integer) \
+                    or given.min() < 0:
+                raise ValueError(f"weights must be non-empty, non-negative integer indices, got {weights!r}")
         self.weights = None if weights is None else np.asarray(weights, dtype=np.int64).reshape(-1)
-        if self.weights is not None and (self.weights.size == 0 or self.weights.min() < 0):
-            raise ValueError("weights must be non-empty, non-negative indices")
         self.every_n_rounds = check_count(every_n_rounds, "every_n_rounds", minimum=1)
         self.seed = check_seed(seed, "seed")
         self.summary_filename = summary_filename

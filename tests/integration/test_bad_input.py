@@ -403,6 +403,7 @@ def test_the_ldp_callbacks_check_their_arguments() -> None:
         (callbacks.LDPInferenceAudit, "radius", 0.0), (callbacks.LDPInferenceAudit, "center", "0"),
         (callbacks.LDPInferenceAudit, "every_n_rounds", 0),
         (callbacks.LDPInferenceAudit, "seed", -1), (callbacks.LDPInferenceAudit, "seed", True),
+        (callbacks.LDPInferenceAudit, "weights", [1.5]), (callbacks.LDPInferenceAudit, "weights", [True]),
     ]
     for cls, arg, value in bad:
         with pytest.raises(ValueError, match=rf"\b{arg}\b.*{value!r}".replace("(", r"\(")):
