@@ -324,12 +324,17 @@ def _estimates(s: dict[str, Any], dr: _Draws) -> tuple[np.ndarray, np.ndarray]:
     for i in range(reps):
         if obs[i].size < 2:
             continue
-        if s["threat_model"] == "final_model":
-            root = math.sqrt(s["dim"])
-            aud = CanaryScoreAuditor(np.clip(obs[i] / root, -1.0, 1.0),
-                                     np.clip(out[i] / root, -1.0, 1.0), dim=s["dim"])
-        else:
-            aud = CanaryScoreAuditor(obs[i], out[i])
+        try:
+            if s["threat_model"] == "final_model":
+                root = math.sqrt(s["dim"])
+                aud = CanaryScoreAuditor(np.clip(obs[i] / root, -1.0, 1.0),
+                                         np.clip(out[i] / root, -1.0, 1.0), dim=s["dim"])
+            else:
+                aud = CanaryScoreAuditor(obs[i], out[i])
+        except ValueError as err:  # scores without spread: the statistic's law is degenerate
+            raise ValueError(
+                f"noise_multiplier = {s['sigma']:g} is too small to plan: a correct run's "
+                f"simulated canary scores have no spread in floating point ({err})") from None
         est[i] = aud.epsilon_estimate(delta, fit="equal").value
     return est, rmax
 

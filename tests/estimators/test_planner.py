@@ -237,3 +237,11 @@ def test_settings_that_cannot_be_audited_name_the_fix() -> None:
         plan_audit(**SGD)
     with pytest.raises(ValueError, match="canaries"):
         plan_audit(**SGD, canaries="gaussian", training="dpfedavg")
+
+
+def test_noise_too_small_to_simulate_names_noise_multiplier() -> None:
+    """At noise_multiplier 0.03 the null log-likelihood ratio's variance is ~1e-40: the simulated
+    scores have no spread; the error names the argument, not an internal array."""
+    with pytest.raises(ValueError, match="noise_multiplier = 0.03 is too small"):
+        plan_audit(1000, 1000, dim=10**6, steps=100, sample_rate=0.01, noise_multiplier=0.03,
+                   delta=1e-5, reference_epsilon=30.0, replicates=20, power_replicates=10)
