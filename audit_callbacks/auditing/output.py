@@ -33,6 +33,7 @@ from typing import Any
 
 from audit_callbacks import names
 from audit_callbacks.estimators.result import AuditResult
+from audit_callbacks.validation import check_summary_filename
 
 __all__ = ["SCHEMA", "AuditOutput", "AuditRun", "ReportSection", "default_info", "result_entry",
            "summary_document", "validate_summary"]
@@ -241,7 +242,7 @@ class AuditOutput:
                  section: Callable[[], ReportSection | None] | None = None,
                  text_tag: str | None = None, info: Callable[[str], None] | None = None) -> None:
         self.audit = audit
-        self.summary_filename = summary_filename
+        self.summary_filename = summary_filename  # checked (ValueError naming it)
         self._emit = emit or _default_emit
         self.info = info or default_info
         self._section = section
@@ -250,6 +251,17 @@ class AuditOutput:
         self.run: AuditRun | None = None
         self._sink: Any = None
         self.summary_path: str | None = None
+
+    @property
+    def summary_filename(self) -> str | None:
+        """The summary's file in the run's folder (None: no summary)."""
+        return self._summary_filename
+
+    @summary_filename.setter
+    def summary_filename(self, value: str | None) -> None:
+        """Raises ``ValueError`` naming ``summary_filename`` for anything but None or a path
+        inside the run's folder (:func:`~audit_callbacks.validation.check_summary_filename`)."""
+        self._summary_filename = check_summary_filename(value)
 
     # ------------------------------------------------------------------ binding
     def bind_directory(self, directory: str | None, sink: Any = None,
