@@ -35,6 +35,7 @@ class AuditFrontEnd:
         #: the audit's output path (the subclass sets ``summary_filename`` and binds it)
         self.output = self.output_type(self.name, emit=self._emit, section=self._report_section,
                                        info=self._info)
+        self.output.one_per_run = True  # its tags and report section are the run's canary audit's
         self.summary_path: str | None = None  #: the summary JSON written at the end
 
     @property

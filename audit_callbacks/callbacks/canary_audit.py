@@ -19,7 +19,7 @@ from audit_callbacks.auditing import CanaryAuditConfig
 from audit_callbacks.auditing.auditor import audit_settings, check_identity, check_settings
 from audit_callbacks.auditing.frontend import AuditFrontEnd
 from audit_callbacks.backends.lightning import lightning_backend
-from audit_callbacks.callbacks.summary import LightningOutput
+from audit_callbacks.callbacks.summary import LightningOutput, LightningRun
 from audit_callbacks.callbacks.summary import summary_dir as check_summary_dir
 from audit_callbacks.compat.namespaces import overrides
 from audit_callbacks.federated.protocol import FederatedAuditHooks, FederatedRound
@@ -57,7 +57,9 @@ class CanaryAudit(AuditFrontEnd, FederatedAuditHooks, Callback):
     Raises:
         TypeError: neither a DP-FedAvg module nor an Opacus ``DPOptimizer`` (at fit start).
         ValueError: a bad argument (naming it), ``repeats`` with DP-SGD, a checkpoint of
-            another audit or a damaged one (naming the setting or field that differs).
+            another audit or a damaged one (naming the setting or field that differs); at
+            setup, a second ``CanaryAudit`` in one Trainer, or a ``summary_filename`` another
+            audit of the Trainer writes (naming it).
         RuntimeError: at fit start, under DDP: ``DPFedAvg`` (train it with ``devices=1``), or a
             non-distributed Opacus optimizer on each rank (wrap the model in ``DPDDP``).
     """
@@ -90,6 +92,8 @@ class CanaryAudit(AuditFrontEnd, FederatedAuditHooks, Callback):
             self._open(lightning_backend(self.config, trainer, pl_module, self._warn, name))
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit":  # a second canary audit, or a summary file another audit writes: refused now
+            LightningRun.of(trainer).register(self.output)
         if stage == "fit" and self.auditor is not None:
             self.auditor.backend.on_setup(trainer, pl_module)  # a repeated fit goes on
         elif stage == "fit":

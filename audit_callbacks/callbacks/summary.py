@@ -202,10 +202,17 @@ class LightningOutput(AuditOutput):
 
     def bind(self, trainer: Any) -> LightningOutput:
         """Join ``trainer``'s run (at fit start; a repeated fit joins again, and a call for the
-        trainer already bound only makes sure of it)."""
+        trainer already bound only makes sure of it).
+
+        Raises:
+            ValueError: the run refuses it (:meth:`AuditRun.register`: another audit of this
+                Trainer writes the same ``summary_filename``, or a second canary audit); it
+                then stays unbound.
+        """
         if self.trainer is not trainer:
-            self.run = LightningRun.of(trainer)
-            self._sink = None
+            run = LightningRun.of(trainer)
+            run.register(self)  # refused before anything is claimed or written
+            self.run, self._sink = run, None
             try:  # the run's folder is chosen (and claimed) before its first write
                 if self.summary_filename:
                     _ = self.directory
