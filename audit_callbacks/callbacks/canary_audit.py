@@ -29,6 +29,10 @@ from audit_callbacks.validation import check_count, check_flag
 
 __all__ = ["CanaryAudit"]
 
+#: TensorBoard text: why the audit stepped aside (a text tag, as the fit-end table's, not a
+#: quantity of the report)
+WARNINGS_TAG = f"{names.FAMILY_AUDIT}/{names.WARNINGS}"
+
 
 class CanaryAudit(AuditFrontEnd, FederatedAuditHooks, Callback):
     """Insert canaries into DP-FedAvg or Opacus DP-SGD and estimate epsilon from their cosines.
@@ -139,7 +143,7 @@ class CanaryAudit(AuditFrontEnd, FederatedAuditHooks, Callback):
         text = f"CanaryAudit disabled ({reason}): {message}; training continues without this audit"
         self._warn(reason, text)
         if self.output.run is not None and trainer.is_global_zero:
-            self.output._write(self.output.sink.text, {names.tag(names.FAMILY_AUDIT, names.WARNINGS): text},
+            self.output._write(self.output.sink.text, {WARNINGS_TAG: text},
                                int(trainer.global_step))
 
     def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,

@@ -33,7 +33,6 @@ from ._keys import (
     VERDICT_ALL_ITERATES,
     VERDICT_FINAL_MODEL,
     VERDICT_MECHANISM,
-    WARNINGS,
 )
 from ._quantity import Quantity
 
@@ -154,9 +153,6 @@ def _quantities() -> list[Quantity]:
         Quantity(FAMILY_AUDIT, EPSILON_GDP_LOWER_BOUND_ALL_ITERATES_WATCHED, None,
                  "the watched series of the all-iterates parametric bound, each point at the "
                  "level spent for it"),
-        Quantity(FAMILY_AUDIT, WARNINGS, None,
-                 "text, written once: why the audit stepped aside (a training it cannot audit: "
-                 "neither DP-FedAvg nor an Opacus DPOptimizer)"),
     ]
 
 

@@ -184,7 +184,7 @@ def test_summary_paths_fail_early_or_work_in_subfolders(tmp_path):
     dm, module = _module()
     with pytest.raises(ValueError, match="summary_filename"):
         fit(dm, module, [CanaryAudit(10, 20, summary_filename="/etc/summary.json")], 4, tmp_path / "x")
-    assert module.round == 0  # refused at fit start, before any training
+    assert module.round == 0  # refused at construction, before any training
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         dm, module = _module()

@@ -213,7 +213,7 @@ def test_bad_inputs(tmp_path):
     assert not [f for f in files if f.endswith((".json", ".html", ".md"))]
     events = EventAccumulator(str(tmp_path / "plain" / "run" / "version_0"))
     events.Reload()
-    tag = names.tag(names.FAMILY_AUDIT, names.WARNINGS)
+    tag = f"{names.FAMILY_AUDIT}/{names.WARNINGS}"
     assert not [t for t in events.Tags()["scalars"] if t.startswith(f"{names.FAMILY_AUDIT}/")]
     assert f"{tag}/text_summary" in events.Tags()["tensors"]  # why, as TensorBoard text
 
