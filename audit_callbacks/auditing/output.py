@@ -355,6 +355,12 @@ class AuditOutput:
         """Scalars through the sink (None and NaN dropped)."""
         self._write(self.sink.scalars, dict(values), step)
 
+    def text(self, values: Mapping[str, str], step: int) -> None:
+        """TensorBoard text through the sink, where it takes text (guarded like every write)."""
+        write = getattr(self.sink, "text", None)
+        if write is not None:
+            self._write(write, dict(values), step)
+
     def layout(self, layout: Mapping[str, Any]) -> None:
         """The audit's TensorBoard custom-scalars layout through the sink (guarded like every
         write)."""

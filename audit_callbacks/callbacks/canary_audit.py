@@ -143,8 +143,7 @@ class CanaryAudit(AuditFrontEnd, FederatedAuditHooks, Callback):
         text = f"CanaryAudit disabled ({reason}): {message}; training continues without this audit"
         self._warn(reason, text)
         if self.output.run is not None and trainer.is_global_zero:
-            self.output._write(self.output.sink.text, {WARNINGS_TAG: text},
-                               int(trainer.global_step))
+            self.output.text({WARNINGS_TAG: text}, int(trainer.global_step))
 
     def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            checkpoint: dict[str, Any]) -> None:
