@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from collections.abc import Iterable
 
 import numpy as np
@@ -42,6 +43,7 @@ __all__ = [
     "check_probability",
     "check_flag",
     "check_choice",
+    "check_summary_filename",
     "check_delta",
     "check_alpha",
     "check_dim",
@@ -199,6 +201,31 @@ def check_choice(value: object, name: str, choices: Iterable[str]) -> str:
     if not isinstance(value, str) or value not in options:
         listed = ", ".join(repr(c) for c in options)
         raise ValueError(f"{name} must be one of {listed}; got {_show(value)}")
+    return value
+
+
+def check_summary_filename(value: object, name: str = "summary_filename", *,
+                           optional: bool = True) -> str | None:
+    """A summary file's name relative to the run's folder (it may hold subfolders): a
+    non-empty ``str`` (or ``os.PathLike``) that is not absolute and does not leave the folder
+    (no leading ``..`` once normalized), and does not name a folder (``"."``, a trailing
+    separator). None where ``optional`` (no summary).
+
+    Raises:
+        ValueError: naming ``name``, for anything else (a number, ``""``, ``"/tmp/x.json"``,
+            ``"../x.json"``).
+    """
+    if value is None and optional:
+        return None
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{name} must be a file name (a non-empty str), got {_show(value)}")
+    norm = os.path.normpath(value)
+    seps = tuple({os.sep, os.altsep or os.sep, "/"})
+    if (os.path.isabs(value) or os.path.splitdrive(value)[0] or norm.split(os.sep)[0] == os.pardir
+            or norm == os.curdir or value.endswith(seps)):
+        raise ValueError(f"{name} must be a path inside the run folder, got {value!r}")
     return value
 
 

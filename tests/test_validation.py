@@ -309,3 +309,14 @@ def test_label_attack_min_examples_is_a_count():
     for value in (0, 2.5, "100", True, None):
         with pytest.raises(ValueError, match="min_examples"):
             LabelReconstructionAttack(min_examples=value)
+
+
+def test_check_summary_filename():
+    for good in ("a.json", "sub/a.json", "..a.json", "sub/../a.json"):
+        assert v.check_summary_filename(good) == good
+    assert v.check_summary_filename(None) is None
+    for bad in (3, b"a.json", "", "  ", "/abs/a.json", "../a.json", "sub/../../a.json", ".", "sub/"):
+        with pytest.raises(ValueError, match="summary_filename"):
+            v.check_summary_filename(bad)
+    with pytest.raises(ValueError, match="out_name"):
+        v.check_summary_filename(None, "out_name", optional=False)

@@ -12,7 +12,7 @@ from audit_callbacks.auditing.config import CanaryAuditConfig
 from audit_callbacks.auditing.output import AuditOutput, ReportSection, default_info
 from audit_callbacks.auditing.plan import announce_plan
 from audit_callbacks.auditing.report import CanaryReport
-from audit_callbacks.validation import check_count
+from audit_callbacks.validation import check_count, check_summary_filename
 
 __all__ = ["AuditFrontEnd"]
 
@@ -35,6 +35,7 @@ class AuditFrontEnd:
         #: the audit's output path (the subclass sets ``summary_filename`` and binds it)
         self.output = self.output_type(self.name, emit=self._emit, section=self._report_section,
                                        info=self._info)
+        self.output.one_per_run = True  # its tags and report section are the run's canary audit's
         self.summary_path: str | None = None  #: the summary JSON written at the end
 
     @property
@@ -44,7 +45,9 @@ class AuditFrontEnd:
 
     @summary_filename.setter
     def summary_filename(self, value: str | None) -> None:
-        self.output.summary_filename = value
+        """Raises ``ValueError`` naming ``summary_filename`` for anything but a path inside the
+        run's folder (a canary audit always writes its summary)."""
+        self.output.summary_filename = check_summary_filename(value, optional=False)
 
     def _emit(self, message: str) -> None:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -25,6 +25,7 @@ A write that fails is warned about and never raises out of the training.
 from __future__ import annotations
 
 import math
+import os
 import sys
 import warnings
 from collections.abc import Callable, Mapping
@@ -33,6 +34,7 @@ from typing import Any
 
 from audit_callbacks import names
 from audit_callbacks.estimators.result import AuditResult
+from audit_callbacks.validation import check_summary_filename
 
 __all__ = ["SCHEMA", "AuditOutput", "AuditRun", "ReportSection", "default_info", "result_entry",
            "summary_document", "validate_summary"]
@@ -161,10 +163,33 @@ class AuditRun:
         """Hand the written report to the run's loggers (none here)."""
 
     def register(self, output: AuditOutput) -> None:
-        """Add ``output`` to the run's audits (once); it is not finished until it says so."""
+        """Add ``output`` to the run's audits (once); it is not finished until it says so.
+
+        Raises:
+            ValueError: (at the audit's setup, nothing written yet) ``output`` would write the
+                summary file another audit of the run writes (naming ``summary_filename``), or
+                both are canary audits (:attr:`AuditOutput.one_per_run`: their TensorBoard tags
+                and report section are the run's one canary audit's).
+        """
         if all(o is not output for o in self.outputs):
+            self._check_joins(output)
             self.outputs.append(output)
         self.finished.discard(id(output))
+
+    def _check_joins(self, output: AuditOutput) -> None:
+        """Refuse ``output`` where it would overwrite what an audit of the run writes."""
+        mine = _same_file(output.summary_filename)
+        for other in self.outputs:
+            if mine is not None and mine == _same_file(other.summary_filename):
+                raise ValueError(
+                    f"summary_filename {output.summary_filename!r}: {output.audit} would write the summary "
+                    f"file {other.audit} of the same run writes (one Trainer's callbacks share one run "
+                    "folder); give each audit its own summary_filename")
+            if output.one_per_run and other.one_per_run:
+                raise ValueError(
+                    f"{output.audit}: the run already has a canary audit ({other.audit}); one canary "
+                    "audit per run (a second would write the same TensorBoard tags at the same steps, and "
+                    "the report has one canary section): use one audit with more canaries, or another run")
 
     def sections(self) -> list[ReportSection]:
         """Every registered audit's section (the canary audits' first), in registration order."""
@@ -205,6 +230,11 @@ class AuditRun:
         return self.report_paths
 
 
+def _same_file(name: str | None) -> str | None:
+    """A summary name as a path in the run's folder, for comparing two (None: no file)."""
+    return None if not name else os.path.normcase(os.path.normpath(name))
+
+
 # ---------------------------------------------------------------------------- one audit's output
 def _default_emit(message: str, category: type[Warning] = UserWarning) -> None:
     warnings.warn(message, category, stacklevel=3)
@@ -241,15 +271,28 @@ class AuditOutput:
                  section: Callable[[], ReportSection | None] | None = None,
                  text_tag: str | None = None, info: Callable[[str], None] | None = None) -> None:
         self.audit = audit
-        self.summary_filename = summary_filename
+        self.summary_filename = summary_filename  # checked (ValueError naming it)
         self._emit = emit or _default_emit
         self.info = info or default_info
         self._section = section
         self.text_tag = text_tag
         self.warned: set[str] = set()
+        #: a canary audit's: a run has at most one (:meth:`AuditRun.register`)
+        self.one_per_run = False
         self.run: AuditRun | None = None
         self._sink: Any = None
         self.summary_path: str | None = None
+
+    @property
+    def summary_filename(self) -> str | None:
+        """The summary's file in the run's folder (None: no summary)."""
+        return self._summary_filename
+
+    @summary_filename.setter
+    def summary_filename(self, value: str | None) -> None:
+        """Raises ``ValueError`` naming ``summary_filename`` for anything but None or a path
+        inside the run's folder (:func:`~audit_callbacks.validation.check_summary_filename`)."""
+        self._summary_filename = check_summary_filename(value)
 
     # ------------------------------------------------------------------ binding
     def bind_directory(self, directory: str | None, sink: Any = None,
@@ -311,6 +354,12 @@ class AuditOutput:
     def scalars(self, values: Mapping[str, float | None], step: int) -> None:
         """Scalars through the sink (None and NaN dropped)."""
         self._write(self.sink.scalars, dict(values), step)
+
+    def text(self, values: Mapping[str, str], step: int) -> None:
+        """TensorBoard text through the sink, where it takes text (guarded like every write)."""
+        write = getattr(self.sink, "text", None)
+        if write is not None:
+            self._write(write, dict(values), step)
 
     def layout(self, layout: Mapping[str, Any]) -> None:
         """The audit's TensorBoard custom-scalars layout through the sink (guarded like every

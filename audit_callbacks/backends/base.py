@@ -23,8 +23,14 @@ from audit_callbacks.canary.base import NoMatchedStatistic, ReleaseModel
 if TYPE_CHECKING:  # pragma: no cover
     from audit_callbacks.auditing import CanaryAuditor
 
-__all__ = ["CANARY_SHARE_WARN", "BackendBase", "CanaryBackend", "LightningHooks", "num_batches", "num_examples",
-           "total_rounds"]
+__all__ = ["CANARY_SHARE_WARN", "BackendBase", "CanaryBackend", "LightningHooks", "NotAuditable", "num_batches",
+           "num_examples", "total_rounds"]
+
+
+class NotAuditable(TypeError):
+    """The training is not one a canary audit can audit (neither DP-FedAvg nor an Opacus
+    ``DPOptimizer``): a Lightning callback warns once and steps aside; a ``TypeError`` for
+    every other caller."""
 
 #: The one canary-share rule of every path: canaries are warned about from this share of the
 #: examples a DP-SGD step sees (k q / (N q + k q)) or of the federated population (k / (N + k)):

@@ -15,17 +15,23 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
+from audit_callbacks import names
 from audit_callbacks.auditing import CanaryAuditConfig
 from audit_callbacks.auditing.auditor import audit_settings, check_identity, check_settings
 from audit_callbacks.auditing.frontend import AuditFrontEnd
+from audit_callbacks.backends.base import NotAuditable
 from audit_callbacks.backends.lightning import lightning_backend
-from audit_callbacks.callbacks.summary import LightningOutput
+from audit_callbacks.callbacks.summary import LightningOutput, LightningRun
 from audit_callbacks.callbacks.summary import summary_dir as check_summary_dir
 from audit_callbacks.compat.namespaces import overrides
 from audit_callbacks.federated.protocol import FederatedAuditHooks, FederatedRound
 from audit_callbacks.validation import check_count, check_flag
 
 __all__ = ["CanaryAudit"]
+
+#: TensorBoard text: why the audit stepped aside (a text tag, as the fit-end table's, not a
+#: quantity of the report)
+WARNINGS_TAG = f"{names.FAMILY_AUDIT}/{names.WARNINGS}"
 
 
 class CanaryAudit(AuditFrontEnd, FederatedAuditHooks, Callback):
@@ -54,10 +60,16 @@ class CanaryAudit(AuditFrontEnd, FederatedAuditHooks, Callback):
     :class:`~audit_callbacks.auditing.NoEstimateYet` until there is one, as on every front end;
     ``last_report`` is the last one logged.
 
+    Never stops a training it cannot audit: neither a DP-FedAvg module nor an Opacus
+    ``DPOptimizer`` (a plain LightningModule) is warned about once (saying what it needs, also
+    as TensorBoard text ``audit/warnings``), ``disabled_reason`` says why, and the fit goes on
+    with nothing logged and no summary written.
+
     Raises:
-        TypeError: neither a DP-FedAvg module nor an Opacus ``DPOptimizer`` (at fit start).
         ValueError: a bad argument (naming it), ``repeats`` with DP-SGD, a checkpoint of
-            another audit or a damaged one (naming the setting or field that differs).
+            another audit or a damaged one (naming the setting or field that differs); at
+            setup, a second ``CanaryAudit`` in one Trainer, or a ``summary_filename`` another
+            audit of the Trainer writes (naming it).
         RuntimeError: at fit start, under DDP: ``DPFedAvg`` (train it with ``devices=1``), or a
             non-distributed Opacus optimizer on each rank (wrap the model in ``DPDDP``).
     """
@@ -73,6 +85,8 @@ class CanaryAudit(AuditFrontEnd, FederatedAuditHooks, Callback):
         self.log_histograms = check_flag(log_histograms, "log_histograms")
         self.log_figures = check_flag(log_figures, "log_figures")
         self.summary_filename = summary_filename
+        #: why the audit stepped aside in the last fit (``"no_dp_optimizer"``), else None
+        self.disabled_reason: str | None = None
 
     @property
     def state_key(self) -> str:
@@ -90,6 +104,8 @@ class CanaryAudit(AuditFrontEnd, FederatedAuditHooks, Callback):
             self._open(lightning_backend(self.config, trainer, pl_module, self._warn, name))
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit":  # a second canary audit, or a summary file another audit writes: refused now
+            LightningRun.of(trainer).register(self.output)
         if stage == "fit" and self.auditor is not None:
             self.auditor.backend.on_setup(trainer, pl_module)  # a repeated fit goes on
         elif stage == "fit":
@@ -98,9 +114,14 @@ class CanaryAudit(AuditFrontEnd, FederatedAuditHooks, Callback):
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.output.bind(trainer)  # only rank 0 writes; a bad path fails here, not at the end
         summary_dir = check_summary_dir(trainer, self.summary_filename) if trainer.is_global_zero else None
+        self.disabled_reason = None
         if self.auditor is not None:
             self.auditor.backend.on_fit_start(trainer, pl_module)  # a repeated fit goes on
-        self._bind(trainer, pl_module)  # Opacus: the DPOptimizer exists now
+        try:
+            self._bind(trainer, pl_module)  # Opacus: the DPOptimizer exists now
+        except NotAuditable as err:  # neither DP-FedAvg nor DP-SGD: nothing to audit, training goes on
+            self._step_aside(trainer, "no_dp_optimizer", str(err))
+            return
         resumed = self._state is not None
         self._open(None)  # a checkpoint's state
         assert self.auditor is not None
@@ -114,6 +135,15 @@ class CanaryAudit(AuditFrontEnd, FederatedAuditHooks, Callback):
         if not overrides(pl_module, "validation_step") or not trainer.limit_val_batches:
             self._info(f"CanaryAudit: no validation loop, so estimates are computed at the end of "
                        f"every {self.every_n_epochs} training epoch(s) and at fit end")
+
+    def _step_aside(self, trainer: pl.Trainer, reason: str, message: str) -> None:
+        """Warn once (also as TensorBoard text under ``audit/warnings``) and do nothing more in
+        this fit: no estimate is logged and no summary written (none would hold a number)."""
+        self.disabled_reason = reason
+        text = f"CanaryAudit disabled ({reason}): {message}; training continues without this audit"
+        self._warn(reason, text)
+        if self.output.run is not None and trainer.is_global_zero:
+            self.output.text({WARNINGS_TAG: text}, int(trainer.global_step))
 
     def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            checkpoint: dict[str, Any]) -> None:

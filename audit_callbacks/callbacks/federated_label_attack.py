@@ -111,7 +111,6 @@ class FederatedLabelAttack(FederatedAuditHooks, Callback):
                                  else check_real(noise_multiplier, "noise_multiplier", low=0.0))
         self.delta = None if delta is None else check_delta(delta)
         self.seed = check_seed(seed)
-        self.summary_filename = summary_filename
         self.running_max = 0.0
         self.flipped_clip: str | None = None
         # one row per attacked client, in memory only (a real client's id, dataset size and
@@ -129,6 +128,16 @@ class FederatedLabelAttack(FederatedAuditHooks, Callback):
                                   section=self._section,
                                   text_tag=names.tag(FAMILY, names.WARNINGS))
         self._gen = torch.Generator().manual_seed(self.seed)
+
+    @property
+    def summary_filename(self) -> str | None:
+        """The summary's file in the run's folder (None: none); set: ``ValueError`` naming
+        ``summary_filename`` unless None or a path inside the run's folder."""
+        return self.output.summary_filename
+
+    @summary_filename.setter
+    def summary_filename(self, value: str | None) -> None:
+        self.output.summary_filename = value
 
     def _warn_once(self, trainer: pl.Trainer, key: str, message: str) -> None:
         self.skips[key] += 1

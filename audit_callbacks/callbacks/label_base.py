@@ -111,7 +111,6 @@ class StepAuditCallback(Callback):
         if label_fn is not None and not callable(label_fn):
             raise ValueError(f"label_fn must be None or a callable batch -> labels, got {label_fn!r}")
         self.label_fn = label_fn or default_labels
-        self.summary_filename = summary_filename
         self.observer = observer
         self.optimizer: Any = None
         self._tap: LayerTap | None = None
@@ -130,6 +129,16 @@ class StepAuditCallback(Callback):
         self.last_reason: str | None = None
         self.disabled_reason: str | None = None
         self.summary_path: str | None = None
+
+    @property
+    def summary_filename(self) -> str | None:
+        """The summary's file in the run's folder (None: none); set: ``ValueError`` naming
+        ``summary_filename`` unless None or a path inside the run's folder."""
+        return self.output.summary_filename
+
+    @summary_filename.setter
+    def summary_filename(self, value: str | None) -> None:
+        self.output.summary_filename = value
 
     # ------------------------------------------------------------------ coverage and warnings
     def _warn_once(self, key: str, message: str) -> None:

@@ -24,6 +24,7 @@ from audit_callbacks.auditing.files import (
 from audit_callbacks.auditing.output import AuditOutput, AuditRun
 from audit_callbacks.callbacks.interrupt import failed_status, on_interrupt
 from audit_callbacks.callbacks.tensorboard import LightningSink, log_scalars
+from audit_callbacks.validation import check_summary_filename
 
 __all__ = ["LightningOutput", "LightningRun", "publish_report", "diverted", "run_dir", "summary_dir", "to_jsonable", "versions",
            "write_summary"]
@@ -101,8 +102,7 @@ def summary_dir(trainer: Any, filename: str) -> str:
             or its folder cannot be created or written (called at fit start, so a bad path
             fails before any training).
     """
-    if os.path.isabs(filename) or os.path.normpath(filename).startswith(".."):
-        raise ValueError(f"summary_filename must be a path inside the run folder, got {filename!r}")
+    filename = check_summary_filename(filename, optional=False)
     try:
         directory = run_dir(trainer)
     except OSError as err:
@@ -202,10 +202,17 @@ class LightningOutput(AuditOutput):
 
     def bind(self, trainer: Any) -> LightningOutput:
         """Join ``trainer``'s run (at fit start; a repeated fit joins again, and a call for the
-        trainer already bound only makes sure of it)."""
+        trainer already bound only makes sure of it).
+
+        Raises:
+            ValueError: the run refuses it (:meth:`AuditRun.register`: another audit of this
+                Trainer writes the same ``summary_filename``, or a second canary audit); it
+                then stays unbound.
+        """
         if self.trainer is not trainer:
-            self.run = LightningRun.of(trainer)
-            self._sink = None
+            run = LightningRun.of(trainer)
+            run.register(self)  # refused before anything is claimed or written
+            self.run, self._sink = run, None
             try:  # the run's folder is chosen (and claimed) before its first write
                 if self.summary_filename:
                     _ = self.directory

@@ -202,8 +202,7 @@ class DPFedAvgMixin:
             clients; a population smaller than the cohort; a client update with NaN or inf
             entries (lower ``local_lr``; a finite but huge one is clipped, never refused); a
             virtual client whose owner writes a row of the wrong shape (naming the owner and
-            its clients).
-        TypeError: a ``randomizer`` without ``randomize`` and ``debias``.
+            its clients); a ``randomizer`` without ``randomize`` and ``debias`` methods.
     """
 
     def __init__(
@@ -255,7 +254,8 @@ class DPFedAvgMixin:
         if randomizer is not None and not (
             callable(getattr(randomizer, "randomize", None)) and callable(getattr(randomizer, "debias", None))
         ):
-            raise TypeError("randomizer must have randomize(x, generator) and debias(y) methods")
+            raise ValueError(f"randomizer must have randomize(x, generator) and debias(y) methods, got "
+                             f"{type(randomizer).__name__}")
         _check_trainable(model)
         # the hyper-parameters Lightning logs: no `seed` (FederatedDataModule's split seed has that
         # name, and Lightning refuses to merge two different values of one key); the sampling's

@@ -16,6 +16,8 @@ from flwr.app import Error, Message, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
+from audit_callbacks.validation import check_count
+
 __all__ = ["LocalGrid", "NodeHandler"]
 
 #: ``handler(message, node_index) -> RecordDict``: node ``node_index`` (0..num_nodes-1) answers
@@ -32,12 +34,16 @@ class LocalGrid(Grid):
 
     Messages need a task identity outside a Flower runtime: it is set (run 1, node 0,
     task 1) unless one is already set.
+
+    Raises:
+        ValueError: ``num_nodes`` not an integer >= 1, or ``handler`` not callable.
     """
 
     def __init__(self, num_nodes: int, handler: NodeHandler) -> None:
-        if num_nodes < 1:
-            raise ValueError(f"num_nodes must be >= 1, got {num_nodes}")
-        self.num_nodes = int(num_nodes)
+        self.num_nodes = check_count(num_nodes, "num_nodes", minimum=1)
+        if not callable(handler):
+            raise ValueError(f"handler must be a callable (message, node_index) -> RecordDict, got "
+                             f"{type(handler).__name__}")
         self.handler = handler
         self.sent: list[int] = []  # destination node ids, in order
         for name, value in (("run_id", 1), ("node_id", 0), ("task_id", 1)):

@@ -4,6 +4,7 @@ clients, :class:`~audit_callbacks.auditing.CanaryAuditor` owns statistics, repor
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
 from typing import Any
@@ -65,7 +66,10 @@ class CanaryStrategy(AuditFrontEnd, Strategy):
         self.every_n_rounds = check_count(every_n_rounds, "every_n_rounds", minimum=1)
         self.log_histograms = check_flag(log_histograms, "log_histograms")
         self.node_timeout = check_real(node_timeout, "node_timeout", low=0.0, low_inclusive=False)
-        self.summary_filename, self.sink = summary_filename, WriterSink(log_dir=log_dir, versioned=True)
+        if log_dir is not None and not isinstance(log_dir, (str, os.PathLike)):
+            raise ValueError(f"{self.name}: log_dir must be a path or None, got {log_dir!r}")
+        self.summary_filename = summary_filename  # ValueError naming it unless a path in the run folder
+        self.sink = WriterSink(log_dir=None if log_dir is None else os.fspath(log_dir), versioned=True)
         self._offset, self._finished_at = 0, -1  # rounds of a restored state; the end's round
 
     def _emit(self, message: str) -> None:

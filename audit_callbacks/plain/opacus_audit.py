@@ -29,11 +29,12 @@ from typing import Any
 import torch
 
 from audit_callbacks.auditing import CanaryAuditConfig
+from audit_callbacks.auditing.files import check_writable
 from audit_callbacks.auditing.frontend import AuditFrontEnd
 from audit_callbacks.auditing.sinks import WriterSink
 from audit_callbacks.backends.opacus.backend import OpacusBackend
 from audit_callbacks.backends.opacus.optimizer import find_dp_optimizer
-from audit_callbacks.validation import check_flag, check_optional_count
+from audit_callbacks.validation import check_flag, check_optional_count, check_summary_filename
 
 __all__ = ["OpacusCanaryAudit"]
 
@@ -78,7 +79,8 @@ class OpacusCanaryAudit(AuditFrontEnd):
 
     Raises:
         ValueError: a bad argument, naming it (``optimizer`` that is not an Opacus
-            ``DPOptimizer``, ``data_loader`` without a length, ``log_dir`` that is not a path,
+            ``DPOptimizer``, ``data_loader`` without a length, ``log_dir`` that is not a path or
+            is a file, ``summary_filename`` that is not a path inside ``log_dir``,
             an unknown or out-of-range config keyword, ``repeats`` which is DP-FedAvg only).
         RuntimeError: several processes with a non-distributed ``DPOptimizer`` on each.
     """
@@ -103,8 +105,9 @@ class OpacusCanaryAudit(AuditFrontEnd):
                                  f"got {type(data_loader).__name__}") from None
         if log_dir is not None and not isinstance(log_dir, (str, os.PathLike)):
             raise ValueError(f"{self.name}: log_dir must be a path or None, got {log_dir!r}")
-        if not isinstance(summary_filename, str) or not summary_filename:
-            raise ValueError(f"{self.name}: summary_filename must be a file name, got {summary_filename!r}")
+        summary_filename = check_summary_filename(summary_filename, optional=False)
+        if log_dir is not None:
+            _check_log_dir(self.name, os.fspath(log_dir), summary_filename)
         unknown = sorted(set(config) - set(CanaryAuditConfig.__dataclass_fields__))
         if unknown:
             raise ValueError(f"{self.name}: unknown argument {unknown[0]}")
@@ -158,7 +161,7 @@ class OpacusCanaryAudit(AuditFrontEnd):
     def _sink(self, directory: str) -> WriterSink:
         if directory not in self._sinks:
             self._sinks[directory] = sink = WriterSink(log_dir=directory)
-            sink.layout(self.auditor.layout())
+            self.output._write(sink.layout, self.auditor.layout())  # a failure is warned, never raised
         return self._sinks[directory]
 
     # ------------------------------------------------------------------ results
@@ -219,3 +222,23 @@ class OpacusCanaryAudit(AuditFrontEnd):
         self.auditor.backend.detach()
         for sink in self._sinks.values():
             sink.close()
+
+
+def _check_log_dir(name: str, log_dir: str, summary_filename: str) -> None:
+    """Refuse a ``log_dir`` the summary can never be written into, at construction rather than
+    at a step: a file there (or at a folder above it), or an existing folder that cannot be
+    written (nothing is created here: a missing folder is made at the first write).
+
+    Raises:
+        ValueError: naming ``log_dir``.
+    """
+    existing = os.path.abspath(log_dir)
+    while not os.path.exists(existing) and os.path.dirname(existing) != existing:
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise ValueError(f"{name}: log_dir must be a folder, but {existing!r} is a file")
+    if existing == os.path.abspath(log_dir):
+        try:
+            check_writable(log_dir, summary_filename)
+        except ValueError as err:
+            raise ValueError(f"{name}: log_dir {log_dir!r} cannot hold the summary ({err})") from None

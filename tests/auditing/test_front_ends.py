@@ -75,3 +75,33 @@ def test_flower_front_end_before_and_after_the_rounds(tmp_path, caplog):
     assert given.report().delta == 1e-5
     summary = json.loads((tmp_path / "given" / "version_0" / "audit_summary.json").read_text())
     assert summary["inputs"][names.DELTA_SOURCE] == "argument"
+
+
+_BAD_NAMES = [3, "", "../escaped.json", "sub/../../escaped.json", "/tmp/escaped.json", "."]
+
+
+@pytest.mark.parametrize("bad", _BAD_NAMES)
+def test_every_front_end_refuses_a_summary_filename_outside_the_run_folder_at_construction(bad):
+    from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg
+
+    from audit_callbacks.callbacks import LabelDPLowerBound, LabelReconstructionAttack
+    from audit_callbacks.callbacks.federated_label_attack import FederatedLabelAttack
+    from audit_callbacks.flower import CanaryStrategy
+
+    inner = DifferentialPrivacyServerSideFixedClipping(FedAvg(fraction_train=0.5), 1.0, 1.0, 10)
+    makers = [lambda n: CanaryAudit(10, summary_filename=n), lambda n: LabelDPLowerBound(summary_filename=n),
+              lambda n: LabelReconstructionAttack(summary_filename=n),
+              lambda n: FederatedLabelAttack(summary_filename=n),
+              lambda n: CanaryStrategy(inner, num_canaries=10, log_dir=None, summary_filename=n)]
+    for make in makers:
+        with pytest.raises(ValueError, match="summary_filename"):
+            make(bad)
+    # a name in a subfolder of the run folder is fine; the label audits may write none
+    assert CanaryAudit(10, summary_filename="audits/a.json").summary_filename == "audits/a.json"
+    assert LabelDPLowerBound(summary_filename=None).summary_filename is None
+    with pytest.raises(ValueError, match="summary_filename"):
+        CanaryAudit(10, summary_filename=None)  # a canary audit always writes its summary
+    bound = LabelDPLowerBound()
+    with pytest.raises(ValueError, match="summary_filename"):
+        bound.summary_filename = bad  # set later: refused then, not at the fit's end
+    assert bound.summary_filename == "label_dp_summary.json"

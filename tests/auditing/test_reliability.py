@@ -90,15 +90,21 @@ def test_a_secure_resume_agrees_with_an_uninterrupted_run(tmp_path):
     assert (second.auditor.participations == full.auditor.participations).all()  # sampling stays reproducible
 
 
-def test_two_audits_in_one_run_each_insert_their_own_canaries(tmp_path):
-    dm, module = _module(noise=0.0)
-    one, two = CanaryAudit(10, 50, seed=1, log_figures=False), CanaryAudit(10, 50, seed=2, log_figures=False)
-    fit(dm, module, [one, two], 8, tmp_path, logger=False)
-    assert one.backend.name != two.backend.name
-    for audit in (one, two):
-        assert audit.auditor.participations.sum() > 0
-        # without noise every inserted canary stands out: neither audit's canaries went missing
-        assert audit.last_report.value("epsilon_final_model") > 5.0
+def test_a_second_canary_audit_in_one_run_is_refused_at_setup(tmp_path):
+    """Two canary audits of one Trainer would write one summary file, the same TensorBoard tags
+    at the same steps and one report section: the second is refused before any step, naming
+    ``summary_filename`` where the files collide, and nothing of the audits is written."""
+    for name in ("audit_summary.json", "b.json"):
+        dm, module = _module(noise=0.0)
+        one = CanaryAudit(10, 50, seed=1, log_figures=False)
+        two = CanaryAudit(10, 50, seed=2, log_figures=False, summary_filename=name)
+        root = tmp_path / name
+        match = "summary_filename 'audit_summary.json'" if name == one.summary_filename else "one canary audit per run"
+        with pytest.raises(ValueError, match=match):
+            fit(dm, module, [one, two], 8, root, logger=False)
+        assert one.summary_path is None and two.summary_path is None
+        assert not [f for _, _, files in os.walk(root) for f in files if f.endswith((".json", ".html", ".md"))]
+        assert module.global_step == 0
     # another owner taking an audit's name is refused rather than replacing its clients
     with pytest.raises(ValueError, match="already registered"):
         module.register_virtual_clients(object(), 3, name=one.backend.name)
@@ -178,7 +184,7 @@ def test_summary_paths_fail_early_or_work_in_subfolders(tmp_path):
     dm, module = _module()
     with pytest.raises(ValueError, match="summary_filename"):
         fit(dm, module, [CanaryAudit(10, 20, summary_filename="/etc/summary.json")], 4, tmp_path / "x")
-    assert module.round == 0  # refused at fit start, before any training
+    assert module.round == 0  # refused at construction, before any training
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         dm, module = _module()

@@ -194,3 +194,22 @@ def test_warn_once_a_failing_write_and_the_report_of_registered_sections(tmp_pat
         out.bind_directory(str(tmp_path / "interrupted"), run=other)
         assert out.finish({**doc, "run_status": "interrupted at step 3"}, "interrupted at step 3")
         assert sorted(os.listdir(tmp_path / "interrupted")) == ["c.json"]
+
+
+def test_a_run_refuses_a_second_writer_of_one_summary_file_and_a_second_canary_audit(tmp_path):
+    run = AuditRun(str(tmp_path))
+    first = AuditOutput("LabelDPLowerBound", "a.json").bind_directory(str(tmp_path), run=run)
+    first.bind_directory(str(tmp_path), run=run)  # the same audit again: fine
+    for name in ("a.json", "./a.json", "sub/../a.json"):
+        with pytest.raises(ValueError, match="summary_filename"):
+            AuditOutput("LDPAudit", name).bind_directory(str(tmp_path), run=run)
+    AuditOutput("LDPAudit", None).bind_directory(str(tmp_path), run=run)  # no file: no clash
+    canary = AuditOutput("CanaryAudit", "c.json")
+    canary.one_per_run = True
+    canary.bind_directory(str(tmp_path), run=run)
+    other = AuditOutput("CanaryAudit", "d.json")
+    other.one_per_run = True
+    with pytest.raises(ValueError, match="one canary audit per run"):
+        other.bind_directory(str(tmp_path), run=run)
+    assert [o.audit for o in run.outputs] == ["LabelDPLowerBound", "LDPAudit", "CanaryAudit"]
+    assert CanaryAudit(10).output.one_per_run and not LabelDPLowerBound().output.one_per_run

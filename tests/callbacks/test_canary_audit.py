@@ -201,8 +201,21 @@ def test_bad_inputs(tmp_path):
         def train_dataloader(self):
             return torch.utils.data.DataLoader(torch.randn(4, 2), batch_size=2)
 
-    with pytest.raises(TypeError, match="DPFedAvg"):
-        fit(None, Plain(), [CanaryAudit(5)], 1, tmp_path, logger=False)
+    # a training it cannot audit: warned once (saying what it needs), the fit goes on, nothing
+    # is logged and no summary (nor a number) is written
+    audit, plain = CanaryAudit(5), Plain()
+    with pytest.warns(UserWarning, match="CanaryAudit disabled .*DPFedAvg.*make_private") as caught:
+        trainer = fit(None, plain, [audit], 2, tmp_path / "plain")
+    assert sum("CanaryAudit disabled" in str(w.message) for w in caught) == 1
+    assert trainer.global_step == 2 and audit.disabled_reason == "no_dp_optimizer"
+    assert not trainer.logged_metrics and audit.auditor is None and audit.summary_path is None
+    files = [f for _, _, fs in os.walk(tmp_path / "plain") for f in fs]
+    assert not [f for f in files if f.endswith((".json", ".html", ".md"))]
+    events = EventAccumulator(str(tmp_path / "plain" / "run" / "version_0"))
+    events.Reload()
+    tag = f"{names.FAMILY_AUDIT}/{names.WARNINGS}"
+    assert not [t for t in events.Tags()["scalars"] if t.startswith(f"{names.FAMILY_AUDIT}/")]
+    assert f"{tag}/text_summary" in events.Tags()["tensors"]  # why, as TensorBoard text
 
     dm, _ = make(clients=10, per_round=5)
     tiny = DPFedAvg(nn.Linear(1, 1, bias=False), clients_per_round=2)

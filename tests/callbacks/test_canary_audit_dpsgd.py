@@ -224,14 +224,21 @@ def test_resume_gives_the_same_estimate(tmp_path):
             assert got.value == pytest.approx(est.value, rel=1e-6, abs=1e-9), key
 
 
-def test_no_dp_optimizer_is_a_type_error(tmp_path):
+def test_no_dp_optimizer_steps_aside_and_a_bad_argument_is_a_value_error(tmp_path):
     pl.seed_everything(0, verbose=False)
     dm = CentralDataModule("breast_cancer", batch_size=64, poisson=False)
     module = DPSGDClassifier(MLP(30, 1, hidden=(8,)), dp=False)
-    trainer = pl.Trainer(max_epochs=1, logger=False, callbacks=[CanaryAudit(10)], enable_progress_bar=False,
-                         enable_checkpointing=False, enable_model_summary=False)
-    with pytest.raises(TypeError, match="make_private"):
-        trainer.fit(module, datamodule=dm)
+    audit = CanaryAudit(10)
+    trainer = pl.Trainer(max_epochs=1, logger=False, callbacks=[audit], enable_progress_bar=False,
+                         enable_checkpointing=False, enable_model_summary=False, default_root_dir=str(tmp_path))
+    with pytest.warns(UserWarning, match="CanaryAudit disabled \\(no_dp_optimizer\\).*make_private"):
+        trainer.fit(module, datamodule=dm)  # training goes on without the audit
+    assert trainer.global_step > 0 and audit.disabled_reason == "no_dp_optimizer"
+    assert audit.summary_path is None and audit.last_report is None
+    assert not [k for k in trainer.logged_metrics if k.startswith(f"{names.FAMILY_AUDIT}/")]  # the module's own only
+    assert not [f for _, _, fs in os.walk(tmp_path) for f in fs if f.endswith((".json", ".html", ".md"))]
+    with pytest.raises(ValueError, match="num_canaries"):
+        CanaryAudit(-1)
     with pytest.raises(ValueError, match="repeats"):
         pl.Trainer(max_epochs=1, logger=False, callbacks=[CanaryAudit(10, repeats=2)], enable_progress_bar=False,
                    enable_checkpointing=False).fit(module, datamodule=dm)

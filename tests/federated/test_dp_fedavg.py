@@ -234,8 +234,9 @@ def test_local_randomizer_plugin_is_debiased_by_the_server():
     spy = Spy()
     assert torch.allclose(run(Doubler(), [spy]), run(None), atol=1e-6)
     assert spy.rows == [torch.Size([2, 15])] * 3
-    with pytest.raises(TypeError, match="randomizer"):
-        DPFedAvg(nn.Linear(4, 3), randomizer=object())
+    for bad in (object(), 3):
+        with pytest.raises(ValueError, match="randomizer"):
+            DPFedAvg(nn.Linear(4, 3), randomizer=bad)
 
 
 class SumOwner(pl.Callback):

@@ -350,3 +350,16 @@ def test_no_logged_seed_replays_the_dp_wrappers_noise(tmp_path, monkeypatch):
 
     assert not run(tmp_path / "secure", seed_numpy=False)
     assert run(tmp_path / "seeded", seed_numpy=True)  # the attack works where the seed leaks
+
+
+def test_bad_grid_and_strategy_arguments_name_the_argument():
+    handler = _fixed_update()
+    for bad in (2.5, "3", 0, True):
+        with pytest.raises(ValueError, match="num_nodes"):
+            LocalGrid(bad, handler)
+    with pytest.raises(ValueError, match="handler"):
+        LocalGrid(3, None)
+    assert LocalGrid(3, handler).num_nodes == 3
+    inner = DifferentialPrivacyServerSideFixedClipping(FedAvg(fraction_train=0.5), 1.0, 1.0, 10)
+    with pytest.raises(ValueError, match="log_dir"):
+        CanaryStrategy(inner, num_canaries=10, log_dir=3)

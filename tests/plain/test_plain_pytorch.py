@@ -133,6 +133,10 @@ def test_api_report_write_state_and_detach(tmp_path):
     ({"alpha": 2.0}, "alpha"),
     ({"no_such_setting": 1}, "no_such_setting"),
     ({"repeats": 2}, "repeats"),
+    ({"summary_filename": 3}, "summary_filename"),
+    ({"summary_filename": ""}, "summary_filename"),
+    ({"summary_filename": "../escaped.json"}, "summary_filename"),
+    ({"summary_filename": "/tmp/escaped.json"}, "summary_filename"),
 ])
 def test_bad_arguments_name_the_argument(kwargs, name):
     _, opt, _, _ = _loop()
@@ -146,4 +150,25 @@ def test_write_without_a_folder_names_log_dir():
     audit = OpacusCanaryAudit(opt, num_canaries=10)
     with pytest.raises(ValueError, match="log_dir"):
         audit.write()
+    audit.detach()
+
+
+
+def test_a_log_dir_that_is_a_file_is_refused_and_a_failing_layout_never_stops_the_loop(tmp_path):
+    model, opt, loader, _ = _loop()
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for log_dir in (afile, afile / "below"):
+        with pytest.raises(ValueError, match="log_dir"):
+            OpacusCanaryAudit(opt, data_loader=loader, num_canaries=10, log_dir=log_dir, every_n_steps=2)
+    assert "step" not in opt.__dict__  # refused before it wrapped the optimizer
+    # the folder turns into a file after construction: the steps' writes are warned about once
+    later = tmp_path / "later"
+    audit = OpacusCanaryAudit(opt, data_loader=loader, num_canaries=10, log_dir=later, every_n_steps=2)
+    assert not later.exists()  # nothing is made at construction
+    later.write_text("")
+    with pytest.warns(UserWarning, match="TensorBoard / logger write failed") as caught:
+        _epoch(model, opt, loader)
+    assert audit.steps >= 2
+    assert sum("write failed" in str(w.message) for w in caught) == 1
     audit.detach()

@@ -30,7 +30,13 @@ from typing import Any
 import torch
 from opacus.accountants import PRVAccountant
 
-from audit_callbacks.backends.base import CANARY_SHARE_WARN, BackendBase, num_batches, num_examples
+from audit_callbacks.backends.base import (
+    CANARY_SHARE_WARN,
+    BackendBase,
+    NotAuditable,
+    num_batches,
+    num_examples,
+)
 from audit_callbacks.backends.opacus.accounting import (
     PRV_MAX_POINTS,
     prv_epsilon_status,
@@ -539,10 +545,11 @@ def _logged_seeds(auditor: Any) -> list[int]:
 
 
 def dp_optimizer(optimizers: Any) -> Any:
-    """The Opacus ``DPOptimizer`` among ``optimizers``; TypeError when there is none."""
+    """The Opacus ``DPOptimizer`` among ``optimizers``; :class:`~audit_callbacks.backends.base.
+    NotAuditable` (a ``TypeError``) when there is none."""
     opt = find_dp_optimizer(optimizers)
     if opt is None:
-        raise TypeError(
+        raise NotAuditable(
             "CanaryAudit audits DP-FedAvg (audit_callbacks.federated.DPFedAvg) or Opacus "
             "DP-SGD, but the trainer has no Opacus DPOptimizer: return the optimizer of "
             "PrivacyEngine().make_private(...) from configure_optimizers"
