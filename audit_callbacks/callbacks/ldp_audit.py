@@ -244,7 +244,9 @@ class LDPAudit(FederatedAuditHooks, Callback):
 
     Raises:
         ValueError: bad arguments (at construction).
-        TypeError: at ``setup``, if the module is not a ``DPFedAvg`` or has no randomizer.
+
+    A module that is not a ``DPFedAvg``, or has no randomizer, is warned about once (what the
+    audit needs) and the audit steps aside (``disabled_reason``); the training goes on.
 
     Attributes (after fit): ``history`` (one dict per adversary and audit, keyed by the names
     of :mod:`audit_callbacks.names`: ``epsilon0``, ``epsilon0_lower_bound``, and, in memory
@@ -294,13 +296,14 @@ class LDPAudit(FederatedAuditHooks, Callback):
         self.path = check_choice(path, "path", ("auto", "fast", "batched"))
         self.batch_size = check_optional_count(batch_size, "batch_size", minimum=1)
         self.exact_audit = check_flag(exact_audit, "exact_audit")
-        self.summary_filename = summary_filename
 
         self.history: list[dict[str, Any]] = []
         self.flags: list[dict[str, Any]] = []
         self.exact: dict[str, Any] | None = None
         self.audits = 0
         self.last_audited_round = 0
+        #: why the audit stepped aside in the last fit (``not_dp_fedavg``, ``no_randomizer``)
+        self.disabled_reason: str | None = None
         #: aggregates over every real client update so far (no largest norm: one client's value)
         self.update_norms = {"count": 0, "at_clip": 0, "sum": 0.0}
         #: ``update_norms`` as last published: taken when it has grown by at least
@@ -315,6 +318,16 @@ class LDPAudit(FederatedAuditHooks, Callback):
         self._layout_written = False
         self._dim = 0
 
+    @property
+    def summary_filename(self) -> str | None:
+        """The summary's file in the run's folder; set: ``ValueError`` naming
+        ``summary_filename`` unless a path inside the run's folder."""
+        return self.output.summary_filename
+
+    @summary_filename.setter
+    def summary_filename(self, value: str | None) -> None:
+        self.output.summary_filename = value
+
     # ------------------------------------------------------------------ set-up
     @property
     def state_key(self) -> str:
@@ -323,21 +336,29 @@ class LDPAudit(FederatedAuditHooks, Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
+        self.disabled_reason = None
         if not isinstance(pl_module, DPFedAvgMixin):
-            raise TypeError(
+            return self._disable("not_dp_fedavg", (
                 "LDPAudit audits the client randomizer of DP-FedAvg: fit an "
-                f"audit_callbacks.federated.DPFedAvg module (got {type(pl_module).__name__})"
-            )
+                f"audit_callbacks.federated.DPFedAvg module (got {type(pl_module).__name__})"))
         if pl_module.randomizer is None:
-            raise TypeError(
+            return self._disable("no_randomizer", (
                 "LDPAudit needs a local randomizer to audit: build DPFedAvg(..., randomizer=...) "
-                "with e.g. audit_callbacks.mechanisms.LDPSGD(epsilon0, clip_norm)"
-            )
+                "with e.g. audit_callbacks.mechanisms.LDPSGD(epsilon0, clip_norm)"))
         self._dim = int(pl_module.num_parameters)
         if self._dim < 1:
             raise ValueError("the model has no trainable parameters")
 
+    def _disable(self, reason: str, message: str) -> None:
+        """A training this audit cannot audit: warn once and step aside for this fit (nothing
+        logged, no summary: none would hold a number); training goes on."""
+        self.disabled_reason = reason
+        self._warn_once(reason, f"LDPAudit disabled ({reason}): {message}; training continues "
+                        "without this audit", UserWarning)
+
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.disabled_reason is not None:
+            return
         self.output.bind(trainer)
         if not self._layout_written:
             self.output.layout(names.chart_layout(
@@ -361,6 +382,8 @@ class LDPAudit(FederatedAuditHooks, Callback):
     # ------------------------------------------------------------------ protocol hooks
     def on_federated_client_updates(self, trainer: pl.Trainer, pl_module: Any, fl_round: FederatedRound) -> None:
         """Count the real clients' clipped update norms (raw norm >= C iff clipped to C)."""
+        if self.disabled_reason is not None:
+            return
         real = torch.from_numpy(fl_round.real_rows)
         if not real.numel():
             return
@@ -374,21 +397,29 @@ class LDPAudit(FederatedAuditHooks, Callback):
             self.published_norms = dict(self.update_norms)
 
     def on_federated_round_end(self, trainer: pl.Trainer, pl_module: Any, fl_round: FederatedRound) -> None:
+        if self.disabled_reason is not None:
+            return
         if fl_round.index % self.every_n_rounds == 0:
             self.audit(trainer, pl_module, fl_round.index)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
         """The summary now, before Lightning's teardown can lose it (a SIGTERM after it
         restored the default handler); ``on_fit_end`` refreshes it."""
+        if self.disabled_reason is not None:
+            return
         self.output.bind(trainer).end_training(lambda: self.on_fit_end(trainer, pl_module))
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         """SIGTERM / SIGINT: the summary of what was measured (``run_status``: ``interrupted at
         step N``), and an exit code that is not 0 (:mod:`audit_callbacks.callbacks.interrupt`)."""
+        if self.disabled_reason is not None:
+            return
         self.output.on_exception(trainer, exception,
                                  lambda status: self.on_fit_end(trainer, pl_module, status=status))
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, status: str = "complete") -> None:
+        if self.disabled_reason is not None:
+            return
         self.output.bind(trainer)
         if not isinstance(pl_module, DPFedAvgMixin) or pl_module.randomizer is None:
             self.output.done(status)
@@ -396,7 +427,6 @@ class LDPAudit(FederatedAuditHooks, Callback):
         current = int(pl_module.round)
         if current > 0 and current != self.last_audited_round:
             self.audit(trainer, pl_module, current)
-        self.output.summary_filename = self.summary_filename
         path = self.output.finish(self.audit_summary(pl_module, status=status), status)
         if path is not None:
             self.summary_path = path

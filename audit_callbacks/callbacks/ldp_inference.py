@@ -82,8 +82,10 @@ class LDPInferenceAudit(FederatedAuditHooks, Callback):
 
     Raises:
         ValueError: bad arguments (at construction).
-        TypeError: at ``setup``: the module is not a ``DPFedAvg``, has no randomizer, or the
-            randomizer has no ``center``/``radius`` and none were given.
+
+    A module that is not a ``DPFedAvg``, has no randomizer, or whose randomizer has no
+    ``center``/``radius`` (and none were given) is warned about once and the attack steps aside
+    (``disabled_reason``); the training goes on.
 
     Attributes: ``history`` (one dict per logged round), ``last`` (``{mode:``
     :class:`~audit_callbacks.attacks.InferencePrediction` ``}`` of the last prediction).
@@ -121,7 +123,6 @@ class LDPInferenceAudit(FederatedAuditHooks, Callback):
         self.weights = None if weights is None else np.asarray(weights, dtype=np.int64).reshape(-1)
         self.every_n_rounds = check_count(every_n_rounds, "every_n_rounds", minimum=1)
         self.seed = check_seed(seed, "seed")
-        self.summary_filename = summary_filename
 
         self.attacks: dict[str, LDPFLInferenceAttack] = {}
         self.history: list[dict[str, Any]] = []
@@ -130,10 +131,23 @@ class LDPInferenceAudit(FederatedAuditHooks, Callback):
         #: the audit's output path: the summary, the report section, the scalars and layout
         self.output = LightningOutput("LDPInferenceAudit", summary_filename,
                                   section=self._section)
+        #: why the attack stepped aside in the last fit (``not_dp_fedavg``, ``no_randomizer``,
+        #: ``no_domain``), else None
+        self.disabled_reason: str | None = None
         self._target_sum: np.ndarray | None = None
         self._target_count = 0
         self._pending_state: dict[str, Any] | None = None
         self._layout_written = False
+
+    @property
+    def summary_filename(self) -> str | None:
+        """The summary's file in the run's folder; set: ``ValueError`` naming
+        ``summary_filename`` unless a path inside the run's folder."""
+        return self.output.summary_filename
+
+    @summary_filename.setter
+    def summary_filename(self, value: str | None) -> None:
+        self.output.summary_filename = value
 
     @property
     def state_key(self) -> str:
@@ -143,25 +157,23 @@ class LDPInferenceAudit(FederatedAuditHooks, Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
+        self.disabled_reason = None
         if not isinstance(pl_module, DPFedAvgMixin):
-            raise TypeError(
+            return self._disable("not_dp_fedavg", (
                 "LDPInferenceAudit attacks the randomized updates of DP-FedAvg: fit an "
-                f"audit_callbacks.federated.DPFedAvg module (got {type(pl_module).__name__})"
-            )
+                f"audit_callbacks.federated.DPFedAvg module (got {type(pl_module).__name__})"))
         rnd = pl_module.randomizer
         if rnd is None:
-            raise TypeError(
+            return self._disable("no_randomizer", (
                 "LDPInferenceAudit needs a local randomizer: build DPFedAvg(..., randomizer=...) "
-                "with e.g. audit_callbacks.mechanisms.TwoPoint(epsilon, center, radius)"
-            )
+                "with e.g. audit_callbacks.mechanisms.TwoPoint(epsilon, center, radius)"))
         c = self.center if self.center is not None else getattr(rnd, "center", None)
         r = self.radius if self.radius is not None else getattr(rnd, "radius", None)
         if c is None or r is None:
-            raise TypeError(
+            return self._disable("no_domain", (
                 f"LDPInferenceAudit needs the domain [c - r, c + r] of the randomizer; "
                 f"{type(rnd).__name__} has no center/radius (the attack applies to per-coordinate "
-                "mechanisms such as TwoPoint, Staircase, GRR): pass center= and radius="
-            )
+                "mechanisms such as TwoPoint, Staircase, GRR): pass center= and radius="))
         d = int(pl_module.num_parameters)
         if self.weights is not None and int(self.weights.max()) >= d:
             raise ValueError(f"weights index {int(self.weights.max())} >= d = {d}")
@@ -173,7 +185,16 @@ class LDPInferenceAudit(FederatedAuditHooks, Callback):
             self._restore(self._pending_state)
             self._pending_state = None
 
+    def _disable(self, reason: str, message: str) -> None:
+        """A training this attack cannot run on: warn once and step aside for this fit (nothing
+        logged, no summary); training goes on."""
+        self.disabled_reason = reason
+        self.output.warn(reason, f"LDPInferenceAudit disabled ({reason}): {message}; training "
+                         "continues without this audit")
+
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.disabled_reason is not None:
+            return
         self.output.bind(trainer)
         if not self._layout_written:
             self.output.layout(names.chart_layout(
@@ -190,6 +211,8 @@ class LDPInferenceAudit(FederatedAuditHooks, Callback):
     ) -> None:
         """Observe the round's released rows; the attack's target is what the mechanism saw
         (``project``) of each clipped update ``fl_round.updates``."""
+        if self.disabled_reason is not None:
+            return
         rnd, updates, released = fl_round.randomizer, fl_round.updates, fl_round.released
         seen = rnd.project(updates) if callable(getattr(rnd, "project", None)) else updates.clamp(
             self._c - self._r, self._c + self._r)
@@ -205,15 +228,21 @@ class LDPInferenceAudit(FederatedAuditHooks, Callback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
         """The summary now, before Lightning's teardown can lose it (a SIGTERM after it
         restored the default handler); ``on_fit_end`` refreshes it."""
+        if self.disabled_reason is not None:
+            return
         self.output.bind(trainer).end_training(lambda: self.on_fit_end(trainer, pl_module))
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         """SIGTERM / SIGINT: the summary of what was measured (``run_status``: ``interrupted at
         step N``), and an exit code that is not 0 (:mod:`audit_callbacks.callbacks.interrupt`)."""
+        if self.disabled_reason is not None:
+            return
         self.output.on_exception(trainer, exception,
                                  lambda status: self.on_fit_end(trainer, pl_module, status=status))
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, status: str = "complete") -> None:
+        if self.disabled_reason is not None:
+            return
         self.output.bind(trainer)
         if not self.attacks:
             self.output.done(status)
@@ -221,7 +250,6 @@ class LDPInferenceAudit(FederatedAuditHooks, Callback):
         rounds = next(iter(self.attacks.values())).rounds
         if rounds and (not self.history or self.history[-1]["round"] != int(pl_module.round)):
             self._predict_and_log(trainer, int(pl_module.round))
-        self.output.summary_filename = self.summary_filename
         path = self.output.finish(self.summary(pl_module, status), status)
         if path is not None:
             self.summary_path = path

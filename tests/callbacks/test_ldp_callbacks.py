@@ -448,7 +448,7 @@ def test_update_norms_are_published_only_over_blocks_of_clients(tmp_path, monkey
     assert summary["client_update_norms"]["count"] == 4
 
 
-def test_wrong_module_or_no_randomizer_raises_type_error(tmp_path):
+def test_wrong_module_or_no_randomizer_warns_once_and_steps_aside(tmp_path):
     with pytest.raises(ValueError, match="adversaries"):
         LDPAudit(adversaries=("dummy", "nope"))
     with pytest.raises(ValueError, match="trials"):
@@ -470,15 +470,22 @@ def test_wrong_module_or_no_randomizer_raises_type_error(tmp_path):
         def train_dataloader(self):
             return torch.utils.data.DataLoader(torch.randn(4, 2), batch_size=2)
 
-    for cb in (LDPAudit(), LDPInferenceAudit()):
-        with pytest.raises(TypeError, match="DPFedAvg"):
-            fit(None, Plain(), [cb], 1, tmp_path, logger=False)
+    def steps_aside(cb, dm, module, reason, needs, folder):
+        """One warning saying what the audit needs, the fit runs its steps, nothing written."""
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer = fit(dm, module, [cb], 2, tmp_path / folder, logger=False)
+        said = [str(w.message) for w in caught if f"{type(cb).__name__} disabled" in str(w.message)]
+        assert len(said) == 1 and needs in said[0] and "training continues" in said[0], said
+        assert cb.disabled_reason == reason and trainer.global_step == 2
+        assert cb.summary_path is None and not list((tmp_path / folder).rglob("*.json"))
+
+    for i, cls in enumerate((LDPAudit, LDPInferenceAudit)):
+        steps_aside(cls(), None, Plain(), "not_dp_fedavg", "DPFedAvg", f"plain{i}")
         dm, module = make(None)
-        with pytest.raises(TypeError, match="randomizer"):
-            fit(dm, module, [cb], 1, tmp_path, logger=False)
+        steps_aside(cls(), dm, module, "no_randomizer", "randomizer", f"none{i}")
     dm, module = make(LDPSGD(1.0, 1.0))
-    with pytest.raises(TypeError, match="center"):
-        fit(dm, module, [LDPInferenceAudit()], 1, tmp_path, logger=False)
+    steps_aside(LDPInferenceAudit(), dm, module, "no_domain", "center", "domain")
 
 
 # ------------------------------------------------------------------------------ inference
