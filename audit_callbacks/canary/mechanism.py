@@ -126,9 +126,11 @@ class NoiseChecks:
         # halves before it is (see fold)
         buf["ends"] = buf["cums"].as_strided((2,), (block,), block)
         buf["squares2"], buf["e2"] = buf["squares"].view(2, m), buf["e"].view(2, m)
-        if old is not None:  # a model moved to another device: the sums go on
+        if old is not None:  # a model moved to another device (or dtype): the sums go on, and
+            # the previous delta (NaN after a resume: the next release is not folded) with them
             buf["e"].copy_(old["e"].to(dev))
             buf["n"].copy_(old["n"].to(dev))
+            buf["delta"].copy_(old["delta"].to(device=dev, dtype=dtype))
         buf["integral"] = torch.zeros(len(self.sizes) - self._first_extra, dtype=torch.int64, device=dev)
         if old is not None:
             buf["integral"].copy_(old["integral"].to(dev))
@@ -229,9 +231,11 @@ class NoiseChecks:
             return {}
         n1, n2 = self.counts()
         e1, e2 = np.split(self._buffers["e"].cpu().numpy().copy(), 2)
-        # an integer buffer released with no fractional change in every release: noise of std
-        # below 1/2 rounds to 0 (Flower #4868), so its noise part is exactly 0
-        if self.noise_std < 0.5 and n1 >= 2:
+        # an integer buffer released with no fractional change in every release: its noise was
+        # cast to the integer (Flower #4868); below a std of 1 that leaves most draws 0 (all
+        # below 1/2 when rounded; 70% at 0.95 truncated toward zero, as numpy's astype does), so
+        # its noise part is taken as 0
+        if self.noise_std < 1.0 and n1 >= 2:
             integral = self._buffers["integral"].cpu().numpy()
             for j in np.flatnonzero(integral >= n1):
                 e1[self._first_extra + j] = e2[self._first_extra + j] = 0.0
@@ -254,6 +258,7 @@ class NoiseChecks:
         e1, e2 = np.split(self._buffers["e"].cpu().numpy(), 2)
         n1, n2 = self.counts()
         return {"e1": e1.tolist(), "e2": e2.tolist(), "n1": n1, "n2": n2,
+                "integral": self._buffers["integral"].cpu().tolist(),
                 "tensors": [list(x) for x in zip(self.names, self.sizes, strict=True)]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -267,6 +272,8 @@ class NoiseChecks:
         b = self._on(torch.empty(0))
         b["e"].copy_(torch.tensor(list(state["e1"]) + list(state["e2"]), dtype=torch.float64))
         b["n"].copy_(torch.tensor([float(state["n1"]), float(state["n2"])], dtype=torch.float64))
+        if "integral" in state:  # (a checkpoint before it was kept: the counts restart at 0)
+            b["integral"].copy_(torch.tensor(state["integral"], dtype=torch.int64))
         if self.momentum:
             # the server's momentum goes on from the delta before the checkpoint, which is not
             # kept: the first release's noise part vec - beta * delta is then unknown, so it is

@@ -90,8 +90,10 @@ def noise_energy_check(
         groups: ``m`` names for the summary (e.g. parameter tensor names).
 
     Returns:
-        An :class:`AuditResult`: ``value`` the smallest group's ratio ``energy / (dof s^2)``
-        (at least about 1 for a correct mechanism, about 2 for ``fresh_noise``), ``alpha``,
+        An :class:`AuditResult`: ``value`` the ratio ``energy / (dof s^2)`` of the group with
+        the smallest p-value, the one ``details["group"]`` names (about 1 or more for a correct
+        mechanism, about 2 for ``fresh_noise``; a group of few coordinates and releases varies
+        more; rejected below ``details["threshold"]``), ``alpha``,
         ``details``: ``rejected`` (bool), ``group`` (the group with the smallest p-value),
         ``p_value`` (its p-value, times ``m``, capped at 1), ``threshold`` (the ratio below which
         that group is rejected), and ``ratios`` (each group's ratio, for up to 64 groups).
@@ -124,7 +126,7 @@ def noise_energy_check(
     if m <= 64:
         details["ratios"] = {n: float(r) for n, r in zip(names, ratios, strict=True)}
     return AuditResult(
-        value=float(ratios.min()), alpha=a, method=f"chi2_lower_tail_{check}", source=_SOURCE_NOISE,
+        value=float(ratios[worst]), alpha=a, method=f"chi2_lower_tail_{check}", source=_SOURCE_NOISE,
         counts={"dof": int(k.sum()), "groups": m}, details=details,
     )
 

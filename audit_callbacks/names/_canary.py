@@ -58,7 +58,7 @@ def _quantities() -> list[Quantity]:
     final_bound, allit_bound = "final model: valid lower bound", "all iterates: valid lower bound"
     final_ratio, allit_ratio = "final model: estimate / reference", "all iterates: estimate / claim"
     codes = "(0 consistent, 1 suspicious or unproven, 2 violation)"
-    checks = "(at least 1 for the claimed mechanism)"
+    checks = "(about 1 or more for the claimed mechanism)"
     return [
         Quantity(FAMILY_AUDIT, EPSILON_FINAL_MODEL, final,
                  "empirical epsilon, final-model adversary: the equal-variance two-Gaussian fit "
@@ -121,23 +121,25 @@ def _quantities() -> list[Quantity]:
                  "unchecked. The summary holds the word and verdict_all_iterates_sentence"),
         Quantity(FAMILY_AUDIT, NOISE_SCALE_RATIO, f"mechanism check: noise scale {checks}",
                  "the releases' energy over the claimed noise's, sum ||r_t||^2 / (m T s^2), on the "
-                 "parameter tensor where it is smallest: at least about 1 with the claimed noise "
-                 "on every tensor; its chi-square lower-tail test flags noise missing or short "
-                 "(docs/methods/mechanism_checks.md F1, F3)"),
-        Quantity(FAMILY_AUDIT, FRESH_NOISE_RATIO, "mechanism check: fresh noise (about 2 with fresh noise, flagged below 1)",
+                 "parameter tensor whose chi-square lower-tail p-value is smallest (the one a "
+                 "verdict names): about 1 or more with the claimed noise (a tensor of few "
+                 "entries varies more); flagged, noise missing or short, when that test rejects "
+                 "(below the summary's details.threshold; docs/methods/mechanism_checks.md F1, F3)"),
+        Quantity(FAMILY_AUDIT, FRESH_NOISE_RATIO, "mechanism check: fresh noise (about 2 with fresh noise)",
                  "the energy of consecutive releases' differences over the claimed noise's, on "
-                 "the tensor where it is smallest: about 2 with fresh noise, near 0 when the noise "
-                 "repeats; flagged below the chi-square bound 1 (docs/methods/mechanism_checks.md "
-                 "F2)"),
+                 "the tensor whose chi-square lower-tail p-value is smallest: about 2 with fresh "
+                 "noise, near 0 when the noise repeats; flagged when that test of 'at least 1' "
+                 "rejects (below the summary's details.threshold; "
+                 "docs/methods/mechanism_checks.md F2)"),
         Quantity(FAMILY_AUDIT, BATCH_SIZE_VARIANCE_RATIO, "mechanism check: batch-size variance (about 1 for Poisson batches)",
                  "the variance of the steps' real batch sizes over Binomial(N, q)'s N q (1 - q): "
                  "about 1 under the Poisson sampling the accountant assumes, about 0 for "
                  "fixed-size shuffled batches (docs/methods/mechanism_checks.md F4)"),
         Quantity(FAMILY_AUDIT, VERDICT_MECHANISM, f"mechanism checks: verdict {codes}",
                  "the checks of the mechanism: 0 consistent, 1 unproven (the loader is not the "
-                 "sampler the accountant assumes, or the noise is replayable from a public "
-                 "seed), 2 violation (the noise is missing, short or repeated on some tensor); "
-                 "the summary holds the word and verdict_mechanism_sentence"),
+                 "sampler the accountant assumes), 2 violation (the noise is missing, short or "
+                 "repeated on some tensor); noise replayable from a public seed is said in "
+                 "verdict_mechanism_sentence, not in the word; the summary holds both"),
         Quantity(FAMILY_AUDIT, EPSILON_LOWER_BOUND_FINAL_MODEL_WATCHED, final_bound,
                  "the watched series of the final-model valid bound, logged during training: "
                  "each point at the level spent for it, so the series' maximum is a valid "

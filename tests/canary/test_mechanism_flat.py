@@ -14,6 +14,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from audit_callbacks import names
 from audit_callbacks.canary.mechanism import CHUNK, NoiseChecks
 
 
@@ -232,6 +233,9 @@ class _NoiseChecksBefore(NoiseChecks):
         if old is not None:
             buf["e"].copy_(old["e"].to(dev))
             buf["n"].copy_(old["n"].to(dev))
+            # (since: the previous delta carried over too; before, a release of another dtype
+            # was folded against a zero delta under server momentum)
+            buf["delta"].copy_(old["delta"].to(device=dev, dtype=buf["delta"].dtype))
         buf["integral"] = torch.zeros(len(self.sizes) - self._first_extra, dtype=torch.int64, device=dev)
         if old is not None:
             buf["integral"].copy_(old["integral"].to(dev))
@@ -362,3 +366,51 @@ def test_resume_with_server_momentum_leaves_out_the_release_whose_noise_is_unkno
     noise_part = deltas[split] - beta * deltas[split - 1]
     left_out = [float((noise_part[:300] ** 2).sum()), float((noise_part[300:] ** 2).sum())]
     assert np.allclose(np.add(e_res, left_out), e_whole, rtol=1e-5)
+
+
+def test_resume_marker_survives_a_release_of_another_dtype() -> None:
+    """load_state_dict builds float32 buffers; a float64 (or CUDA) release rebuilds them: the
+    resumed release's unknown momentum carry-over must still leave it out (before, the rebuilt
+    delta was zeros and a noiseless release added its whole energy)."""
+    beta, tensors = 0.9, [("w", 300), ("b", 20)]
+    gen = torch.Generator().manual_seed(1)
+    first = NoiseChecks(tensors, 0.5, reads="model_delta", momentum=beta)
+    for _ in range(4):
+        first.fold(types.SimpleNamespace(vector=torch.randn(320, generator=gen), extras=None))
+    resumed = NoiseChecks(tensors, 0.5, reads="model_delta", momentum=beta)
+    resumed.load_state_dict(first.state_dict())
+    before = resumed.counts(), list(resumed.state_dict()["e1"])
+    resumed.fold(types.SimpleNamespace(vector=torch.randn(320, generator=gen, dtype=torch.float64) + 5.0,
+                                       extras=None))
+    assert (resumed.counts(), list(resumed.state_dict()["e1"])) == before
+    resumed.fold(types.SimpleNamespace(vector=torch.randn(320, generator=gen, dtype=torch.float64),
+                                       extras=None))
+    assert resumed.counts()[0] == before[0][0] + 1  # the next one is folded
+
+
+def _integer_buffer_runs(noise_std: float, split: int | None, rounds: int = 12) -> dict:
+    """Releases of one float tensor with its noise and an integer buffer whose change is local
+    steps plus the noise cast to int (truncated toward zero, as numpy's astype)."""
+    gen = torch.Generator().manual_seed(2)
+    checks = NoiseChecks([("w", 400)], noise_std, reads="model_delta",
+                         extra_tensors=[("num_batches_tracked", 1)])
+    for t in range(rounds):
+        if split is not None and t == split:
+            state = checks.state_dict()
+            checks = NoiseChecks([("w", 400)], noise_std, reads="model_delta",
+                                 extra_tensors=[("num_batches_tracked", 1)])
+            checks.load_state_dict(state)
+        steps = 50.0 + noise_std * torch.randn(1, generator=gen)
+        checks.fold(types.SimpleNamespace(vector=noise_std * torch.randn(400, generator=gen),
+                                          extras=steps.trunc()))
+    return checks.results(0.05)
+
+
+@pytest.mark.parametrize("noise_std", [0.3, 0.8, 0.95])
+def test_an_integer_buffer_whose_noise_was_cast_away_is_flagged_also_after_a_resume(noise_std) -> None:
+    """Below a std of 1 a noise cast to an integer is 0 in most draws (70% at 0.95 truncated);
+    the whole-number changes name the buffer, with or without a resume (its count is in the
+    checkpoint: before, a resume lost it and the fault passed)."""
+    for split in (None, 6):
+        res = _integer_buffer_runs(noise_std, split)[names.NOISE_SCALE_RATIO]
+        assert res.details["rejected"] and res.details["group"] == "num_batches_tracked", (split, res)

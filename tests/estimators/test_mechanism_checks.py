@@ -226,3 +226,13 @@ def test_noise_check_bad_input(kwargs, name):
 def test_sampler_bad_input(args, name):
     with pytest.raises(ValueError, match=name):
         sampler_check(*args)
+
+
+def test_the_reported_ratio_is_the_named_groups() -> None:
+    """The value is the ratio of the group the result names (smallest p-value), not the
+    smallest ratio: a 1-entry bias at 0.09 (p ~ 0.24) beside a weight at 0.9x over 100k
+    coordinates (p ~ 0)."""
+    res = noise_energy_check([90_000.0, 0.09], [100_000, 1], 1.0, groups=["weight", "bias"])
+    assert res.details["group"] == "weight" and res.details["rejected"]
+    assert res.value == pytest.approx(0.9)
+    assert res.details["ratios"]["bias"] == pytest.approx(0.09)
