@@ -81,3 +81,26 @@ def test_cuda_noise_reads_the_device_generator():  # pragma: no cover - GPU only
     torch.cuda.manual_seed_all(3)
     opt = type("Opt", (), {"generator": None, "secure_mode": False, "params": [torch.zeros(1, device="cuda")]})()
     assert noise_source(opt).replayable
+
+
+def test_the_audits_own_seed_marks_batches_known_without_naming_it() -> None:
+    """torch's global generator seeded with the audit's canary seed: the batches replay, and the
+    text says so without the number (which would tell the training's seed); a seed the training
+    logged itself is named (it is in the logs already)."""
+    from opacus.utils.uniform_sampler import UniformWithReplacementSampler
+
+    from audit_callbacks.backends.opacus.noise_source import batch_source
+
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(torch.zeros(40, 2)),
+        batch_sampler=UniformWithReplacementSampler(num_samples=40, sample_rate=0.1))
+    state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(54321)
+        audit_seed = batch_source(loader, logged_seeds=[], public_seeds=[54321])
+        logged = batch_source(loader, logged_seeds=[54321])
+    finally:
+        torch.random.set_rng_state(state)
+    assert audit_seed.known and "54321" not in audit_seed.sampling
+    assert audit_seed.sampling.startswith("known:")
+    assert logged.known and "reproducible from seed 54321" in logged.sampling

@@ -433,8 +433,9 @@ class OpacusBackend(BackendBase):
     def batches(self) -> Any:
         """What the training loader's batches are: secret, known (replayable from a public or
         logged seed) or not checked (:func:`~audit_callbacks.backends.opacus.noise_source.batch_source`)."""
-        seeds = [self.seed, *_logged_seeds(self.auditor), *self._module_seeds]
-        return batch_source(self.loader(), logged_seeds=seeds)
+        # the audit's own seed is public but not the training's: never named in the text
+        return batch_source(self.loader(), logged_seeds=self._module_seeds,
+                            public_seeds=[self.seed, *_logged_seeds(self.auditor)])
 
     def claim(self, delta: float) -> dict[str, Any]:
         """Which sampling the claim assumes and, where the batches are known, the unamplified

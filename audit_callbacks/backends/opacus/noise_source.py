@@ -62,13 +62,17 @@ class BatchSource:
         return f"BatchSource(known={self.known!r})"
 
 
-def batch_source(loader: Any, *, logged_seeds: Iterable[int] = ()) -> BatchSource:
+def batch_source(loader: Any, *, logged_seeds: Iterable[int] = (),
+                 public_seeds: Iterable[int] = ()) -> BatchSource:
     """Whether ``loader``'s Poisson batches (an Opacus ``DPDataLoader``'s
     ``UniformWithReplacementSampler``) replay from a public seed.
 
     Args:
         loader: the training loader (None: not checked).
         logged_seeds: seeds the run logged (the module's and datamodule's hyperparameters).
+        public_seeds: further public seeds that are not the training's own (the audit's canary
+            seed): a generator seeded with one reads as known, without naming it (the text
+            would tell which seed the training used).
 
     Returns:
         A :class:`BatchSource`. A generator seeded with a logged seed N reads as
@@ -93,7 +97,7 @@ def batch_source(loader: Any, *, logged_seeds: Iterable[int] = ()) -> BatchSourc
     if seed in logged:
         return BatchSource(True, f"reproducible from seed {seed}: the claim assumes secret "
                                  "batches and does not hold for anyone holding the logs")
-    if public_seed(seed, logged):
+    if public_seed(seed, logged | {int(s) for s in public_seeds}):
         origin = ("torch's global generator, seeded with a public seed (seed_everything or "
                   "torch.manual_seed)" if generator is None else "a generator seeded with a public seed")
         return BatchSource(True, f"known: the Poisson batches are drawn from {origin}; the claim "
