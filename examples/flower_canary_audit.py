@@ -93,7 +93,9 @@ def make_server_app(test: tuple[torch.Tensor, torch.Tensor], args: argparse.Name
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         n, k, m = args.clients, args.canaries, args.clients_per_round
-        fedavg = FedAvg(fraction_train=m / (n + k), fraction_evaluate=0.0, min_available_nodes=n)
+        # min_train_nodes: floor((n + k) * m / (n + k)) is m - 1 for some m in floating point
+        fedavg = FedAvg(fraction_train=m / (n + k), min_train_nodes=m, fraction_evaluate=0.0,
+                        min_available_nodes=n)
         dp = DifferentialPrivacyServerSideFixedClipping(fedavg, args.noise_multiplier,
                                                          args.clip_norm, m)
         strategy = CanaryStrategy(dp, num_canaries=k, delta=args.delta, seed=args.seed,
