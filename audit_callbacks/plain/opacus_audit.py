@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import types
 import warnings
+import weakref
 from typing import Any
 
 import torch
@@ -121,6 +122,7 @@ class OpacusCanaryAudit(AuditFrontEnd):
         self.summary_filename = summary_filename
         self.optimizer = opt
         self._sinks: dict[str, WriterSink] = {}
+        self._claimed: dict[str, str] = {}  # a requested log_dir -> the folder written
         self._open(OpacusBackend(opt, data_loader, self._warn, world_size=_world_size(),
                                  sample_rate=self.config.sample_rate, seed=self.config.seed))
         assert self.auditor is not None
@@ -156,7 +158,31 @@ class OpacusCanaryAudit(AuditFrontEnd):
         steps = backend.progress()
         if (self.every_n_steps and self.log_dir is not None and steps != before
                 and steps % self.every_n_steps == 0):
-            self.auditor.update(self._sink(self.log_dir), step=steps, histograms=self.log_histograms)
+            self.auditor.update(self._sink(self._directory(self.log_dir)), step=steps,
+                                histograms=self.log_histograms)
+
+    def _directory(self, directory: str) -> str:
+        """The folder this audit writes for ``directory``: ``directory`` itself unless another
+        live ``OpacusCanaryAudit`` of this process writes there, then the first free
+        ``<directory>-<n>`` (warned once): no audit replaces another's summary, report or
+        TensorBoard series."""
+        if directory in self._claimed:
+            return self._claimed[directory]
+        candidate, n = directory, 0
+        while True:
+            key = os.path.realpath(candidate)
+            owner = _DIRECTORY_OWNERS.get(key)
+            if owner is None or owner() is None or owner() is self:
+                _DIRECTORY_OWNERS[key] = weakref.ref(self)
+                break
+            n += 1
+            candidate = f"{directory}-{n}"
+        if candidate != directory:
+            self._warn("log_dir", f"{self.name}: {directory} is written by another "
+                       f"OpacusCanaryAudit in this process; this audit writes to {candidate} (pass "
+                       "each audit its own log_dir)")
+        self._claimed[directory] = candidate
+        return candidate
 
     def _sink(self, directory: str) -> WriterSink:
         if directory not in self._sinks:
@@ -190,6 +216,7 @@ class OpacusCanaryAudit(AuditFrontEnd):
         directory = self.log_dir if log_dir is None else os.fspath(log_dir)
         if directory is None:
             raise ValueError(f"{self.name}.write: log_dir is None here and at construction")
+        directory = self._directory(directory)
         sink = self._sink(directory)
         self._plan(self.steps, replan=False)  # a run whose length was not given: planned now
         self.output.bind_directory(directory, sink)
@@ -222,6 +249,10 @@ class OpacusCanaryAudit(AuditFrontEnd):
         self.auditor.backend.detach()
         for sink in self._sinks.values():
             sink.close()
+
+
+#: realpath of a folder -> the live OpacusCanaryAudit of this process that writes there
+_DIRECTORY_OWNERS: dict[str, weakref.ref[Any]] = {}
 
 
 def _check_log_dir(name: str, log_dir: str, summary_filename: str) -> None:

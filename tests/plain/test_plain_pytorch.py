@@ -172,3 +172,26 @@ def test_a_log_dir_that_is_a_file_is_refused_and_a_failing_layout_never_stops_th
     assert audit.steps >= 2
     assert sum("write failed" in str(w.message) for w in caught) == 1
     audit.detach()
+
+
+def test_two_audits_of_one_process_never_replace_each_others_outputs(tmp_path):
+    """Two live audits given one log_dir: the second writes to <log_dir>-1 (warned once); the
+    first's summary, report and TensorBoard series stay its own."""
+    folder = tmp_path / "two"
+    audits = []
+    for seed in (0, 1):
+        model, opt, loader, _ = _loop(seed)
+        audit = OpacusCanaryAudit(opt, data_loader=loader, num_canaries=50, bootstrap=0)
+        for _ in range(1 + seed):
+            _epoch(model, opt, loader)
+        audits.append(audit)
+    audits[0].write(folder)
+    with pytest.warns(UserWarning, match="written by another OpacusCanaryAudit"):
+        audits[1].write(folder)
+    first, second = audits[0].summary_path, audits[1].summary_path
+    assert first == str(folder / "audit_summary.json")
+    assert second == str(tmp_path / "two-1" / "audit_summary.json")
+    assert json.load(open(first))["inputs"]["steps"] == audits[0].steps < audits[1].steps
+    assert json.load(open(second))["inputs"]["steps"] == audits[1].steps
+    audits[1].write(folder)  # the same audit again: its own folder, no new warning or name
+    assert audits[1].summary_path == second
