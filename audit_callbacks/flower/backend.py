@@ -130,7 +130,8 @@ class FlowerBackend(BackendBase):
         rounds: rounds whose release was folded or skipped (a resumed run's add to the
             restored ones).
         last_inserted: the canaries inserted in the last aggregated round.
-        round_events: server round -> what the audit did with it.
+        round_events: round (as ``short_rounds``: a resumed run's after the restored ones) -> what
+            the audit did with it.
         short_rounds: round (a resumed run's after the restored ones) -> ``(replies,
             num_sampled_clients)`` of the released rounds that aggregated fewer replies than
             the DP wrapper's noise was set for.
@@ -349,10 +350,11 @@ class FlowerBackend(BackendBase):
             checked.append(msg)
         valid = [m for m in checked if not m.has_error()]
         failures = len(checked) - len(valid)
-        self._check_weights(self.offset + server_round, valid, key)
+        rnd = self.offset + server_round  # the audit's round (a resumed run's count on)
+        self._check_weights(rnd, valid, key)
         inserted: list[int] = []
         if pending and not valid:
-            self.round_events[server_round] = "no real reply: canaries not inserted"
+            self.round_events[rnd] = "no real reply: canaries not inserted"
             LOGGER.log(WARNING, "CanaryStrategy: round %d: no valid real reply (%d failures); "
                        "the %d sampled canary clients are not inserted", server_round, failures,
                        len(pending))
@@ -361,7 +363,7 @@ class FlowerBackend(BackendBase):
                 checked.extend(self._canary_replies(pending, valid))
                 inserted = [j for j, _ in pending]
             except ValueError as err:  # the clients' clipping mod refused the canaries
-                self.round_events[server_round] = f"canaries not inserted: {err}"
+                self.round_events[rnd] = f"canaries not inserted: {err}"
                 LOGGER.log(WARNING, "CanaryStrategy: round %d: %s; the canaries are not "
                            "inserted", server_round, err)
         self.last_inserted = inserted
@@ -378,27 +380,27 @@ class FlowerBackend(BackendBase):
                        "aggregate the replies (%s: %s); the round is skipped", server_round,
                        type(err).__name__, err)
             arrays, metrics = None, None
-        self.rounds = self.offset + server_round
+        self.rounds = rnd
         if dropped:
-            self.round_events[server_round] = f"{dropped} replies skipped: bad {key}"
+            self.round_events[rnd] = f"{dropped} replies skipped: bad {key}"
         if arrays is None:
-            self.round_events.setdefault(server_round, f"not aggregated ({failures} failures)")
+            self.round_events.setdefault(rnd, f"not aggregated ({failures} failures)")
             LOGGER.log(WARNING, "CanaryStrategy: round %d was not aggregated (%d failures); the "
                        "audit counts no canary participation and folds nothing", server_round,
                        failures)
             return arrays, metrics, False
         if (why := self.layout.mismatch(arrays)) is not None:
-            self.round_events[server_round] = f"released model skipped: {why}"
+            self.round_events[rnd] = f"released model skipped: {why}"
             self.auditor.skip_release(f"the aggregated model of round {server_round} ({why})")
             return arrays, metrics, False
         theta = self.layout.flatten(arrays)
         participants = np.asarray(inserted, dtype=np.int64)
-        self._effective_noise(self.offset + server_round, len(valid) + len(inserted), participants)
+        self._effective_noise(rnd, len(valid) + len(inserted), participants)
         integers = self.layout.flatten_integer(arrays)
         self.auditor.release(theta - self.theta_prev, participants, what=f"round {server_round}",
                              extras=(integers - self._integers_prev).float() if integers.numel() else None)
         self.theta, self.released = theta, arrays
-        self.round_events.setdefault(server_round, f"folded ({len(inserted)} canaries, "
+        self.round_events.setdefault(rnd, f"folded ({len(inserted)} canaries, "
                                      f"{failures} failures)")
         return arrays, metrics, True
 

@@ -130,8 +130,22 @@ class CanaryStrategy(AuditFrontEnd, Strategy):
               evaluate_config: ConfigRecord | None = None,
               evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None) -> Any:
         """Flower's ``Strategy.start`` with the final estimate after ``num_rounds``, and the
-        ``evaluate_fn`` metrics also in TensorBoard as ``val/<key>`` (e.g. ``val/accuracy``)."""
-        self.num_rounds = int(num_rounds)
+        ``evaluate_fn`` metrics also in TensorBoard as ``val/<key>`` (e.g. ``val/accuracy``).
+
+        A second ``start`` of the same strategy continues its run as a resume does: its rounds
+        count on from the rounds already audited (round ``r`` of this start is round
+        ``rounds + r`` of the audit), the plan covers the total, and its TensorBoard events and
+        summary go to a fresh ``log_dir/version_N`` (the earlier summary stays as written).
+
+        Raises:
+            ValueError: ``num_rounds`` is not an integer >= 1.
+        """
+        self.num_rounds = check_count(num_rounds, "num_rounds", minimum=1)
+        if self.auditor is not None and self._state is None:  # a continued run
+            self._offset = self.auditor.backend.offset = self.auditor.backend.rounds
+            self._finished_at = -1
+            self.sink = WriterSink(log_dir=self.sink.log_dir, versioned=True)
+            self.sink.layout(self.auditor.layout(), self.summary_filename)
 
         def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
             res = evaluate_fn(server_round, arrays) if evaluate_fn is not None else None

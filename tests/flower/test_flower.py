@@ -493,3 +493,25 @@ def test_two_runs_into_one_log_dir_keep_both_summaries(tmp_path):
     # the density figures of the canary cosines reach TensorBoard, as with CanaryAudit
     acc = EventAccumulator(str(tmp_path / "version_0")).Reload()
     assert "audit/cosine_density_final_model" in acc.Tags()["images"]
+
+
+def test_a_second_start_continues_the_run_into_a_version_of_its_own(tmp_path):
+    """``start`` again on the same strategy goes on as a resume does: rounds, plan, round events
+    and TensorBoard steps count on from the first start's rounds; the second summary goes to a
+    fresh version folder and the first stays as written."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    first, result, _ = _run(tmp_path, n=4, k=8, fraction=0.5, rounds=3, bootstrap=0)
+    first_path = first.summary_path
+    first_text = open(first_path, encoding="utf-8").read()
+    first.start(LocalGrid(4, _client()), result.arrays, num_rounds=2)
+    assert first.backend.rounds == first.auditor.stats.rounds_seen == 5
+    assert first.summary_path != first_path and "version_1" in first.summary_path
+    assert open(first_path, encoding="utf-8").read() == first_text
+    summary = json.loads(open(first.summary_path, encoding="utf-8").read())
+    assert summary["inputs"]["rounds"] == 5 and summary["plan_steps"] == 5
+    assert set(summary["inputs"]["round_events"]) == {str(r) for r in range(1, 6)}
+    tag = summary["tags"][names.EPSILON_ANALYTIC]
+    steps = [[e.step for e in EventAccumulator(str(tmp_path / v)).Reload().Scalars(tag)]
+             for v in ("version_0", "version_1")]
+    assert steps == [[1, 2, 3], [4, 5]]
