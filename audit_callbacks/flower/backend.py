@@ -245,6 +245,12 @@ class FlowerBackend(BackendBase):
                           f"canary clients, but the DP wrapper's num_sampled_clients is "
                           f"{sampled}: its noise on the sum of the cohort's updates is "
                           f"z C {m}/{sampled}, not z C; set num_sampled_clients={m}")
+            if m >= 1 and (alone := _canaries_only(m, n_real, k)) >= 0.01:
+                self.warn("small_cohort", f"CanaryStrategy: the cohort of {m} nodes (fraction_train="
+                          f"{fraction:g} of {n_real} real + {k} canary nodes, min_train_nodes="
+                          f"{find_attribute(self.strategy, 'min_train_nodes')}) is so small that "
+                          f"canaries alone fill it in {alone:.0%} of the rounds: those rounds train "
+                          "nothing and insert no canary; raise fraction_train or min_train_nodes")
             # the cohort is fraction_train x (N + k): no cohort size to suggest, only fewer canaries
             crowded = crowding_warning(k, n_real, None, name="CanaryStrategy")
             if crowded:
@@ -355,9 +361,9 @@ class FlowerBackend(BackendBase):
         inserted: list[int] = []
         if pending and not valid:
             self.round_events[rnd] = "no real reply: canaries not inserted"
-            LOGGER.log(WARNING, "CanaryStrategy: round %d: no valid real reply (%d failures); "
-                       "the %d sampled canary clients are not inserted", server_round, failures,
-                       len(pending))
+            self.warn("no_real", f"CanaryStrategy: round {rnd}: no valid real reply ({failures} "
+                      f"failures); the {len(pending)} sampled canary clients are not inserted "
+                      "(warned once: every such round is in the summary's round_events)")
         elif pending:
             try:
                 checked.extend(self._canary_replies(pending, valid))
@@ -385,9 +391,10 @@ class FlowerBackend(BackendBase):
             self.round_events[rnd] = f"{dropped} replies skipped: bad {key}"
         if arrays is None:
             self.round_events.setdefault(rnd, f"not aggregated ({failures} failures)")
-            LOGGER.log(WARNING, "CanaryStrategy: round %d was not aggregated (%d failures); the "
-                       "audit counts no canary participation and folds nothing", server_round,
-                       failures)
+            self.warn("not_aggregated", f"CanaryStrategy: round {rnd} was not aggregated "
+                      f"({failures} failures); the audit counts no canary participation and "
+                      "folds nothing (warned once: every such round is in the summary's "
+                      "round_events)")
             return arrays, metrics, False
         if (why := self.layout.mismatch(arrays)) is not None:
             self.round_events[rnd] = f"released model skipped: {why}"
@@ -424,10 +431,11 @@ class FlowerBackend(BackendBase):
         if m is not None and 0 < replies < int(m):
             self.short_rounds[server_round] = (replies, int(m))
             z_eff = self.noise_multiplier * replies / int(m)
-            self.warn(f"short:{server_round}", f"CanaryStrategy: round {server_round} aggregated "
+            self.warn("short", f"CanaryStrategy: round {server_round} aggregated "
                       f"{replies} replies, the DP wrapper's noise is set for {m}: effective noise "
                       f"multiplier {z_eff:.4g} (not {self.noise_multiplier:g}); the analytic "
-                      "epsilon uses it")
+                      "epsilon uses it (warned once: every such round is in the summary's "
+                      "short_rounds)")
         if participants.size:
             np.add.at(self.inverse_variance, participants, z_eff ** -2)
 
@@ -600,6 +608,15 @@ class FlowerBackend(BackendBase):
                 raise ValueError(f"checkpointed inverse_variance covers {inv.size} canaries, "
                                  f"this run has {self.inverse_variance.size}")
             self.inverse_variance = inv.copy()
+
+
+def _canaries_only(m: int, n_real: int, k: int) -> float:
+    """The chance that a cohort of ``m`` nodes drawn uniformly without replacement from
+    ``n_real`` real and ``k`` canary nodes holds no real node: C(k, m) / C(n_real + k, m)."""
+    if m > k:
+        return 0.0
+    return math.exp(math.lgamma(k + 1) - math.lgamma(k - m + 1) - math.lgamma(n_real + k + 1)
+                    + math.lgamma(n_real + k - m + 1))
 
 
 def _rounds(rounds: dict[int, Any]) -> str:

@@ -515,3 +515,37 @@ def test_a_second_start_continues_the_run_into_a_version_of_its_own(tmp_path):
     steps = [[e.step for e in EventAccumulator(str(tmp_path / v)).Reload().Scalars(tag)]
              for v in ("version_0", "version_1")]
     assert steps == [[1, 2, 3], [4, 5]]
+
+
+def test_persistent_round_problems_are_warned_once(tmp_path, caplog):
+    """A cohort of 1 node among 2 real and 20 canary nodes is a canary alone in most rounds:
+    one warning up front names fraction_train / min_train_nodes, and "no valid real reply" /
+    "was not aggregated" are warned once each (every round stays in round_events)."""
+    caplog.set_level(logging.WARNING, logger="flwr")
+    strategy, _, _ = _run(tmp_path, n=2, k=20, fraction=0.01, rounds=8, bootstrap=0)
+    said = [r.getMessage() for r in caplog.records]
+    events = strategy.backend.round_events
+    skipped = [r for r, e in events.items() if e.startswith("no real reply")]
+    assert len(skipped) >= 2  # the problem persists over rounds
+    assert sum("no valid real reply" in m for m in said) == 1
+    assert sum("was not aggregated" in m for m in said) == 1
+    cohort = [m for m in said if "canaries alone fill it" in m]
+    assert len(cohort) == 1 and "fraction_train=0.01" in cohort[0] and "min_train_nodes" in cohort[0]
+    caplog.clear()
+    _run(tmp_path / "big", n=20, k=6, fraction=0.5, rounds=1, bootstrap=0)
+    assert not [r for r in caplog.records if "canaries alone fill it" in r.getMessage()]
+
+
+def test_a_short_cohort_in_every_round_is_warned_once(tmp_path, caplog):
+    """The DP wrapper's num_sampled_clients one above the cohort: every round's effective noise
+    multiplier is below z (each in the summary's short_rounds), warned once."""
+    caplog.set_level(logging.WARNING, logger="flwr")
+    random.seed(0)
+    np.random.seed(0)
+    inner = FedAvg(fraction_train=0.5, fraction_evaluate=0.0, min_available_nodes=4)
+    strategy = CanaryStrategy(DifferentialPrivacyServerSideFixedClipping(inner, 0.5, 1.0, 7),
+                              num_canaries=8, log_dir=str(tmp_path), bootstrap=0)
+    strategy.start(LocalGrid(4, _client()), _model(), num_rounds=4)
+    summary = json.loads(open(strategy.summary_path, encoding="utf-8").read())
+    assert set(summary["inputs"]["short_rounds"]) == {"1", "2", "3", "4"}
+    assert sum("effective noise multiplier" in r.getMessage() for r in caplog.records) == 1
