@@ -45,7 +45,8 @@ class CanaryStrategy(AuditFrontEnd, Strategy):
         summary_filename, log_histograms: the summary JSON's name; the cosine histograms.
         node_timeout: seconds to wait for the real nodes before a round (then TimeoutError).
     Raises:
-        ValueError: a bad argument (naming it), or no clip norm / noise multiplier found.
+        ValueError: a bad argument (naming it: ``strategy`` not a Flower ``Strategy``
+            instance, an unknown keyword), or no clip norm / noise multiplier found.
     """
 
     name = "CanaryStrategy"
@@ -57,6 +58,12 @@ class CanaryStrategy(AuditFrontEnd, Strategy):
                  summary_filename: str = "audit_summary.json", log_histograms: bool = True,
                  node_timeout: float = 600.0, **config: Any) -> None:
         super().__init__()  # the front end's, then Flower's Strategy's
+        if not isinstance(strategy, Strategy):
+            raise ValueError(f"{self.name}: strategy must be a Flower Strategy instance (e.g. "
+                             f"FedAvg(...)), got {strategy!r}")
+        unknown = sorted(set(config) - set(CanaryAuditConfig.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"{self.name}: unknown argument {unknown[0]}")
         self.noise_multiplier, self.clip_norm = FlowerBackend.noise_and_clip(
             strategy, noise_multiplier, clip_norm)
         self.config = CanaryAuditConfig(num_canaries, num_unobserved, **{"delta": 1e-6, **config})

@@ -549,3 +549,20 @@ def test_a_short_cohort_in_every_round_is_warned_once(tmp_path, caplog):
     summary = json.loads(open(strategy.summary_path, encoding="utf-8").read())
     assert set(summary["inputs"]["short_rounds"]) == {"1", "2", "3", "4"}
     assert sum("effective noise multiplier" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_strategy_unknown_keywords_and_num_rounds_are_checked():
+    """ValueError naming the argument: a strategy that is not a Flower Strategy instance, an
+    unknown keyword, a start's num_rounds that is not an integer >= 1 (before any round)."""
+    for bad in (None, FedAvg, "fedavg"):
+        with pytest.raises(ValueError, match="strategy must be a Flower Strategy"):
+            CanaryStrategy(bad, num_canaries=4, noise_multiplier=1.0, clip_norm=1.0, log_dir=None)
+    with pytest.raises(ValueError, match="unknown argument foo"):
+        CanaryStrategy(FedAvg(), num_canaries=4, noise_multiplier=1.0, clip_norm=1.0,
+                       log_dir=None, foo=1)
+    for bad in (0, -1, 2.7, True):
+        strategy = CanaryStrategy(FedAvg(fraction_train=0.5, fraction_evaluate=0.0),
+                                  num_canaries=4, noise_multiplier=1.0, clip_norm=1.0, log_dir=None)
+        with pytest.raises(ValueError, match="num_rounds"):
+            strategy.start(LocalGrid(4, _client()), _model(), num_rounds=bad)
+        assert strategy.auditor is None
