@@ -130,7 +130,8 @@ class FlowerBackend(BackendBase):
         rounds: rounds whose release was folded or skipped (a resumed run's add to the
             restored ones).
         last_inserted: the canaries inserted in the last aggregated round.
-        round_events: server round -> what the audit did with it.
+        round_events: round (as ``short_rounds``: a resumed run's after the restored ones) -> what
+            the audit did with it.
         short_rounds: round (a resumed run's after the restored ones) -> ``(replies,
             num_sampled_clients)`` of the released rounds that aggregated fewer replies than
             the DP wrapper's noise was set for.
@@ -244,6 +245,12 @@ class FlowerBackend(BackendBase):
                           f"canary clients, but the DP wrapper's num_sampled_clients is "
                           f"{sampled}: its noise on the sum of the cohort's updates is "
                           f"z C {m}/{sampled}, not z C; set num_sampled_clients={m}")
+            if m >= 1 and (alone := _canaries_only(m, n_real, k)) >= 0.01:
+                self.warn("small_cohort", f"CanaryStrategy: the cohort of {m} nodes (fraction_train="
+                          f"{fraction:g} of {n_real} real + {k} canary nodes, min_train_nodes="
+                          f"{find_attribute(self.strategy, 'min_train_nodes')}) is so small that "
+                          f"canaries alone fill it in {alone:.0%} of the rounds: those rounds train "
+                          "nothing and insert no canary; raise fraction_train or min_train_nodes")
             # the cohort is fraction_train x (N + k): no cohort size to suggest, only fewer canaries
             crowded = crowding_warning(k, n_real, None, name="CanaryStrategy")
             if crowded:
@@ -349,19 +356,20 @@ class FlowerBackend(BackendBase):
             checked.append(msg)
         valid = [m for m in checked if not m.has_error()]
         failures = len(checked) - len(valid)
-        self._check_weights(self.offset + server_round, valid, key)
+        rnd = self.offset + server_round  # the audit's round (a resumed run's count on)
+        self._check_weights(rnd, valid, key)
         inserted: list[int] = []
         if pending and not valid:
-            self.round_events[server_round] = "no real reply: canaries not inserted"
-            LOGGER.log(WARNING, "CanaryStrategy: round %d: no valid real reply (%d failures); "
-                       "the %d sampled canary clients are not inserted", server_round, failures,
-                       len(pending))
+            self.round_events[rnd] = "no real reply: canaries not inserted"
+            self.warn("no_real", f"CanaryStrategy: round {rnd}: no valid real reply ({failures} "
+                      f"failures); the {len(pending)} sampled canary clients are not inserted "
+                      "(warned once: every such round is in the summary's round_events)")
         elif pending:
             try:
                 checked.extend(self._canary_replies(pending, valid))
                 inserted = [j for j, _ in pending]
             except ValueError as err:  # the clients' clipping mod refused the canaries
-                self.round_events[server_round] = f"canaries not inserted: {err}"
+                self.round_events[rnd] = f"canaries not inserted: {err}"
                 LOGGER.log(WARNING, "CanaryStrategy: round %d: %s; the canaries are not "
                            "inserted", server_round, err)
         self.last_inserted = inserted
@@ -378,27 +386,28 @@ class FlowerBackend(BackendBase):
                        "aggregate the replies (%s: %s); the round is skipped", server_round,
                        type(err).__name__, err)
             arrays, metrics = None, None
-        self.rounds = self.offset + server_round
+        self.rounds = rnd
         if dropped:
-            self.round_events[server_round] = f"{dropped} replies skipped: bad {key}"
+            self.round_events[rnd] = f"{dropped} replies skipped: bad {key}"
         if arrays is None:
-            self.round_events.setdefault(server_round, f"not aggregated ({failures} failures)")
-            LOGGER.log(WARNING, "CanaryStrategy: round %d was not aggregated (%d failures); the "
-                       "audit counts no canary participation and folds nothing", server_round,
-                       failures)
+            self.round_events.setdefault(rnd, f"not aggregated ({failures} failures)")
+            self.warn("not_aggregated", f"CanaryStrategy: round {rnd} was not aggregated "
+                      f"({failures} failures); the audit counts no canary participation and "
+                      "folds nothing (warned once: every such round is in the summary's "
+                      "round_events)")
             return arrays, metrics, False
         if (why := self.layout.mismatch(arrays)) is not None:
-            self.round_events[server_round] = f"released model skipped: {why}"
+            self.round_events[rnd] = f"released model skipped: {why}"
             self.auditor.skip_release(f"the aggregated model of round {server_round} ({why})")
             return arrays, metrics, False
         theta = self.layout.flatten(arrays)
         participants = np.asarray(inserted, dtype=np.int64)
-        self._effective_noise(self.offset + server_round, len(valid) + len(inserted), participants)
+        self._effective_noise(rnd, len(valid) + len(inserted), participants)
         integers = self.layout.flatten_integer(arrays)
         self.auditor.release(theta - self.theta_prev, participants, what=f"round {server_round}",
                              extras=(integers - self._integers_prev).float() if integers.numel() else None)
         self.theta, self.released = theta, arrays
-        self.round_events.setdefault(server_round, f"folded ({len(inserted)} canaries, "
+        self.round_events.setdefault(rnd, f"folded ({len(inserted)} canaries, "
                                      f"{failures} failures)")
         return arrays, metrics, True
 
@@ -422,10 +431,11 @@ class FlowerBackend(BackendBase):
         if m is not None and 0 < replies < int(m):
             self.short_rounds[server_round] = (replies, int(m))
             z_eff = self.noise_multiplier * replies / int(m)
-            self.warn(f"short:{server_round}", f"CanaryStrategy: round {server_round} aggregated "
+            self.warn("short", f"CanaryStrategy: round {server_round} aggregated "
                       f"{replies} replies, the DP wrapper's noise is set for {m}: effective noise "
                       f"multiplier {z_eff:.4g} (not {self.noise_multiplier:g}); the analytic "
-                      "epsilon uses it")
+                      "epsilon uses it (warned once: every such round is in the summary's "
+                      "short_rounds)")
         if participants.size:
             np.add.at(self.inverse_variance, participants, z_eff ** -2)
 
@@ -598,6 +608,15 @@ class FlowerBackend(BackendBase):
                 raise ValueError(f"checkpointed inverse_variance covers {inv.size} canaries, "
                                  f"this run has {self.inverse_variance.size}")
             self.inverse_variance = inv.copy()
+
+
+def _canaries_only(m: int, n_real: int, k: int) -> float:
+    """The chance that a cohort of ``m`` nodes drawn uniformly without replacement from
+    ``n_real`` real and ``k`` canary nodes holds no real node: C(k, m) / C(n_real + k, m)."""
+    if m > k:
+        return 0.0
+    return math.exp(math.lgamma(k + 1) - math.lgamma(k - m + 1) - math.lgamma(n_real + k + 1)
+                    + math.lgamma(n_real + k - m + 1))
 
 
 def _rounds(rounds: dict[int, Any]) -> str:

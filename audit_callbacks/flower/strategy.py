@@ -45,7 +45,8 @@ class CanaryStrategy(AuditFrontEnd, Strategy):
         summary_filename, log_histograms: the summary JSON's name; the cosine histograms.
         node_timeout: seconds to wait for the real nodes before a round (then TimeoutError).
     Raises:
-        ValueError: a bad argument (naming it), or no clip norm / noise multiplier found.
+        ValueError: a bad argument (naming it: ``strategy`` not a Flower ``Strategy``
+            instance, an unknown keyword), or no clip norm / noise multiplier found.
     """
 
     name = "CanaryStrategy"
@@ -57,6 +58,12 @@ class CanaryStrategy(AuditFrontEnd, Strategy):
                  summary_filename: str = "audit_summary.json", log_histograms: bool = True,
                  node_timeout: float = 600.0, **config: Any) -> None:
         super().__init__()  # the front end's, then Flower's Strategy's
+        if not isinstance(strategy, Strategy):
+            raise ValueError(f"{self.name}: strategy must be a Flower Strategy instance (e.g. "
+                             f"FedAvg(...)), got {strategy!r}")
+        unknown = sorted(set(config) - set(CanaryAuditConfig.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"{self.name}: unknown argument {unknown[0]}")
         self.noise_multiplier, self.clip_norm = FlowerBackend.noise_and_clip(
             strategy, noise_multiplier, clip_norm)
         self.config = CanaryAuditConfig(num_canaries, num_unobserved, **{"delta": 1e-6, **config})
@@ -130,8 +137,22 @@ class CanaryStrategy(AuditFrontEnd, Strategy):
               evaluate_config: ConfigRecord | None = None,
               evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None) -> Any:
         """Flower's ``Strategy.start`` with the final estimate after ``num_rounds``, and the
-        ``evaluate_fn`` metrics also in TensorBoard as ``val/<key>`` (e.g. ``val/accuracy``)."""
-        self.num_rounds = int(num_rounds)
+        ``evaluate_fn`` metrics also in TensorBoard as ``val/<key>`` (e.g. ``val/accuracy``).
+
+        A second ``start`` of the same strategy continues its run as a resume does: its rounds
+        count on from the rounds already audited (round ``r`` of this start is round
+        ``rounds + r`` of the audit), the plan covers the total, and its TensorBoard events and
+        summary go to a fresh ``log_dir/version_N`` (the earlier summary stays as written).
+
+        Raises:
+            ValueError: ``num_rounds`` is not an integer >= 1.
+        """
+        self.num_rounds = check_count(num_rounds, "num_rounds", minimum=1)
+        if self.auditor is not None and self._state is None:  # a continued run
+            self._offset = self.auditor.backend.offset = self.auditor.backend.rounds
+            self._finished_at = -1
+            self.sink = WriterSink(log_dir=self.sink.log_dir, versioned=True)
+            self.sink.layout(self.auditor.layout(), self.summary_filename)
 
         def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
             res = evaluate_fn(server_round, arrays) if evaluate_fn is not None else None

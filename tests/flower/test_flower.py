@@ -493,3 +493,76 @@ def test_two_runs_into_one_log_dir_keep_both_summaries(tmp_path):
     # the density figures of the canary cosines reach TensorBoard, as with CanaryAudit
     acc = EventAccumulator(str(tmp_path / "version_0")).Reload()
     assert "audit/cosine_density_final_model" in acc.Tags()["images"]
+
+
+def test_a_second_start_continues_the_run_into_a_version_of_its_own(tmp_path):
+    """``start`` again on the same strategy goes on as a resume does: rounds, plan, round events
+    and TensorBoard steps count on from the first start's rounds; the second summary goes to a
+    fresh version folder and the first stays as written."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    first, result, _ = _run(tmp_path, n=4, k=8, fraction=0.5, rounds=3, bootstrap=0)
+    first_path = first.summary_path
+    first_text = open(first_path, encoding="utf-8").read()
+    first.start(LocalGrid(4, _client()), result.arrays, num_rounds=2)
+    assert first.backend.rounds == first.auditor.stats.rounds_seen == 5
+    assert first.summary_path != first_path and "version_1" in first.summary_path
+    assert open(first_path, encoding="utf-8").read() == first_text
+    summary = json.loads(open(first.summary_path, encoding="utf-8").read())
+    assert summary["inputs"]["rounds"] == 5 and summary["plan_steps"] == 5
+    assert set(summary["inputs"]["round_events"]) == {str(r) for r in range(1, 6)}
+    tag = summary["tags"][names.EPSILON_ANALYTIC]
+    steps = [[e.step for e in EventAccumulator(str(tmp_path / v)).Reload().Scalars(tag)]
+             for v in ("version_0", "version_1")]
+    assert steps == [[1, 2, 3], [4, 5]]
+
+
+def test_persistent_round_problems_are_warned_once(tmp_path, caplog):
+    """A cohort of 1 node among 2 real and 20 canary nodes is a canary alone in most rounds:
+    one warning up front names fraction_train / min_train_nodes, and "no valid real reply" /
+    "was not aggregated" are warned once each (every round stays in round_events)."""
+    caplog.set_level(logging.WARNING, logger="flwr")
+    strategy, _, _ = _run(tmp_path, n=2, k=20, fraction=0.01, rounds=8, bootstrap=0)
+    said = [r.getMessage() for r in caplog.records]
+    events = strategy.backend.round_events
+    skipped = [r for r, e in events.items() if e.startswith("no real reply")]
+    assert len(skipped) >= 2  # the problem persists over rounds
+    assert sum("no valid real reply" in m for m in said) == 1
+    assert sum("was not aggregated" in m for m in said) == 1
+    cohort = [m for m in said if "canaries alone fill it" in m]
+    assert len(cohort) == 1 and "fraction_train=0.01" in cohort[0] and "min_train_nodes" in cohort[0]
+    caplog.clear()
+    _run(tmp_path / "big", n=20, k=6, fraction=0.5, rounds=1, bootstrap=0)
+    assert not [r for r in caplog.records if "canaries alone fill it" in r.getMessage()]
+
+
+def test_a_short_cohort_in_every_round_is_warned_once(tmp_path, caplog):
+    """The DP wrapper's num_sampled_clients one above the cohort: every round's effective noise
+    multiplier is below z (each in the summary's short_rounds), warned once."""
+    caplog.set_level(logging.WARNING, logger="flwr")
+    random.seed(0)
+    np.random.seed(0)
+    inner = FedAvg(fraction_train=0.5, fraction_evaluate=0.0, min_available_nodes=4)
+    strategy = CanaryStrategy(DifferentialPrivacyServerSideFixedClipping(inner, 0.5, 1.0, 7),
+                              num_canaries=8, log_dir=str(tmp_path), bootstrap=0)
+    strategy.start(LocalGrid(4, _client()), _model(), num_rounds=4)
+    summary = json.loads(open(strategy.summary_path, encoding="utf-8").read())
+    assert set(summary["inputs"]["short_rounds"]) == {"1", "2", "3", "4"}
+    assert sum("effective noise multiplier" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_strategy_unknown_keywords_and_num_rounds_are_checked():
+    """ValueError naming the argument: a strategy that is not a Flower Strategy instance, an
+    unknown keyword, a start's num_rounds that is not an integer >= 1 (before any round)."""
+    for bad in (None, FedAvg, "fedavg"):
+        with pytest.raises(ValueError, match="strategy must be a Flower Strategy"):
+            CanaryStrategy(bad, num_canaries=4, noise_multiplier=1.0, clip_norm=1.0, log_dir=None)
+    with pytest.raises(ValueError, match="unknown argument foo"):
+        CanaryStrategy(FedAvg(), num_canaries=4, noise_multiplier=1.0, clip_norm=1.0,
+                       log_dir=None, foo=1)
+    for bad in (0, -1, 2.7, True):
+        strategy = CanaryStrategy(FedAvg(fraction_train=0.5, fraction_evaluate=0.0),
+                                  num_canaries=4, noise_multiplier=1.0, clip_norm=1.0, log_dir=None)
+        with pytest.raises(ValueError, match="num_rounds"):
+            strategy.start(LocalGrid(4, _client()), _model(), num_rounds=bad)
+        assert strategy.auditor is None
