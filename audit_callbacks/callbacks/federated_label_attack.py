@@ -53,7 +53,7 @@ from audit_callbacks.auditing.output import ReportSection, result_entry, summary
 from audit_callbacks.callbacks.summary import LightningOutput
 from audit_callbacks.estimators.label_dp import client_update_label_dp_lower_bound
 from audit_callbacks.federated.protocol import FederatedAuditHooks, FederatedRound
-from audit_callbacks.validation import check_delta, check_real, check_seed
+from audit_callbacks.validation import check_count, check_delta, check_real, check_seed
 
 SOURCE = ("Yuan, Xue, Wang & Shen (2022), Deep Gradient Attacks with Strong DP-SGD Lower Bounds for "
           "Label Privacy, §3 eq. (1), Alg. 1 and 3; softmax: docs/methods/label_dp_multiclass.md")
@@ -66,6 +66,8 @@ def _emit(message: str) -> None:
 __all__ = ["FederatedLabelAttack"]
 
 FAMILY = names.FAMILY_FL_LABEL_ATTACK  # its quantities in audit_callbacks.names
+#: the sums over attacked examples behind the published accuracies
+_TOTALS = ("attacked_examples", "correct", "noised_examples", "correct_noised", "expected_examples", "expected")
 
 _CHUNK_ENTRIES = 8_000_000  # float64 entries of per-pair gradients held at once (64 MB)
 
@@ -96,6 +98,12 @@ class FederatedLabelAttack(FederatedAuditHooks, Callback):
         seed: seeds the simulated noise of ``accuracy_noised`` (an attack's draw, not the
             release's noise).
         summary_filename: JSON at fit end in the logger's directory (None: none).
+        min_examples: attacked examples per published block of the accuracies (default 100,
+            >= 1): ``accuracy``, ``accuracy_noised`` and ``expected_accuracy_noised`` are
+            running means over the attacked examples, logged, summarized and checkpointed only
+            when another ``min_examples`` examples were attacked since the last time (with one
+            client a round, a round's value would be that client's; two successive values'
+            difference covers at least a block), as ``LabelReconstructionAttack``.
 
     Raises:
         ValueError: naming the argument: ``noise_multiplier`` neither None nor a finite real
@@ -106,18 +114,23 @@ class FederatedLabelAttack(FederatedAuditHooks, Callback):
     """
 
     def __init__(self, *, noise_multiplier: float | None = None, delta: float | None = None, seed: int = 0,
-                 summary_filename: str | None = "federated_label_attack_summary.json") -> None:
+                 summary_filename: str | None = "federated_label_attack_summary.json",
+                 min_examples: int = 100) -> None:
         self.noise_multiplier = (None if noise_multiplier is None
                                  else check_real(noise_multiplier, "noise_multiplier", low=0.0))
         self.delta = None if delta is None else check_delta(delta)
         self.seed = check_seed(seed)
+        self.min_examples = check_count(min_examples, "min_examples", minimum=1)
         self.running_max = 0.0
         self.flipped_clip: str | None = None
         # one row per attacked client, in memory only (a real client's id, dataset size and
         # noise-free attack accuracy): never summarized or checkpointed
         self.history: list[dict[str, float]] = []
-        self.attacked_clients = 0  # aggregates over every attacked client (summary, checkpoint)
-        self.accuracy_sum = 0.0
+        self.attacked_clients = 0  # a count over every attacked client (summary, checkpoint)
+        #: sums over the attacked examples (in memory), and as last published: a block of
+        #: min_examples more examples (the only sums logged, summarized or checkpointed)
+        self.totals = dict.fromkeys(_TOTALS, 0.0)
+        self.published = dict(self.totals)
         self.num_classes: int | None = None  # the last layer's outputs, once a client was read
         self.rounds: list[dict[str, float]] = []
         self.skips: Counter[str] = Counter()
@@ -210,6 +223,8 @@ class FederatedLabelAttack(FederatedAuditHooks, Callback):
                 continue
             y = y_all.reshape(-1).to(torch.int64)
             accs.append(float((pred == y).double().mean()))
+            self.totals["attacked_examples"] += n
+            self.totals["correct"] += float((pred == y).double().sum())
             row_out = {"round": float(fl_round.index), "client": float(cid),
                        names.ACCURACY: accs[-1], "examples": float(n)}
             if z > 0:
@@ -218,25 +233,28 @@ class FederatedLabelAttack(FederatedAuditHooks, Callback):
                 bn = b - noise[b_off:b_off + k] if b is not None else None
                 pred_n = reconstruct_labels(feats, wn, bn, factorization=f)
                 noised.append(float((pred_n == y).double().mean()))
+                self.totals["noised_examples"] += n
+                self.totals["correct_noised"] += float((pred_n == y).double().sum())
                 row_out[names.ACCURACY_NOISED] = noised[-1]
                 res = self._bound(trainer, pl_module, f, w, b, logits, y, z, c_norm, delta, x_all, updates[row])
                 if res is not None:
                     expected.append(res.expected_attack_accuracy.value)
+                    self.totals["expected_examples"] += n
+                    self.totals["expected"] += n * float(expected[-1])
                     bounds.append(res.epsilon_lower_bound.value)
                     single_round = res.epsilon_single_round.value
                     row_out[names.EXPECTED_ACCURACY_NOISED] = expected[-1]
                     row_out[names.EPSILON_LOWER_BOUND] = bounds[-1]
             self.history.append(row_out)
             self.attacked_clients += 1
-            self.accuracy_sum += accs[-1]
         if not accs:
             return
-        metrics = {names.ACCURACY: float(np.mean(accs)), names.ATTACKED_CLIENTS: len(accs)}  # names of FAMILY
-        if noised:
-            metrics[names.ACCURACY_NOISED] = float(np.mean(noised))
+        metrics: dict[str, float] = {names.ATTACKED_CLIENTS: len(accs)}  # names of FAMILY
+        if self.totals["attacked_examples"] - self.published["attacked_examples"] >= self.min_examples:
+            self.published = dict(self.totals)  # a full block: the running means move on
+            metrics.update({k: v for k, v in self._means().items() if v is not None})
         if bounds:
             self.running_max = max(self.running_max, max(bounds))
-            metrics[names.EXPECTED_ACCURACY_NOISED] = float(np.mean(expected))
             metrics[names.EPSILON_LOWER_BOUND] = float(max(bounds))
             metrics[names.EPSILON_LOWER_BOUND_MAX] = self.running_max
             metrics[names.EPSILON_SINGLE_ROUND] = float(single_round)
@@ -346,10 +364,20 @@ class FederatedLabelAttack(FederatedAuditHooks, Callback):
         if path is not None:
             self.summary_path = path
 
+    def _means(self) -> dict[str, float | None]:
+        """The published running means over the attacked examples (None where none)."""
+        p = self.published
+        return {
+            names.ACCURACY: p["correct"] / p["attacked_examples"] if p["attacked_examples"] else None,
+            names.ACCURACY_NOISED: p["correct_noised"] / p["noised_examples"] if p["noised_examples"] else None,
+            names.EXPECTED_ACCURACY_NOISED: p["expected"] / p["expected_examples"] if p["expected_examples"] else None,
+        }
+
     @property
     def accuracy(self) -> float | None:
-        """Mean noise-free attack accuracy over the attacked clients (None before any)."""
-        return self.accuracy_sum / self.attacked_clients if self.attacked_clients else None
+        """Noise-free attack accuracy over the attacked examples of the published blocks
+        (None before the first block of ``min_examples``)."""
+        return self._means()[names.ACCURACY]
 
     def summary(self, pl_module: Any = None, status: str = "complete") -> dict[str, Any]:
         """The summary JSON's content (the one schema: :mod:`audit_callbacks.auditing.output`;
@@ -360,8 +388,11 @@ class FederatedLabelAttack(FederatedAuditHooks, Callback):
         single = self.rounds[-1].get(names.EPSILON_SINGLE_ROUND) if self.rounds else None
         none = "no client was attacked"
         results = {
-            names.ACCURACY: result_entry(acc, reason=none, method="noise-free last-layer label attack",
-                                         source=SOURCE, counts={"n": self.attacked_clients}),
+            names.ACCURACY: result_entry(acc, reason=none if not self.attacked_clients else
+                                         f"fewer than min_examples = {self.min_examples} examples attacked",
+                                         method="noise-free last-layer label attack", source=SOURCE,
+                                         counts={"n": self.attacked_clients,
+                                                 "attacked_examples": int(self.published["attacked_examples"])}),
             names.EPSILON_LOWER_BOUND_MAX: result_entry(
                 self.running_max if self.attacked_clients else None, reason=none, delta=delta,
                 method="max over attacked clients", source=SOURCE, counts={"n": self.attacked_clients}),
@@ -372,7 +403,7 @@ class FederatedLabelAttack(FederatedAuditHooks, Callback):
             "FederatedLabelAttack", run_status=status, source=SOURCE,
             status="ok" if self.attacked_clients else f"not attacked: {none}",
             inputs={"delta": delta, "noise_multiplier": noise, "seed": self.seed,
-                    "requested_noise_multiplier": self.noise_multiplier},
+                    "requested_noise_multiplier": self.noise_multiplier, "min_examples": self.min_examples},
             results=results,
             threat_model="server without secure aggregation sees each FedSGD client's clipped update, the "
                          "global model and the client's features",
@@ -403,14 +434,15 @@ class FederatedLabelAttack(FederatedAuditHooks, Callback):
         """The checkpointed state: aggregates only (per-round means, the attacked-client count
         and accuracy sum, the skips, the running maximum) and the attack's generator; no row of
         a real client (``history`` starts empty after a resume)."""
-        return {names.ATTACKED_CLIENTS: self.attacked_clients, "accuracy_sum": self.accuracy_sum,
+        return {names.ATTACKED_CLIENTS: self.attacked_clients, "published": dict(self.published),
                 "rounds": [dict(r) for r in self.rounds],
                 "skips": dict(self.skips), "running_max": self.running_max, "generator": self._gen.get_state()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.history = []
         self.attacked_clients = int(state_dict.get(names.ATTACKED_CLIENTS, 0))
-        self.accuracy_sum = float(state_dict.get("accuracy_sum", 0.0))
+        self.published = {k: float(state_dict.get("published", {}).get(k, 0.0)) for k in _TOTALS}
+        self.totals = dict(self.published)  # the examples since the last block start again
         self.rounds = [dict(r) for r in state_dict.get("rounds", [])]
         self.skips = Counter({str(k): int(v) for k, v in state_dict.get("skips", {}).items()})
         self.running_max = float(state_dict.get("running_max", 0.0))

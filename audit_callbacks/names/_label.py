@@ -123,12 +123,15 @@ QUANTITIES: list[Quantity] = [
     *_coverage(FAMILY_LABEL_DP),
     # FederatedLabelAttack (FedSGD clients of DPFedAvg)
     Quantity(FAMILY_FL_LABEL_ATTACK, ACCURACY, _ACCURACY,
-             "mean over the round's attacked clients of the share of labels recovered from the "
-             "client's clipped update (the server's view)"),
+             "share of the attacked examples' labels recovered from their clients' clipped "
+             "updates (the server's view), a running mean logged only when another "
+             "min_examples examples were attacked (never one client's value)"),
     Quantity(FAMILY_FL_LABEL_ATTACK, ACCURACY_NOISED, _ACCURACY,
-             "the same attack on the update plus the release's central noise N(0, (z C)^2 I)"),
+             "the same attack on the update plus the release's central noise N(0, (z C)^2 I), "
+             "published as accuracy"),
     Quantity(FAMILY_FL_LABEL_ATTACK, EXPECTED_ACCURACY_NOISED, _ACCURACY,
-             "mean over the clients' examples of P0[r], the noised attack's success probability"),
+             "mean over the attacked examples of P0[r], the noised attack's success "
+             "probability, published as accuracy"),
     Quantity(FAMILY_FL_LABEL_ATTACK, ATTACKED_CLIENTS, None,
              "clients attacked in the round (the summary: over the run)"),
     Quantity(FAMILY_FL_LABEL_ATTACK, EPSILON_LOWER_BOUND, _CLIENT,

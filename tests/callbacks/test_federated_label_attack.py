@@ -16,14 +16,16 @@ from tests._federated import fit
 pytestmark = pytest.mark.filterwarnings("ignore:.*(does not have many workers|secure RNG).*")
 
 
-def _run(tmp_path, noise, rounds=6, attack_noise=None, local_batch=1000, randomizer=None):
+def _run(tmp_path, noise, rounds=6, attack_noise=None, local_batch=1000, randomizer=None,
+         clients_per_round=5, min_examples=100):
     dm = FederatedDataModule("digits", num_clients=40, rounds_per_epoch=rounds, seed=0)
     dm.setup("fit")
     torch.manual_seed(0)
-    module = DPFedAvg(MLP(64, 10, hidden=(200, 200)), clients_per_round=5, noise_multiplier=noise,
-                      clip_norm=1.0, local_lr=0.5, local_epochs=1, local_batch_size=local_batch,
-                      sampling="shuffle", seed=0, delta=1e-5, randomizer=randomizer)
-    attack = FederatedLabelAttack(noise_multiplier=attack_noise)
+    module = DPFedAvg(MLP(64, 10, hidden=(200, 200)), clients_per_round=clients_per_round,
+                      noise_multiplier=noise, clip_norm=1.0, local_lr=0.5, local_epochs=1,
+                      local_batch_size=local_batch, sampling="shuffle", seed=0, delta=1e-5,
+                      randomizer=randomizer)
+    attack = FederatedLabelAttack(noise_multiplier=attack_noise, min_examples=min_examples)
     fit(dm, module, [attack], rounds, tmp_path)
     return attack
 
@@ -82,7 +84,7 @@ def test_the_per_client_bound_is_logged_every_round_below_the_single_round_bound
     # the checkpoint keeps no real client's id or dataset size (issue 26)
     assert again.history == [] and again.running_max == attack.running_max
     assert again.attacked_clients == attack.attacked_clients == len(attack.history)
-    assert again.accuracy_sum == pytest.approx(sum(h["accuracy"] for h in attack.history))
+    assert again.published == attack.published and again.accuracy == attack.accuracy
     assert "history" not in summary and all("client" not in r and "examples" not in r for r in summary["rounds"])
     assert torch.equal(again._gen.get_state(), attack._gen.get_state())
 
@@ -213,3 +215,32 @@ def test_a_batchnorm_model_gets_the_conservative_bound_and_training_is_untouched
     torch.testing.assert_close(audited.flat_parameters(), plain.flat_parameters(), rtol=0, atol=0)
     for a, b in zip(audited.model.buffers(), plain.model.buffers(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_accuracies_are_published_only_over_blocks_of_examples(tmp_path):
+    """One client a round: a round's accuracy would be that client's; the accuracies reach the
+    logger, the summary's rounds and the checkpoint only over blocks of min_examples attacked
+    examples (the running mean over every attacked example)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    attack = _run(tmp_path, noise=0.0, attack_noise=0.003, rounds=6, clients_per_round=1,
+                  min_examples=60)
+    per_client = [h["examples"] for h in attack.history]
+    acc = EventAccumulator(str(tmp_path / "run" / "version_0"), size_guidance={"scalars": 0})
+    acc.Reload()
+    logged = acc.Scalars("fl_label_attack/accuracy") if "fl_label_attack/accuracy" in acc.Tags()["scalars"] else []
+    # each logged value covers at least 60 more examples than the one before
+    blocks, seen, last = [], 0.0, 0.0
+    for n in per_client:
+        seen += n
+        if seen - last >= 60:
+            blocks.append(seen)
+            last = seen
+    assert len(logged) == len(blocks) >= 1
+    summary = json.load(open(attack.summary_path))
+    with_accuracy = [r for r in summary["rounds"] if "accuracy" in r]
+    assert len(with_accuracy) == len(blocks) < len(summary["rounds"])
+    assert attack.published["attacked_examples"] == blocks[-1]
+    correct = sum(h["accuracy"] * h["examples"] for h in attack.history)
+    if attack.published["attacked_examples"] == sum(per_client):
+        assert summary["accuracy"] == pytest.approx(correct / sum(per_client))
