@@ -116,6 +116,7 @@ class StepAuditCallback(Callback):
         self._tap: LayerTap | None = None
         self._hook: Any = None
         self._latest: dict[str, float] = {}
+        self._unlogged = False  # an attacked step's values not yet logged (flushed at train end)
         self._log_this_batch = True
         self._stepped = False
         self._trainer: pl.Trainer | None = None
@@ -236,6 +237,7 @@ class StepAuditCallback(Callback):
         if out is not None:
             self.last_reason = "attacked"
             self._latest = dict(out)
+            self._unlogged = True
         elif sum(self.skips.values()) == reasons_before:  # _on_step returned None without a reason
             self._skip("no_gradient", "nothing to attack this step")
 
@@ -255,10 +257,15 @@ class StepAuditCallback(Callback):
         stepped, self._stepped = self._stepped, False
         if not (self._log_this_batch and stepped) or self.last_reason is None:
             return  # a batch that accumulates gradients logs nothing: its values would be the last step's
+        self._log_latest(trainer)
+
+    def _log_latest(self, trainer: pl.Trainer) -> None:
+        """The latest attacked values and the coverage, at the trainer's step."""
         latest = {**self._latest, names.ATTACKED_FRACTION: self.attacked_fraction,
                   names.SKIP_REASON: float(SKIP_REASONS.get(self.last_reason, -1))}
         metrics = {names.tag(self.family, k): float(v) for k, v in latest.items() if v is not None and math.isfinite(v)}
         self.output.scalars(metrics, int(trainer.global_step))
+        self._unlogged = False
 
     def report_section(self) -> tuple[str, dict[str, Any]]:
         """This audit's results for the audit report: ``(title, {key: value})``."""
@@ -277,8 +284,12 @@ class StepAuditCallback(Callback):
             self.summary_path = path
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
-        """The summary now, before Lightning's teardown can lose it (a SIGTERM after it
-        restored the default handler); ``on_fit_end`` refreshes it."""
+        """The last attacked values that no logged step carried (every_n_steps off the
+        logging interval), then the summary now, before Lightning's teardown can lose it (a
+        SIGTERM after it restored the default handler); ``on_fit_end`` refreshes it."""
+        if self._unlogged and self.last_reason is not None and self.disabled_reason is None:
+            self.output.bind(trainer)
+            self._log_latest(trainer)
         self.output.bind(trainer).end_training(lambda: self.on_fit_end(trainer, pl_module))
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:

@@ -374,3 +374,23 @@ def test_an_empty_poisson_batch_is_skipped_with_a_reason(tmp_path):
         with open(cb.summary_path, encoding="utf-8") as fh:
             assert json.load(fh)["skipped"]["empty_batch"] == empty
     assert attack.attacked_steps > 0
+
+
+def test_the_last_attacked_values_reach_tensorboard_off_the_logging_interval(tmp_path):
+    """every_n_steps set and the Trainer's log_every_n_steps not dividing the steps: the last
+    attacked step's values are flushed at train end, so TensorBoard's last value is the
+    summary's (before, the extrapolated bound read 0.4082 there and 0.4025 in the summary)."""
+    import json as _json
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    bound = LabelDPLowerBound(every_n_steps=1)
+    attack = LabelReconstructionAttack(every_n_steps=1, min_examples=50)
+    _fit(tmp_path, [attack, bound], noise=1.0, epochs=2, logger=True, log_every=7)
+    acc = EventAccumulator(os.path.join(str(tmp_path), "run", "version_0"), size_guidance={"scalars": 0})
+    acc.Reload()
+    summary = _json.load(open(bound.summary_path))
+    for key in ("epsilon_lower_bound_max", "epsilon_lower_bound_extrapolated"):
+        assert acc.Scalars(f"label_dp/{key}")[-1].value == pytest.approx(summary[key], rel=1e-6)
+    attack_summary = _json.load(open(attack.summary_path))
+    assert acc.Scalars("label_attack/accuracy")[-1].value == pytest.approx(attack_summary["accuracy"], rel=1e-6)
