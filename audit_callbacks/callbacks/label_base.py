@@ -69,6 +69,7 @@ SKIP_REASONS: dict[str, int] = {
     "no_dp_optimizer": 6,  # not an Opacus DPOptimizer (disabled at fit start)
     "no_noise": 7,  # noise_multiplier 0: no step is private (bound disabled)
     "empty_batch": 8,  # a Poisson batch with no example
+    "bad_labels": 9,  # label_fn gave no class index per example (e.g. one-hot targets)
 }
 
 
@@ -217,8 +218,14 @@ class StepAuditCallback(Callback):
             self._log_this_batch |= isinstance(total, int) and batch_idx + 1 == total
         if self._tap is None:
             return
+        try:
+            labels = torch.as_tensor(self.label_fn(batch)).detach()
+        except Exception as err:  # a label_fn that cannot read this batch: never stop the fit
+            self._disable("bad_labels", f"label_fn failed on a batch ({type(err).__name__}: {err}); "
+                          "pass label_fn=lambda batch: <the batch's class indices>")
+            return
         self._tap.active = True
-        self._tap.labels.append(torch.as_tensor(self.label_fn(batch)).detach().reshape(-1).to("cpu"))
+        self._tap.labels.append(labels.reshape(-1).to("cpu"))
 
     def _step_hook(self, optimizer: Any) -> None:
         assert self._tap is not None
@@ -231,6 +238,12 @@ class StepAuditCallback(Callback):
         self.considered += 1
         if data is None or data["labels"].numel() == 0:
             self._skip("empty_batch", "no example in this batch")
+            return
+        rows = {int(v.shape[0]) for v in data["inputs"].values()}
+        if rows and data["labels"].numel() not in rows:
+            self._skip("bad_labels", f"label_fn gave {data['labels'].numel()} labels for a batch of "
+                       f"{min(rows)} examples: it must give one class index per example (e.g. "
+                       "batch[1], not one-hot targets)")
             return
         reasons_before = sum(self.skips.values())
         out = self._on_step(optimizer, data)

@@ -394,3 +394,32 @@ def test_the_last_attacked_values_reach_tensorboard_off_the_logging_interval(tmp
         assert acc.Scalars(f"label_dp/{key}")[-1].value == pytest.approx(summary[key], rel=1e-6)
     attack_summary = _json.load(open(attack.summary_path))
     assert acc.Scalars("label_attack/accuracy")[-1].value == pytest.approx(attack_summary["accuracy"], rel=1e-6)
+
+
+def test_labels_that_are_not_one_index_per_example_skip_the_step_never_the_fit(tmp_path):
+    """One-hot targets from label_fn ([N, K], as cross_entropy accepts) were flattened into
+    N K labels and the step hook raised out of optimizer.step(); now each such step is skipped
+    (bad_labels, warned once) and a label_fn that fails on a batch disables the audit."""
+    import warnings as _warnings
+
+    import torch.nn.functional as F
+
+    def onehot(batch):
+        return F.one_hot(batch[1].long(), 10)
+
+    bound = LabelDPLowerBound(label_fn=onehot)
+    attack = LabelReconstructionAttack(label_fn=onehot)
+    with _warnings.catch_warnings(record=True) as caught:
+        _warnings.simplefilter("always")
+        _fit(tmp_path, [attack, bound], dataset="digits", classes=10, epochs=1)
+    for cb in (bound, attack):
+        assert cb.skips["bad_labels"] > 0
+        said = [w for w in caught if f"{type(cb).__name__}: step skipped (bad_labels)" in str(w.message)]
+        assert len(said) == 1
+
+    def broken(batch):
+        raise KeyError("labels")
+
+    bound = LabelDPLowerBound(label_fn=broken)
+    _fit(tmp_path / "b", [bound], dataset="digits", classes=10, epochs=1)
+    assert bound.disabled_reason == "bad_labels"
