@@ -57,23 +57,29 @@ def plan_range(summary: dict) -> tuple[float, float, float] | None:
     return low, high, summary.get("plan_coverage") or float("nan")
 
 
-def why_this_level(claim: float, delta: float, ceiling: float | None) -> str:
-    """Why the demo runs at this privacy level, true for any ``--noise-multiplier``: the claim's
-    tier on Ponomareva et al.'s scale (JAIR 2023: epsilon <= 1 strong, <= 10 reasonable, above
-    little formal protection) and what can check it (the valid bound only below its ceiling)."""
+def why_this_level(claim: float, delta: float, ceiling: float | None, participations: int) -> str:
+    """Why the demo runs at this privacy level, true for any ``--noise-multiplier`` and run
+    length: the claim's tier on Ponomareva et al.'s scale (JAIR 2023: epsilon <= 1 strong, <= 10
+    reasonable, above little formal protection) and what can check it (the valid bound only
+    below its ceiling); the comparisons are claims at the run's own participations and delta."""
+    from audit_callbacks.estimators import gaussian_epsilon
+
+    r = max(1, int(participations))
     if claim <= 1:
         tier = "at most 1, a strong formal guarantee"
     elif claim <= 10:
         tier = "at most 10, where a DP guarantee still means something"
     else:
-        tier = "above 10, which promises little (the default z = 2 claims 8.3)"
+        tier = (f"above 10, which promises little (the default z = 2 would claim "
+                f"{gaussian_epsilon(2.0, delta, compositions=r):.1f} here)")
     check = ("the canaries' valid bound can check it" if ceiling is not None and claim < ceiling
              else "the estimate's interval can still check it (the valid bound's ceiling "
                   f"{ceiling:.2f} is below the claim)" if ceiling is not None
              else "the canaries' estimate can check it")
     return (f"Why this privacy level: the claim is epsilon = {claim:.1f} at delta = {delta:g}, "
-            f"{tier} (Ponomareva et al., JAIR 2023; z = 0.1 would claim 649, which promises "
-            f"nothing), and {check}.")
+            f"{tier} (Ponomareva et al., JAIR 2023; z = 0.1 would claim "
+            f"{gaussian_epsilon(0.1, delta, compositions=r):.0f} here, which promises nothing), "
+            f"and {check}.")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -201,7 +207,7 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"  (a correct run lands outside it {1 - coverage:.0%} of the time: rerun; outside again, "
                   "and the run or its claim is not what the planner models: docs/methods/planner.md)")
     if claim is not None:
-        print(f"\n{why_this_level(claim, args.delta, summary.get('plan_ceiling'))}")
+        print(f"\n{why_this_level(claim, args.delta, summary.get('plan_ceiling'), summary.get('max_participations') or 1)}")
     print(f"TensorBoard logs: {logger.log_dir}  (tensorboard --logdir {args.log_dir}; smoothing 0)")
     print(f"Summary: {audit.summary_path}")  # the library printed "audit report: <path>"
     return summary

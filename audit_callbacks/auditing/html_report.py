@@ -150,11 +150,14 @@ def _read_first(summary: Mapping[str, Any]) -> dict[str, str]:
     plan = summary.get(names.PLAN_SENTENCE)
     if isinstance(plan, str):
         out["plan"] = plan
-    for label, value in (("the claim on the epsilon scale", claim),
-                         ("the estimate on the epsilon scale", est.get("value"))):
-        tier = epsilon_tier(value)
-        if tier is not None:
-            out[label] = f"{fmt(value)}: {tier}"
+    tier = epsilon_tier(claim)
+    if tier is not None:
+        out["the claim on the epsilon scale"] = f"{fmt(claim)}: {tier}"
+    estimate = est.get("value")
+    if epsilon_tier(estimate) is not None:  # an estimate is no guarantee: its range, not the words
+        where = "at most 1" if estimate <= 1 else "at most 10" if estimate <= 10 else "above 10"
+        out["the estimate on the epsilon scale"] = (f"{fmt(estimate)}: {where} (an empirical "
+                                                    "estimate, not a guarantee)")
     out["epsilon scale"] = ("at most 1: strong formal privacy guarantee; at most 10: reasonable; above 10: "
                             f"weak to no formal privacy guarantee ({EPSILON_SCALE_SOURCE})")
     return out

@@ -193,13 +193,18 @@ class AuditPlan:
             ValueError: ratio not a finite real >= 0.
         """
         r = check_real(ratio, "ratio", low=0.0)
-        rng = f"[{self.ratio_low:.2f}, {self.ratio_high:.2f}]"
+        # 2 decimals, more where the ratio would print as the end it lies outside (up to 6)
+        end = self.ratio_low if r < self.ratio_low else self.ratio_high if r > self.ratio_high else None
+        digits = 2
+        while end is not None and digits < 6 and f"{r:.{digits}f}" == f"{end:.{digits}f}":
+            digits += 1
+        rng = f"[{self.ratio_low:.{digits}f}, {self.ratio_high:.{digits}f}]"
         if r < self.ratio_low:
-            return (f"{r:.2f}: below the range expected for a correct run at these settings "
+            return (f"{r:.{digits}f}: below the range expected for a correct run at these settings "
                     f"{rng}: the audit is weaker than planned (the canaries' contribution or "
                     "the statistic lost power, or the run is more private than claimed)")
         if r > self.ratio_high:
-            return (f"{r:.2f}: above the range expected for a correct run at these settings "
+            return (f"{r:.{digits}f}: above the range expected for a correct run at these settings "
                     f"{rng}: the run may leak more than claimed")
         return f"{r:.2f}: within the range expected for a correct run at these settings {rng}"
 

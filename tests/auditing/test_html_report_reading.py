@@ -36,6 +36,9 @@ def test_the_number_to_read_comes_first_with_the_plan_and_the_scale(render: str)
     assert "plan: k = 455 canaries" in page
     assert "Ponomareva et al." in page and "JAIR 77 (2023)" in page  # the scale's source
     assert "4.8: reasonable formal privacy guarantee" in page  # the claim on the scale
+    # the estimate is placed on the scale but never called a guarantee (it is not one)
+    assert "2.9: at most 10 (an empirical estimate, not a guarantee)" in page
+    assert "2.9: reasonable formal privacy guarantee" not in page
 
 
 def test_epsilon_tiers() -> None:

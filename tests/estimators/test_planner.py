@@ -245,3 +245,16 @@ def test_noise_too_small_to_simulate_names_noise_multiplier() -> None:
     with pytest.raises(ValueError, match="noise_multiplier = 0.03 is too small"):
         plan_audit(1000, 1000, dim=10**6, steps=100, sample_rate=0.01, noise_multiplier=0.03,
                    delta=1e-5, reference_epsilon=30.0, replicates=20, power_replicates=10)
+
+
+def test_read_ratio_never_prints_a_ratio_outside_the_range_as_its_end() -> None:
+    """0.7591 against a low end of 0.7592 printed "0.76: below ... [0.76, 1.24]"."""
+    from dataclasses import replace as _replace
+
+    plan = plan_audit(200, 200, dim=10**5, steps=50, sample_rate=0.05, noise_multiplier=1.0,
+                      delta=1e-5, reference_epsilon=3.0, replicates=20, search_bugs=False)
+    plan = _replace(plan, ratio_low=0.7592, ratio_high=1.2390)
+    below, above = plan.read_ratio(0.7591), plan.read_ratio(1.23901)
+    assert below.startswith("0.7591: below") and "[0.7592, 1.2390]" in below
+    assert above.startswith("1.23901: above") and "[0.75920, 1.23900]" in above
+    assert plan.read_ratio(1.0).startswith("1.00: within") and "[0.76, 1.24]" in plan.read_ratio(1.0)

@@ -60,9 +60,13 @@ def test_why_this_level_is_true_for_any_noise_multiplier():
     """The demo's closing sentence follows the claim's tier and the plan's ceiling (before, it
     said "at most 10" for any claim, 19.4 at z = 1 included)."""
     why = _demo().why_this_level
-    assert "at most 10" in why(8.3, 1e-6, 6.93) and "interval can still check" in why(8.3, 1e-6, 6.93)
-    assert "above 10" in why(19.4, 1e-6, 6.93) and "at most 10," not in why(19.4, 1e-6, 6.93)
-    assert "valid bound can check it" in why(0.9, 1e-6, 6.93) and "at most 1," in why(0.9, 1e-6, 6.93)
+    assert "at most 10" in why(8.3, 1e-6, 6.93, 10) and "interval can still check" in why(8.3, 1e-6, 6.93, 10)
+    assert "above 10" in why(19.4, 1e-6, 6.93, 10) and "at most 10," not in why(19.4, 1e-6, 6.93, 10)
+    assert "valid bound can check it" in why(0.9, 1e-6, 6.93, 10) and "at most 1," in why(0.9, 1e-6, 6.93, 10)
+    # the comparisons are at the run's participations: 649 at 10, 166 at 2 (--quick)
+    assert "z = 0.1 would claim 649 here" in why(8.3, 1e-6, 6.93, 10)
+    assert "z = 0.1 would claim 166 here" in why(3.3, 1e-6, 6.93, 2)
+    assert "the default z = 2 would claim 8.3 here" in why(19.4, 1e-6, 6.93, 10)
 
 
 def test_make_demo_claims_at_most_10_reads_its_ratio_in_the_planned_range_and_warns_nothing(
