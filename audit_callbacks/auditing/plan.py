@@ -293,5 +293,15 @@ def summary_plan_entries(auditor: Any, summary: dict[str, Any]) -> dict[str, Any
     for the steps taken and the run's claim (:func:`plan_read`), the fit-start line kept."""
     if auditor.plan is None:
         return plan_entries(None, auditor.plan_reason)
-    plan, note = plan_read(auditor, summary.get(names.EPSILON_ANALYTIC))
-    return plan_entries(plan, "", summary, note=note, line=auditor.plan_line or None)
+    claim = summary.get(names.EPSILON_ANALYTIC)
+    plan, note = plan_read(auditor, claim)
+    line = auditor.plan_line or None
+    if (line is not None and plan is not None and isinstance(claim, (int, float)) and math.isfinite(claim)
+            and not math.isclose(claim, plan.reference_epsilon, rel_tol=1e-3)):
+        # the fit-start line names the claim planned for (DP-FedAvg: at the median simulated
+        # most-sampled canary); the run's own claim may lie on the other side of the ceiling
+        side = ("below the ceiling: a valid bound can flag a bug" if claim < plan.ceiling else
+                "at or above the ceiling: no valid bound can flag a bug")
+        line = (f"{line} (at fit start; the run's claim is {claim:.3g}, {side} "
+                f"{plan.ceiling:.3g})")
+    return plan_entries(plan, "", summary, note=note, line=line)

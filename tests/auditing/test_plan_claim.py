@@ -66,3 +66,28 @@ def test_dpsgd_plan_claim_is_the_runs_prv_claim_at_the_accountants_rate(tmp_path
     assert summary[names.EPSILON_ANALYTIC] == pytest.approx(plan.reference_epsilon, rel=1e-9)
     assert summary[names.PLAN_REFERENCE] == plan.reference_epsilon
     assert "planned" not in (summary[names.PLAN_RATIO_READING] or "")
+
+
+def test_the_plan_sentence_says_where_the_runs_own_claim_lies_against_the_ceiling() -> None:
+    """DP-FedAvg plans at the claim of the median simulated most-sampled canary; the run's own
+    claim (its r_max) can lie on the other side of the ceiling (planned 6.97 at or above 6.93,
+    the run's 6.27 below): the summary's plan sentence says so beside the fit-start line."""
+    import types
+
+    from audit_callbacks.auditing.plan import summary_plan_entries
+    from audit_callbacks.estimators import plan_audit
+
+    plan = plan_audit(150, 8000, dim=12_000, steps=10, sample_rate=0.1, noise_multiplier=1.8,
+                      delta=1e-6, training="dpfedavg", replicates=20, search_bugs=False,
+                      real_per_step=30.0)
+    line = "plan: the fit-start line"
+    auditor = types.SimpleNamespace(plan=plan, plan_line=line, plan_reason="",
+                                    backend=types.SimpleNamespace(progress=lambda: plan.steps))
+    below = plan.ceiling * 0.9
+    entries = summary_plan_entries(auditor, {names.EPSILON_ANALYTIC: below,
+                                             names.EPSILON_RATIO_ALL_ITERATES: 1.0})
+    assert entries[names.PLAN_SENTENCE].startswith(line)
+    assert f"the run's claim is {below:.3g}, below the ceiling" in entries[names.PLAN_SENTENCE]
+    same = summary_plan_entries(auditor, {names.EPSILON_ANALYTIC: plan.reference_epsilon,
+                                          names.EPSILON_RATIO_ALL_ITERATES: 1.0})
+    assert same[names.PLAN_SENTENCE] == line
