@@ -50,7 +50,7 @@ from audit_callbacks.attacks.label_gradients import (
 )
 from audit_callbacks.attacks.label_reconstruction import factorize_layer, reconstruct_labels
 from audit_callbacks.auditing.output import ReportSection, result_entry, summary_document
-from audit_callbacks.callbacks.summary import LightningOutput
+from audit_callbacks.callbacks.summary import LightningOutput, output_summary_filename
 from audit_callbacks.estimators.label_dp import client_update_label_dp_lower_bound
 from audit_callbacks.federated.protocol import FederatedAuditHooks, FederatedRound
 from audit_callbacks.validation import check_count, check_delta, check_real, check_seed
@@ -142,15 +142,7 @@ class FederatedLabelAttack(FederatedAuditHooks, Callback):
                                   text_tag=names.tag(FAMILY, names.WARNINGS))
         self._gen = torch.Generator().manual_seed(self.seed)
 
-    @property
-    def summary_filename(self) -> str | None:
-        """The summary's file in the run's folder (None: none); set: ``ValueError`` naming
-        ``summary_filename`` unless None or a path inside the run's folder."""
-        return self.output.summary_filename
-
-    @summary_filename.setter
-    def summary_filename(self, value: str | None) -> None:
-        self.output.summary_filename = value
+    summary_filename = output_summary_filename
 
     def _warn_once(self, trainer: pl.Trainer, key: str, message: str) -> None:
         self.skips[key] += 1

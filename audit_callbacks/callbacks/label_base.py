@@ -53,7 +53,7 @@ from audit_callbacks.backends.opacus.optimizer import (
     unchain_step_hook,
 )
 from audit_callbacks.callbacks.label_step import LabelStepObserver, LayerTap
-from audit_callbacks.callbacks.summary import LightningOutput
+from audit_callbacks.callbacks.summary import LightningOutput, output_summary_filename
 from audit_callbacks.validation import check_optional_count
 
 __all__ = ["SKIP_REASONS", "default_labels", "linear_layers"]
@@ -132,15 +132,7 @@ class StepAuditCallback(Callback):
         self.disabled_reason: str | None = None
         self.summary_path: str | None = None
 
-    @property
-    def summary_filename(self) -> str | None:
-        """The summary's file in the run's folder (None: none); set: ``ValueError`` naming
-        ``summary_filename`` unless None or a path inside the run's folder."""
-        return self.output.summary_filename
-
-    @summary_filename.setter
-    def summary_filename(self, value: str | None) -> None:
-        self.output.summary_filename = value
+    summary_filename = output_summary_filename
 
     # ------------------------------------------------------------------ coverage and warnings
     def _warn_once(self, key: str, message: str) -> None:

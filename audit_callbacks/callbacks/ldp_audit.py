@@ -100,7 +100,7 @@ from audit_callbacks.attacks import (
     measurable_ceiling,
 )
 from audit_callbacks.auditing.output import ReportSection, result_entry, summary_document
-from audit_callbacks.callbacks.summary import LightningOutput
+from audit_callbacks.callbacks.summary import LightningOutput, output_summary_filename
 from audit_callbacks.estimators import (
     clopper_pearson_upper,
     epsilon_from_error_rates,
@@ -318,15 +318,7 @@ class LDPAudit(FederatedAuditHooks, Callback):
         self._layout_written = False
         self._dim = 0
 
-    @property
-    def summary_filename(self) -> str | None:
-        """The summary's file in the run's folder; set: ``ValueError`` naming
-        ``summary_filename`` unless a path inside the run's folder."""
-        return self.output.summary_filename
-
-    @summary_filename.setter
-    def summary_filename(self, value: str | None) -> None:
-        self.output.summary_filename = value
+    summary_filename = output_summary_filename
 
     # ------------------------------------------------------------------ set-up
     @property

@@ -52,7 +52,7 @@ from lightning.pytorch.callbacks import Callback
 from audit_callbacks import names
 from audit_callbacks.attacks import LDPFLInferenceAttack
 from audit_callbacks.auditing.output import ReportSection, result_entry, summary_document
-from audit_callbacks.callbacks.summary import LightningOutput
+from audit_callbacks.callbacks.summary import LightningOutput, output_summary_filename
 from audit_callbacks.federated.dp_fedavg import DPFedAvgMixin
 from audit_callbacks.federated.protocol import FederatedAuditHooks, FederatedRound
 from audit_callbacks.validation import check_count, check_positive, check_real, check_seed
@@ -139,15 +139,7 @@ class LDPInferenceAudit(FederatedAuditHooks, Callback):
         self._pending_state: dict[str, Any] | None = None
         self._layout_written = False
 
-    @property
-    def summary_filename(self) -> str | None:
-        """The summary's file in the run's folder; set: ``ValueError`` naming
-        ``summary_filename`` unless a path inside the run's folder."""
-        return self.output.summary_filename
-
-    @summary_filename.setter
-    def summary_filename(self, value: str | None) -> None:
-        self.output.summary_filename = value
+    summary_filename = output_summary_filename
 
     @property
     def state_key(self) -> str:

@@ -152,6 +152,24 @@ def publish_report(trainer: Any, paths: tuple[str, str] | None, summaries: Seque
 _RUNS: weakref.WeakKeyDictionary[Any, LightningRun] = weakref.WeakKeyDictionary()
 
 
+def _summary_filename(callback: Any) -> str | None:
+    return callback.output.summary_filename
+
+
+def _set_summary_filename(callback: Any, value: str | None) -> None:
+    callback.output.summary_filename = value
+
+
+#: A callback's ``summary_filename``, held by its ``output`` (a :class:`LightningOutput`): the
+#: summary's file in the run's folder (None: none); set: ``ValueError`` naming
+#: ``summary_filename`` unless None or a path inside the run's folder. A class attribute:
+#: ``summary_filename = output_summary_filename``.
+output_summary_filename = property(_summary_filename, _set_summary_filename,
+                                   doc="The summary's file in the run's folder (None: none); set: "
+                                       "ValueError naming summary_filename unless None or a path "
+                                       "inside the run's folder.")
+
+
 class LightningRun(AuditRun):
     """The audits of one Trainer: its run folder (:func:`run_dir`, chosen on first use), rank
     zero writes, and the report goes to its loggers (:func:`publish_report`)."""
