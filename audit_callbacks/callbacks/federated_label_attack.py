@@ -107,7 +107,8 @@ class FederatedLabelAttack(FederatedAuditHooks, Callback):
 
     Raises:
         ValueError: naming the argument: ``noise_multiplier`` neither None nor a finite real
-            >= 0, ``delta`` neither None nor in (0, 1), ``seed`` not an integer >= 0.
+            >= 0, ``delta`` neither None nor in (0, 1), ``seed`` not an integer >= 0,
+            ``min_examples`` not an integer >= 1, ``summary_filename`` outside the run folder.
 
     Never aborts the fit: on a module that is not ``DPFedAvg``-like, a model without an
     ``nn.Linear`` layer or more than one local step it warns once, logs why and does nothing.

@@ -244,3 +244,9 @@ def test_accuracies_are_published_only_over_blocks_of_examples(tmp_path):
     correct = sum(h["accuracy"] * h["examples"] for h in attack.history)
     if attack.published["attacked_examples"] == sum(per_client):
         assert summary["accuracy"] == pytest.approx(correct / sum(per_client))
+
+
+@pytest.mark.parametrize("value", [0, 1.5, True, "100"])
+def test_min_examples_must_be_a_positive_integer(value):
+    with pytest.raises(ValueError, match="min_examples"):
+        FederatedLabelAttack(min_examples=value)
