@@ -247,6 +247,7 @@ def abba(
             "median_ratio_interval": median_interval(ratios),
             "ratio_of_medians": float(np.median(ta) / np.median(tb)),
             **cpu_ratio(pairs),
+            "audit_cpu_split": cost_split(pairs, cfg["rounds"]),
             "audit_cpu_s_median": float(np.median(cpu)),
             "audit_wall_s_median": float(np.median(wall)),
             "audit_cpu_share_of_baseline_median": float(np.median(cpu / tb)),
@@ -288,6 +289,38 @@ def cpu_ratio(pairs: list[tuple[dict, dict]]) -> dict[str, Any]:
                                     "off_training_thread_cpu": float(np.median(wait))}}
 
 
+#: The audit's hooks by the part of the fit they cost in: once a fit, at each estimate, each round.
+FIXED_HOOKS = ("setup", "on_fit_start", "on_train_end", "on_fit_end", "teardown")
+ESTIMATE_HOOKS = ("on_validation_epoch_end", "on_train_epoch_end")
+
+
+def cost_split(pairs: list[tuple[dict, dict]], rounds: int) -> dict[str, Any]:
+    """The audit's own CPU seconds split by when they are paid (medians over the pairs, each
+    as a share of its pair's baseline fit): ``fixed`` once a fit (the plan at fit start; the
+    summary, bounds, figures and report at fit end), ``estimates`` at each periodic estimate,
+    ``per_round`` every round (the canary clients' updates and the release folded in; also
+    in ms a round against the baseline's ms a round). ``floor_ratio`` = 1 + (fixed +
+    estimates) / baseline: the wall ratio the fit would have if the per-round audit work cost
+    nothing, i.e. what the fit's length and its estimates alone leave to the rounds."""
+    def part(a: dict, hooks: tuple[str, ...] | None) -> float:
+        by = a["audit_cpu_by_call_s"]
+        if hooks is None:
+            return sum(v for k, v in by.items() if k not in FIXED_HOOKS + ESTIMATE_HOOKS)
+        return sum(by.get(k, 0.0) for k in hooks)
+
+    tb = np.array([b["fit_s"] for b, _ in pairs])
+    fixed = np.array([part(a, FIXED_HOOKS) for _, a in pairs])
+    est = np.array([part(a, ESTIMATE_HOOKS) for _, a in pairs])
+    per = np.array([part(a, None) for _, a in pairs])
+    return {"fixed_s": float(np.median(fixed)), "estimates_s": float(np.median(est)),
+            "per_round_s": float(np.median(per)),
+            "fixed_share": float(np.median(fixed / tb)), "estimates_share": float(np.median(est / tb)),
+            "per_round_share": float(np.median(per / tb)),
+            "per_round_ms": float(np.median(per)) * 1e3 / rounds,
+            "baseline_round_ms": float(np.median(tb)) * 1e3 / rounds,
+            "floor_ratio": float(np.median(1.0 + (fixed + est) / tb))}
+
+
 def print_abba(title: str, res: dict[str, Any]) -> None:
     print(f"\n{title}")
     print(f"  {'kind':9s} {'k':>5} {'kprime':>7} {'d':>8} {'base s':>7} {'audit s':>7} "
@@ -304,6 +337,11 @@ def print_abba(title: str, res: dict[str, Any]) -> None:
               f"{cc['upper']:.3f}]; extra wall {ex['total']:.2f} s ~ audit CPU {ex['audit_cpu']:.2f} + other "
               f"training-thread CPU {ex['other_training_thread_cpu']:+.2f} (local training's wall "
               f"{ex['local_training']:+.2f}) + off the thread's CPU {ex['off_training_thread_cpu']:+.2f} (medians)")
+        sp = r["audit_cpu_split"]
+        print(f"            audit CPU: fixed {sp['fixed_s']:.2f} s ({100 * sp['fixed_share']:.1f}%), estimates "
+              f"{sp['estimates_s']:.2f} s ({100 * sp['estimates_share']:.1f}%), per round {sp['per_round_ms']:.2f} ms "
+              f"of the baseline's {sp['baseline_round_ms']:.1f} ms ({100 * sp['per_round_share']:.1f}%); "
+              f"with no per-round work the ratio would be {sp['floor_ratio']:.3f}")
         calls = ", ".join(f"{k} {s:.2f}" for k, s in sorted(r["audit_cpu_by_call_s_median"].items(),
                                                            key=lambda kv: -kv[1]) if s >= 0.005)
         print(f"            pairs {', '.join(f'{x:.3f}' for x in r['pair_ratios'])}; audit CPU by call (s): "
