@@ -14,6 +14,7 @@ the round's release (a model delta of server SGD on the noisy average,
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from typing import Any
@@ -82,6 +83,17 @@ def _world_size(trainer: Any) -> int:
     value = getattr(trainer, "world_size", 1)
     return value if isinstance(value, int) else 1
 
+
+
+def full_precision(device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """Autocast off on ``device`` while the audit computes, where it is on. DP-FedAvg releases a
+    round inside ``training_step``, i.e. inside the autocast region of a Trainer with
+    ``precision="bf16-mixed"`` or ``"16-mixed"``, where the canary transform's matmuls (and
+    the canary rows' ``mm``/``mv``) would run in bfloat16 or float16: the audit's arithmetic
+    stays in the release's own dtype (float32 or float64)."""
+    if torch.is_autocast_enabled(device.type):
+        return torch.autocast(device.type, enabled=False)
+    return contextlib.nullcontext()
 
 class FedAvgBackend(LightningHooks, BackendBase):
     """Canary clients of a ``DPFedAvg`` module.
@@ -230,6 +242,12 @@ class FedAvgBackend(LightningHooks, BackendBase):
         """
         assert self.auditor is not None
         device, dtype = self._device_dtype(fl_round)
+        with full_precision(device):
+            return self._client_update_sum(fl_round, indices, clip_norm, device, dtype)
+
+    def _client_update_sum(self, fl_round: Any, indices: np.ndarray, clip_norm: float,
+                           device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        assert self.auditor is not None
         canaries, idx = self.auditor.canaries, np.asarray(indices, dtype=np.int64).reshape(-1)
         scale = self._scale(clip_norm)
         if canaries.kind == "hadamard":
@@ -271,7 +289,8 @@ class FedAvgBackend(LightningHooks, BackendBase):
             return
         self._released_round = int(fl_round.index)
         participants = fl_round.cohort.virtual_ids.get(self.name)
-        self.auditor.release(fl_round.model_delta, participants, what=f"round {fl_round.index}")
+        with full_precision(fl_round.model_delta.device):
+            self.auditor.release(fl_round.model_delta, participants, what=f"round {fl_round.index}")
 
     def on_federated_round_end(self, fl_round: Any) -> None:
         """The round's release, where the module did not already give it

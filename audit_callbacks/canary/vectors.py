@@ -145,7 +145,10 @@ def _fwht_kronecker(x: torch.Tensor, max_block: int) -> torch.Tensor:
 
 def _matmul_is_exact(x: torch.Tensor) -> bool:
     """Whether a float32/float64 matmul on x's device keeps full precision (no TF32 or bf16
-    inner products: ``torch.set_float32_matmul_precision("high")`` would cost 1e-3)."""
+    inner products: ``torch.set_float32_matmul_precision("high")`` would cost 1e-3; none inside
+    an autocast region of x's device, where a matmul runs in bfloat16 or float16)."""
+    if torch.is_autocast_enabled(x.device.type):
+        return False
     if x.dtype == torch.float64:
         return True
     if x.dtype != torch.float32 or torch.get_float32_matmul_precision() != "highest":
@@ -243,8 +246,8 @@ def fwht(x: torch.Tensor) -> torch.Tensor:
           (the loop's strided short-run passes are its slowest), then the butterfly loop
           (``benchmarks/fwht_speed.py`` on 2 shared cores: 1.5x at n = 2^16 - 2^18, 1.2-1.45x
           at 2^21, 1.2x at 2^24);
-        * otherwise (several columns of more entries on CPU, float16/bfloat16, TF32 matmuls): the
-          loop of log2(n) butterfly passes over two buffers of x's size.
+        * otherwise (several columns of more entries on CPU, float16/bfloat16, TF32 matmuls, inside
+          an autocast region): the loop of log2(n) butterfly passes over two buffers of x's size.
 
         The paths agree to float rounding (float32: ~1e-7 of ``||H x||``), not bit for bit.
 

@@ -473,7 +473,8 @@ class DPFedAvgMixin:
             perm = torch.randperm(n, generator=self._local_gen)
             for start in range(0, n, self.local_batch_size):
                 idx = perm[start:start + self.local_batch_size]
-                x = x_all[idx].to(self.device)
+                x = x_all[idx].to(self.device)  # in the parameters' dtype (precision="64-true" ...)
+                x = x.to(global_flat.dtype) if x.is_floating_point() else x
                 y = y_all[idx].to(self.device)
                 loss = self._client_loss(worker, x, y, start // self.local_batch_size)
                 grads = torch.autograd.grad(loss, params, allow_unused=True)
