@@ -117,12 +117,12 @@ class CanaryAudit(AuditFrontEnd, FederatedAuditHooks, Callback):
         self.disabled_reason = None
         if self.auditor is not None:
             self.auditor.backend.on_fit_start(trainer, pl_module)  # a repeated fit goes on
+        resumed = self._state is not None  # before _bind: opening the audit applies the checkpoint
         try:
             self._bind(trainer, pl_module)  # Opacus: the DPOptimizer exists now
         except NotAuditable as err:  # neither DP-FedAvg nor DP-SGD: nothing to audit, training goes on
             self._step_aside(trainer, "no_dp_optimizer", str(err))
             return
-        resumed = self._state is not None
         self._open(None)  # a checkpoint's state
         assert self.auditor is not None
         self.auditor.start()

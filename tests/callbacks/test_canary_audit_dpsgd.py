@@ -224,6 +224,23 @@ def test_resume_gives_the_same_estimate(tmp_path):
             assert got.value == pytest.approx(est.value, rel=1e-6, abs=1e-9), key
 
 
+def test_a_resumed_fit_plans_the_runs_own_steps(tmp_path):
+    """A fit resumed from a checkpoint plans the steps of the whole run (Lightning's
+    ``estimated_stepping_batches`` already counts the epochs before the checkpoint), not those
+    steps twice; a repeated fit without a checkpoint adds the steps taken before it."""
+    first = CanaryAudit(40, 40, seed=5, bootstrap=0, log_figures=False, log_histograms=False)
+    ckpt = ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), save_last=True)
+    _fit(tmp_path / "b", [first, ckpt], epochs=2, logger=False)
+    assert first.auditor.plan is not None and first.auditor.plan.steps == first.backend.injector.steps
+    second = CanaryAudit(40, 40, seed=5, bootstrap=0, log_figures=False, log_histograms=False)
+    _fit(tmp_path / "c", [second, ModelCheckpoint(dirpath=str(tmp_path / "ckpt2"))], epochs=4, logger=False,
+         ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
+    steps = second.backend.injector.steps
+    assert steps == 2 * first.backend.injector.steps
+    assert second.auditor.plan.steps == steps
+    assert second.auditor.last_summary[names.PLAN_STEPS] == steps
+
+
 def test_no_dp_optimizer_steps_aside_and_a_bad_argument_is_a_value_error(tmp_path):
     pl.seed_everything(0, verbose=False)
     dm = CentralDataModule("breast_cancer", batch_size=64, poisson=False)
