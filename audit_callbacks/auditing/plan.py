@@ -99,11 +99,13 @@ def plan_settings(auditor: Any, steps: float | None) -> tuple[dict[str, Any] | N
 
 def _dpsgd(backend: Any, model: NoisySum, base: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
     """DP-SGD's settings: the statistic's law at the canaries' rate (what the canaries see: the
-    injector's ``sample_rate``, the one the user gave where given), the claim at the
+    injector's ``sample_rate``, the one the user gave where given, times the batches a step
+    accumulates), the claim at the
     accountant's (what the run claims: its accountant's history, carried to T steps at the
     rate its step hook reports), computed by the run's own claim function."""
     injector = getattr(backend, "injector", None)
     rate = getattr(injector, "sample_rate", None)
+    rate = None if rate is None else min(1.0, float(rate) * _batches_per_step(backend))
     sigma = float(model.noise_multiplier)
     if rate is None or sigma <= 0:
         return None, "no sampling rate or no noise"
@@ -120,7 +122,8 @@ def planned_claim(backend: Any, noise_multiplier: float, steps: int, delta: floa
     (:func:`~audit_callbacks.backends.opacus.accounting.run_claim`, the function behind
     ``OpacusBackend.analytic``): the accountant's history so far, followed by the steps left
     at (``noise_multiplier``, the accountant's rate); at the steps taken it is the run's claim.
-    The accountant's rate is its step hook's; without one (or without a rate), the canaries'
+    The accountant's rate is its step hook's times the batches a step accumulates (as Opacus'
+    hook charges ``sample_rate * accumulated_iterations``); without one (or without a rate), the canaries'
     rate, as the run's claim falls back to. None: no epsilon."""
     from audit_callbacks.backends.opacus.accounting import run_claim
     from audit_callbacks.backends.opacus.optimizer import find_accountant
@@ -133,6 +136,8 @@ def planned_claim(backend: Any, noise_multiplier: float, steps: int, delta: floa
         found, rate = find_accountant(optimizer)
         rate = rate if found is accountant else None
     rate = getattr(injector, "sample_rate", None) if rate is None else rate
+    if rate is not None:  # Opacus charges a step q * accumulated_iterations
+        rate = min(1.0, float(rate) * _batches_per_step(backend))
     history = [tuple(h) for h in (getattr(accountant, "history", None) or [])]
     left = int(steps) - sum(int(h[2]) for h in history)
     if left > 0 and rate is not None:
@@ -140,6 +145,19 @@ def planned_claim(backend: Any, noise_multiplier: float, steps: int, delta: floa
     if not history:
         return None
     return run_claim(accountant, history, delta)[1]
+
+
+def _batches_per_step(backend: Any) -> float:
+    """The physical batches of one logical step (gradient accumulation): their mean over the
+    steps taken (Opacus' ``accumulated_iterations``, counted by the injector; an epoch's last
+    step may take fewer) once a step was taken, else what the front end knows before the first
+    step (Lightning's ``accumulate_grad_batches``), else 1. Both the canaries' rate and the
+    accountant's charge are the per-batch rate times it."""
+    injector = getattr(backend, "injector", None)
+    steps = int(getattr(injector, "steps", 0) or 0)
+    if steps > 0 and getattr(injector, "batches_total", 0):
+        return max(1.0, float(injector.batches_total) / steps)
+    return float(max(1, int(getattr(backend, "batches_per_step", 1) or 1)))
 
 
 def _fedavg(backend: Any, model: NoisyAverageDelta, base: dict[str, Any], k: int

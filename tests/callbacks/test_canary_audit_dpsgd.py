@@ -362,6 +362,35 @@ def test_no_headline_number_exceeds_the_accountant_by_more_than_its_interval(tmp
             assert report.value(bound) <= eps, (bound, report.value(bound), eps)
 
 
+def test_the_plan_under_gradient_accumulation_is_at_the_accumulated_rate(tmp_path):
+    # accumulate_grad_batches=2: the plan (at fit start, before any step: Lightning's setting;
+    # read again at fit end: the mean batches of the steps taken) puts the canaries and the claim
+    # at q * batches, as the injector and Opacus' accountant hook do; at q alone it expected
+    # ratios far below a correct run's ([0.03, 0.32] against 0.45-0.63 at 4 batches a step)
+    from opacus.accountants import RDPAccountant
+
+    from audit_callbacks.auditing.plan import plan_settings
+
+    pl.seed_everything(0, verbose=False)
+    dm = CentralDataModule("breast_cancer", batch_size=32, poisson=False)
+    module = DPSGDClassifier(MLP(30, 1, hidden=(16,)), lr=0.3, noise_multiplier=1.0, accountant="rdp")
+    audit = CanaryAudit(100, 100, bootstrap=0, log_figures=False, log_histograms=False)
+    trainer = pl.Trainer(max_epochs=2, logger=False, callbacks=[audit], enable_progress_bar=False,
+                         enable_checkpointing=False, enable_model_summary=False, accumulate_grad_batches=2,
+                         default_root_dir=str(tmp_path))
+    trainer.fit(module, datamodule=dm)
+    q, plan = audit.backend.injector.sample_rate, audit.auditor.plan
+    acc = RDPAccountant()
+    acc.history = [(1.0, 2 * q, plan.steps)]
+    assert plan.reference_epsilon == pytest.approx(acc.get_epsilon(audit.auditor.delta), rel=1e-9)
+    injector = audit.backend.injector
+    kwargs, _ = plan_settings(audit.auditor, injector.steps)
+    assert 1.5 < injector.batches_total / injector.steps <= 2  # an epoch's last step may take one
+    assert kwargs["sample_rate"] == pytest.approx(q * injector.batches_total / injector.steps, rel=1e-12)
+    assert kwargs["reference_epsilon"] == pytest.approx(module.privacy_engine.get_epsilon(audit.auditor.delta),
+                                                        rel=1e-9)
+
+
 def test_last_iterate_reference_uses_the_accumulated_rate(tmp_path):
     # accumulate_grad_batches=2: most logical steps are taken at rate 2q; the optimizer holds
     # no accumulated batches when the report is computed, so the reference must come from the

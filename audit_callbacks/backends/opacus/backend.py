@@ -168,6 +168,10 @@ class OpacusBackend(BackendBase):
         self._loader_rate: float | None = None  # the accountant's rate, found at attach
         self.seed = int(seed)
         self.norm_multiplier = norm_multiplier
+        #: physical batches a logical step takes where the front end knows it before the first
+        #: step (Lightning's ``accumulate_grad_batches``); after a step the injector's count
+        #: (Opacus' ``accumulated_iterations``) is used instead (:meth:`step_rate`)
+        self.batches_per_step = 1
         self.injector: GradientCanaryInjector | None = None
         self.sampling: LoaderCanarySampling | None = None  # the loader's draws, where it can
         self.sampling_reason = "not attached yet"
@@ -492,13 +496,15 @@ class OpacusBackend(BackendBase):
     def state_dict(self) -> dict[str, Any]:
         history = [] if self.accountant is None else [list(h) for h in self.accountant.history]
         sampling = None if self.sampling is None else self.sampling.state_dict()
-        return {"steps": int(self.injector.steps), "accountant_history": history, "sampling": sampling}
+        return {"steps": int(self.injector.steps), "batches": int(self.injector.batches_total),
+                "accountant_history": history, "sampling": sampling}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`, the accountant's history included (Opacus'
         ``PrivacyEngine`` is not in Lightning's checkpoint: without this a resumed run's
         accountant would count only the steps after the resume)."""
         self.injector.steps = self._steps_seen = int(state.get("steps", 0))
+        self.injector.batches_total = int(state.get("batches", self.injector.steps))  # older: 1 a step
         self._history = [tuple(h) for h in state.get("accountant_history", [])]
         self._sampling_state = state.get("sampling")
         if self.sampling is not None and self._sampling_state is not None:

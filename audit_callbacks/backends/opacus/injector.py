@@ -222,6 +222,8 @@ class GradientCanaryInjector:
         #: the last logical step's real batch size (None: not counted) and its Poisson batches
         self.last_batch_size: int | None = None
         self.last_batches = 1
+        #: physical batches over all logical steps taken (gradient accumulation: several a step)
+        self.batches_total = 0
         self._batch_size, self._batch_seen, self._batches = 0, False, 1
         # instance attributes (the class is untouched); an instance's own are put back at detach
         self._own = {name: optimizer.__dict__.get(name) for name in ("add_noise", "clip_and_accumulate")}
@@ -479,6 +481,7 @@ class GradientCanaryInjector:
         # the step's real batch size, where clip_and_accumulate counted it (None: unknown)
         self.last_batch_size = self._batch_size if self._batch_seen else None
         self.last_batches = self._batches
+        self.batches_total += self._batches
         self._batch_size, self._batch_seen = 0, False
         self._joined, self._placed = None, False
         if self.observer is not None and self._reduce_original is not None:

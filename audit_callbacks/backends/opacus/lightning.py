@@ -37,6 +37,7 @@ class LightningOpacusBackend(OpacusBackend, LightningHooks):
         backend = cls(dp_optimizer(trainer.optimizers), lightning_loader(trainer), warn,
                       world_size=lightning_world_size(trainer), **kwargs)
         backend.add_logged_seeds(trainer)
+        backend.batches_per_step = _accumulated_batches(trainer)
         return backend
 
     def add_logged_seeds(self, trainer: Any) -> None:
@@ -47,5 +48,15 @@ class LightningOpacusBackend(OpacusBackend, LightningHooks):
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         """A repeated fit: the canaries go on with the new optimizer."""
         self.add_logged_seeds(trainer)
+        self.batches_per_step = _accumulated_batches(trainer)
         self.bind(dp_optimizer(trainer.optimizers), lightning_loader(trainer),
                   lightning_world_size(trainer))
+
+
+def _accumulated_batches(trainer: Any) -> int:
+    """The batches Lightning accumulates into one optimizer step (``accumulate_grad_batches``;
+    1 where the trainer does not say): Opacus' ``accumulated_iterations`` of every step."""
+    try:
+        return max(1, int(getattr(trainer, "accumulate_grad_batches", 1) or 1))
+    except (TypeError, ValueError):
+        return 1
