@@ -62,6 +62,7 @@ SLOW: tuple[str, ...] = (
     # over ~2 s
     "tests/plain/test_plain_delta.py::test_the_claim_after_make_private_with_epsilon_is_at_its_target",
     "tests/backends/test_opacus_step_ops.py::test_audit_ops_per_step_do_not_grow_with_the_parameter_tensors",
+    "tests/backends/test_sampling_advice.py::test_a_lightning_run_on_fixed_size_batches_gets_lightnings_fix",
     "tests/benchmarks/test_ops_per_step.py::test_a_quick_plain_pass_writes_the_budget_check",
     "tests/benchmarks/test_gpu_overhead.py::test_a_tiny_long_fit_on_the_cpu_writes_the_costs_apart",
     "tests/benchmarks/test_watched_coverage.py::test_the_maximum_of_every_logged_series_covers",

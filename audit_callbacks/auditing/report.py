@@ -135,6 +135,46 @@ def judge(threat_model: str, *, claim: Any, claim_status: str, bound: Any, estim
     return word, sentence
 
 
+#: How to give an Opacus DP-SGD run the Poisson sampling its accountant assumes, for each front
+#: end: Lightning trains on the loader ``train_dataloader`` returns, not on the one
+#: ``make_private`` returns, so ``poisson_sampling=True`` changes nothing there.
+_POISSON_FIX = ("Fix: in a plain loop (OpacusCanaryAudit), train on the loader that "
+               "make_private(..., poisson_sampling=True) returns; under Lightning (CanaryAudit), "
+               "return DPDataLoader.from_data_loader(loader) from train_dataloader (Lightning "
+               "trains on that loader, not on the one make_private returns)")
+
+#: What each of the sampler check's tests (``details["rejected_by"]``) found when it rejected.
+_SAMPLER_TESTS = ("total", "dispersion", "repeats")
+
+
+def _sampler_evidence(result: Any, d: Mapping[str, Any]) -> str:
+    """The tests of the sampler check that rejected, each with its numbers and p-value (before
+    Bonferroni's factor 3): ``the repeats test: size 64 in 46 of 48 steps, ... (p = 1.031e-56)``.
+    ``d`` is the result's details; the tests are ``d["rejected_by"]``, else (a summary written
+    without it) those at or below ``alpha / 3``."""
+    tests = d.get("rejected_by")
+    if tests is None:
+        alpha = _number(result.get("alpha") if isinstance(result, Mapping) else
+                        getattr(result, "alpha", None)) or 0.05
+        tests = [t for t in _SAMPLER_TESTS
+                 if (p := _number(d.get(f"p_value_{t}"))) is not None and p <= alpha / 3]
+    counts = (result.get("counts") if isinstance(result, Mapping) else getattr(result, "counts", None)) or {}
+    steps = counts.get("batches")
+    mean, expected_mean = fmt(_number(d.get("mean"))), fmt(_number(d.get("expected_mean")))
+    variance, expected_variance = fmt(_number(d.get("variance"))), fmt(_number(d.get("expected_variance")))
+    said = {
+        "total": f"the total test: mean size {mean} a step against Binomial(N, q)'s {expected_mean}",
+        "dispersion": f"the dispersion test: variance {variance} against Binomial(N, q)'s {expected_variance}",
+        "repeats": (f"the repeats test: size {d.get('most_repeated_size')} in {d.get('repeats')} of "
+                    f"{steps if steps is not None else '-'} steps, more often than any Binomial(N, q) "
+                    "size recurs"),
+    }
+    parts = [f"{said[t]} (p = {fmt(_number(d.get(f'p_value_{t}')))})" for t in tests if t in said]
+    if not parts:
+        return "the sampler check"
+    return parts[0] if len(parts) == 1 else ", by ".join(parts[:-1]) + " and by " + parts[-1]
+
+
 def mechanism_verdict(checks: Mapping[str, Any], noise_source: str | None = None, *,
                       progress: int | None = None) -> tuple[str, str]:
     """``(word, sentence)`` of the checks of the mechanism (``docs/methods/mechanism_checks.md``).
@@ -143,7 +183,9 @@ def mechanism_verdict(checks: Mapping[str, Any], noise_source: str | None = None
       noise is missing, short of the claim, or the same in consecutive releases); each check's
       false-alarm rate is at most its level, whatever the gradients do.
     * ``unproven``: the batch sizes are not those of the Poisson sampling the accountant assumes
-      (the claim's amplification by sampling is not shown to hold).
+      (the claim's amplification by sampling is not shown to hold); the sentence names the
+      sampler check's tests that rejected (``details["rejected_by"]``), each with what it read,
+      and the fix of each front end (the report does not know which one ran).
     * ``consistent``: every check passed. ``unchecked``: no check could run.
 
     ``checks`` maps a check's name to its result (an ``AuditResult`` or its summary dict).
@@ -180,13 +222,10 @@ def mechanism_verdict(checks: Mapping[str, Any], noise_source: str | None = None
         d = details(sampler)
         how = d.get("sampling", "variable")
         drawn = (f"the loader draws {how}" if how != "variable" else
-                 f"the batch sizes (mean {fmt(_number(d.get('mean')))}, variance "
-                 f"{fmt(_number(d.get('variance')))}) are not Binomial(N, q)'s (mean "
-                 f"{fmt(_number(d.get('expected_mean')))}, variance "
-                 f"{fmt(_number(d.get('expected_variance')))})")
-        return "unproven", (f"unproven: the accountant assumes Poisson sampling, {drawn}; the "
-                            "claimed epsilon does not hold for this loader (use Opacus' "
-                            "poisson_sampling=True)")
+                 "the batch sizes are not Binomial(N, q)'s")
+        return "unproven", (f"unproven: the accountant assumes Poisson sampling, but {drawn}; "
+                            f"rejected by {_sampler_evidence(sampler, d)}; the claimed epsilon "
+                            f"does not hold for this loader. {_POISSON_FIX}")
     if not checks:
         return "unchecked", "unchecked: no check of the mechanism could run"
     passed = ", ".join(sorted(checks))

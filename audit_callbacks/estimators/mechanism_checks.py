@@ -150,6 +150,22 @@ def noise_energy_power(dof: float, true_ratio: float, *, alpha: float = 0.05, gr
     return float(stats.chi2.cdf(cut / r, k))
 
 
+def _fixed_size(values: np.ndarray, repeats: np.ndarray, size: int, population: int) -> bool:
+    """Whether the sizes ``values`` (sorted, distinct; ``repeats`` times each) are those of
+    fixed-size batches of ``size`` from ``population`` examples: every batch is ``size`` but a
+    short last batch of each epoch, one smaller size occurring at most once per epoch of
+    ``ceil(N / size)`` steps (none where ``size`` is N: one batch is the whole epoch)."""
+    if size < 1 or values.size > 2:
+        return False
+    if values.size == 1:
+        return True
+    if int(values[-1]) != size or size >= population:
+        return False  # the short batch is the smaller size; a batch of N leaves none
+    steps = int(repeats.sum())
+    per_epoch = -(-population // size)  # ceil(N / B) steps an epoch, the last one short
+    return int(repeats[0]) <= -(-steps // per_epoch)
+
+
 def sampler_check(batch_sizes: object, population: int, sample_rate: float, *,
                   alpha: float = 0.05) -> AuditResult:
     """Test observed batch (or cohort) sizes against Poisson sampling at ``sample_rate``.
@@ -181,8 +197,12 @@ def sampler_check(batch_sizes: object, population: int, sample_rate: float, *,
         (about 1 under Poisson, about 0 for fixed-size batches), ``details``: ``rejected``,
         ``mean``, ``expected_mean``, ``variance``, ``expected_variance``, ``p_value_total``,
         ``p_value_dispersion``, ``p_value_repeats`` (each before the factor 3),
-        ``most_repeated_size`` and ``repeats``, and ``sampling`` (``"fixed-size batches of B"``
-        where every size but the smallest is B, else ``"variable"``).
+        ``most_repeated_size`` and ``repeats``, ``rejected_by`` (the tests at or below
+        ``alpha / 3``, of ``"total"``, ``"dispersion"``, ``"repeats"``: empty when not rejected),
+        and ``sampling``: ``"fixed-size batches of B"`` where B, the most repeated size, is
+        every size but one smaller size that occurs at most once per epoch (the short last
+        batch of a loader without ``drop_last``: an epoch of ``ceil(N / B)`` steps, so at most
+        ``ceil(T / ceil(N / B))`` of them in T consecutive steps), else ``"variable"``.
 
     Raises:
         ValueError: sizes not non-negative integers or fewer than 2, a size above ``population``,
@@ -216,11 +236,12 @@ def sampler_check(batch_sizes: object, population: int, sample_rate: float, *,
     p_v = stats.binom.pmf(np.arange(n + 1), n, q)
     p_v = p_v[p_v > 0]
     p_rep = float(min(1.0, stats.binom.sf(m - 1, t, p_v).sum()))
-    rejected = min(p_total, p_disp, p_rep) <= a / 3
+    p_values = {"total": p_total, "dispersion": p_disp, "repeats": p_rep}
+    rejected_by = [test for test, p in p_values.items() if p <= a / 3]
     size = int(values[top])
-    fixed = m >= t - 1 and int(b.min()) <= size
+    fixed = _fixed_size(values, repeats, size, n)
     details = {
-        "rejected": bool(rejected),
+        "rejected": bool(rejected_by), "rejected_by": rejected_by,
         "mean": float(b.mean()), "expected_mean": mu,
         "variance": float(b.var(ddof=1)), "expected_variance": var,
         "p_value_total": p_total, "p_value_dispersion": p_disp, "p_value_repeats": p_rep,

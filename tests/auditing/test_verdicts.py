@@ -168,3 +168,67 @@ def test_verdicts_reach_tensorboard_as_scalars_and_text(tmp_path):
     assert [e.value for e in acc.Scalars("audit/verdict_all_iterates")] == [2.0]
     text = acc.Tensors("audit/verdict_all_iterates_sentence/text_summary")[0]
     assert text.tensor_proto.string_val[0].decode().startswith("violation:")
+
+
+# ------------------------------------------------------------------ the sampler check's sentence
+def _sampler_checks(sizes, population=1500, rate=64 / 1500, *, as_summary=False, drop=()):
+    """``{batch_size_variance_ratio: ...}`` of ``sizes``: the result, or its summary dict
+    (``to_dict``) less the details named in ``drop`` (a summary written before them)."""
+    from audit_callbacks.estimators.mechanism_checks import sampler_check
+
+    res = sampler_check(sizes, population, rate)
+    if as_summary:
+        res = res.to_dict()
+        res["details"] = {k: v for k, v in res["details"].items() if k not in drop}
+    return {names.BATCH_SIZE_VARIANCE_RATIO: res}
+
+
+@pytest.mark.parametrize("form", [{}, {"as_summary": True}, {"as_summary": True, "drop": ("rejected_by",)}])
+def test_a_rejection_by_the_repeats_test_alone_is_said_so(form):
+    """A spread like Binomial(N, q)'s (variance 52.8 against 61.3, the dispersion test passes)
+    with size 64 in 16 of 36 steps: the sentence names the repeats test and its numbers, not
+    the means and variances, which the repeats test does not read."""
+    from audit_callbacks.auditing.report import mechanism_verdict
+
+    sizes = [64] * 16 + [53, 75, 56, 72, 60, 68, 58, 70, 49, 79] * 2
+    word, sentence = mechanism_verdict(_sampler_checks(sizes, **form))
+    assert word == "unproven"
+    assert "the batch sizes are not Binomial(N, q)'s; rejected by the repeats test: size 64 in 16 of 36 steps" in sentence
+    assert "dispersion test" not in sentence and "total test" not in sentence
+    assert "variance" not in sentence
+
+
+def test_a_multi_epoch_fixed_size_loader_reads_fixed_and_names_its_test():
+    """Two epochs of 1,500 examples in batches of 64 (23 of 64 and one of 28 each), the imdb
+    port's loader: "fixed-size batches of 64", rejected by the repeats test."""
+    from audit_callbacks.auditing.report import mechanism_verdict
+
+    word, sentence = mechanism_verdict(_sampler_checks(([64] * 23 + [28]) * 2))
+    assert word == "unproven"
+    assert ("the loader draws fixed-size batches of 64; rejected by the repeats test: size 64 in 46 "
+            "of 48 steps") in sentence
+
+
+def test_every_failed_sampler_test_is_named_with_its_numbers():
+    """A doubled rate: the total test (its means) and the dispersion test (its variances)."""
+    from audit_callbacks.auditing.report import mechanism_verdict
+
+    sizes = np.random.default_rng(6).binomial(5000, 0.02, size=30)
+    checks = _sampler_checks(sizes, 5000, 0.01)
+    d = checks[names.BATCH_SIZE_VARIANCE_RATIO].details
+    assert d["rejected_by"][:2] == ["total", "dispersion"]
+    sentence = mechanism_verdict(checks)[1]
+    assert (f"rejected by the total test: mean size {d['mean']:.4g} a step against Binomial(N, q)'s "
+            f"{d['expected_mean']:.4g} (p = {d['p_value_total']:.4g}) and by the dispersion test: "
+            f"variance {d['variance']:.4g}") in sentence
+
+
+def test_the_sampler_fix_names_each_front_ends_loader():
+    """The report cannot tell the front end: the sentence names the fix of each. Under
+    Lightning the loader is train_dataloader's, so make_private's poisson_sampling=True alone
+    changes nothing there."""
+    from audit_callbacks.auditing.report import mechanism_verdict
+
+    sentence = mechanism_verdict(_sampler_checks([64] * 23 + [28]))[1]
+    assert "plain loop (OpacusCanaryAudit), train on the loader that make_private(..., poisson_sampling=True) returns" in sentence
+    assert "Lightning (CanaryAudit), return DPDataLoader.from_data_loader(loader) from train_dataloader" in sentence

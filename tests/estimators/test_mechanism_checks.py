@@ -192,6 +192,49 @@ def test_sampler_catches_fixed_size_shuffled_batches():
     assert _rejected(sampler_check([256] * 4, 60_000, 256 / 60_000))
 
 
+@pytest.mark.parametrize("population, batch, epochs", [(1500, 64, 3), (1400, 64, 4), (1000, 64, 2)])
+def test_a_multi_epoch_fixed_size_loader_is_labelled_fixed(population, batch, epochs):
+    """A shuffled fixed-size loader ends every epoch with one short batch (N mod B): over
+    several epochs every size is B or that one smaller size, once per epoch of ceil(N / B)
+    steps. Labelled by the docstring's rule, not "all but one batch is B"."""
+    per_epoch = [batch] * (population // batch) + [population % batch]
+    for sizes in (per_epoch * epochs, per_epoch[3:] + per_epoch * (epochs - 1) + per_epoch[:3]):
+        res = sampler_check(sizes, population, batch / population)
+        assert res.details["sampling"] == f"fixed-size batches of {batch}", sizes
+        assert _rejected(res) and "repeats" in res.details["rejected_by"]
+    # drop_last: B alone
+    assert sampler_check([batch] * 10, population, batch / population).details["sampling"] == (
+        f"fixed-size batches of {batch}")
+
+
+@pytest.mark.parametrize("sizes, population", [
+    ([64] * 22 + [28] * 2, 1500),      # two short batches in one epoch's 24 steps
+    ([64] * 20 + [28, 40], 1500),      # two sizes below B
+    ([60] * 20 + [64], 1500),          # the odd size above the common one
+    ([10] * 20 + [9], 10),             # B = N: one batch is the epoch, none is short
+    ([0] * 20 + [1], 1500),            # empty batches are no batch size
+])
+def test_other_size_patterns_are_labelled_variable(sizes, population):
+    assert sampler_check(sizes, population, 0.04).details["sampling"] == "variable"
+
+
+def test_the_result_names_the_tests_that_rejected():
+    """``rejected_by`` lists the tests at or below alpha / 3, in the order total, dispersion,
+    repeats; empty when the check passes."""
+    q = 64 / 1500
+    # a spread of Binomial(1500, q)'s size (variance 52.8 against 61.3) but 64 in 16 of 36 steps
+    res = sampler_check([64] * 16 + [53, 75, 56, 72, 60, 68, 58, 70, 49, 79] * 2, 1500, q)
+    assert res.details["rejected_by"] == ["repeats"] and res.details["sampling"] == "variable"
+    assert res.details["p_value_dispersion"] > 0.05 and res.details["p_value_total"] > 0.05
+    doubled = sampler_check(np.random.default_rng(6).binomial(5000, 0.02, size=30), 5000, 0.01)
+    assert doubled.details["rejected_by"][0] == "total"
+    d = doubled.details
+    assert d["rejected_by"] == [t for t in ("total", "dispersion", "repeats")
+                                if d[f"p_value_{t}"] <= doubled.alpha / 3]
+    fine = sampler_check(np.random.default_rng(7).binomial(1500, q, size=50), 1500, q)
+    assert fine.details["rejected_by"] == [] and not _rejected(fine)
+
+
 def test_sampler_catches_a_doubled_rate():
     rng = np.random.default_rng(6)
     for _ in range(20):

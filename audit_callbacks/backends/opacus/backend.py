@@ -95,7 +95,9 @@ def canary_share_warning(name: str, k: int, rate: float, real_per_step: float,
 
 def sampling_warning(name: str, reason: str) -> str:
     """The warning for canaries drawn by the audit instead of the training loader (``reason``:
-    why), saying what follows and what fixes it."""
+    why), saying what follows and what fixes it for the front end ``name``: ``CanaryAudit``
+    (Lightning, whose loader is ``train_dataloader``'s) or ``OpacusCanaryAudit`` (a plain loop,
+    whose loader is ``make_private``'s)."""
     if "sample_rate" in reason:
         fix = f"Leave {name}'s sample_rate unset to let the loader's Poisson sampler draw them"
     elif "data-parallel" in reason:
@@ -105,9 +107,15 @@ def sampling_warning(name: str, reason: str) -> str:
                f"Pass the training loader: {name}(..., data_loader=train_loader)")
     elif "another audit" in reason:
         fix = "Audit this loader with one canary audit"
+    elif name == "CanaryAudit":  # Lightning trains on train_dataloader's loader, not make_private's
+        fix = ("Return DPDataLoader.from_data_loader(loader) from the LightningModule's (or "
+               "datamodule's) train_dataloader to fix it (Opacus' Poisson sampling, which its "
+               "accountant assumes; make_private's poisson_sampling=True changes nothing here, "
+               "as Lightning trains on train_dataloader's loader, not on the one make_private "
+               "returns)")
     else:
-        fix = ("Pass poisson_sampling=True to make_private (Opacus' DPDataLoader: the sampling "
-               "its accountant assumes) to fix it")
+        fix = ("Pass poisson_sampling=True to make_private and train on the loader it returns "
+               "(Opacus' DPDataLoader: the sampling its accountant assumes) to fix it")
     return (f"{name}: canaries are drawn by the audit at the accountant's rate, not by the "
             f"training loader ({reason}), so the audit cannot catch a sampling bug in this "
             f"loader (one that takes examples more often than the accountant is charged). {fix}")
