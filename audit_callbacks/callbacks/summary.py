@@ -298,7 +298,12 @@ class LightningOutput(AuditOutput):
         (:func:`audit_callbacks.callbacks.interrupt.on_interrupt`). Any other exception
         after training steps were taken (a logger that died, a failing hook) writes the
         summary of what was measured, ``failed at step N (<exception>)``, into the run's
-        folder, and is left to propagate; an error in that write is only warned about."""
+        folder, and is left to propagate; an error in that write is only warned about. An
+        exception in another stage (``trainer.validate`` / ``trainer.test`` after the fit) leaves
+        the fit's outputs alone."""
+        state = getattr(trainer, "state", None)
+        if state is not None and getattr(state, "fn", "fit") != "fit":
+            return False
         if on_interrupt(trainer, exception, finish):
             return True
         if int(getattr(trainer, "global_step", 0)) > 0:

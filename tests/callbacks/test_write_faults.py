@@ -203,3 +203,29 @@ def test_the_fit_end_refreshes_the_summaries_and_writes_the_report_once(tmp_path
     folder = tmp_path / "run" / "version_0"
     assert (folder / "audit_report.html").exists()
     assert json.loads((folder / "audit_summary.json").read_text())["run_status"] == "complete"
+
+
+def test_a_failing_test_or_validate_after_the_fit_leaves_its_summaries_alone(tmp_path):
+    """``trainer.test`` raising after a completed fit (the module has no ``test_step``):
+    Lightning calls every callback's ``on_exception``, and the fit's summaries stay
+    ``complete`` (they read ``failed at step N (MisconfigurationException ...)`` before)."""
+    from datamodules.central import CentralDataModule
+    from models import MLP
+    from models.dpsgd import DPSGDClassifier
+
+    audits = [CanaryAudit(30, 30, bootstrap=0, log_figures=False), *_label_callbacks()]
+    dm = CentralDataModule("breast_cancer", batch_size=32, poisson=True, seed=0)
+    module = DPSGDClassifier(MLP(30, 1, hidden=(16,)), lr=0.3, noise_multiplier=1.0, max_grad_norm=1.0)
+    trainer = pl.Trainer(max_steps=6, logger=TensorBoardLogger(str(tmp_path), name="run", version=0),
+                         callbacks=audits, enable_progress_bar=False, enable_checkpointing=False,
+                         accelerator="cpu", enable_model_summary=False, num_sanity_val_steps=0,
+                         log_every_n_steps=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(module, datamodule=dm)
+        folder = tmp_path / "run" / "version_0"
+        before = {p.name: p.read_text() for p in folder.glob("*summary*.json")}
+        assert len(before) == 3 and all(json.loads(t)["run_status"] == "complete" for t in before.values())
+        with pytest.raises(Exception, match="test_step"):
+            trainer.test(module, datamodule=dm)
+    assert {p.name: p.read_text() for p in folder.glob("*summary*.json")} == before
