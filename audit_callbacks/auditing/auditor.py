@@ -41,7 +41,7 @@ from audit_callbacks.auditing.config import CanaryAuditConfig
 from audit_callbacks.auditing.html_report import number_to_read
 from audit_callbacks.auditing.output import AuditOutput, ReportSection
 from audit_callbacks.auditing.plan import summary_plan_entries
-from audit_callbacks.auditing.report import REFERENCES, CanaryReport, summary_json
+from audit_callbacks.auditing.report import REFERENCES, TOO_FEW_CANARIES, CanaryReport, summary_json
 from audit_callbacks.auditing.sinks import FIT_END_TAG, fit_end_table
 from audit_callbacks.canary.base import (
     CanaryStatistic,
@@ -432,7 +432,7 @@ class CanaryAuditor:
             skipped[names.EPSILON_ALL_ITERATES_MATCHED] = matched_skip
         took_part = int(took.sum())
         if took_part < MIN_CANARIES:  # an estimate from a handful of canaries means little
-            status = f"too few canaries (k = {took_part})"
+            status = f"{TOO_FEW_CANARIES} (k = {took_part})"
             if index is None or self.num_canaries < MIN_CANARIES:  # early points: status only
                 self.warn("few", f"{self.name}: only {took_part} canaries took part: too few for "
                           f"an estimate to mean anything (at least {MIN_CANARIES}); pass a larger "

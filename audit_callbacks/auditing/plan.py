@@ -289,9 +289,14 @@ def plan_entries(plan: AuditPlan | None, reason: str = "",
     if plan is None:
         why = note or f"skipped: {reason or 'not planned'}"
         return {names.PLAN_STATUS: why if why.startswith("skipped") else f"skipped: {why}"}
+    from audit_callbacks.auditing.report import TOO_FEW_CANARIES
+
     ratio = (summary or {}).get(names.EPSILON_RATIO_ALL_ITERATES)
     ok = isinstance(ratio, (int, float)) and math.isfinite(ratio)
+    status = str((((summary or {}).get("estimates") or {}).get(names.EPSILON_ALL_ITERATES) or {}).get("status", ""))
     reading = plan.read_ratio(max(float(ratio), 0.0)) if ok else None
+    if reading is not None and status.startswith(TOO_FEW_CANARIES):  # its interval is not judged either
+        reading = f"{float(ratio):.2f}: not read against the range expected for a correct run: {status}"
     if reading is not None and note:
         reading = f"{reading} ({note})"
     return {

@@ -30,6 +30,10 @@ _WATCHED = {names.EPSILON_LOWER_BOUND_FINAL_MODEL_WATCHED: names.EPSILON_LOWER_B
             names.EPSILON_GDP_LOWER_BOUND_FINAL_MODEL_WATCHED: names.EPSILON_GDP_LOWER_BOUND_FINAL_MODEL,
             names.EPSILON_GDP_LOWER_BOUND_ALL_ITERATES_WATCHED: names.EPSILON_GDP_LOWER_BOUND_ALL_ITERATES}
 
+#: Start of an estimate's status when fewer than the auditor's ``MIN_CANARIES`` canaries took
+#: part: its interval says too little to judge the claim by (the valid bounds still judge it).
+TOO_FEW_CANARIES = "too few canaries"
+
 #: The report's fields that are logged beside the estimates (names of family ``audit``).
 _FIELDS = (names.EPSILON_ANALYTIC, names.EPSILON_ANALYTIC_RDP, names.EPSILON_ANALYTIC_PRV,
            names.EPSILON_LAST_ITERATE_HEURISTIC, names.NUM_CANARIES_PARTICIPATED)
@@ -255,7 +259,8 @@ def _judge(threat_model: str, *, claim: Any, claim_status: str, bound: Any, esti
         return "violation", (f"violation: the valid {level} lower bound {fmt(bound)} "
                              f"exceeds the claimed epsilon {fmt(claim)}{at}")
     low = _number(lower)
-    if threat_model == "all_iterates" and low is not None and low > claim:
+    few = str(estimate_status).startswith(TOO_FEW_CANARIES)  # a bootstrap of a handful of scores
+    if threat_model == "all_iterates" and low is not None and low > claim and not few:
         level = _number(confidence) or 0.95
         return "suspicious", (f"suspicious: the estimate's {100 * level:g}% interval lies above the claimed "
                               f"epsilon (interval [{fmt(low)}, {fmt(upper)}], "
@@ -268,6 +273,8 @@ def _judge(threat_model: str, *, claim: Any, claim_status: str, bound: Any, esti
     if reference_name != names.EPSILON_ANALYTIC:
         sentence += (f"; last-iterate heuristic {fmt(_number(reference))}, estimate / heuristic "
                      f"{fmt(_number(ratio))}")
+    if few:
+        sentence += f"; the estimate's interval is not judged: {estimate_status}"
     return "consistent", sentence
 
 

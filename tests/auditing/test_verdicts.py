@@ -147,6 +147,35 @@ def test_suspicious_and_unchecked_from_the_summary():
     assert verdict({**summary, "epsilon_analytic": float("inf")}, "all_iterates")[0] == "unchecked"
 
 
+def test_an_estimate_of_too_few_canaries_is_not_judged_suspicious():
+    """Below ``MIN_CANARIES`` the bootstrap interval of a handful of scores said ``suspicious``
+    in 9-10 of 40 correct runs (k = 6 participating): the interval is not judged then, and the
+    sentence says why; the valid bound still judges the claim."""
+    few = "too few canaries (k = 6)"
+    summary = {"epsilon_analytic": 1.0, "inputs": {"alpha": 0.05}, "estimates": {
+        "epsilon_all_iterates": {"value": 2.0, "lower": 1.5, "upper": 2.5, "status": few,
+                                 "details": {"confidence": 0.95}},
+        "epsilon_lower_bound_all_iterates": {"value": 0.8, "status": few}}}
+    word, sentence = verdict(summary, "all_iterates")
+    assert word == "consistent" and sentence.endswith(f"the estimate's interval is not judged: {few}")
+    summary["estimates"]["epsilon_lower_bound_all_iterates"]["value"] = 1.2  # valid at any k
+    assert verdict(summary, "all_iterates")[0] == "violation"
+
+
+def test_the_plan_does_not_read_the_ratio_of_too_few_canaries():
+    from audit_callbacks.auditing.plan import plan_entries
+    from audit_callbacks.estimators.planner import plan_audit
+
+    plan = plan_audit(training="dpsgd", num_canaries=30, num_unobserved=994, dim=1025, steps=24,
+                      sample_rate=64 / 569, noise_multiplier=1.0, delta=1e-5, seed=0, reference_epsilon=2.34)
+    summary = {names.EPSILON_RATIO_ALL_ITERATES: 5.0,
+               "estimates": {names.EPSILON_ALL_ITERATES: {"status": "ok"}}}
+    assert "above the range" in plan_entries(plan, summary=summary)[names.PLAN_RATIO_READING]
+    summary["estimates"][names.EPSILON_ALL_ITERATES]["status"] = "too few canaries (k = 6)"
+    reading = plan_entries(plan, summary=summary)[names.PLAN_RATIO_READING]
+    assert reading == "5.00: not read against the range expected for a correct run: too few canaries (k = 6)"
+
+
 def test_verdict_codes_are_in_the_name_table_with_a_chart():
     table = {q.name: q for q in names.family("audit")}
     for tm in ("final_model", "all_iterates"):
