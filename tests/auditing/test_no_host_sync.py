@@ -18,8 +18,8 @@ statistics are read at estimate time.
   to the GPU, once): any synchronisation raises.
 
 The one read left in a round is DP-FedAvg's Hadamard canary sum (``FedAvgBackend.
-client_update_sum``): whether the module's clipping merely scaled the representative row decides
-which code runs next (the module reads the sum back right after it anyway); it is allowed once
+client_update_sum``, in its ``_client_update_sum``): whether the module's clipping merely
+scaled the representative row decides which code runs next (the module reads the sum back right after it anyway); it is allowed once
 per round and no more.
 """
 
@@ -115,7 +115,7 @@ def test_dp_fedavg_rounds_read_nothing_back_but_the_sum_paths_decision(kind):
     assert stats.rounds_seen == 7 and audit.auditor.last_report is not None  # estimates were made
     if kind == "hadamard":
         assert audit.auditor.matched is not None and audit.auditor.matched.rounds == 7  # every round folded
-    decision = "backends/fedavg.py:client_update_sum:__bool__"
+    decision = "backends/fedavg.py:_client_update_sum:__bool__"
     others = {key: n for key, n in mode.reads.items() if key != decision}
     assert others == {}
     assert mode.reads[decision] <= (7 if kind == "hadamard" else 0)
