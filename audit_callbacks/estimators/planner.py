@@ -218,9 +218,12 @@ class AuditPlan:
             digits += 1
         rng = f"[{self.ratio_low:.{digits}f}, {self.ratio_high:.{digits}f}]"
         if r < self.ratio_low:
+            masked = (f"; at this model size aligned real contributions can mask the canaries "
+                      f"(aligned_real_share {self.aligned_real_share:.2g})"
+                      if self.aligned_real_share >= ALIGNED_SHARE_NOTE else "")
             return (f"{r:.{digits}f}: below the range expected for a correct run at these settings "
                     f"{rng}: the audit is weaker than planned (the canaries' contribution or "
-                    "the statistic lost power, or the run is more private than claimed)")
+                    f"the statistic lost power, or the run is more private than claimed){masked}")
         if r > self.ratio_high:
             return (f"{r:.{digits}f}: above the range expected for a correct run at these settings "
                     f"{rng}: the run may leak more than claimed")

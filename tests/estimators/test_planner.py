@@ -273,6 +273,8 @@ def test_the_summary_says_when_aligned_real_contributions_can_mask_the_canaries(
     small = plan_audit(dim=1025, real_per_step=64.0, **base)
     assert small.aligned_real_share == 64.0**2 / 1024 >= ALIGNED_SHARE_NOTE
     assert "aligned, they add up to 4x the noise's variance on each canary" in small.summary()
+    assert small.read_ratio(0.01).endswith("aligned real contributions can mask the canaries "
+                                           "(aligned_real_share 4)")
     for dim, real in ((10**6, 64.0), (1025, 0.0), (4096, 64.0)):  # shares 0.004, 0, 1
         plan = plan_audit(dim=dim, real_per_step=real, **base)
         assert plan.aligned_real_share < ALIGNED_SHARE_NOTE and "aligned" not in plan.summary()
