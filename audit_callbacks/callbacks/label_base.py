@@ -52,7 +52,7 @@ from audit_callbacks.backends.opacus.optimizer import (
     find_dp_optimizer,
     unchain_step_hook,
 )
-from audit_callbacks.callbacks.label_step import LabelStepObserver, LayerTap
+from audit_callbacks.callbacks.label_step import HeadProbe, LabelStepObserver, LayerTap
 from audit_callbacks.callbacks.summary import LightningOutput, output_summary_filename
 from audit_callbacks.validation import check_optional_count
 
@@ -82,6 +82,9 @@ def default_labels(batch: Any) -> torch.Tensor:
 
 
 def linear_layers(module: nn.Module) -> list[nn.Linear]:
+    """The ``nn.Linear`` layers of ``module`` in registration order (``module.modules()``),
+    which need not be the order they run in: the attacked head is found by
+    :class:`~audit_callbacks.callbacks.label_step.HeadProbe`."""
     return [m for m in module.modules() if isinstance(m, nn.Linear)]
 
 
@@ -115,6 +118,8 @@ class StepAuditCallback(Callback):
         self.observer = observer
         self.optimizer: Any = None
         self._tap: LayerTap | None = None
+        self._probe: HeadProbe | None = None  # until the first step: which nn.Linear is the head
+        self._find_head = False  # set by _layers: the head is found on the first step
         self._hook: Any = None
         self._latest: dict[str, float] = {}
         self._unlogged = False  # an attacked step's values not yet logged (flushed at train end)
@@ -167,6 +172,14 @@ class StepAuditCallback(Callback):
 
     # ------------------------------------------------------------------ to implement
     def _layers(self, pl_module: pl.LightningModule) -> dict[str, nn.Linear]:
+        """The layers to tap, by role; or, after setting ``_find_head``, {} (the head is then
+        found on the first step and given to ``_bind_head``). Raises CannotAudit."""
+        raise NotImplementedError
+
+    def _bind_head(self, head: nn.Linear, previous: nn.Linear | None, order: list[nn.Linear]) -> dict[str, nn.Linear]:
+        """The layers to tap, by role, once the head (the ``nn.Linear`` whose output is the
+        model's output) is known; ``previous``: the ``nn.Linear`` called before it; ``order``:
+        every ``nn.Linear`` called, in call order. Raises CannotAudit."""
         raise NotImplementedError
 
     def _norm_layers(self, pl_module: pl.LightningModule) -> dict[str, nn.Linear]:
@@ -191,6 +204,7 @@ class StepAuditCallback(Callback):
             self._disable("no_dp_optimizer", "it audits Opacus DP-SGD: return the optimizer of "
                           "PrivacyEngine().make_private(...) from configure_optimizers")
             return
+        self._find_head = False
         try:
             layers = self._layers(pl_module)
             self._check_optimizer()
@@ -199,8 +213,30 @@ class StepAuditCallback(Callback):
             return
         if self.observer is None:
             self.observer = LabelStepObserver.attached(self.optimizer)
+        if self._find_head:  # every nn.Linear is tapped until the first step tells which is the head
+            layers = {f"linear{i}": m for i, m in enumerate(linear_layers(pl_module))}
+            self._probe = HeadProbe(pl_module)
         self._tap = LayerTap(layers, self._norm_layers(pl_module))
         self._hook = chain_step_hook(self.optimizer, self._step_hook)
+
+    def _resolve_head(self) -> bool:
+        """On the first step: find the head, keep only its (and the roles') taps; False when
+        the callback disabled itself (no ``nn.Linear`` layer's output is the model's output)."""
+        assert self._probe is not None and self._tap is not None
+        if sum(int(t.numel()) for t in self._tap.labels) == 0:
+            return True  # an empty (Poisson) batch shows no rows to match: the next step tells
+        probe, self._probe = self._probe, None
+        found = probe.resolve()
+        probe.remove()
+        try:
+            if isinstance(found, str):
+                raise CannotAudit("unsupported_model", f"{found}; the label attacks need the logits to be "
+                                  "the output of an nn.Linear layer (one sigmoid logit or K softmax outputs)")
+            self._tap.narrow(self._bind_head(*found))
+        except CannotAudit as err:
+            self._disable(err.reason, str(err))
+            return False
+        return True
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         connector = getattr(trainer, "_logger_connector", None)
@@ -218,11 +254,15 @@ class StepAuditCallback(Callback):
             return
         self._tap.active = True
         self._tap.labels.append(labels.reshape(-1).to("cpu"))
+        if self._probe is not None:
+            self._probe.begin()
 
     def _step_hook(self, optimizer: Any) -> None:
         assert self._tap is not None
         self.steps += 1
         self._stepped = True
+        if self._probe is not None and not self._resolve_head():
+            return
         if not self._considers_this_step():
             self._tap.clear()  # drop the step's activations without converting them
             return
@@ -256,12 +296,16 @@ class StepAuditCallback(Callback):
             self.observer.release()
         if self._tap is not None:
             self._tap.active = False
+        if self._probe is not None:
+            self._probe.active = False
         # per-step scalars follow the Trainer's log_every_n_steps (as self.log(on_step=True) and
         # LearningRateMonitor do); the latest attacked values and the coverage are logged at
         # every logged step, so attacked steps off the interval still reach the logger
         stepped, self._stepped = self._stepped, False
         if not (self._log_this_batch and stepped) or self.last_reason is None:
             return  # a batch that accumulates gradients logs nothing: its values would be the last step's
+        if self.disabled_reason is not None:
+            return  # disabled (the step that found why included): no number reaches the logger
         self._log_latest(trainer)
 
     def _log_latest(self, trainer: pl.Trainer) -> None:
@@ -304,6 +348,9 @@ class StepAuditCallback(Callback):
                                  lambda status: self.on_fit_end(trainer, pl_module, status=status))
 
     def _teardown_hooks(self) -> None:
+        if self._probe is not None:
+            self._probe.remove()
+            self._probe = None
         if self._tap is not None:
             self._tap.remove()
             self._tap = None
