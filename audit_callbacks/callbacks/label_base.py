@@ -26,7 +26,16 @@ summary JSON holds the counts per reason. The first time a reason occurs the cal
 (``rank_zero_warn``) and writes the text once to the logger (TensorBoard ``add_text`` under
 ``<family>/warnings`` when a ``TensorBoardLogger`` is attached), through its
 :class:`~audit_callbacks.callbacks.summary.LightningOutput`, which also writes its summary (the
-one schema) and gives the run's report its section.
+one schema) and gives the run's report its section. A callback that disabled itself (warned once,
+``disabled_reason`` set, its hooks removed) logs no number afterwards, the step that found why
+included; its summary keeps ``disabled_reason`` and the skip counts.
+
+Which layer. A callback with no layer given attacks the ``nn.Linear`` whose output is the
+model's output, found on the first step by
+:class:`~audit_callbacks.callbacks.label_step.HeadProbe` (every ``nn.Linear`` is tapped until
+then, so the first step is attacked too), not the last one registered: the registration order
+need not be the order the layers run in. No ``nn.Linear`` output is the logits: disabled,
+``unsupported_model``.
 
 Names. ``<family>`` is the callback's family in :mod:`audit_callbacks.names` (``label_attack``,
 ``label_dp``): every tag is ``names.tag(family, name)`` and every chart comes from
@@ -65,7 +74,7 @@ SKIP_REASONS: dict[str, int] = {
     "rank_deficient": 2,  # duplicate examples or dead ReLU units lower the usable width
     "unsupported_loss": 3,  # the logit layer's gradients are not kappa (p - e_y) x~
     "no_gradient": 4,  # the attacked layer got no gradient this step
-    "unsupported_model": 5,  # no nn.Linear last layer (disabled at fit start)
+    "unsupported_model": 5,  # no nn.Linear whose output is the logits (disabled: fit start or first step)
     "no_dp_optimizer": 6,  # not an Opacus DPOptimizer (disabled at fit start)
     "no_noise": 7,  # noise_multiplier 0: no step is private (bound disabled)
     "empty_batch": 8,  # a Poisson batch with no example

@@ -127,9 +127,17 @@ class LabelDPLowerBound(StepAuditCallback):
         ValueError: naming the argument: ``delta`` neither None nor in (0, 1), ``every_n_steps``
             or ``max_pairs`` neither None nor an integer >= 1, ``second_last`` not a bool,
             ``label_fn`` neither None nor callable, ``observer`` not a ``LabelStepObserver``.
-    Never aborts the fit: on a model it cannot audit (no ``nn.Linear`` last layer, no Opacus
-    optimizer, noise multiplier 0, a loss other than log-loss / cross-entropy on that layer)
-    it warns once, logs why (text in TensorBoard) and disables itself; a step it cannot audit
+    The last layer is the ``nn.Linear`` whose output is the model's output (found on the first
+    step, whatever the order the layers were registered in; the second-last is the
+    ``nn.Linear`` called before it): see :mod:`audit_callbacks.callbacks.label_base`. Under
+    ``bf16-mixed``, ``bf16-true`` and ``16-mixed`` the loss check allows for the gradients'
+    rounding (:func:`~audit_callbacks.attacks.label_gradients.gradient_scale`).
+
+    Never aborts the fit: on a model it cannot audit (no ``nn.Linear`` whose output is the
+    logits, no Opacus optimizer, noise multiplier 0, a loss other than log-loss / cross-entropy
+    on that layer) it warns once, logs why (text in TensorBoard) and disables itself, logging
+    no number afterwards (a summary with no attacked step holds none, the single-step and
+    accountant references included; ``disabled_reason`` says why); a step it cannot audit
     (batch wider than the layer, rank-deficient features) is skipped with a reason code.
     """
 
