@@ -14,6 +14,7 @@ output is the model's output (the logit layer the callbacks attack).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -194,7 +195,8 @@ class HeadProbe:
 
     * the ``nn.Linear`` calls, in the order they run, with their outputs;
     * the outputs of the outermost calls (a submodule called while no other hooked module runs:
-      the module the training step calls, e.g. the ``LightningModule`` itself or its network).
+      the module the training step calls, e.g. the ``LightningModule`` itself or its network;
+      of a tuple its first element, of a mapping its ``"logits"``, else its first value).
 
     The model's output (the logits) is the last outermost output (a loss or a metric,
     0-dimensional, is passed over) that is the output of an ``nn.Linear`` call, or has its rows
@@ -225,7 +227,9 @@ class HeadProbe:
         if not self.active:
             return
         self._depth = max(0, self._depth - 1)
-        if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
+        if isinstance(output, Mapping):  # {"logits": ...}, as Hugging Face's ModelOutput
+            output = output.get("logits", next(iter(output.values()), None))
+        elif isinstance(output, (tuple, list)) and output:
             output = output[0]  # (logits, ...) as many models return
         if not isinstance(output, torch.Tensor) or not module.training:
             return

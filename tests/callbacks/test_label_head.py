@@ -86,7 +86,7 @@ def _probe(model, x, *, loss=None):
     probe.begin()
     out = model(x)
     if loss is not None:
-        loss(out.squeeze(-1), torch.zeros(x.shape[0]))
+        loss(out.squeeze(-1), torch.zeros(x.shape[0]))  # 0-dimensional: not the model's output
     found = probe.resolve()
     probe.remove()
     return found
@@ -104,6 +104,16 @@ def test_the_probe_finds_the_layer_whose_output_is_the_model_output():
     loss = nn.BCEWithLogitsLoss()  # a loss module called after the model is passed over
     holder = nn.ModuleDict({"net": _Net(order=("head", "body", "proj")), "loss": loss})
     assert _probe(holder["net"], x, loss=loss)[0] is holder["net"].head
+    class _Dict(nn.Module):  # {"logits": ...}, as Hugging Face's ModelOutput
+        def __init__(self):
+            super().__init__()
+            self.net = _Net(order=("head", "body", "proj"))
+
+        def forward(self, x):
+            return {"logits": self.net(x), "hidden": self.net.body(x)}
+
+    net = _Dict()
+    assert _probe(net, x)[0] is net.net.head
     why = _probe(_Net(sliced=True), x)
     assert isinstance(why, str) and "no nn.Linear layer's output is the model's output" in why
 
@@ -197,3 +207,36 @@ def test_the_bound_runs_under_bf16_and_agrees_with_float32(tmp_path, precision):
     _fit(tmp_path / "b", [ref], _Net(), noise=1.0)
     assert low.disabled_reason is None and low.attacked_steps == low.considered > 0
     assert low.records[0]["epsilon_lower_bound"] == pytest.approx(ref.records[0]["epsilon_lower_bound"], rel=0.05)
+
+
+class _Softmax(nn.Module):
+    """64 -> 64 -> 64 -> 10 ReLU MLP, head registered first (same weights as registered last)."""
+
+    def __init__(self, head_first):
+        super().__init__()
+        torch.manual_seed(0)
+        made = {"body": nn.Linear(64, 64), "proj": nn.Linear(64, 64), "head": nn.Linear(64, 10)}
+        for name in (("head", "body", "proj") if head_first else ("body", "proj", "head")):
+            setattr(self, name, made[name])
+
+    def forward(self, x):
+        return self.head(torch.relu(self.proj(torch.relu(self.body(x)))))
+
+
+def test_softmax_head_first_gets_the_exact_flipped_norms(tmp_path):
+    """K classes: the ghost layers are back-propagated in the order they run, so a head
+    registered first still gets the exact clip factors of a replaced label."""
+    bounds = []
+    for head_first in (True, False):
+        pl.seed_everything(0, verbose=False)
+        dm = CentralDataModule("digits", batch_size=32, poisson=True, seed=0, sampling_seed=0)
+        module = DPSGDClassifier(_Softmax(head_first), lr=0.3, noise_multiplier=1.0, max_grad_norm=1.0, noise_seed=0)
+        bound = LabelDPLowerBound(summary_filename=None, every_n_steps=10)
+        pl.Trainer(max_epochs=1, logger=False, callbacks=[bound], enable_progress_bar=False, limit_train_batches=3,
+                   enable_checkpointing=False, enable_model_summary=False, num_sanity_val_steps=0,
+                   limit_val_batches=0, default_root_dir=str(tmp_path)).fit(module, datamodule=dm)
+        bounds.append(bound)
+    first, last = bounds
+    assert first.disabled_reason is None and first.num_classes == 10 and first.records
+    assert first.flipped_norms == last.flipped_norms == "exact (ReLU MLP back-propagation)"
+    assert first.records[0]["epsilon_lower_bound"] == pytest.approx(last.records[0]["epsilon_lower_bound"], rel=1e-6)
