@@ -106,10 +106,24 @@ def gradient_scale(
         weight_grads: per-example weight gradients [N, K, p], used when ``bias_grads`` is None.
         features: the layer inputs [N, p] (with ``weight_grads``).
 
+    Tolerance. The check allows for the rounding of the gradient's dtype (eps =
+    ``torch.finfo(dtype).eps`` of ``bias_grads`` / ``weight_grads``; bfloat16 and float16 under
+    Lightning's ``bf16-mixed``, ``bf16-true`` and ``16-mixed`` precisions). Rounding a row to that
+    dtype moves each entry by at most eps/2 relative; a loss evaluated in that dtype
+    (``bf16-true``) also moves p_r by at most eps/2 per entry, an error of eps/(2 ||a_r||)
+    relative to the row a_r = p_r - e_{y_r} (Higham 2002, "Accuracy and Stability of Numerical
+    Algorithms", §2.2, the standard model of floating-point arithmetic). A row's ratio to kappa
+    therefore deviates by at most about eps (1 + 1/||a_r||) (the row's error and that of the
+    median kappa); the tolerance is twice that, 4 eps (1 + 1/||a_r||), and never below 1e-3
+    (float32: the 1e-3 of before, since 4 eps (1 + 1/||a_r||) < 5e-4 on the rows used). Only rows
+    with ||a_r|| > max(1e-3, 32 eps) are read (bfloat16: 0.25, where a row is still within 2 %),
+    or the largest row when none is. In bfloat16 a loss that differs from log-loss by less than
+    the tolerance (e.g. label smoothing below ~0.05) is not detected.
+
     Returns:
-        kappa > 0, or None when the rows disagree by more than 1e-3 (the loss is not log-loss /
-        cross-entropy on this layer's outputs, e.g. label smoothing or MSE: the bounds do not
-        apply) or nothing is given.
+        kappa > 0, or None when the rows disagree by more than the tolerance (the loss is not
+        log-loss / cross-entropy on this layer's outputs, e.g. label smoothing or MSE: the bounds
+        do not apply) or nothing is given.
     """
     a = np.asarray(output_errors, dtype=float)
     a2 = a.reshape(a.shape[0], -1)
@@ -130,17 +144,25 @@ def gradient_scale(
         resid = np.zeros_like(ratio)
     else:
         return None
-    use = size > 1e-3  # float32 gradients: relative error ~1e-7 / |p - y|
+    eps = _gradient_eps(bias_grads if bias_grads is not None else weight_grads)
+    use = size > max(1e-3, 32.0 * eps)  # float32 gradients: relative error ~1e-7 / |p - y|
     if not use.any():  # a batch the model fits almost perfectly: its best-determined row
         use = size >= size.max()
     kappa = float(np.median(ratio[use]))
     if not (math.isfinite(kappa) and kappa > 0):
         return None
-    if float(np.max(np.abs(ratio[use] / kappa - 1.0))) > 1e-3:
+    tol = np.maximum(1e-3, 4.0 * eps * (1.0 + 1.0 / size[use]))  # see "Tolerance" above
+    if bool(np.any(np.abs(ratio[use] / kappa - 1.0) > tol)):
         return None
-    if float(np.max(resid[use] / (kappa * size[use]))) > 1e-3:  # not parallel to p - e_y
+    if bool(np.any(resid[use] / (kappa * size[use]) > tol)):  # not parallel to p - e_y
         return None
     return kappa
+
+
+def _gradient_eps(grads: Tensor) -> float:
+    """Machine epsilon of the gradients' dtype (float32's for a non-floating dtype)."""
+    dtype = grads.dtype if grads.dtype.is_floating_point else torch.float32
+    return float(torch.finfo(dtype).eps)
 
 
 class ReluMlpLabelNorms:

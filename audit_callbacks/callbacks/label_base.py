@@ -26,7 +26,16 @@ summary JSON holds the counts per reason. The first time a reason occurs the cal
 (``rank_zero_warn``) and writes the text once to the logger (TensorBoard ``add_text`` under
 ``<family>/warnings`` when a ``TensorBoardLogger`` is attached), through its
 :class:`~audit_callbacks.callbacks.summary.LightningOutput`, which also writes its summary (the
-one schema) and gives the run's report its section.
+one schema) and gives the run's report its section. A callback that disabled itself (warned once,
+``disabled_reason`` set, its hooks removed) logs no number afterwards, the step that found why
+included; its summary keeps ``disabled_reason`` and the skip counts.
+
+Which layer. A callback with no layer given attacks the ``nn.Linear`` whose output is the
+model's output, found on the first step by
+:class:`~audit_callbacks.callbacks.label_step.HeadProbe` (every ``nn.Linear`` is tapped until
+then, so the first step is attacked too), not the last one registered: the registration order
+need not be the order the layers run in. No ``nn.Linear`` output is the logits: disabled,
+``unsupported_model``.
 
 Names. ``<family>`` is the callback's family in :mod:`audit_callbacks.names` (``label_attack``,
 ``label_dp``): every tag is ``names.tag(family, name)`` and every chart comes from
@@ -52,7 +61,7 @@ from audit_callbacks.backends.opacus.optimizer import (
     find_dp_optimizer,
     unchain_step_hook,
 )
-from audit_callbacks.callbacks.label_step import LabelStepObserver, LayerTap
+from audit_callbacks.callbacks.label_step import HeadProbe, LabelStepObserver, LayerTap
 from audit_callbacks.callbacks.summary import LightningOutput, output_summary_filename
 from audit_callbacks.validation import check_optional_count
 
@@ -65,7 +74,7 @@ SKIP_REASONS: dict[str, int] = {
     "rank_deficient": 2,  # duplicate examples or dead ReLU units lower the usable width
     "unsupported_loss": 3,  # the logit layer's gradients are not kappa (p - e_y) x~
     "no_gradient": 4,  # the attacked layer got no gradient this step
-    "unsupported_model": 5,  # no nn.Linear last layer (disabled at fit start)
+    "unsupported_model": 5,  # no nn.Linear whose output is the logits (disabled: fit start or first step)
     "no_dp_optimizer": 6,  # not an Opacus DPOptimizer (disabled at fit start)
     "no_noise": 7,  # noise_multiplier 0: no step is private (bound disabled)
     "empty_batch": 8,  # a Poisson batch with no example
@@ -82,6 +91,9 @@ def default_labels(batch: Any) -> torch.Tensor:
 
 
 def linear_layers(module: nn.Module) -> list[nn.Linear]:
+    """The ``nn.Linear`` layers of ``module`` in registration order (``module.modules()``),
+    which need not be the order they run in: the attacked head is found by
+    :class:`~audit_callbacks.callbacks.label_step.HeadProbe`."""
     return [m for m in module.modules() if isinstance(m, nn.Linear)]
 
 
@@ -115,6 +127,8 @@ class StepAuditCallback(Callback):
         self.observer = observer
         self.optimizer: Any = None
         self._tap: LayerTap | None = None
+        self._probe: HeadProbe | None = None  # until the first step: which nn.Linear is the head
+        self._find_head = False  # set by _layers: the head is found on the first step
         self._hook: Any = None
         self._latest: dict[str, float] = {}
         self._unlogged = False  # an attacked step's values not yet logged (flushed at train end)
@@ -167,6 +181,14 @@ class StepAuditCallback(Callback):
 
     # ------------------------------------------------------------------ to implement
     def _layers(self, pl_module: pl.LightningModule) -> dict[str, nn.Linear]:
+        """The layers to tap, by role; or, after setting ``_find_head``, {} (the head is then
+        found on the first step and given to ``_bind_head``). Raises CannotAudit."""
+        raise NotImplementedError
+
+    def _bind_head(self, head: nn.Linear, previous: nn.Linear | None, order: list[nn.Linear]) -> dict[str, nn.Linear]:
+        """The layers to tap, by role, once the head (the ``nn.Linear`` whose output is the
+        model's output) is known; ``previous``: the ``nn.Linear`` called before it; ``order``:
+        every ``nn.Linear`` called, in call order. Raises CannotAudit."""
         raise NotImplementedError
 
     def _norm_layers(self, pl_module: pl.LightningModule) -> dict[str, nn.Linear]:
@@ -191,6 +213,7 @@ class StepAuditCallback(Callback):
             self._disable("no_dp_optimizer", "it audits Opacus DP-SGD: return the optimizer of "
                           "PrivacyEngine().make_private(...) from configure_optimizers")
             return
+        self._find_head = False
         try:
             layers = self._layers(pl_module)
             self._check_optimizer()
@@ -199,8 +222,30 @@ class StepAuditCallback(Callback):
             return
         if self.observer is None:
             self.observer = LabelStepObserver.attached(self.optimizer)
+        if self._find_head:  # every nn.Linear is tapped until the first step tells which is the head
+            layers = {f"linear{i}": m for i, m in enumerate(linear_layers(pl_module))}
+            self._probe = HeadProbe(pl_module)
         self._tap = LayerTap(layers, self._norm_layers(pl_module))
         self._hook = chain_step_hook(self.optimizer, self._step_hook)
+
+    def _resolve_head(self) -> bool:
+        """On the first step: find the head, keep only its (and the roles') taps; False when
+        the callback disabled itself (no ``nn.Linear`` layer's output is the model's output)."""
+        assert self._probe is not None and self._tap is not None
+        if sum(int(t.numel()) for t in self._tap.labels) == 0:
+            return True  # an empty (Poisson) batch shows no rows to match: the next step tells
+        probe, self._probe = self._probe, None
+        found = probe.resolve()
+        probe.remove()
+        try:
+            if isinstance(found, str):
+                raise CannotAudit("unsupported_model", f"{found}; the label attacks need the logits to be "
+                                  "the output of an nn.Linear layer (one sigmoid logit or K softmax outputs)")
+            self._tap.narrow(self._bind_head(*found))
+        except CannotAudit as err:
+            self._disable(err.reason, str(err))
+            return False
+        return True
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         connector = getattr(trainer, "_logger_connector", None)
@@ -218,11 +263,15 @@ class StepAuditCallback(Callback):
             return
         self._tap.active = True
         self._tap.labels.append(labels.reshape(-1).to("cpu"))
+        if self._probe is not None:
+            self._probe.begin()
 
     def _step_hook(self, optimizer: Any) -> None:
         assert self._tap is not None
         self.steps += 1
         self._stepped = True
+        if self._probe is not None and not self._resolve_head():
+            return
         if not self._considers_this_step():
             self._tap.clear()  # drop the step's activations without converting them
             return
@@ -256,12 +305,16 @@ class StepAuditCallback(Callback):
             self.observer.release()
         if self._tap is not None:
             self._tap.active = False
+        if self._probe is not None:
+            self._probe.active = False
         # per-step scalars follow the Trainer's log_every_n_steps (as self.log(on_step=True) and
         # LearningRateMonitor do); the latest attacked values and the coverage are logged at
         # every logged step, so attacked steps off the interval still reach the logger
         stepped, self._stepped = self._stepped, False
         if not (self._log_this_batch and stepped) or self.last_reason is None:
             return  # a batch that accumulates gradients logs nothing: its values would be the last step's
+        if self.disabled_reason is not None:
+            return  # disabled (the step that found why included): no number reaches the logger
         self._log_latest(trainer)
 
     def _log_latest(self, trainer: pl.Trainer) -> None:
@@ -304,6 +357,9 @@ class StepAuditCallback(Callback):
                                  lambda status: self.on_fit_end(trainer, pl_module, status=status))
 
     def _teardown_hooks(self) -> None:
+        if self._probe is not None:
+            self._probe.remove()
+            self._probe = None
         if self._tap is not None:
             self._tap.remove()
             self._tap = None

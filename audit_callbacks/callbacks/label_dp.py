@@ -127,9 +127,17 @@ class LabelDPLowerBound(StepAuditCallback):
         ValueError: naming the argument: ``delta`` neither None nor in (0, 1), ``every_n_steps``
             or ``max_pairs`` neither None nor an integer >= 1, ``second_last`` not a bool,
             ``label_fn`` neither None nor callable, ``observer`` not a ``LabelStepObserver``.
-    Never aborts the fit: on a model it cannot audit (no ``nn.Linear`` last layer, no Opacus
-    optimizer, noise multiplier 0, a loss other than log-loss / cross-entropy on that layer)
-    it warns once, logs why (text in TensorBoard) and disables itself; a step it cannot audit
+    The last layer is the ``nn.Linear`` whose output is the model's output (found on the first
+    step, whatever the order the layers were registered in; the second-last is the
+    ``nn.Linear`` called before it): see :mod:`audit_callbacks.callbacks.label_base`. Under
+    ``bf16-mixed``, ``bf16-true`` and ``16-mixed`` the loss check allows for the gradients'
+    rounding (:func:`~audit_callbacks.attacks.label_gradients.gradient_scale`).
+
+    Never aborts the fit: on a model it cannot audit (no ``nn.Linear`` whose output is the
+    logits, no Opacus optimizer, noise multiplier 0, a loss other than log-loss / cross-entropy
+    on that layer) it warns once, logs why (text in TensorBoard) and disables itself, logging
+    no number afterwards (a summary with no attacked step holds none, the single-step and
+    accountant references included; ``disabled_reason`` says why); a step it cannot audit
     (batch wider than the layer, rank-deficient features) is skipped with a reason code.
     """
 
@@ -159,22 +167,29 @@ class LabelDPLowerBound(StepAuditCallback):
         self.epsilon_accountant: float | None = None
 
     def _layers(self, pl_module: pl.LightningModule) -> dict[str, nn.Linear]:
-        layers = linear_layers(pl_module)
-        if not layers:
+        if not linear_layers(pl_module):
             raise CannotAudit("unsupported_model", "the model has no nn.Linear layer; the bounds need a linear "
                               "last layer with one sigmoid logit or K softmax outputs")
-        self._last = layers[-1]
-        self.num_classes = int(self._last.out_features)
-        out = {"last": layers[-1]}
+        self._last = None
+        self._find_head = True  # the nn.Linear whose output is the model's output, on the first step
+        return {}
+
+    def _bind_head(self, head: nn.Linear, previous: nn.Linear | None, order: list[nn.Linear]) -> dict[str, nn.Linear]:
+        self._last = head
+        self.num_classes = int(head.out_features)
+        out = {"last": head}
         if self.second_last and self.num_classes > 1:
             self._warn_once("sl", "LabelDPLowerBound: second_last is for binary models only; ignored")
             self.second_last = False
         if self.second_last:
-            if len(layers) < 2:
+            if previous is None:
                 self._warn_once("sl", "LabelDPLowerBound: no second-last linear layer; second_last ignored")
                 self.second_last = False
             else:
-                out["second_last"] = layers[-2]
+                out["second_last"] = previous
+        # the ghost layers in the order they run (the back-propagation of ReluMlpLabelNorms)
+        position = {id(m): i for i, m in enumerate(order)}
+        self._ghost = dict(sorted(self._ghost.items(), key=lambda kv: position.get(id(kv[1]), len(order))))
         return out
 
     def _check_optimizer(self) -> None:
@@ -309,8 +324,8 @@ class LabelDPLowerBound(StepAuditCallback):
         return res.epsilon_lower_bound.value
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.disabled_reason is not None and self._accountant is None:
-            return
+        if self.disabled_reason is not None or self._accountant is None:
+            return  # a disabled callback logs nothing (docs/outputs.md)
         self.epsilon_accountant = accountant_epsilon(self._accountant, self._delta_used)
         if self.epsilon_accountant is not None:
             pl_module.log(names.tag(self.family, names.EPSILON_ACCOUNTANT), self.epsilon_accountant,
@@ -333,6 +348,11 @@ class LabelDPLowerBound(StepAuditCallback):
         opt = self.optimizer
         attacked = bool(self.attacked_steps)
         not_attacked = "no step could be attacked (see skips)"
+        if self.disabled_reason is not None:
+            not_attacked = f"disabled ({self.disabled_reason}) before any step was attacked"
+        # disabled before any attacked step: no number at all, the references included (they
+        # would read as this audit's results); disabled later: what was measured until then
+        silent = self.disabled_reason is not None and not attacked
         inputs = {
             "num_classes": self.num_classes, "delta": self._delta_used,
             "noise_multiplier": float(opt.noise_multiplier) if opt is not None else None,
@@ -346,8 +366,8 @@ class LabelDPLowerBound(StepAuditCallback):
             names.EPSILON_LOWER_BOUND_SECOND_LAST_MAX: (self.running_max_second_last
                                                         if self.second_last and attacked else None),
             names.EPSILON_LOWER_BOUND_EXTRAPOLATED: last.get(names.EPSILON_LOWER_BOUND_EXTRAPOLATED),
-            names.EPSILON_SINGLE_STEP: self.epsilon_single_step,
-            names.EPSILON_ACCOUNTANT: accountant_epsilon(self._accountant, self._delta_used),
+            names.EPSILON_SINGLE_STEP: None if silent else self.epsilon_single_step,
+            names.EPSILON_ACCOUNTANT: None if silent else accountant_epsilon(self._accountant, self._delta_used),
         }
         method = {names.EPSILON_LOWER_BOUND_MAX: "max over attacked steps of the last-layer label attack",
                   names.EPSILON_LOWER_BOUND_SECOND_LAST_MAX: "max over attacked steps, second-last layer",
@@ -357,7 +377,8 @@ class LabelDPLowerBound(StepAuditCallback):
         results = {
             name: result_entry(value, delta=self._delta_used, method=method[name], source=SOURCE,
                                counts={"attacked_steps": self.attacked_steps},
-                               reason=not_attacked if name.startswith(names.EPSILON_LOWER_BOUND) else "unknown")
+                               reason=not_attacked if silent or name.startswith(names.EPSILON_LOWER_BOUND)
+                               else "unknown")
             for name, value in values.items()}
         return summary_document(
             "LabelDPLowerBound", run_status=status, source=SOURCE,
@@ -378,7 +399,8 @@ class LabelDPLowerBound(StepAuditCallback):
             "status": "ok" if self.attacked_steps else "not attacked: no step could be attacked",
             names.EPSILON_LOWER_BOUND_MAX: self.running_max if self.attacked_steps else None,
             names.EPSILON_LOWER_BOUND_EXTRAPOLATED: last.get(names.EPSILON_LOWER_BOUND_EXTRAPOLATED),
-            names.EPSILON_SINGLE_STEP: self.epsilon_single_step, "attacked_steps": self.attacked_steps,
+            names.EPSILON_SINGLE_STEP: (None if self.disabled_reason is not None and not self.attacked_steps
+                                        else self.epsilon_single_step), "attacked_steps": self.attacked_steps,
             "considered_steps": self.considered, "disabled_reason": self.disabled_reason})
 
     def state_dict(self) -> dict[str, Any]:

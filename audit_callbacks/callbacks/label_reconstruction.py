@@ -103,7 +103,11 @@ class LabelReconstructionAttack(StepAuditCallback):
     (1 = every count right) is logged and kept in ``count_history``.
 
     Args:
-        layer: the attacked ``nn.Linear`` (default: the last linear layer of the module).
+        layer: the attacked ``nn.Linear`` (default: the ``nn.Linear`` whose output is the
+            model's output, found on the first step by
+            :class:`~audit_callbacks.callbacks.label_step.HeadProbe`: the last one called whose
+            output is the logits, whatever the order the layers were registered in; none such:
+            the callback warns once and disables itself, ``unsupported_model``).
         every_n_steps: None (default): attack the steps the Trainer logs
             (``log_every_n_steps``); n: one logical step in n (1: every step). See
             :mod:`audit_callbacks.callbacks.label_base`.
@@ -119,8 +123,9 @@ class LabelReconstructionAttack(StepAuditCallback):
             ``every_n_steps`` neither None nor an integer >= 1, ``label_fn`` neither None nor
             callable, ``observer`` not a ``LabelStepObserver``.
 
-    Never aborts the fit: without an Opacus ``DPOptimizer`` or an ``nn.Linear`` layer it warns
-    once, logs why and disables itself.
+    Never aborts the fit: without an Opacus ``DPOptimizer`` or an ``nn.Linear`` layer whose
+    output is the logits it warns once, records why (``disabled_reason``, the summary) and
+    disables itself; a disabled callback logs no number afterwards.
     """
 
     name = "label reconstruction"
@@ -136,6 +141,7 @@ class LabelReconstructionAttack(StepAuditCallback):
         if layer is not None and not isinstance(layer, nn.Linear):
             raise ValueError(f"layer must be None or an nn.Linear, got {type(layer).__name__}")
         self.layer = layer
+        self._user_layer = layer
         self._num_classes = 1
         self.min_examples = check_count(min_examples, "min_examples", minimum=1)
         # in memory only (never logged, summarized or checkpointed): a per-step label oracle
@@ -146,13 +152,18 @@ class LabelReconstructionAttack(StepAuditCallback):
         self._published = {"correct": 0, "attacked": 0, "count_correct": 0, "count_attacked": 0}
 
     def _layers(self, pl_module: pl.LightningModule) -> dict[str, nn.Linear]:
-        if self.layer is None:
-            layers = linear_layers(pl_module)
-            if not layers:
-                raise CannotAudit("unsupported_model", "the module has no nn.Linear layer to attack")
-            self.layer = layers[-1]
-        self._num_classes = int(self.layer.out_features)
-        return {"layer": self.layer}
+        if self._user_layer is not None:
+            return self._bind_head(self._user_layer, None, [])
+        if not linear_layers(pl_module):
+            raise CannotAudit("unsupported_model", "the module has no nn.Linear layer to attack")
+        self.layer = None
+        self._find_head = True  # the nn.Linear whose output is the model's output, on the first step
+        return {}
+
+    def _bind_head(self, head: nn.Linear, previous: nn.Linear | None, order: list[nn.Linear]) -> dict[str, nn.Linear]:
+        self.layer = head
+        self._num_classes = int(head.out_features)
+        return {"layer": head}
 
     def _on_step(self, optimizer: Any, data: dict[str, Any]) -> dict[str, float] | None:
         x = data["inputs"]["layer"]
