@@ -156,6 +156,9 @@ class LabelDPLowerBound(StepAuditCallback):
         self.second_last = check_flag(second_last, "second_last")
         self._delta_used = 1e-5
         self._accountant: Any = None
+        # the accountant's history as last seen: put back in front of a new accountant's (a
+        # resumed or repeated fit's PrivacyEngine starts empty), as CanaryAudit does
+        self._history: list[tuple[float, float, int]] = []
         self._ghost: dict[str, nn.Linear] = {}
         self._last: nn.Linear | None = None
         self.num_classes = 1
@@ -203,6 +206,7 @@ class LabelDPLowerBound(StepAuditCallback):
         own = getattr(pl_module, "delta", None)
         self._delta_used = self.delta if self.delta is not None else (float(own) if own else 1e-5)
         self._accountant, _ = find_accountant(self.optimizer)
+        self._carry_history()
         drawn = [q.tag for q in names.family(self.family) if self.second_last or "second_last" not in q.name]
         self.output.layout(names.chart_layout(
             [self.family], only=drawn,
@@ -323,9 +327,32 @@ class LabelDPLowerBound(StepAuditCallback):
             return None
         return res.epsilon_lower_bound.value
 
+    def _carry_history(self) -> None:
+        """Put the history of the steps before this fit (a checkpoint's, or the previous fit's)
+        in front of the accountant's own, once, so that ``epsilon_accountant`` (and Opacus' own
+        ``get_epsilon``) covers the whole training; an accountant that holds it already (the
+        same one, or one CanaryAudit restored first) is left as it is."""
+        acc, old = self._accountant, self._history
+        if acc is None or not old:
+            return
+        current = [tuple(h) for h in acc.history]
+        if current[: len(old)] == old:
+            return
+        acc.history = [*old, *current]
+        self._warn_once("history", f"{type(self).__name__}: a new Opacus accountant (resumed or repeated "
+                         f"fit): {sum(h[2] for h in old)} earlier steps were put back into its history, "
+                         "so its epsilon covers the whole training")
+
+    def _seen_history(self) -> list[tuple[float, float, int]]:
+        """The accountant's history now (the one carried otherwise)."""
+        if self._accountant is not None:
+            self._history = [tuple(h) for h in self._accountant.history]
+        return self._history
+
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.disabled_reason is not None or self._accountant is None:
             return  # a disabled callback logs nothing (docs/outputs.md)
+        self._seen_history()
         self.epsilon_accountant = accountant_epsilon(self._accountant, self._delta_used)
         if self.epsilon_accountant is not None:
             pl_module.log(names.tag(self.family, names.EPSILON_ACCOUNTANT), self.epsilon_accountant,
@@ -344,6 +371,7 @@ class LabelDPLowerBound(StepAuditCallback):
     def summary(self, status: str = "complete") -> dict[str, Any]:
         """The summary JSON's content (the one schema: :mod:`audit_callbacks.auditing.output`;
         the keys of before kept beside ``inputs`` and ``results``)."""
+        self._seen_history()  # a repeated fit carries it
         last = self.records[-1] if self.records else {}
         opt = self.optimizer
         attacked = bool(self.attacked_steps)
@@ -406,7 +434,7 @@ class LabelDPLowerBound(StepAuditCallback):
     def state_dict(self) -> dict[str, Any]:
         return {**self._coverage_state(), "records": [dict(r) for r in self.records],
                 "running_max": self.running_max, "running_max_second_last": self.running_max_second_last,
-                "sum": self._sum}
+                "sum": self._sum, "accountant_history": [list(h) for h in self._seen_history()]}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._load_coverage_state(state_dict)
@@ -414,3 +442,4 @@ class LabelDPLowerBound(StepAuditCallback):
         self.running_max = float(state_dict.get("running_max", 0.0))
         self.running_max_second_last = float(state_dict.get("running_max_second_last", 0.0))
         self._sum = float(state_dict.get("sum", 0.0))
+        self._history = [tuple(h) for h in state_dict.get("accountant_history", [])]

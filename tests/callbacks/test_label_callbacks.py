@@ -424,3 +424,40 @@ def test_labels_that_are_not_one_index_per_example_skip_the_step_never_the_fit(t
     bound = LabelDPLowerBound(label_fn=broken)
     _fit(tmp_path / "b", [bound], dataset="digits", classes=10, epochs=1)
     assert bound.disabled_reason == "bad_labels"
+
+
+def test_label_dp_accountant_epsilon_covers_a_resumed_and_a_repeated_fit(tmp_path):
+    """A resumed fit's ``PrivacyEngine`` starts with an empty accountant: ``epsilon_accountant``
+    covered only the steps after the checkpoint (5.41 at 48 steps, the 24-step value). The
+    callback checkpoints the history and puts it back (warned once), as CanaryAudit does; a
+    repeated fit with the same callback object carries it too."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from opacus.accountants import RDPAccountant
+
+    def fit(cb, epochs, ckpt=None):
+        module = DPSGDClassifier(MLP(30, 1, hidden=(16,)), noise_multiplier=1.0, max_grad_norm=1.0,
+                                 accountant="rdp")
+        trainer = pl.Trainer(max_epochs=epochs, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                             callbacks=[cb, ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), save_last=True)],
+                             default_root_dir=str(tmp_path))
+        trainer.fit(module, datamodule=CentralDataModule("breast_cancer", batch_size=64), ckpt_path=ckpt)
+        return trainer, module
+
+    def rdp(history):
+        acc = RDPAccountant()
+        acc.history = list(history)
+        return acc.get_epsilon(1e-5)
+
+    _, first = fit(LabelDPLowerBound(delta=1e-5), 2)
+    per_fit = list(first.privacy_engine.accountant.history)
+    resumed_cb = LabelDPLowerBound(delta=1e-5)
+    with pytest.warns(UserWarning, match="earlier steps were put back"):
+        trainer, resumed = fit(resumed_cb, 4, str(tmp_path / "ckpt" / "last.ckpt"))
+    steps = sum(h[2] for h in resumed.privacy_engine.accountant.history)
+    assert steps == trainer.global_step == 2 * sum(h[2] for h in per_fit)
+    assert resumed_cb.epsilon_accountant == pytest.approx(rdp([(h[0], h[1], steps) for h in per_fit[:1]]), rel=1e-9)
+    repeated_cb = LabelDPLowerBound(delta=1e-5)
+    fit(repeated_cb, 2)
+    _, again = fit(repeated_cb, 2)  # the same callback, a new PrivacyEngine, no checkpoint
+    assert repeated_cb.epsilon_accountant == pytest.approx(rdp(again.privacy_engine.accountant.history), rel=1e-12)
+    assert sum(h[2] for h in again.privacy_engine.accountant.history) == 2 * sum(h[2] for h in per_fit)
