@@ -315,7 +315,9 @@ class LabelReconstructionAttack(StepAuditCallback):
             "status": self._status(),
             "accuracy": self.published_accuracy, "accuracy_examples": self._published["attacked"],
             "attacked_steps": self.attacked_steps, "considered_steps": self.considered,
-            "num_classes": max(2, self._num_classes), "disabled_reason": self.disabled_reason})
+            # the class count is known from the attacked layer, once a step was considered
+            "num_classes": max(2, self._num_classes) if self.considered else None,
+            "disabled_reason": self.disabled_reason})
 
     def state_dict(self) -> dict[str, Any]:
         """Aggregates only (a checkpoint is an output too): no per-step accuracy or batch size."""

@@ -338,6 +338,8 @@ def test_a_disabled_callback_never_stops_the_fit_in_either_order(tmp_path, bound
     assert bound.disabled_reason == reason
     if reason in ("no_dp_optimizer", "unsupported_model"):  # both callbacks step aside
         assert attack.disabled_reason == reason
+        # no class count claimed for a model it never attacked (it said 2 and chance 1/2)
+        assert attack.report_section()[1]["num_classes"] is None
     else:  # the other callback went on attacking
         assert attack.disabled_reason is None and attack.attacked_steps > 0
 
