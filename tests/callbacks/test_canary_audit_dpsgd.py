@@ -414,3 +414,22 @@ def test_last_iterate_reference_uses_the_accumulated_rate(tmp_path):
     assert got == pytest.approx(dpsgd_last_iterate_epsilon_history(history, delta), rel=1e-9)
     steps, q = audit.backend.injector.steps, audit.backend.injector.sample_rate
     assert got > 1.5 * dpsgd_last_iterate_epsilon(steps, q, 1.0, delta)
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "64-true"])
+def test_opacus_audit_under_the_trainers_precision(tmp_path, precision):
+    """The README's "works with" precisions on Opacus: the audit runs, counts every step, its
+    claim is Opacus' own, and a correct run is not a violation."""
+    pl.seed_everything(0, verbose=False)
+    dm = CentralDataModule("breast_cancer", batch_size=64, poisson=True, seed=0)
+    module = DPSGDClassifier(MLP(30, 1, hidden=(16,)), lr=0.3, noise_multiplier=1.0, max_grad_norm=1.0,
+                             accountant="rdp")
+    audit = CanaryAudit(60, 60, bootstrap=0, log_figures=False, log_histograms=False)
+    trainer = pl.Trainer(max_epochs=2, logger=False, callbacks=[audit], enable_progress_bar=False,
+                         enable_checkpointing=False, enable_model_summary=False, precision=precision,
+                         default_root_dir=str(tmp_path))
+    trainer.fit(module, datamodule=dm)
+    summary = audit.auditor.last_summary
+    assert audit.disabled_reason is None and audit.backend.injector.steps == trainer.global_step > 0
+    assert summary["epsilon_analytic"] == pytest.approx(module.privacy_engine.get_epsilon(audit.auditor.delta))
+    assert summary["verdict_mechanism"] != "violation"
