@@ -31,7 +31,7 @@ are skipped with a reason. Clients with more examples than the last layer has co
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -154,14 +154,42 @@ class FederatedLabelAttack(FederatedAuditHooks, Callback):
         self.output.layout(names.chart_layout([FAMILY]))
 
     @staticmethod
-    def _last_layer(module: Any) -> tuple[nn.Linear, int, int | None] | None:
-        """The last nn.Linear of the model and the offsets of its weight and bias in the flat
-        vector of trainable parameters."""
+    def _head(module: Any, x: torch.Tensor) -> nn.Linear | str:
+        """The model's logit layer: the last ``nn.Linear`` called in a forward pass of ``x``
+        whose output is the model's output (of a tuple its first element, of a mapping its
+        ``"logits"``), else the last one whose output has its rows and size (an element-wise
+        function after the head keeps them). Not the last one registered: a head declared
+        first, or a weight-tied ``nn.Linear`` declared after it, would make that a hidden
+        layer. The reason (text) where no ``nn.Linear`` output is the model's output."""
         model = getattr(module, "model", module)
-        layers = [m for m in model.modules() if isinstance(m, nn.Linear)]
-        if not layers:
-            return None
-        last = layers[-1]
+        calls: list[tuple[nn.Linear, Any]] = []
+        handles = [m.register_forward_hook(lambda m, a, o: calls.append((m, o)))
+                   for m in model.modules() if isinstance(m, nn.Linear)]
+        try:
+            with torch.no_grad(), _side_effect_free(model):
+                out = model(x.to(module.device))
+        finally:
+            for h in handles:
+                h.remove()
+        if isinstance(out, Mapping):
+            out = out.get("logits", next(iter(out.values()), None))
+        elif isinstance(out, (tuple, list)) and out:
+            out = out[0]
+        if not calls or not isinstance(out, torch.Tensor) or out.ndim < 1:
+            return "no nn.Linear layer's output is the model's output"
+        for layer, o in reversed(calls):
+            if o is out:
+                return layer
+        for layer, o in reversed(calls):
+            if isinstance(o, torch.Tensor) and o.ndim >= 1 and o.shape[0] == out.shape[0] and o.numel() == out.numel():
+                return layer
+        return (f"no nn.Linear layer's output is the model's output (of shape {tuple(out.shape)}; the nn.Linear "
+                f"layers called have {sorted({int(m.out_features) for m, _ in calls})} outputs)")
+
+    @staticmethod
+    def _last_layer(module: Any, last: nn.Linear) -> tuple[nn.Linear, int, int | None] | None:
+        """``last`` (the model's logit layer) and the offsets of its weight and bias in the flat
+        vector of trainable parameters."""
         offsets: dict[int, int] = {}
         offset = 0
         for p in module.trainable_parameters():
@@ -172,7 +200,17 @@ class FederatedLabelAttack(FederatedAuditHooks, Callback):
         return last, offsets[id(last.weight)], (offsets[id(last.bias)] if last.bias is not None else None)
 
     def on_federated_client_updates(self, trainer: pl.Trainer, pl_module: Any, fl_round: FederatedRound) -> None:
-        found = self._last_layer(pl_module) if hasattr(pl_module, "trainable_parameters") else None
+        found = None
+        if hasattr(pl_module, "trainable_parameters") and hasattr(pl_module, "client_data"):
+            real = fl_round.real_rows
+            if not real.size:
+                return  # only canaries this round: no labels to recover
+            head = self._head(pl_module, pl_module.client_data(int(fl_round.row_ids[real][0]))[0])
+            if isinstance(head, str):
+                self._warn_once(trainer, "unsupported_model", f"needs a model whose logits are an nn.Linear "
+                                f"layer's output: {head}; nothing attacked")
+                return
+            found = self._last_layer(pl_module, head)
         if found is None:
             self._warn_once(trainer, "unsupported_model", "needs DPFedAvg over a model with a trainable nn.Linear "
                             "last layer; nothing attacked")

@@ -250,3 +250,40 @@ def test_accuracies_are_published_only_over_blocks_of_examples(tmp_path):
 def test_min_examples_must_be_a_positive_integer(value):
     with pytest.raises(ValueError, match="min_examples"):
         FederatedLabelAttack(min_examples=value)
+
+
+def test_the_logit_layer_is_found_whatever_the_registration_order(tmp_path):
+    """The attacked layer is the nn.Linear whose output is the model's output: with the head
+    registered before the hidden layers (the last registered one is a 200-wide hidden layer),
+    the noise-free attack still recovers every label; a model whose output no nn.Linear gives
+    steps aside, warned once, and attacks nothing."""
+
+    class HeadFirst(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = torch.nn.Linear(200, 10)
+            self.body = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 200), torch.nn.ReLU())
+
+        def forward(self, x):
+            return self.head(self.body(x))
+
+    class NoLinearOut(HeadFirst):
+        def forward(self, x):
+            z = self.head(self.body(x))
+            return torch.cat([z, -z], dim=1)  # 20 outputs: no nn.Linear gives them
+
+    dm = FederatedDataModule("digits", num_clients=40, rounds_per_epoch=3, seed=0)
+    dm.setup("fit")
+    for net, attacked in ((HeadFirst(), True), (NoLinearOut(), False)):
+        torch.manual_seed(0)
+        module = DPFedAvg(net, clients_per_round=5, noise_multiplier=0.0, clip_norm=1.0, local_lr=0.5,
+                          local_epochs=1, local_batch_size=1000, sampling="shuffle", seed=0, delta=1e-5)
+        attack = FederatedLabelAttack(min_examples=10)
+        if attacked:
+            fit(dm, module, [attack], 3, tmp_path / "a")
+            assert len(attack.history) == 15 and all(h["accuracy"] == 1.0 for h in attack.history)
+        else:
+            with pytest.warns(UserWarning, match="logits are an nn.Linear layer's output") as caught:
+                fit(dm, module, [attack], 3, tmp_path / "b")
+            assert sum("logits are an nn.Linear" in str(w.message) for w in caught) == 1
+            assert attack.history == [] and attack.attacked_clients == 0
