@@ -36,6 +36,7 @@ import math
 from typing import Any
 
 from audit_callbacks import names
+from audit_callbacks.auditing.report import TOO_FEW_CANARIES
 from audit_callbacks.canary.base import NoisyAverageDelta, NoisySum
 from audit_callbacks.estimators.planner import AuditPlan, plan_audit
 
@@ -289,8 +290,6 @@ def plan_entries(plan: AuditPlan | None, reason: str = "",
     if plan is None:
         why = note or f"skipped: {reason or 'not planned'}"
         return {names.PLAN_STATUS: why if why.startswith("skipped") else f"skipped: {why}"}
-    from audit_callbacks.auditing.report import TOO_FEW_CANARIES
-
     ratio = (summary or {}).get(names.EPSILON_RATIO_ALL_ITERATES)
     ok = isinstance(ratio, (int, float)) and math.isfinite(ratio)
     status = str((((summary or {}).get("estimates") or {}).get(names.EPSILON_ALL_ITERATES) or {}).get("status", ""))

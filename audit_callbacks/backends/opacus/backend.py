@@ -178,7 +178,8 @@ class OpacusBackend(BackendBase):
         self.norm_multiplier = norm_multiplier
         #: physical batches a logical step takes where the front end knows it before the first
         #: step (Lightning's ``accumulate_grad_batches``); after a step the injector's count
-        #: (Opacus' ``accumulated_iterations``) is used instead (:meth:`step_rate`)
+        #: (Opacus' ``accumulated_iterations``) is used instead (the plan's
+        #: ``audit_callbacks.auditing.plan._batches_per_step``)
         self.batches_per_step = 1
         self.injector: GradientCanaryInjector | None = None
         self.sampling: LoaderCanarySampling | None = None  # the loader's draws, where it can
