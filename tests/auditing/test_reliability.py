@@ -111,7 +111,9 @@ def test_a_second_canary_audit_in_one_run_is_refused_at_setup(tmp_path):
 
 
 def test_every_estimate_in_the_summary_has_a_status(tmp_path):
-    dm, module = _module(noise=0.5)
+    # seeded noise: the statuses below are one fixed run's (with secret noise the goodness-of-fit
+    # test rejects a correct run's fit at its level, 1%, and that estimate is then "skipped")
+    dm, module = _module(noise=0.5, reproducible=True)
     audit = CanaryAudit(10, 50, seed=0, log_figures=False)
     with pytest.warns(UserWarning, match=r"only \d+ canaries took part: too few"):
         trainer = fit(dm, module, [audit], 8, tmp_path)
