@@ -28,11 +28,13 @@ __all__ = ["DPSGDClassifier"]
 
 
 class DPSGDClassifier(L.LightningModule):
-    """Classifier trained with DP-SGD. One logit (``num_classes`` 1 or 2 with ``binary=True``)
-    uses a sigmoid and log-loss (paper 004's setting); otherwise softmax cross-entropy.
+    """Classifier trained with DP-SGD. One logit (the model returns ``[N, 1]`` or ``[N]``) uses a
+    sigmoid and log-loss (paper 004's setting); K >= 2 logits use softmax cross-entropy. Which
+    one is read from the logits the model returns on its first batch, whatever the order its
+    layers were registered in.
 
     Args:
-        model: the network, ``[N, D] -> [N, K]`` logits (K = 1 for binary).
+        model: the network, ``[N, D] -> [N, K]`` logits (K = 1, or ``[N]``, for binary).
         lr: SGD learning rate.
         noise_multiplier: sigma; 0 gives clipping only.
         max_grad_norm: per-example clip norm C.
@@ -76,10 +78,10 @@ class DPSGDClassifier(L.LightningModule):
         self.accountant_name = check_choice(accountant, "accountant", ("rdp", "gdp", "prv"))
         self.dp_enabled = check_flag(dp, "dp")
         self.noise_seed = None if noise_seed is None else check_seed(noise_seed, "noise_seed")
-        linear = [m for m in model.modules() if isinstance(m, nn.Linear)]
-        out = linear[-1].out_features if linear else 1  # no linear layer: one sigmoid logit
-        self.binary = out == 1
-        self.val_acc = BinaryAccuracy() if self.binary else MulticlassAccuracy(num_classes=out, average="micro")
+        # read from the logits' width on the first batch (a layer's registration order says
+        # nothing of which layer gives the output)
+        self.binary: bool | None = None
+        self.val_acc: BinaryAccuracy | MulticlassAccuracy | None = None
         self.privacy_engine: PrivacyEngine | None = None
         self._dp: dict[str, Any] = {}
         self._noise_gen: torch.Generator | None = None  # reproducible mode only
@@ -87,9 +89,14 @@ class DPSGDClassifier(L.LightningModule):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
 
+    def _is_binary(self, logits: torch.Tensor) -> bool:
+        if self.binary is None:
+            self.binary = logits.dim() == 1 or logits.shape[-1] == 1
+        return self.binary
+
     def _loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        if self.binary:
-            return F.binary_cross_entropy_with_logits(logits.squeeze(-1), y.float())
+        if self._is_binary(logits):
+            return F.binary_cross_entropy_with_logits(logits.reshape(-1), y.float())
         return F.cross_entropy(logits, y)
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
@@ -102,9 +109,12 @@ class DPSGDClassifier(L.LightningModule):
         x, y = batch
         logits = self(x)
         self.log("val/loss", self._loss(logits, y), batch_size=len(y))
-        pred = logits.squeeze(-1) if self.binary else logits
+        if self.val_acc is None:
+            self.val_acc = (BinaryAccuracy() if self.binary else
+                            MulticlassAccuracy(num_classes=logits.shape[-1], average="micro")).to(logits.device)
+        pred = logits.reshape(-1) if self.binary else logits
         self.val_acc(pred, y)
-        self.log("val/accuracy", self.val_acc, batch_size=len(y))
+        self.log("val/accuracy", self.val_acc, batch_size=len(y), metric_attribute="val_acc")
 
     def on_train_epoch_end(self) -> None:
         if self.privacy_engine is not None and self.privacy_engine.accountant.history:

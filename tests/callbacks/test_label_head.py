@@ -12,7 +12,7 @@ import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
-from torchmetrics.classification import BinaryAccuracy
+from torchmetrics.classification import BinaryAccuracy, MulticlassAccuracy
 
 from audit_callbacks.attacks.label_gradients import gradient_scale
 from audit_callbacks.callbacks import LabelDPLowerBound, LabelReconstructionAttack
@@ -50,19 +50,10 @@ class _Net(nn.Module):
         return z[:, :1] if self.sliced else z
 
 
-class _Binary(DPSGDClassifier):
-    """DPSGDClassifier reads binary/multi-class from the last registered nn.Linear: one logit here."""
-
-    def __init__(self, model, **kw):
-        super().__init__(model, **kw)
-        self.binary = True
-        self.val_acc = BinaryAccuracy()
-
-
 def _fit(tmp_path, callbacks, net, *, noise=0.0, logger=False, precision="32-true"):
     pl.seed_everything(0, verbose=False)
     dm = CentralDataModule("breast_cancer", batch_size=32, poisson=True, seed=0, sampling_seed=0)
-    module = _Binary(net, lr=0.3, noise_multiplier=noise, max_grad_norm=1.0, noise_seed=0)
+    module = DPSGDClassifier(net, lr=0.3, noise_multiplier=noise, max_grad_norm=1.0, noise_seed=0)
     log = TensorBoardLogger(str(tmp_path), name="run", version=0) if logger else False
     trainer = pl.Trainer(max_epochs=1, logger=log, callbacks=callbacks, enable_progress_bar=False,
                          enable_checkpointing=False, enable_model_summary=False, num_sanity_val_steps=0,
@@ -240,3 +231,38 @@ def test_softmax_head_first_gets_the_exact_flipped_norms(tmp_path):
     assert first.disabled_reason is None and first.num_classes == 10 and first.records
     assert first.flipped_norms == last.flipped_norms == "exact (ReLU MLP back-propagation)"
     assert first.records[0]["epsilon_lower_bound"] == pytest.approx(last.records[0]["epsilon_lower_bound"], rel=1e-6)
+
+
+@pytest.mark.parametrize("sliced", [False, True])
+def test_the_module_reads_binary_or_multiclass_from_the_logits_not_the_last_layer(tmp_path, sliced):
+    """One logit with the head registered first (the last registered nn.Linear has 64 outputs),
+    and two logits of which the model returns one: a sigmoid and log-loss, binary accuracy.
+    Ten logits with a 1-wide layer registered last: softmax cross-entropy over 10 classes."""
+    pl.seed_everything(0, verbose=False)
+    dm = CentralDataModule("breast_cancer", batch_size=32, poisson=True, seed=0, sampling_seed=0)
+    module = DPSGDClassifier(_Net(order=("head", "body", "proj"), sliced=sliced), lr=0.3,
+                             noise_multiplier=1.0, noise_seed=0)
+    trainer = pl.Trainer(max_epochs=1, logger=False, enable_progress_bar=False, enable_checkpointing=False,
+                         enable_model_summary=False, limit_train_batches=2, limit_val_batches=2,
+                         default_root_dir=str(tmp_path))
+    trainer.fit(module, datamodule=dm)
+    assert module.binary is True and isinstance(module.val_acc, BinaryAccuracy)
+    assert 0.0 <= float(trainer.callback_metrics["val/accuracy"]) <= 1.0
+
+    class _Wide(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head, self.gate = nn.Linear(64, 10), nn.Linear(64, 1)
+
+        def forward(self, x):
+            return self.head(x) * torch.sigmoid(self.gate(x))
+
+    pl.seed_everything(0, verbose=False)
+    dm = CentralDataModule("digits", batch_size=32, poisson=True, seed=0, sampling_seed=0)
+    module = DPSGDClassifier(_Wide(), lr=0.3, noise_multiplier=1.0, noise_seed=0)
+    trainer = pl.Trainer(max_epochs=1, logger=False, enable_progress_bar=False, enable_checkpointing=False,
+                         enable_model_summary=False, limit_train_batches=2, limit_val_batches=2,
+                         default_root_dir=str(tmp_path / "wide"))
+    trainer.fit(module, datamodule=dm)
+    assert module.binary is False and isinstance(module.val_acc, MulticlassAccuracy)
+    assert module.val_acc.num_classes == 10
