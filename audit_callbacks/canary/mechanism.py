@@ -328,7 +328,9 @@ class SamplerCheck:
             return {}
         sizes = np.concatenate([np.full(c, s) for (n2, q2, s), c in sorted(self.histogram.items())
                                 if (n2, q2) == (n, q)])
-        return {names.BATCH_SIZE_VARIANCE_RATIO: sampler_check(sizes.astype(np.float64), n, q, alpha=alpha)}
+        k = n // self.population if self.population and n % self.population == 0 else 1  # accumulated batches
+        return {names.BATCH_SIZE_VARIANCE_RATIO: sampler_check(sizes.astype(np.float64), n, q, alpha=alpha,
+                                                               batches_per_step=k)}
 
     def state_dict(self) -> dict[str, Any]:
         """The histogram of batch sizes (counts of the sampler's draws, no example)."""

@@ -167,7 +167,7 @@ def _fixed_size(values: np.ndarray, repeats: np.ndarray, size: int, population: 
 
 
 def sampler_check(batch_sizes: object, population: int, sample_rate: float, *,
-                  alpha: float = 0.05) -> AuditResult:
+                  alpha: float = 0.05, batches_per_step: int = 1) -> AuditResult:
     """Test observed batch (or cohort) sizes against Poisson sampling at ``sample_rate``.
 
     Under Poisson sampling each of ``N = population`` examples joins each batch independently
@@ -191,6 +191,11 @@ def sampler_check(batch_sizes: object, population: int, sample_rate: float, *,
         population: N, the examples (clients) sampled from, integer >= 1.
         sample_rate: q in (0, 1), the accountant's rate.
         alpha: the false-alarm rate of the whole check.
+        batches_per_step: k, the loader batches summed into each step (gradient accumulation),
+            integer >= 1. Each size is then a sum of k Binomial(N', q) batches of N' examples:
+            pass ``population`` = N' k, so a size is Binomial(N' k, q). k sets only the
+            ``sampling`` label: an epoch of ``ceil(N' / B)`` steps of B, read as batches of B / k,
+            ``"fixed-size batches of 32, 3 accumulated a step"``.
 
     Returns:
         An :class:`AuditResult`: ``value`` the ratio of the sizes' variance to ``N q (1 - q)``
@@ -202,11 +207,13 @@ def sampler_check(batch_sizes: object, population: int, sample_rate: float, *,
         and ``sampling``: ``"fixed-size batches of B"`` where B, the most repeated size, is
         every size but one smaller size that occurs at most once per epoch (the short last
         batch of a loader without ``drop_last``: an epoch of ``ceil(N / B)`` steps, so at most
-        ``ceil(T / ceil(N / B))`` of them in T consecutive steps), else ``"variable"``.
+        ``ceil(T / ceil(N / B))`` of them in T consecutive steps; N / k examples under
+        ``batches_per_step`` k), else ``"variable"``.
 
     Raises:
         ValueError: sizes not non-negative integers or fewer than 2, a size above ``population``,
-            ``population`` < 1, ``sample_rate`` outside (0, 1), bad ``alpha``.
+            ``population`` < 1, ``sample_rate`` outside (0, 1), bad ``alpha``,
+            ``batches_per_step`` not an integer >= 1 that divides ``population``.
     """
     b = check_finite_1d(np.asarray(batch_sizes, dtype=np.float64), "batch_sizes", min_size=2)
     if np.any(b < 0) or np.any(b != np.round(b)):
@@ -218,6 +225,10 @@ def sampler_check(batch_sizes: object, population: int, sample_rate: float, *,
         raise ValueError(f"batch_sizes must not exceed population = {n}")
     q = check_probability(sample_rate, "sample_rate")
     a = check_alpha(alpha)
+    if (isinstance(batches_per_step, bool) or not isinstance(batches_per_step, (int, np.integer))
+            or batches_per_step < 1 or n % batches_per_step):
+        raise ValueError(f"batches_per_step must be an integer >= 1 that divides population = {n}, "
+                         f"got {batches_per_step!r}")
     t = b.size
     mu, var = n * q, n * q * (1.0 - q)
     total = int(b.sum())
@@ -239,14 +250,16 @@ def sampler_check(batch_sizes: object, population: int, sample_rate: float, *,
     p_values = {"total": p_total, "dispersion": p_disp, "repeats": p_rep}
     rejected_by = [test for test, p in p_values.items() if p <= a / 3]
     size = int(values[top])
-    fixed = _fixed_size(values, repeats, size, n)
+    k = int(batches_per_step)
+    fixed = size % k == 0 and _fixed_size(values, repeats, size, n // k)
+    label = f"fixed-size batches of {size // k}" + (f", {k} accumulated a step" if k > 1 else "")
     details = {
         "rejected": bool(rejected_by), "rejected_by": rejected_by,
         "mean": float(b.mean()), "expected_mean": mu,
         "variance": float(b.var(ddof=1)), "expected_variance": var,
         "p_value_total": p_total, "p_value_dispersion": p_disp, "p_value_repeats": p_rep,
         "most_repeated_size": size, "repeats": m,
-        "sampling": f"fixed-size batches of {size}" if fixed else "variable",
+        "sampling": label if fixed else "variable",
     }
     return AuditResult(
         value=float(b.var(ddof=1) / var), alpha=a, method="poisson_sampler_test",

@@ -330,6 +330,26 @@ def test_lightning_gradient_accumulation_charges_canaries_like_the_accountant(tm
     assert max(q for _, q, _ in history) == pytest.approx(2 * audit.backend.injector.sample_rate)
 
 
+def test_the_sampler_check_names_the_loaders_batches_under_gradient_accumulation(tmp_path):
+    # 455 examples in shuffled batches of 32, 3 a step: steps of 96 and one of 71 an epoch,
+    # rejected against Poisson and named by the loader's batches (not "variable")
+    pl.seed_everything(0, verbose=False)
+    dm = CentralDataModule("breast_cancer", batch_size=32, poisson=False)
+    module = DPSGDClassifier(MLP(30, 1, hidden=(16,)), lr=0.3, noise_multiplier=1.0, noise_seed=0)
+    audit = CanaryAudit(100, 0, bootstrap=0, log_figures=False)
+    pl.Trainer(max_epochs=3, logger=False, callbacks=[audit], enable_progress_bar=False,
+               enable_checkpointing=False, enable_model_summary=False, accumulate_grad_batches=3,
+               default_root_dir=str(tmp_path)).fit(module, datamodule=dm)
+    with open(audit.summary_path, encoding="utf-8") as fh:
+        summary = json.load(fh)
+    check = summary["results"]["batch_size_variance_ratio"]
+    assert check["counts"] == {"batches": 15, "population": 3 * 455, "total": 3 * 455}
+    assert check["details"]["sampling"] == "fixed-size batches of 32, 3 accumulated a step"
+    assert summary["verdict_mechanism"] == "unproven"
+    assert "the loader draws fixed-size batches of 32, 3 accumulated a step; rejected by" in (
+        summary["verdict_mechanism_sentence"])
+
+
 @pytest.mark.parametrize("kind", ["hadamard", "gaussian"])
 def test_accountant_untouched_and_validate_after_fit_with_every_callback(tmp_path, kind):
     from audit_callbacks.callbacks import LabelDPLowerBound, LabelReconstructionAttack

@@ -207,6 +207,28 @@ def test_a_multi_epoch_fixed_size_loader_is_labelled_fixed(population, batch, ep
         f"fixed-size batches of {batch}")
 
 
+@pytest.mark.parametrize("population, batch, k, epochs", [(455, 32, 3, 3), (1500, 64, 2, 2), (1000, 50, 4, 3)])
+def test_a_fixed_size_loader_under_gradient_accumulation_is_labelled_by_its_batches(population, batch, k,
+                                                                                     epochs):
+    """k accumulated batches a step: a step's size is Binomial(N k, q) under Poisson; a
+    fixed-size loader gives steps of k B and one short step an epoch (the group holding the
+    short batch), ceil(N / (k B)) steps an epoch. 455 examples, 32 a batch, 3 a step: 96 in 4
+    steps and 71 in 1, each epoch (Lightning's accumulate_grad_batches=3), labelled by the
+    batches, where the steps' population N k made the epoch look like one short step in 15."""
+    batches = [batch] * (population // batch) + ([population % batch] if population % batch else [])
+    steps = [sum(batches[i:i + k]) for i in range(0, len(batches), k) if len(batches[i:i + k]) == k]
+    sizes = steps * epochs
+    res = sampler_check(sizes, population * k, batch / population, batches_per_step=k)
+    assert res.details["sampling"] == f"fixed-size batches of {batch}, {k} accumulated a step", sizes
+    assert _rejected(res)
+    # the same sizes, read as one batch a step from N k examples: an epoch too long for the
+    # short steps seen (the label only; the tests and their p-values are the same)
+    plain = sampler_check(sizes, population * k, batch / population)
+    assert plain.details["sampling"] == ("variable" if len(set(sizes)) > 1 else f"fixed-size batches of {batch * k}")
+    assert {t: plain.details[f"p_value_{t}"] for t in ("total", "dispersion", "repeats")} == {
+        t: res.details[f"p_value_{t}"] for t in ("total", "dispersion", "repeats")}
+
+
 @pytest.mark.parametrize("sizes, population", [
     ([64] * 22 + [28] * 2, 1500),      # two short batches in one epoch's 24 steps
     ([64] * 20 + [28, 40], 1500),      # two sizes below B
@@ -265,10 +287,14 @@ def test_noise_check_bad_input(kwargs, name):
     (([3, 4], 0, 0.1), "population"),
     (([3, 4], 10, 1.0), "sample_rate"),
     (([3, 4], 10, float("nan")), "sample_rate"),
+    (([3, 4], 10, 0.1, 0), "batches_per_step"),
+    (([3, 4], 10, 0.1, 3), "batches_per_step"),
+    (([3, 4], 10, 0.1, 2.0), "batches_per_step"),
+    (([3, 4], 10, 0.1, True), "batches_per_step"),
 ])
 def test_sampler_bad_input(args, name):
     with pytest.raises(ValueError, match=name):
-        sampler_check(*args)
+        sampler_check(*args[:3], **({"batches_per_step": args[3]} if len(args) > 3 else {}))
 
 
 def test_the_reported_ratio_is_the_named_groups() -> None:
