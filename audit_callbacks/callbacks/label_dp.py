@@ -30,7 +30,7 @@ from audit_callbacks.callbacks.label_base import CannotAudit, StepAuditCallback,
 from audit_callbacks.callbacks.label_step import LabelStepObserver
 from audit_callbacks.estimators.gaussian import gaussian_epsilon
 from audit_callbacks.estimators.label_dp import extrapolation_factor, label_dp_lower_bound
-from audit_callbacks.validation import check_delta, check_flag, check_optional_count
+from audit_callbacks.validation import check_count, check_delta, check_flag, check_optional_count
 
 __all__ = ["LabelDPLowerBound", "second_last_layer_features"]
 
@@ -93,9 +93,14 @@ class LabelDPLowerBound(StepAuditCallback):
       Gaussian mechanism with sensitivity 2C (mu = 2 / sigma, no amplification);
     * ``label_dp/epsilon_accountant`` - the run's Opacus accountant (amplified, composed),
       logged at each training epoch end;
-    * ``label_dp/expected_attack_accuracy`` - mean over the batch of P0[r], the probability that
-      the last-layer attack recovers label r at this noise (what ``LabelReconstructionAttack``'s
-      batch accuracy averages to; K classes: on logged steps only, see ``max_pairs``);
+    * ``label_dp/expected_attack_accuracy`` - mean over the attacked examples of P0[r], the
+      probability that the last-layer attack recovers label r at this noise (what
+      ``LabelReconstructionAttack``'s accuracy averages to; K classes: P0 on logged steps only,
+      see ``max_pairs``), a running mean published only when another ``min_examples`` examples
+      were attacked, as ``LabelReconstructionAttack``'s accuracy: one batch's mean P0 is a label
+      oracle (an adversary who knows the batch's features recomputes it for every candidate
+      label vector), so it is kept per step only in memory (:attr:`p0_history`), never logged,
+      summarized or checkpointed;
     * ``label_dp/attacked_fraction``, ``label_dp/skip_reason`` - coverage (see
       :mod:`audit_callbacks.callbacks.label_base`).
 
@@ -122,10 +127,13 @@ class LabelDPLowerBound(StepAuditCallback):
             replacement label) ranked first by a closed-form upper bound on their bound (a
             valid lower bound, at most the exhaustive one: the tests find them equal), and P0
             of every example only on logged steps; None: every pair at every step.
+        min_examples: attacked examples per published block of ``expected_attack_accuracy``
+            (default 100, >= 1), as ``LabelReconstructionAttack``'s.
 
     Raises:
         ValueError: naming the argument: ``delta`` neither None nor in (0, 1), ``every_n_steps``
-            or ``max_pairs`` neither None nor an integer >= 1, ``second_last`` not a bool,
+            or ``max_pairs`` neither None nor an integer >= 1, ``min_examples`` not an integer
+            >= 1, ``second_last`` not a bool,
             ``label_fn`` neither None nor callable, ``observer`` not a ``LabelStepObserver``.
     The last layer is the ``nn.Linear`` whose output is the model's output (found on the first
     step, whatever the order the layers were registered in; the second-last is the
@@ -147,11 +155,12 @@ class LabelDPLowerBound(StepAuditCallback):
     def __init__(
         self, *, every_n_steps: int | None = None, delta: float | None = None, second_last: bool = False,
         label_fn: Any = None, summary_filename: str | None = "label_dp_summary.json",
-        observer: LabelStepObserver | None = None, max_pairs: int | None = 16,
+        observer: LabelStepObserver | None = None, max_pairs: int | None = 16, min_examples: int = 100,
     ) -> None:
         super().__init__(every_n_steps=every_n_steps, label_fn=label_fn, summary_filename=summary_filename,
                          observer=observer)
         self.max_pairs = check_optional_count(max_pairs, "max_pairs", minimum=1)
+        self.min_examples = check_count(min_examples, "min_examples", minimum=1)
         self.delta = None if delta is None else check_delta(delta)
         self.second_last = check_flag(second_last, "second_last")
         self._delta_used = 1e-5
@@ -168,6 +177,12 @@ class LabelDPLowerBound(StepAuditCallback):
         self.running_max_second_last = 0.0
         self._sum = 0.0
         self.epsilon_accountant: float | None = None
+        #: (step, the batch's mean P0, batch size) of every step P0 was computed on: in memory
+        #: only (a label oracle), never logged, summarized or checkpointed
+        self.p0_history: list[tuple[int, float, int]] = []
+        # sums of P0 over the attacked examples, and those published (a block of min_examples)
+        self._p0_totals = {"sum": 0.0, "attacked": 0}
+        self._p0_published = {"sum": 0.0, "attacked": 0}
 
     def _layers(self, pl_module: pl.LightningModule) -> dict[str, nn.Linear]:
         if not linear_layers(pl_module):
@@ -276,9 +291,18 @@ class LabelDPLowerBound(StepAuditCallback):
         self._sum += lb
         attacked = len(self.records) + 1
         n_e = max(2, int(round(float(optimizer.expected_batch_size))))
-        # the step's results by name (expected_attack_accuracy only where every row's P0 was
-        # computed: on logged steps with max_pairs), then the run's running values
-        record = {"step": float(self.steps), **{k: r.value for k, r in res.results().items()},
+        # the step's results by name but P0's mean (a label oracle: summed, published by blocks
+        # of min_examples), then the run's running values
+        p0 = res.results().pop(names.EXPECTED_ATTACK_ACCURACY, None)
+        if p0 is not None:
+            self.p0_history.append((self.steps, float(p0.value), n))
+            t = self._p0_totals
+            t["sum"] += float(p0.value) * n
+            t["attacked"] += n
+            if t["attacked"] - self._p0_published["attacked"] >= self.min_examples:
+                self._p0_published = dict(t)
+        record = {"step": float(self.steps),
+                  **{k: r.value for k, r in res.results().items() if k != names.EXPECTED_ATTACK_ACCURACY},
                   names.EPSILON_LOWER_BOUND_MAX: self.running_max,
                   names.EPSILON_LOWER_BOUND_EXTRAPOLATED:
                       self._sum / attacked * extrapolation_factor(attacked, n_e)}
@@ -289,7 +313,17 @@ class LabelDPLowerBound(StepAuditCallback):
                 record[names.EPSILON_LOWER_BOUND_SECOND_LAST] = sl
             record[names.EPSILON_LOWER_BOUND_SECOND_LAST_MAX] = self.running_max_second_last
         self.records.append(record)
-        return {k: v for k, v in record.items() if k != "step"}
+        out = {k: v for k, v in record.items() if k != "step"}
+        if self.published_expected_attack_accuracy is not None:
+            out[names.EXPECTED_ATTACK_ACCURACY] = self.published_expected_attack_accuracy
+        return out
+
+    @property
+    def published_expected_attack_accuracy(self) -> float | None:
+        """Mean P0 over every attacked example up to the latest complete block of
+        ``min_examples`` (None before the first): what the logger and the summary get."""
+        p = self._p0_published
+        return p["sum"] / p["attacked"] if p["attacked"] else None
 
     def _flipped_norms(self, data: dict[str, Any], probs: np.ndarray, y: np.ndarray, kappa: float,
                        by_id: dict[int, torch.Tensor]) -> Any:
@@ -387,6 +421,7 @@ class LabelDPLowerBound(StepAuditCallback):
             "max_grad_norm": float(opt.max_grad_norm) if opt is not None else None,
             "expected_batch_size": opt.expected_batch_size if opt is not None else None,
             "every_n_steps": self.every_n_steps, "second_last": self.second_last,
+            "min_examples": self.min_examples,
         }
         values = {
             # no step attacked: "not attacked", never a bound of 0.0 that reads as a measurement
@@ -396,17 +431,23 @@ class LabelDPLowerBound(StepAuditCallback):
             names.EPSILON_LOWER_BOUND_EXTRAPOLATED: last.get(names.EPSILON_LOWER_BOUND_EXTRAPOLATED),
             names.EPSILON_SINGLE_STEP: None if silent else self.epsilon_single_step,
             names.EPSILON_ACCOUNTANT: None if silent else accountant_epsilon(self._accountant, self._delta_used),
+            names.EXPECTED_ATTACK_ACCURACY: self.published_expected_attack_accuracy,
         }
         method = {names.EPSILON_LOWER_BOUND_MAX: "max over attacked steps of the last-layer label attack",
                   names.EPSILON_LOWER_BOUND_SECOND_LAST_MAX: "max over attacked steps, second-last layer",
                   names.EPSILON_LOWER_BOUND_EXTRAPOLATED: "mean batch bound x (1 + log M / log N)",
                   names.EPSILON_SINGLE_STEP: "gaussian mechanism, sensitivity 2C",
-                  names.EPSILON_ACCOUNTANT: "opacus accountant"}
+                  names.EPSILON_ACCOUNTANT: "opacus accountant",
+                  names.EXPECTED_ATTACK_ACCURACY: "mean P0 over the attacked examples, published by blocks of "
+                                                  "min_examples"}
         results = {
             name: result_entry(value, delta=self._delta_used, method=method[name], source=SOURCE,
-                               counts={"attacked_steps": self.attacked_steps},
+                               counts={"attacked_steps": self.attacked_steps,
+                                       **({"n": int(self._p0_published["attacked"])}
+                                          if name == names.EXPECTED_ATTACK_ACCURACY else {})},
                                reason=not_attacked if silent or name.startswith(names.EPSILON_LOWER_BOUND)
-                               else "unknown")
+                               else (f"fewer than min_examples = {self.min_examples} examples with P0"
+                                     if name == names.EXPECTED_ATTACK_ACCURACY else "unknown"))
             for name, value in values.items()}
         return summary_document(
             "LabelDPLowerBound", run_status=status, source=SOURCE,
@@ -434,7 +475,10 @@ class LabelDPLowerBound(StepAuditCallback):
     def state_dict(self) -> dict[str, Any]:
         return {**self._coverage_state(), "records": [dict(r) for r in self.records],
                 "running_max": self.running_max, "running_max_second_last": self.running_max_second_last,
-                "sum": self._sum, "accountant_history": [list(h) for h in self._seen_history()]}
+                "sum": self._sum, "accountant_history": [list(h) for h in self._seen_history()],
+                # P0 only as published (a sum one step ahead of the last one's is a label oracle);
+                # a resume drops the examples since the last block
+                "p0_published": dict(self._p0_published)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._load_coverage_state(state_dict)
@@ -443,3 +487,7 @@ class LabelDPLowerBound(StepAuditCallback):
         self.running_max_second_last = float(state_dict.get("running_max_second_last", 0.0))
         self._sum = float(state_dict.get("sum", 0.0))
         self._history = [tuple(h) for h in state_dict.get("accountant_history", [])]
+        saved = state_dict.get("p0_published", {})
+        self._p0_published = {"sum": float(saved.get("sum", 0.0)), "attacked": int(saved.get("attacked", 0))}
+        self._p0_totals = dict(self._p0_published)
+        self.p0_history = []

@@ -320,13 +320,15 @@ class LabelReconstructionAttack(StepAuditCallback):
             "disabled_reason": self.disabled_reason})
 
     def state_dict(self) -> dict[str, Any]:
-        """Aggregates only (a checkpoint is an output too): no per-step accuracy or batch size."""
-        return {**self._coverage_state(), "totals": dict(self._totals), "published": dict(self._published)}
+        """The published aggregates only (a checkpoint is an output too: totals one step ahead
+        of the last checkpoint's give that step's accuracy); a resume drops the examples
+        attacked since the last block of ``min_examples``."""
+        return {**self._coverage_state(), "published": dict(self._published)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._load_coverage_state(state_dict)
-        for key, target in (("totals", self._totals), ("published", self._published)):
-            for k, v in state_dict.get(key, {}).items():
-                if k in target:
-                    target[k] = int(v)
+        for k, v in state_dict.get("published", {}).items():
+            if k in self._published:
+                self._published[k] = int(v)
+        self._totals = dict(self._published)
         self.history, self.count_history = [], []

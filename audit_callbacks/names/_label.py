@@ -118,8 +118,10 @@ QUANTITIES: list[Quantity] = [
     Quantity(FAMILY_LABEL_DP, EPSILON_ACCOUNTANT, _BOUNDS,
              "the run's Opacus accountant (Poisson sampling, composed over the run), every epoch"),
     Quantity(FAMILY_LABEL_DP, EXPECTED_ATTACK_ACCURACY, None,
-             "mean over the batch of P0[r], the probability that the attack recovers label r at "
-             "this noise (what label_attack/accuracy averages to)"),
+             "mean over the attacked examples of P0[r], the probability that the attack recovers "
+             "label r at this noise (what label_attack/accuracy averages to), a running mean "
+             "logged only when another min_examples examples were attacked (one batch's is a "
+             "label oracle)"),
     *_coverage(FAMILY_LABEL_DP),
     # FederatedLabelAttack (FedSGD clients of DPFedAvg)
     Quantity(FAMILY_FL_LABEL_ATTACK, ACCURACY, _ACCURACY,

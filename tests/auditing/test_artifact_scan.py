@@ -154,7 +154,27 @@ def test_a_label_run_leaves_no_per_step_accuracy_in_any_artifact(tmp_path):
     # the checkpoint's callback state: aggregates only
     ckpt = next(d for p, d in docs.items() if p.endswith("last.ckpt"))
     state = next(v for k, v in ckpt["callbacks"].items() if "LabelReconstructionAttack" in k)
-    assert set(state) <= {"steps", "considered", "skips", "latest", "totals", "published"}
+    assert set(state) <= {"steps", "considered", "skips", "latest", "published"}
+    # what is published is whole blocks: the checkpoint's count is a block end, not the last step
+    ends = [t for t in totals if t >= attack.min_examples]
+    assert state["published"]["attacked"] in totals and state["published"]["attacked"] in ends
+    # LabelDPLowerBound's mean P0 (one batch's is a label oracle): per step in memory only;
+    # logged, summarized and checkpointed as running means over blocks of >= min_examples
+    assert len(bound.p0_history) == bound.attacked_steps
+    p0_prefix, p0_sizes = [], []
+    for _, m, n in bound.p0_history:
+        p0_prefix.append((p0_prefix[-1] if p0_prefix else 0.0) + m * n)
+        p0_sizes.append((p0_sizes[-1] if p0_sizes else 0) + n)
+    p0_logged = {e.value for acc in events.values() if "label_dp/expected_attack_accuracy" in acc.Tags()["scalars"]
+                 for e in acc.Scalars("label_dp/expected_attack_accuracy")}
+    assert p0_logged and len(p0_logged) <= p0_sizes[-1] // bound.min_examples
+    for value in p0_logged:
+        assert any(abs(c / t - value) < 1e-6 for c, t in zip(p0_prefix, p0_sizes, strict=True) if t >= bound.min_examples)
+    label_dp = next(d for p, d in docs.items() if p.endswith("label_dp_summary.json"))
+    assert not any("expected_attack_accuracy" in r for r in label_dp["records"])
+    assert label_dp["results"]["expected_attack_accuracy"]["value"] == pytest.approx(bound.published_expected_attack_accuracy)
+    state = next(v for k, v in ckpt["callbacks"].items() if "LabelDPLowerBound" in k)
+    assert "p0_totals" not in state and state["p0_published"]["attacked"] in p0_sizes
 
 
 def test_federated_label_and_ldp_runs_leave_no_real_client_in_any_artifact(tmp_path):

@@ -91,7 +91,8 @@ def test_digits_mlp_bound_every_step_below_single_step_and_matching_the_attack(t
     tb_steps = [e.step for e in _scalars(tmp_path).Scalars("label_dp/epsilon_lower_bound")]
     assert len(tb_steps) == len(recs)
     acc = np.array([a for _, a, _ in attack.history])
-    p0 = np.array([r["expected_attack_accuracy"] for r in recs])
+    p0 = np.array([m for _, m, _ in bound.p0_history])
+    assert len(p0) == len(recs) and not any("expected_attack_accuracy" in r for r in recs)
     se = np.sqrt(np.sum(p0 * (1 - p0))) / len(p0)  # each batch's accuracy has variance <= mean_r P0 (1 - P0)
     assert abs(acc.mean() - p0.mean()) <= 4 * se + 1e-3, (acc.mean(), p0.mean(), se)
 
