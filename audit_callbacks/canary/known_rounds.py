@@ -488,10 +488,30 @@ class KnownRoundScores:
                 "momentum_sums": torch.from_numpy(h["momentum_sums"].copy()), "decay": h["decay"],
                 "decay_squares": h["decay_squares"], "rounds": h["rounds"], "skipped": h["skipped"],
                 "previous": (self._previous.detach().to(device="cpu", dtype=torch.float64, copy=True)
-                             if valid and self._previous is not None else None)}
+                             if valid and self._previous is not None else None),
+                **self._mechanism()}
+
+    def _mechanism(self) -> dict[str, float]:
+        """The release's settings the sums are in units of (a resume must not change them)."""
+        return {"noise_multiplier": self.z, "clip_norm": self.clip_norm, "divisor": self.divisor,
+                "server_lr": self.eta, "server_momentum": self.beta}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`; ValueError naming a field of the wrong shape."""
+        """Restore :meth:`state_dict`.
+
+        Raises:
+            ValueError: a field of the wrong shape, or the checkpoint's release settings
+                (noise_multiplier, clip_norm, divisor: the expected cohort, server_lr,
+                server_momentum) differ from this run's: its sums are in units of its own
+                clipped update and noise, and its rounds compose at its own noise; the message
+                names the setting. A checkpoint written before these were saved is not checked.
+        """
+        for key, value in self._mechanism().items():
+            if key in state and not math.isclose(float(state[key]), value, rel_tol=1e-12, abs_tol=0.0):
+                raise ValueError(f"the checkpoint's canary audit ran at {key}={state[key]!r}, this run at "
+                                 f"{key}={value!r}: its statistics and the claim's rounds are at its own "
+                                 f"setting, so they cannot continue at another (start a new audit, or resume "
+                                 f"with {key}={state[key]!r})")
         dev = self._dev
         device = dev["sums"].device
         for key in ("sums", "counts", "momentum_sums"):

@@ -166,6 +166,11 @@ def test_resume_refuses_a_different_audit_and_a_damaged_state(tmp_path):
     with pytest.raises(ValueError, match="canaries='hadamard'"):
         fit(dm, module, [CanaryAudit(10, 50, seed=5, canaries="gaussian")], 8, tmp_path / "c",
             logger=False, ckpt_path=last)
+    # another noise multiplier: the statistics and the claim's rounds are at the checkpoint's
+    # (a correct run read "violation" and the claim dropped the rounds before the resume)
+    dm, module = _module(noise=2.0, reproducible=True)
+    with pytest.raises(ValueError, match="noise_multiplier=0.5"):
+        fit(dm, module, [CanaryAudit(10, 50, seed=5)], 8, tmp_path / "z", logger=False, ckpt_path=last)
     # a checkpoint whose audit state was edited: a clear error, not an IndexError deep inside
     state = torch.load(last, weights_only=False)
     key = next(k for k in state["callbacks"] if k.startswith("CanaryAudit"))

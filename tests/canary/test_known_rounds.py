@@ -105,7 +105,14 @@ def test_state_round_trip_and_a_non_finite_round():
         np.testing.assert_array_equal(a, b)
     assert not copy.update(torch.full((DIM,), math.nan), np.array([0]))
     assert copy.skipped == 1 and copy.rounds == stats.rounds
-    bad = KnownRoundScores(CanarySet(0, DIM, 10, kind="hadamard"), 5, clip_norm=1.0, divisor=2,
+    # another release (noise, clip, cohort, server step): refused, naming the setting
+    for kw, name in ((dict(noise_multiplier=2.0), "noise_multiplier=1.0"), (dict(clip_norm=0.5), "clip_norm=1.0"),
+                     (dict(divisor=2), "divisor=20")):
+        other = KnownRoundScores(stats.canaries, stats.k, **{**dict(clip_norm=1.0, divisor=20, noise_multiplier=1.0),
+                                                              **kw})
+        with pytest.raises(ValueError, match=name):
+            other.load_state_dict(stats.state_dict())
+    bad = KnownRoundScores(CanarySet(0, DIM, 10, kind="hadamard"), 5, clip_norm=1.0, divisor=20,
                            noise_multiplier=1.0)
     with pytest.raises(ValueError, match="sums"):
         bad.load_state_dict(stats.state_dict())

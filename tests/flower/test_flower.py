@@ -331,6 +331,16 @@ def test_state_round_trip_and_resume(tmp_path):
     bad.load_state_dict(state)
     with pytest.raises(ValueError, match="num_canaries|num_observed|participations"):
         bad.start(LocalGrid(20, _client()), result.arrays, num_rounds=1)
+    # another noise multiplier or clip norm: the sums are in units of the checkpoint's clipped
+    # update and noise (the noise check read a correct run as a violation, the claim dropped
+    # the rounds before the resume): refused, naming the setting
+    for z, clip, name in ((2.0, 1.0, "noise_multiplier=0.5"), (0.5, 0.25, "clip_norm=1.0")):
+        other = CanaryStrategy(DifferentialPrivacyServerSideFixedClipping(
+            FedAvg(fraction_train=0.2, fraction_evaluate=0.0, min_available_nodes=20), z, clip, 16),
+            num_canaries=60, log_dir=None, bootstrap=0)
+        other.load_state_dict(state)
+        with pytest.raises(ValueError, match=name):
+            other.start(LocalGrid(20, _client()), result.arrays, num_rounds=1)
 
 
 def test_evaluate_fn_accuracy_is_logged(tmp_path):
