@@ -126,13 +126,15 @@ class Virtual(FederatedAuditHooks, pl.Callback):
 def test_virtual_clients_are_sampled_like_real_ones():
     clients = make_clients(n_clients=10)
     cb = Virtual(10)
-    module = DPFedAvg(nn.Linear(4, 3), clients_per_round=4, noise_multiplier=1.0, sampling="uniform")
+    module = DPFedAvg(nn.Linear(4, 3), clients_per_round=4, noise_multiplier=1.0, sampling="uniform", seed=0)
     trainer(300, [cb]).fit(module, datamodule=Ticks(clients))
     part = module.participations()
     assert part.shape == (20,) and part.sum() == 300 * 4
-    # real and virtual clients have the same inclusion probability 4/20
+    # real and virtual clients have the same inclusion probability 4/20: the real ones' joins
+    # a round are hypergeometric (4 of 20, 10 real: variance 4 (1/2)(1/2)(16/19)) and the
+    # virtual ones' are the rest, so the difference of the means has sd 2 sqrt(300 v) / 10
     real, virt = part[:10].mean(), part[10:].mean()
-    assert abs(real - virt) < 4 * math.sqrt(300 * 0.2 * 0.8 / 10)
+    assert abs(real - virt) < 4 * 2 * math.sqrt(300 * 4 * 0.25 * 16 / 19) / 10
     assert len(cb.calls) == part[10:].sum()
     assert all(c.size == 4 and c.divisor == 4 for c in cb.cohorts)
 

@@ -74,7 +74,8 @@ def _lightning(dm, tmp_path):
     torch.manual_seed(SEED)
     module = DPFedAvg(MLP(64, 10, hidden=(32,)), clients_per_round=M, noise_multiplier=Z,
                       clip_norm=C, local_lr=LR, local_batch_size=BATCH, server_lr=1.0,
-                      server_momentum=0.0, sampling="uniform", delta=DELTA, seed=SEED)
+                      server_momentum=0.0, sampling="uniform", delta=DELTA, seed=SEED,
+                      reproducible_noise=True)
     audit = CanaryAudit(K, canaries="hadamard", seed=SEED, bootstrap=200, log_figures=False)
     fit(dm, module, [audit], R, tmp_path, name="lightning")
     return audit.last_report
