@@ -441,7 +441,7 @@ def test_opacus_audit_under_the_trainers_precision(tmp_path, precision):
     """The README's "works with" precisions on Opacus: the audit runs, counts every step, its
     claim is Opacus' own, and a correct run is not a violation."""
     pl.seed_everything(0, verbose=False)
-    dm = CentralDataModule("breast_cancer", batch_size=64, poisson=True, seed=0)
+    dm = CentralDataModule("breast_cancer", batch_size=64, poisson=True, seed=0, sampling_seed=0)
     module = DPSGDClassifier(MLP(30, 1, hidden=(16,)), lr=0.3, noise_multiplier=1.0, max_grad_norm=1.0,
                              accountant="rdp", noise_seed=0)  # the same noise every run: a verdict, not a rate
     audit = CanaryAudit(60, 60, bootstrap=0, log_figures=False, log_histograms=False)
