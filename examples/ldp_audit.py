@@ -260,8 +260,11 @@ def main(argv: list[str] | None = None) -> dict:
     for res in results:
         un = res["update_norms"]
         share = un["client_updates_at_clip"]
-        print(f"    eps0={res['epsilon0_claimed']:g}: {share if share is None else f'{share:.0%}'} "
-              f"of {un['count']} updates")
+        if share is None:  # withheld below the audit's block of clients, or none seen
+            print(f"    eps0={res['epsilon0_claimed']:g}: {un['status']}")
+        else:
+            print(f"    eps0={res['epsilon0_claimed']:g}: {share:.0%} of {un['count']} updates "
+                  f"(published; {un['seen']} seen)")
 
     print(f"  checks ({checks['audits_checked']} audits, Bonferroni: each interval at "
           f"{1 - checks['bonferroni_alpha']:.5f}):")

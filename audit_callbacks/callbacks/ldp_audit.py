@@ -73,15 +73,21 @@ client an audit used. An explicit ``seed`` is the reproducible mode: the summary
 audit used.
 
 State: ``state_dict`` holds the history of every audit (without those fields), the warnings
-given and the norm counts. Each audit's randomness (client, examples, the trials) is derived
-from ``(seed, round, adversary)``, so with an explicit ``seed`` a run resumed from a checkpoint
-ends with the same numbers; with the secret default the audits after the resume draw afresh.
+given, the published norm aggregates, the count of updates seen and the audit's settings
+(:data:`RESUME_SETTINGS`: ``seed``, ``adversaries``, ``alpha``, ``trials``, the randomizer's
+repr). A resume that changes one of them is refused with a ``ValueError`` naming it, also when
+Lightning alone would skip the state (a changed ``seed`` or ``adversaries`` changes the state
+key): the audit counter would restart and spend the family-wise alpha twice. Each audit's
+randomness (client, examples, the trials) is derived from ``(seed, round, adversary)``, so with
+an explicit ``seed`` a run resumed from a checkpoint ends with the same numbers; with the secret
+default the audits after the resume draw afresh.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import re
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -243,7 +249,9 @@ class LDPAudit(FederatedAuditHooks, Callback):
         summary_filename: the JSON written at fit end in the logger's directory.
 
     Raises:
-        ValueError: bad arguments (at construction).
+        ValueError: bad arguments (at construction); at a resume, a checkpoint of an
+            ``LDPAudit`` with other settings (:data:`RESUME_SETTINGS`, naming the setting and
+            both values).
 
     A module that is not a ``DPFedAvg``, or has no randomizer, is warned about once (what the
     audit needs) and the audit steps aside (``disabled_reason``); the training goes on.
@@ -310,6 +318,11 @@ class LDPAudit(FederatedAuditHooks, Callback):
         #: :data:`MIN_CLIENTS_PUBLISHED` updates; the only aggregate logged, summarised or
         #: checkpointed (a resume goes on from it)
         self.published_norms = dict(self.update_norms)
+        #: the real client updates seen in the run (checkpointed: a count of the schedule, no
+        #: client's value), published or not
+        self.updates_seen = 0
+        #: the audited randomizer (:func:`randomizer_id`), set at setup; a resume must keep it
+        self.audited_randomizer: str | None = None
         self.summary_path: str | None = None
         #: the audit's output path: warnings once (the set is checkpointed), the summary, the
         #: report section, the scalars and layout
@@ -340,6 +353,7 @@ class LDPAudit(FederatedAuditHooks, Callback):
         self._dim = int(pl_module.num_parameters)
         if self._dim < 1:
             raise ValueError("the model has no trainable parameters")
+        self.audited_randomizer = randomizer_id(pl_module.randomizer)
 
     def _disable(self, reason: str, message: str) -> None:
         """A training this audit cannot audit: warn once and step aside for this fit (nothing
@@ -383,6 +397,7 @@ class LDPAudit(FederatedAuditHooks, Callback):
         norms = torch.linalg.vector_norm(updates[real.to(updates.device)].double(), dim=1).cpu().numpy()
         clip = float(pl_module.clip_norm)
         self.update_norms["count"] += int(norms.size)
+        self.updates_seen += int(norms.size)
         self.update_norms["at_clip"] += int(np.count_nonzero(norms >= clip * (1 - 1e-6)))
         self.update_norms["sum"] += float(norms.sum())
         if self.update_norms["count"] - self.published_norms["count"] >= MIN_CLIENTS_PUBLISHED:
@@ -689,7 +704,7 @@ class LDPAudit(FederatedAuditHooks, Callback):
         results.update(
             epsilon0_claimed=result_entry(claimed, reason="no randomizer", method="the randomizer's claim"),
             epsilon0_ceiling=self._ceiling_result(),
-            client_updates_at_clip=result_entry(share, reason="no client update seen",
+            client_updates_at_clip=result_entry(share, reason=unpublished_reason(self.updates_seen),
                                                 method="share of clipped client updates", counts={"n": n}),
         )
         if self.exact is not None:
@@ -713,6 +728,8 @@ class LDPAudit(FederatedAuditHooks, Callback):
             adversaries=by_adv,
             client_update_norms={  # aggregates of >= MIN_CLIENTS_PUBLISHED updates only
                 "count": n,
+                "seen": self.updates_seen,
+                "status": "ok" if n else unpublished_reason(self.updates_seen),
                 names.CLIENT_UPDATES_AT_CLIP: share,
                 "mean": (published["sum"] / n) if n else None,
                 "min_clients_published": MIN_CLIENTS_PUBLISHED,
@@ -721,23 +738,61 @@ class LDPAudit(FederatedAuditHooks, Callback):
         )
 
     # ------------------------------------------------------------------ state
+    def settings(self) -> dict[str, Any]:
+        """The settings this audit's numbers depend on (:data:`RESUME_SETTINGS`): a resume must
+        keep each of them. ``randomizer`` is None before setup."""
+        return {"seed": self.seed, "adversaries": list(self.adversaries), "alpha": self.alpha,
+                "trials": self.trials, "randomizer": self.audited_randomizer}
+
+    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        """Refuse a checkpoint of another ``LDPAudit`` (as ``CanaryAudit`` does): Lightning only
+        gives a callback the state saved under its own ``state_key`` (made of ``seed`` and
+        ``adversaries``), so a changed one would otherwise restart the audit counter and spend
+        the family-wise alpha twice, with only Lightning's generic warning. The state under this
+        callback's own key is checked when it is applied (:meth:`load_state_dict`).
+
+        Raises:
+            ValueError: naming the first setting of :data:`RESUME_SETTINGS` that differs.
+        """
+        states = checkpoint.get("callbacks") or {}
+        if self.state_key in states:
+            return  # our own state is there: other LDPAudit entries are other callbacks'
+        claimed = {cb.state_key for cb in trainer.callbacks}  # the states other callbacks resume
+        for key, state in states.items():
+            if (str(key).startswith(f"{type(self).__name__}{{") and key not in claimed
+                    and isinstance(state, dict)):
+                check_resume_settings(state.get("settings") or {}, self.settings())
+
     def state_dict(self) -> dict[str, Any]:
         """The checkpointed state. Records keep no real client's id, norms, cosine, closed-form
         value or test seed (:func:`_checkpointed`), and the secret entropy is not in it: a
-        checkpoint is an output like the summary."""
+        checkpoint is an output like the summary. ``settings`` (:meth:`settings`) lets a resume
+        refuse a different audit."""
         return {
+            "settings": self.settings(),
             "history": [_checkpointed(r) for r in self.history],
             "flags": [dict(f) for f in self.flags],
             "exact": None if self.exact is None else dict(self.exact),
             "audits": self.audits,
             "last_audited_round": self.last_audited_round,
             "update_norms": dict(self.published_norms),
+            "updates_seen": self.updates_seen,
             "warned": sorted(self.output.warned),
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`. A checkpoint saved before its settings were kept is
+        resumed unchecked.
+
+        Raises:
+            ValueError: the checkpoint's audit differs from this one in a setting of
+                :data:`RESUME_SETTINGS` (naming it and both values): resuming would mix two
+                audits (and, for the randomizer, keep the other one's exact audit).
+        """
         if not state_dict:
             return
+        check_resume_settings(state_dict.get("settings") or {}, self.settings())
         self.history = [{**r, "results": r.get("results") or _results(r)} for r in state_dict["history"]]
         self.flags = [dict(f) for f in state_dict["flags"]]
         self.exact = None if state_dict["exact"] is None else dict(state_dict["exact"])
@@ -745,7 +800,72 @@ class LDPAudit(FederatedAuditHooks, Callback):
         self.last_audited_round = int(state_dict["last_audited_round"])
         self.update_norms = {k: v for k, v in state_dict["update_norms"].items() if k != "max"}
         self.published_norms = dict(self.update_norms)
+        self.updates_seen = int(state_dict.get("updates_seen", self.published_norms["count"]))
         self.output.warned = set(state_dict["warned"])
+
+
+# ------------------------------------------------------------------------------ resume
+#: The settings an audit's numbers depend on: a resume must keep each of them. ``seed`` and
+#: ``adversaries`` draw the tests and size the family-wise alpha_k; ``alpha`` and ``trials`` set
+#: every test; ``randomizer`` is what is audited (its exact audit runs once, at fit start).
+#: ``every_n_rounds`` only sets when the audits happen, which the alpha_k allow.
+RESUME_SETTINGS = ("seed", "adversaries", "alpha", "trials", "randomizer")
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+#: What a resume that changed the setting would do (in the ``ValueError``).
+_STATE_KEY_CHANGED = ("Lightning would skip the checkpoint's state, which it keeps under seed and "
+                      "adversaries: the audit counter would restart and the family-wise alpha be "
+                      "spent twice")
+_MIXED = {
+    "seed": _STATE_KEY_CHANGED,
+    "adversaries": _STATE_KEY_CHANGED,
+    "alpha": "tests at two levels reported as one run's, the family-wise alpha_k no longer "
+             "summing to alpha",
+    "trials": "tests of two sizes reported as one run's",
+    "randomizer": "another randomizer's tests and exact audit reported as this one's",
+}
+
+
+def randomizer_id(randomizer: Any) -> str:
+    """The randomizer as a resume compares it: its ``repr`` (the mechanisms of
+    :mod:`audit_callbacks.mechanisms` print every parameter), without a default repr's memory
+    address, which differs from process to process."""
+    return _ADDRESS.sub("", repr(randomizer))
+
+
+def check_resume_settings(theirs: dict[str, Any], mine: dict[str, Any]) -> None:
+    """Raise ``ValueError`` naming the first setting of :data:`RESUME_SETTINGS` in which a
+    checkpoint's ``LDPAudit`` differs from this one (``seed=None``, the secret default, differs
+    from any seed). A setting missing on either side (a checkpoint saved before settings were
+    kept; the randomizer before setup) is not compared.
+
+    Raises:
+        ValueError: a setting differs.
+    """
+    for key in RESUME_SETTINGS:
+        if key not in theirs or key not in mine:
+            continue
+        saved, given = theirs[key], mine[key]
+        if key == "randomizer" and (saved is None or given is None):
+            continue
+        if key == "adversaries":
+            saved, given = list(saved), list(given)
+        if saved != given:
+            fix = ("DPFedAvg(randomizer=...) as the checkpoint's" if key == "randomizer"
+                   else f"{key}={saved!r}")
+            raise ValueError(
+                f"LDPAudit: the checkpoint's audit has {key}={saved!r}, this one {given!r}; "
+                f"resuming would mix two audits ({_MIXED[key]}). Resume with {fix}, or start a "
+                "new run"
+            )
+
+
+def unpublished_reason(seen: int) -> str:
+    """Why no update-norm aggregate is published yet, having seen ``seen`` real client
+    updates: none seen, or fewer than :data:`MIN_CLIENTS_PUBLISHED` (withheld, as one client's
+    norm could be read from a small block)."""
+    if seen <= 0:
+        return "no client update seen"
+    return f"fewer than {MIN_CLIENTS_PUBLISHED} client updates ({seen} seen): not published"
 
 
 # ------------------------------------------------------------------------------ results

@@ -35,8 +35,13 @@ Logged (step = the round), per mode: ``ldp_inference/error_<mode>`` (mean over c
 ``ldp_inference/confidence_<mode>`` (mean CS). Every tag is ``names.tag("ldp_inference", name)``
 (:mod:`audit_callbacks.names`), and ``name`` is also the key of the round's record (``history``)
 and of the summary JSON written at fit end; the Custom Scalars layout (one chart of the errors,
-one of the confidences) comes from :func:`audit_callbacks.names.chart_layout`. ``state_dict``
-holds the attack's history, so a resumed run ends with the same numbers.
+one of the confidences) comes from :func:`audit_callbacks.names.chart_layout`.
+
+State: ``state_dict`` holds the logged records only. The attack's target (a sum of the real
+clients' un-randomized updates) stays in memory (docs/security.md), so a resumed run gets the
+records up to the checkpoint back and then restarts the attack from the resumed round: its later
+numbers cover only the rows released since the resume (``rows``) and differ from an
+uninterrupted run's.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 import csv
 import importlib.util
+import json
 import os
 
 EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples", "ldp_audit.py")
@@ -38,3 +39,15 @@ def test_quick_run_writes_csv_png_and_passes_its_checks(tmp_path, capsys):
     assert "[FAIL]" not in printed
     assert "real client updates clipped to L" in printed
     assert "client gradient norms seen" not in printed
+    # 4 rounds x 10 clients: 40 real updates seen, fewer than the block published (100): the
+    # share is withheld, and the summary and the print say so with the real count
+    for eps0 in ("0.5", "4"):
+        path = os.path.join(str(tmp_path), f"eps0_{eps0}", "version_0", "ldp_audit_summary.json")
+        with open(path, encoding="utf-8") as fh:
+            summary = json.load(fh)
+        reason = "fewer than 100 client updates (40 seen): not published"
+        assert summary["results"]["client_updates_at_clip"] == {"status": f"skipped: {reason}"}
+        norms = summary["client_update_norms"]
+        assert (norms["count"], norms["seen"], norms["client_updates_at_clip"]) == (0, 40, None)
+    assert printed.count(f"eps0=4: {reason}") == 1
+    assert "None of 0 updates" not in printed
