@@ -37,6 +37,12 @@ then, so the first step is attacked too), not the last one registered: the regis
 need not be the order the layers run in. No ``nn.Linear`` output is the logits: disabled,
 ``unsupported_model``.
 
+Resume. A checkpoint keeps the coverage, the latest values the logger may see, the latest
+reason code (a resumed run logs the steps the uninterrupted one logs) and what the summary states
+of the model (class count, layer as its repr), with the settings the results were computed at: a
+resume at other settings raises ``ValueError`` naming the setting and both values (a checkpoint
+saved before the settings were kept loads as before).
+
 Names. ``<family>`` is the callback's family in :mod:`audit_callbacks.names` (``label_attack``,
 ``label_dp``): every tag is ``names.tag(family, name)`` and every chart comes from
 ``names.chart_layout``; the records and summaries use the same names as keys.
@@ -370,12 +376,43 @@ class StepAuditCallback(Callback):
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._teardown_hooks()
 
+    def _settings(self) -> dict[str, Any]:
+        """The settings, as given, that a resume must keep (the checkpoint's results were
+        computed at them); subclasses add theirs."""
+        return {"every_n_steps": self.every_n_steps}
+
+    def _check_settings(self, saved: Any) -> None:
+        """Refuse a checkpoint whose audit ran at other settings, naming the setting and both
+        values (a checkpoint saved before the settings were kept has none: nothing to compare).
+
+        Raises:
+            ValueError: a setting of :meth:`_settings` differs from the checkpoint's.
+        """
+        if not isinstance(saved, dict):
+            return
+        for key, value in self._settings().items():
+            if key in saved and saved[key] != value:
+                self._refuse(key, saved[key], value)
+
+    def _refuse(self, key: str, saved: Any, value: Any) -> None:
+        raise ValueError(f"{type(self).__name__}: the checkpoint's audit has {key}={saved!r}, this one "
+                         f"{value!r}; resuming would mix two audits (its results were computed at "
+                         f"{key}={saved!r}). Resume with {key}={saved!r}, or start a new run")
+
     def _coverage_state(self) -> dict[str, Any]:
+        """The coverage, the latest attacked values (published ones only), the reason code of
+        the latest considered step and the settings: what a resume needs to log and summarize
+        as the uninterrupted run would."""
         return {"steps": self.steps, "considered": self.considered, "skips": dict(self.skips),
-                "latest": dict(self._latest)}
+                "latest": dict(self._latest), "last_reason": self.last_reason, "settings": self._settings()}
 
     def _load_coverage_state(self, state: dict[str, Any]) -> None:
+        """Raises ValueError (naming the setting) when the checkpoint's settings differ, before
+        anything is loaded."""
+        self._check_settings(state.get("settings"))
         self.steps = int(state.get("steps", 0))
         self.considered = int(state.get("considered", self.steps))
         self.skips = Counter({str(k): int(v) for k, v in state.get("skips", {}).items()})
         self._latest = {str(k): float(v) for k, v in state.get("latest", {}).items()}
+        reason = state.get("last_reason")
+        self.last_reason = reason if reason in SKIP_REASONS else None

@@ -134,7 +134,11 @@ class LabelDPLowerBound(StepAuditCallback):
         ValueError: naming the argument: ``delta`` neither None nor in (0, 1), ``every_n_steps``
             or ``max_pairs`` neither None nor an integer >= 1, ``min_examples`` not an integer
             >= 1, ``second_last`` not a bool,
-            ``label_fn`` neither None nor callable, ``observer`` not a ``LabelStepObserver``.
+            ``label_fn`` neither None nor callable, ``observer`` not a ``LabelStepObserver``;
+            on resume, a checkpoint whose bounds were computed at another ``delta`` (as
+            resolved: given or the module's), ``every_n_steps``, ``second_last`` or
+            ``min_examples`` (naming the setting and both values; a checkpoint saved before the
+            settings were kept loads as before).
     The last layer is the ``nn.Linear`` whose output is the model's output (found on the first
     step, whatever the order the layers were registered in; the second-last is the
     ``nn.Linear`` called before it): see :mod:`audit_callbacks.callbacks.label_base`. Under
@@ -163,7 +167,10 @@ class LabelDPLowerBound(StepAuditCallback):
         self.min_examples = check_count(min_examples, "min_examples", minimum=1)
         self.delta = None if delta is None else check_delta(delta)
         self.second_last = check_flag(second_last, "second_last")
+        self._second_last_setting = self.second_last  # as given (second_last: as used)
         self._delta_used = 1e-5
+        self._fit_delta: float | None = None  # the delta resolved by this fit's on_fit_start
+        self._checkpoint_delta: float | None = None  # the delta of a loaded checkpoint's bounds
         self._accountant: Any = None
         # the accountant's history as last seen: put back in front of a new accountant's (a
         # resumed or repeated fit's PrivacyEngine starts empty), as CanaryAudit does
@@ -195,6 +202,7 @@ class LabelDPLowerBound(StepAuditCallback):
     def _bind_head(self, head: nn.Linear, previous: nn.Linear | None, order: list[nn.Linear]) -> dict[str, nn.Linear]:
         self._last = head
         self.num_classes = int(head.out_features)
+        self.second_last = self._second_last_setting
         out = {"last": head}
         if self.second_last and self.num_classes > 1:
             self._warn_once("sl", "LabelDPLowerBound: second_last is for binary models only; ignored")
@@ -215,17 +223,34 @@ class LabelDPLowerBound(StepAuditCallback):
             raise CannotAudit("no_noise", "noise_multiplier is 0, so no step is private (every bound is inf)")
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        own = getattr(pl_module, "delta", None)
+        delta = self.delta if self.delta is not None else (float(own) if own else 1e-5)
+        self._check_delta(delta)
+        self._delta_used = self._fit_delta = delta
         super().on_fit_start(trainer, pl_module)
         if self.disabled_reason is not None:
             return
-        own = getattr(pl_module, "delta", None)
-        self._delta_used = self.delta if self.delta is not None else (float(own) if own else 1e-5)
         self._accountant, _ = find_accountant(self.optimizer)
         self._carry_history()
         drawn = [q.tag for q in names.family(self.family) if self.second_last or "second_last" not in q.name]
         self.output.layout(names.chart_layout(
             [self.family], only=drawn,
             extra={names.SECTIONS[self.family]: {"model accuracy": [r"^val.*acc.*$"]}}))
+
+    def _check_delta(self, delta: float | None) -> None:
+        """Refuse a delta other than the one a loaded checkpoint's bounds were computed at
+        (``delta`` given, or resolved from the module's ``delta``; None: not known yet)."""
+        if delta is not None and self._checkpoint_delta is not None and delta != self._checkpoint_delta:
+            self._refuse("delta", self._checkpoint_delta, delta)
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        super().teardown(trainer, pl_module, stage)
+        self._fit_delta = None
+
+    def _settings(self) -> dict[str, Any]:
+        """The settings a resume must keep, as given (``delta`` is compared as resolved, in
+        :meth:`_check_delta`)."""
+        return {**super()._settings(), "second_last": self._second_last_setting, "min_examples": self.min_examples}
 
     def _norm_layers(self, pl_module: pl.LightningModule) -> dict[str, nn.Linear]:
         self._ghost = ghost_layers(pl_module, self.optimizer.params)
@@ -473,7 +498,13 @@ class LabelDPLowerBound(StepAuditCallback):
             "considered_steps": self.considered, "disabled_reason": self.disabled_reason})
 
     def state_dict(self) -> dict[str, Any]:
-        return {**self._coverage_state(), "records": [dict(r) for r in self.records],
+        """The records and running values, the accountant's history, the published P0 sums,
+        the coverage, the settings (``delta`` as resolved) and what the summary states of the
+        model (``num_classes``, ``flipped_norms``, the second-last bound as used)."""
+        state = self._coverage_state()
+        state["settings"] = {**state["settings"], "delta": self._delta_used}
+        return {**state, "num_classes": self.num_classes, "flipped_norms": self.flipped_norms,
+                "second_last_used": self.second_last, "records": [dict(r) for r in self.records],
                 "running_max": self.running_max, "running_max_second_last": self.running_max_second_last,
                 "sum": self._sum, "accountant_history": [list(h) for h in self._seen_history()],
                 # P0 only as published (a sum one step ahead of the last one's is a label oracle);
@@ -481,7 +512,23 @@ class LabelDPLowerBound(StepAuditCallback):
                 "p0_published": dict(self._p0_published)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._load_coverage_state(state_dict)
+        """Raises ValueError (naming the setting and both values) for a checkpoint computed at
+        other settings; one saved before the settings were kept loads as before."""
+        saved = state_dict.get("settings")
+        delta = saved.get("delta") if isinstance(saved, dict) else None
+        before = self._checkpoint_delta
+        self._checkpoint_delta = None if delta is None else float(delta)
+        try:
+            # given, or resolved already (a strategy that restores after on_fit_start)
+            self._check_delta(self.delta if self.delta is not None else self._fit_delta)
+            self._load_coverage_state(state_dict)
+        except ValueError:
+            self._checkpoint_delta = before
+            raise
+        self.num_classes = int(state_dict.get("num_classes", self.num_classes))
+        flipped = state_dict.get("flipped_norms", self.flipped_norms)
+        self.flipped_norms = None if flipped is None else str(flipped)
+        self.second_last = bool(state_dict.get("second_last_used", self.second_last))
         self.records = [dict(r) for r in state_dict.get("records", [])]
         self.running_max = float(state_dict.get("running_max", 0.0))
         self.running_max_second_last = float(state_dict.get("running_max_second_last", 0.0))

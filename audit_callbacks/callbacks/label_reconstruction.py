@@ -121,7 +121,9 @@ class LabelReconstructionAttack(StepAuditCallback):
         ValueError: naming the argument: ``layer`` neither None nor an ``nn.Linear``,
             ``min_examples`` not an integer >= 1,
             ``every_n_steps`` neither None nor an integer >= 1, ``label_fn`` neither None nor
-            callable, ``observer`` not a ``LabelStepObserver``.
+            callable, ``observer`` not a ``LabelStepObserver``; on resume, a checkpoint of an
+            attack at another ``every_n_steps`` or ``min_examples`` (naming the setting and both
+            values; a checkpoint saved before the settings were kept loads as before).
 
     Never aborts the fit: without an Opacus ``DPOptimizer`` or an ``nn.Linear`` layer whose
     output is the logits it warns once, records why (``disabled_reason``, the summary) and
@@ -143,6 +145,7 @@ class LabelReconstructionAttack(StepAuditCallback):
         self.layer = layer
         self._user_layer = layer
         self._num_classes = 1
+        self._layer_repr = repr(layer)  # the attacked layer as the summary states it (kept by a resume)
         self.min_examples = check_count(min_examples, "min_examples", minimum=1)
         # in memory only (never logged, summarized or checkpointed): a per-step label oracle
         self.history: list[tuple[int, float, int]] = []  # (step, batch accuracy, batch size)
@@ -162,6 +165,7 @@ class LabelReconstructionAttack(StepAuditCallback):
 
     def _bind_head(self, head: nn.Linear, previous: nn.Linear | None, order: list[nn.Linear]) -> dict[str, nn.Linear]:
         self.layer = head
+        self._layer_repr = repr(head)
         self._num_classes = int(head.out_features)
         return {"layer": head}
 
@@ -289,15 +293,20 @@ class LabelReconstructionAttack(StepAuditCallback):
         }
         return summary_document(
             "LabelReconstructionAttack", run_status=status, status=why, source=SOURCE,
-            inputs={"layer": repr(self.layer), "min_examples": self.min_examples,
+            inputs={"layer": self._layer_text(), "min_examples": self.min_examples,
                     "every_n_steps": self.every_n_steps},
             results=results,
             threat_model="sees the privatized aggregated gradient of one linear layer and the layer's "
                          "per-example inputs for the batch",
-            layer=repr(self.layer), **self.coverage(), min_examples=self.min_examples,
+            layer=self._layer_text(), **self.coverage(), min_examples=self.min_examples,
             accuracy=self.published_accuracy, accuracy_examples=self._published["attacked"],
             count_accuracy=self.published_count_accuracy,
             count_accuracy_examples=self._published["count_attacked"])
+
+    def _layer_text(self) -> str:
+        """The attacked layer's repr (its shape, no value): the bound one, else the last one
+        bound (a resumed fit that took no step yet states the checkpoint's)."""
+        return repr(self.layer) if self.layer is not None else self._layer_repr
 
     def _status(self) -> str:
         if not self.attacked_steps:
@@ -322,11 +331,21 @@ class LabelReconstructionAttack(StepAuditCallback):
     def state_dict(self) -> dict[str, Any]:
         """The published aggregates only (a checkpoint is an output too: totals one step ahead
         of the last checkpoint's give that step's accuracy); a resume drops the examples
-        attacked since the last block of ``min_examples``."""
-        return {**self._coverage_state(), "published": dict(self._published)}
+        attacked since the last block of ``min_examples``. With them the coverage, the settings
+        and the attacked layer as the summary states it (its repr and class count)."""
+        return {**self._coverage_state(), "published": dict(self._published),
+                "num_classes": self._num_classes, "layer": self._layer_text()}
+
+    def _settings(self) -> dict[str, Any]:
+        return {**super()._settings(), "min_examples": self.min_examples}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Raises ValueError (naming the setting and both values) for a checkpoint of an audit
+        at other settings (``every_n_steps``, ``min_examples``); one saved before the settings
+        were kept loads as before."""
         self._load_coverage_state(state_dict)
+        self._num_classes = int(state_dict.get("num_classes", self._num_classes))
+        self._layer_repr = str(state_dict.get("layer", self._layer_repr))
         for k, v in state_dict.get("published", {}).items():
             if k in self._published:
                 self._published[k] = int(v)
