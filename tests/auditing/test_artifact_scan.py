@@ -154,7 +154,8 @@ def test_a_label_run_leaves_no_per_step_accuracy_in_any_artifact(tmp_path):
     # the checkpoint's callback state: aggregates only
     ckpt = next(d for p, d in docs.items() if p.endswith("last.ckpt"))
     state = next(v for k, v in ckpt["callbacks"].items() if "LabelReconstructionAttack" in k)
-    assert set(state) <= {"steps", "considered", "skips", "latest", "published"}
+    assert set(state) <= {"steps", "considered", "skips", "latest", "published", "last_reason", "settings",
+                          "num_classes", "layer"}  # no example value: a reason code, settings, shapes
     # what is published is whole blocks: the checkpoint's count is a block end, not the last step
     ends = [t for t in totals if t >= attack.min_examples]
     assert state["published"]["attacked"] in totals and state["published"]["attacked"] in ends
