@@ -169,6 +169,7 @@ class CanaryAuditor:
         self.skip_reason: str | None = None
         self._last_logged = -1
         self._last_scalars: dict[str, float | None] = {}  # the last logged point's, by tag
+        self._last_text: dict[str, str] = {}  # the last logged point's verdict sentences, by tag
         self.logged_points = 0  # points of the logged series so far (the valid bounds' index)
         self._output: AuditOutput | None = None  # the output path of the last finish
         self._section: ReportSection | None = None
@@ -562,6 +563,14 @@ class CanaryAuditor:
             # series' last point (the bounds at plain alpha, under their own names), written last
             self._sink(sink.scalars, {tag: v for tag, v in report.scalars().items()
                                       if v is not None and self._last_scalars.get(tag) != v}, step)
+        text = getattr(sink, "text", None)
+        if text is not None:  # the summary's verdict sentences where they differ from the last
+            # point's (its bounds at the level spent for it): TensorBoard's last text is theirs
+            changed = {tag: sentence for tag, sentence in verdict_sentences(summary).items()
+                       if self._last_text.get(tag) != sentence}
+            if changed:
+                self._last_text.update(changed)
+                self._sink(text, changed, step)
         if complete and getattr(sink, "text", None) is not None:  # beside the report's text
             self._sink(sink.text, {FIT_END_TAG: fit_end_table(summary)}, step)
         drawn: dict[str, Any] = {}
@@ -640,10 +649,10 @@ class CanaryAuditor:
             self._sink(sink.scalars, self._last_scalars, step)
             text = getattr(sink, "text", None)
             if text is not None:
-                sentences = {f"{names.FAMILY_AUDIT}/verdict_{tm}_sentence": sentence
-                             for tm, (_, sentence) in report.verdicts().items()}
-                sentences[f"{names.FAMILY_AUDIT}/{names.VERDICT_MECHANISM}_sentence"] = \
-                    report.mechanism_verdict()[1]
+                sentences = verdict_sentences({
+                    **{f"verdict_{tm}_sentence": sentence for tm, (_, sentence) in report.verdicts().items()},
+                    f"{names.VERDICT_MECHANISM}_sentence": report.mechanism_verdict()[1]})
+                self._last_text = dict(sentences)
                 self._sink(text, sentences, step)
             if histograms:
                 self._sink(sink.histograms, {f"{names.FAMILY_AUDIT}/cosine_{key}": value
@@ -751,6 +760,15 @@ class CanaryAuditor:
 #: (``bootstrap`` only sets the final intervals' resamples and ``max_buffered_rounds`` a buffer).
 AUDIT_SETTINGS = ("num_canaries", "num_unobserved", "canaries", "seed", "delta", "alpha",
                   "repeats", "sample_rate", "canary_norm_multiplier")
+
+
+def verdict_sentences(summary: dict[str, Any]) -> dict[str, str]:
+    """``{TensorBoard tag: sentence}`` of the verdict sentences a summary (or a report's
+    ``{verdict_<tm>_sentence: ...}``) holds: ``audit/verdict_<tm>_sentence`` for each threat
+    model and ``audit/verdict_mechanism_sentence``; a sentence it lacks is left out."""
+    keys = [f"verdict_{tm}_sentence" for tm in REFERENCES] + [f"{names.VERDICT_MECHANISM}_sentence"]
+    return {f"{names.FAMILY_AUDIT}/{key}": summary[key] for key in keys
+            if isinstance(summary.get(key), str)}
 
 
 def audit_settings(config: CanaryAuditConfig) -> dict[str, Any]:

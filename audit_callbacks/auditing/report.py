@@ -472,8 +472,10 @@ def summary_json(
                            "a heuristic, not a bound",
             "all_iterates": "the adversary sees every round's (step's) release; statistic: the "
                             "one matched to the analytic epsilon's adversary (known rounds for "
-                            "DP-FedAvg and Flower, steps unknown for DP-SGD), or the final-model "
-                            "one where larger; reference: the analytic epsilon",
+                            "DP-FedAvg and Flower, steps unknown for DP-SGD; without one, Andrew "
+                            "et al.'s max cosine over rounds), or the final-model one where "
+                            "larger (results.epsilon_all_iterates.details.statistic names it); "
+                            "reference: the analytic epsilon",
         },
         "inputs": inputs,
         "tags": {q.name: q.tag for q in names.family(names.FAMILY_AUDIT)},

@@ -18,9 +18,15 @@ All iterates (the adversary sees every release; reference: the analytic epsilon)
   :mod:`audit_callbacks.canary.known_rounds`; DP-SGD: the Neyman-Pearson statistic of the
   Poisson-subsampled Gaussian with the steps unknown, :mod:`audit_callbacks.canary.steps_unknown`);
 * ``epsilon_all_iterates`` - the headline: the larger of the matched and the final-model
-  estimates (that adversary can compute the final model too);
+  estimates (that adversary can compute the final model too); where the training has no
+  matched statistic (no DP noise, local DP, an unknown server optimizer), the larger of the
+  max-cosine and the final-model estimates, the statistics its valid bound reads then. Its
+  ``details["statistic"]`` names the winner (``matched``, ``max_cosine`` or ``final_model``)
+  and ``details["candidates"]`` holds both candidates' values (``matched`` or
+  ``max_cosine``, and ``final_model``);
 * ``epsilon_all_iterates_max_cosine`` - Andrew et al.'s ``max_t cos(c_j, Delta_t)``
-  (Alg. 3), kept as a comparison;
+  (Alg. 3): a comparison where a matched statistic exists, a candidate of the headline where
+  none does;
 
 and for both:
 
@@ -249,16 +255,24 @@ def canary_estimates(
         return res
 
     est = dict(delta=delta, bootstrap=bootstrap, confidence=1 - alpha, seed=seed)
+
+    def fitted(fit: str, auditor: CanaryScoreAuditor) -> AuditResult:
+        """A two-Gaussian estimate; with a bootstrap interval its ``alpha`` (1 - the
+        interval's confidence), as every interval of the summary states its level."""
+        res = auditor.epsilon_estimate(fit=fit, **est)
+        has_interval = res.lower is not None or res.upper is not None
+        return replace(res, alpha=alpha) if has_interval and res.alpha is None else res
+
     if bootstrap:  # the final-model and max-cosine estimates resample with the same indices
         share_bootstrap([fa] if ca is None else [fa, ca], bootstrap, seed)
-    final_est = attempt(fin["estimate"], lambda: fa.epsilon_estimate(fit="equal", **est))
-    attempt(fin["unequal_fit"], lambda: fa.epsilon_estimate(fit="unequal", **est))
+    final_est = attempt(fin["estimate"], lambda: fitted("equal", fa))
+    attempt(fin["unequal_fit"], lambda: fitted("unequal", fa))
     attempt(fin["lower_bound"], lambda: bound(bound_final))
     gdp_alpha = alpha if index is None else spent_alpha(alpha, index)  # a logged series, too
     attempt(fin["gdp_lower_bound"], lambda: fa.epsilon_gdp_lower_bound(gdp_alpha, delta, gof_level=gof_level))
 
     if ca is not None:
-        attempt(allit["max_cosine"], lambda: ca.epsilon_estimate(fit="equal", **est))
+        attempt(allit["max_cosine"], lambda: fitted("equal", ca))
     else:
         skipped[allit["max_cosine"]] = few
     matched_est = None
@@ -266,16 +280,18 @@ def canary_estimates(
         skipped[allit["matched"]] = "no statistic matched to the analytic epsilon's adversary here"
     else:
         estimates[allit["matched"]] = matched_est = matched[1]
-    options = [r for r in (matched_est, estimates.get(allit["max_cosine"]) if matched is None else None,
-                           final_est) if r is not None]
+    # the headline: the larger of the all-iterates adversary's own statistic (the matched one;
+    # without one Andrew et al.'s max cosine, whose scores the valid bound reads too) and the
+    # final-model one (that adversary can compute the final model); the first where equal
+    own = ("matched", matched_est) if matched is not None else (
+        "max_cosine", estimates.get(allit["max_cosine"]))
+    candidates = dict((own, ("final_model", final_est)))
+    options = [(key, r) for key, r in candidates.items() if r is not None]
     if options:
-        best = max(options, key=lambda r: r.value)
-        winner = "final_model" if best is final_est else (
-            "matched" if best is matched_est else "max_cosine")
+        winner, best = max(options, key=lambda item: item[1].value)
         estimates[allit["estimate"]] = replace(best, details={
             **best.details, "statistic": winner,
-            "candidates": {"matched": None if matched_est is None else matched_est.value,
-                           "final_model": None if final_est is None else final_est.value}})
+            "candidates": {key: None if r is None else r.value for key, r in candidates.items()}})
     else:
         skipped[allit["estimate"]] = skipped.get(fin["estimate"], few)
     attempt(allit["lower_bound"], lambda: bound(bound_all))

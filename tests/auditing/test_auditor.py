@@ -4,6 +4,7 @@ front ends' contract: tests/integration/test_package_contracts.py)."""
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -260,3 +261,38 @@ def test_a_one_example_population_refuses_the_default_k_by_name():
                                          r"num_canaries=2 or more"):
         CanaryAuditor(CanaryAuditConfig(), OneExample(), lambda k, m: None, name="Test")
     CanaryAuditor(CanaryAuditConfig(2), OneExample(), lambda k, m: None, name="Test")  # explicit k
+
+
+def test_tensorboard_last_verdict_sentences_are_the_summarys(tmp_path):
+    """Each verdict sentence TensorBoard holds last (``audit/verdict_<tm>_sentence``) is the
+    summary's: the fit-end report (bounds at plain alpha) writes its sentences where they
+    differ from the last logged point's (bounds at the level spent for that point); before,
+    the Text tab kept quoting the watched bound while the summary and the report quoted the
+    fit-end one."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from audit_callbacks.auditing.sinks import WriterSink
+
+    auditor, backend, _ = _auditor(k=200, z=1.0, bootstrap=0)
+    sink = WriterSink(log_dir=str(tmp_path))
+    rng = np.random.default_rng(0)
+    for step in range(1, 5):
+        backend.step(np.flatnonzero(rng.random(200) < 0.5))
+        auditor.update(sink, step=step)
+    path = auditor.finish(sink, step=4, directory=str(tmp_path), figures=False, histograms=False)
+    sink.close()
+    with open(path, encoding="utf-8") as fh:
+        summary = json.load(fh)
+    acc = EventAccumulator(str(tmp_path), size_guidance={"tensors": 0})
+    acc.Reload()
+    rewritten = 0
+    for key in (f"verdict_{tm}_sentence" for tm in ("final_model", "all_iterates", "mechanism")):
+        events = acc.Tensors(f"{names.FAMILY_AUDIT}/{key}/text_summary")
+        assert events[-1].step == 4
+        assert events[-1].tensor_proto.string_val[0].decode() == summary[key], key
+        rewritten += len(events) - 4  # a fifth entry: the fit end changed that sentence
+    # the all-iterates bound at plain alpha differs from the last watched point's, so at least
+    # that sentence was written again (else this test could not fail)
+    bound = summary["results"][names.EPSILON_LOWER_BOUND_ALL_ITERATES]["value"]
+    watched = acc.Scalars(f"{names.FAMILY_AUDIT}/{names.EPSILON_LOWER_BOUND_ALL_ITERATES_WATCHED}")[-1].value
+    assert f"{bound:.4g}" != f"{watched:.4g}" and rewritten >= 1

@@ -36,6 +36,31 @@ from tests._federated import digits_dpfedavg, fit
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 _KNOWN = {q.name for q in names.QUANTITIES}
+_SCHEMA_DOC = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "summary_schema.md")
+#: names docs/summary_schema.md says are in no summary where what they measure did not run
+_ONLY_WHEN_RUN = {names.BATCH_SIZE_VARIANCE_RATIO, names.EPSILON_EXACT_PER_COORDINATE,
+                  names.EPSILON_CLAIMED_PER_COORDINATE}
+
+
+def _documented(doc: dict) -> None:
+    """docs/summary_schema.md names every top-level and ``inputs`` key of ``doc`` (a canary
+    threat model's keys may be written with ``<tm>``); every result with an interval states
+    its ``alpha``; every name of ``tags`` is where the doc's "Where each name is" puts it."""
+    with open(_SCHEMA_DOC, encoding="utf-8") as fh:
+        text = fh.read()
+
+    def named(key: str) -> bool:
+        generic = key.replace("final_model", "<tm>").replace("all_iterates", "<tm>")
+        return f"`{key}`" in text or f"`{generic}`" in text
+
+    missing = [k for k in (*doc, *doc["inputs"]) if not named(k)]
+    assert not missing, f"keys of {doc['audit']} not in docs/summary_schema.md: {missing}"
+    for name, entry in doc["results"].items():
+        if entry.get("lower") is not None or entry.get("upper") is not None:
+            assert entry.get("alpha") is not None, (name, "an interval without its alpha")
+    for name in doc.get("tags", {}):
+        assert (name in doc["results"] or name in doc or name in doc["inputs"]
+                or name.endswith("_watched") or name in _ONLY_WHEN_RUN), name
 
 
 def _check(path, audit):
@@ -43,6 +68,7 @@ def _check(path, audit):
     with open(path, encoding="utf-8") as fh:
         doc = json.load(fh)
     validate_summary(doc)
+    _documented(doc)
     assert doc["schema"] == SCHEMA and doc["audit"] == audit == doc["callback"]
     assert doc["run_status"] == "complete"
     assert doc["results"], "an audit reports at least one result"
@@ -142,6 +168,16 @@ def test_federated_label_attack_and_canary_summaries_follow_the_schema(tmp_path)
     if attack.attacked_clients:  # the attack's accuracy beside its chance level (10 digits)
         assert "chance level: 1 / 10 = 0.1" in html
     assert canary.auditor.report_paths[0] == os.path.join(folder, HTML_FILENAME)
+
+
+def test_dpsgd_canary_summary_follows_the_schema(tmp_path):
+    """An Opacus DP-SGD canary audit's summary (its own inputs: the loader's canary draws,
+    the accountant) is documented key by key, with a bootstrap interval stating its alpha."""
+    canary = CanaryAudit(num_canaries=20, seed=0, bootstrap=20)
+    _dpsgd_fit(tmp_path, [canary])
+    doc = _check(canary.summary_path, "CanaryAudit")
+    final = doc["results"][names.EPSILON_FINAL_MODEL]
+    assert final["lower"] is not None and final["alpha"] == doc["inputs"]["alpha"]
 
 
 def test_the_schema_rejects_what_it_does_not_describe():
