@@ -79,12 +79,14 @@ def _quantities() -> list[Quantity]:
                  "The Last Iterate Advantage, ICLR 2025), a heuristic, not a bound"),
         Quantity(FAMILY_AUDIT, EPSILON_ALL_ITERATES, allit,
                  "empirical epsilon, all-iterates adversary: the larger of the matched "
-                 "statistic's estimate and the final-model one"),
+                 "statistic's estimate (without one: Andrew et al.'s max-cosine one) and the "
+                 "final-model one; details.statistic names it"),
         Quantity(FAMILY_AUDIT, EPSILON_ALL_ITERATES_MATCHED, None,
                  "the estimate of the statistic matched to the analytic epsilon's adversary "
                  "(known rounds: DP-FedAvg, Flower; steps unknown: DP-SGD)"),
         Quantity(FAMILY_AUDIT, EPSILON_ALL_ITERATES_MAX_COSINE, None,
-                 "Andrew et al.'s max over rounds of the cosine (Alg. 3), a comparison"),
+                 "Andrew et al.'s max over rounds of the cosine (Alg. 3): a comparison, and a "
+                 "candidate of epsilon_all_iterates where no matched statistic exists"),
         Quantity(FAMILY_AUDIT, EPSILON_LOWER_BOUND_ALL_ITERATES, allit_bound,
                  "a valid (1 - alpha) lower bound on the all-iterates epsilon from the matched "
                  "statistic's scores (Clopper-Pearson or the f-DP one-run bound, each at "
