@@ -55,7 +55,10 @@ class DPSGDClassifier(L.LightningModule):
             drawn twice). Opacus' own ``secure_mode`` needs ``torchcsprng``, which has no build
             for torch >= 2.1; the OS-entropy seed is this module's secure mode.
 
-    Logs ``train/loss``, ``val/loss``, ``val/accuracy`` (torchmetrics) and ``privacy/epsilon``.
+    Logs ``val/loss``, ``val/accuracy`` (torchmetrics, held-out data) and ``privacy/epsilon``
+    (the accountant's epsilon at ``delta``, every training epoch). No training loss is logged:
+    the mean of the un-noised losses over the secret Poisson batches is a release the DP
+    guarantee does not cover (docs/security.md).
 
     Raises:
         ValueError: naming the argument: ``lr`` or ``max_grad_norm`` not a finite real > 0,
@@ -101,9 +104,8 @@ class DPSGDClassifier(L.LightningModule):
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = batch
-        loss = self._loss(self(x), y)
-        self.log("train/loss", loss, on_step=False, on_epoch=True, batch_size=max(1, len(y)))
-        return loss
+        # returned to the optimizer only, never logged (an un-noised statistic of the batch)
+        return self._loss(self(x), y)
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         x, y = batch

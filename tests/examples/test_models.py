@@ -133,3 +133,30 @@ def test_small_cnn_learns_digits(digits_split, one_thread) -> None:
     torch.manual_seed(0)
     acc = _train_and_score(SmallCNN(1, 10, 8), digits_split, steps=300, lr=0.05)
     assert acc > 0.90, acc
+
+
+@pytest.mark.filterwarnings("ignore:.*(backward hook|does not have many workers|secure RNG|dirpath).*")
+def test_dpsgd_classifier_logs_no_training_loss(tmp_path, one_thread) -> None:
+    """``DPSGDClassifier`` logs no training loss (the epoch mean of the un-noised losses over
+    the secret batches is not covered by the DP guarantee): its logged tags are the held-out
+    ``val/loss`` and ``val/accuracy`` and the accountant's ``privacy/epsilon``, nothing else."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.loggers import CSVLogger
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from models.dpsgd import DPSGDClassifier
+
+    torch.manual_seed(0)
+    x, y = torch.randn(64, 6), torch.randint(0, 3, (64,))
+    train = DataLoader(TensorDataset(x, y), batch_size=16)
+    val = DataLoader(TensorDataset(x[:16], y[:16]), batch_size=16)
+    module = DPSGDClassifier(MLP(6, 3, hidden=(8,)), lr=0.1, noise_multiplier=1.0, max_grad_norm=1.0)
+    trainer = pl.Trainer(max_epochs=2, logger=CSVLogger(str(tmp_path), name="run"), enable_progress_bar=False,
+                         enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0,
+                         log_every_n_steps=1)
+    trainer.fit(module, train_dataloaders=train, val_dataloaders=val)
+    with open(tmp_path / "run" / "version_0" / "metrics.csv", encoding="utf-8") as fh:
+        columns = set(fh.readline().strip().split(","))
+    assert {"val/loss", "val/accuracy", "privacy/epsilon"} <= columns
+    assert columns - {"epoch", "step"} == {"val/loss", "val/accuracy", "privacy/epsilon"}
+    assert not [k for k in trainer.callback_metrics if k.startswith("train")]
