@@ -21,6 +21,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -66,10 +67,22 @@ def make_model() -> torch.nn.Module:
     return MLP(64, 10, hidden=(32,))
 
 
+def client_reply(arrays: ArrayRecord, x: torch.Tensor, y: torch.Tensor, *, lr: float, epochs: int
+                 ) -> RecordDict:
+    """One client's round: local SGD from the global ``arrays`` on its shard ``(x, y)``, with
+    the batches shuffled by a secret (OS-entropy) generator. The reply holds the new model and
+    ``num-examples`` 1 (the equal weights DP-FedAvg's noise calibration assumes), nothing else:
+    the local training loss is an un-noised statistic of the client's data, which Flower would
+    aggregate over the cohort and print every round, outside the DP guarantee."""
+    gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little"))  # secret
+    new, _ = local_sgd(make_model(), arrays, x, y, epochs=epochs, lr=lr, batch_size=8, generator=gen)
+    return RecordDict({"arrays": new, "metrics": MetricRecord({"num-examples": 1})})
+
+
 def make_client_app(shards: list[tuple[torch.Tensor, torch.Tensor]], args: argparse.Namespace
                     ) -> ClientApp:
-    """Node ``partition-id`` holds ``shards[partition-id]``; it reports ``num-examples`` 1 (the
-    equal weights DP-FedAvg's noise calibration assumes)."""
+    """Node ``partition-id`` holds ``shards[partition-id]`` and answers with
+    :func:`client_reply`."""
     app = ClientApp()
     lr, epochs = args.local_lr, args.local_epochs
 
@@ -77,11 +90,7 @@ def make_client_app(shards: list[tuple[torch.Tensor, torch.Tensor]], args: argpa
     def train(msg: Message, context: Context) -> Message:
         torch.set_num_threads(1)
         pid = int(context.node_config["partition-id"])
-        gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little"))  # secret
-        arrays, loss = local_sgd(make_model(), msg.content["arrays"], *shards[pid], epochs=epochs,
-                                 lr=lr, batch_size=8, generator=gen)
-        metrics = MetricRecord({"num-examples": 1, "train_loss": loss})
-        return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
+        return Message(client_reply(msg.content["arrays"], *shards[pid], lr=lr, epochs=epochs), reply_to=msg)
 
     return app
 
@@ -116,6 +125,22 @@ def make_server_app(test: tuple[torch.Tensor, torch.Tensor], args: argparse.Name
     return app
 
 
+def estimate_row(name: str, entry: Mapping[str, Any] | None) -> str:
+    """One line of the printed table: the summary's value with its interval, followed by its
+    status where that is not ``ok`` (``too few canaries (k = 19)``, ``stale: from step N``: the
+    number is the summary's, to be read with that caveat); ``-`` and the reason where the
+    summary holds no number (``skipped: <reason>``)."""
+    e = entry or {}
+    status = str(e.get("status", "not in the summary"))
+    value = e.get("value")
+    if value is None:
+        return f"  {name:<40} {'-':>10}  ({status})"
+    lo, hi = e.get("lower"), e.get("upper")
+    ci = f"  [{lo:.3g}, {hi:.3g}]" if lo is not None and hi is not None else ""
+    note = "" if status == "ok" else f"  ({status})"
+    return f"  {name:<40} {float(value):>10.3f}{ci}{note}"
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     dm = FederatedDataModule("digits", num_clients=args.clients, seed=args.seed)
@@ -133,15 +158,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise RuntimeError("the ServerApp did not finish; see Flower's log above")
     with open(out["summary_path"], encoding="utf-8") as fh:
         summary = json.load(fh)
-    est = summary["results"]
+    est = summary["results"] or {}
 
     def row(name: str, key: str) -> str:
-        e = est.get(key)
-        if not e or e.get("status") != "ok":
-            return f"  {name:<40} {'-':>10}"
-        lo, hi = e.get("lower"), e.get("upper")
-        ci = f"  [{lo:.3g}, {hi:.3g}]" if lo is not None and hi is not None else ""
-        return f"  {name:<40} {e['value']:>10.3f}{ci}"
+        return estimate_row(name, est.get(key))
 
     print()
     print(f"Flower DP-FedAvg on digits: {args.rounds} rounds, {args.clients} clients + "

@@ -30,3 +30,19 @@ def test_example_quick(tmp_path):
     assert summary["inputs"]["num_real_clients"] == 100 and summary["inputs"]["rounds"] == 3
     assert summary["inputs"]["clients_per_round"] == 15
     assert list((tmp_path / "version_0").glob("events.out.tfevents.*"))
+    # no client's un-noised training loss in what Flower aggregates and prints each round
+    assert "train_loss" not in out.stdout + out.stderr
+    # every estimate the summary holds is printed, with its status where that is not "ok" (at
+    # these settings about 19 canaries take part: "too few canaries (k = 19)")
+    printed = 0
+    for key in ("epsilon_final_model", "epsilon_lower_bound_final_model", "epsilon_all_iterates",
+                "epsilon_lower_bound_all_iterates", "epsilon_gdp_lower_bound_final_model",
+                "epsilon_gdp_lower_bound_all_iterates"):
+        entry = summary["results"].get(key) or {}
+        if entry.get("value") is None:
+            continue
+        lines = [line for line in out.stdout.splitlines() if f"{entry['value']:>10.3f}" in line]
+        assert lines, (key, entry, out.stdout[-3000:])
+        assert entry["status"] == "ok" or lines[0].endswith(f"({entry['status']})"), (key, lines)
+        printed += 1
+    assert printed >= 4
