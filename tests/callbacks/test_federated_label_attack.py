@@ -287,3 +287,35 @@ def test_the_logit_layer_is_found_whatever_the_registration_order(tmp_path):
                 fit(dm, module, [attack], 3, tmp_path / "b")
             assert sum("logits are an nn.Linear" in str(w.message) for w in caught) == 1
             assert attack.history == [] and attack.attacked_clients == 0
+
+
+def test_the_summary_says_which_attacked_clients_the_accuracies_cover(tmp_path):
+    """A checkpoint keeps only the published sums, so a resume drops the examples attacked after
+    its last block: ``attacked_clients`` still counts their clients (40 against 1,077 examples
+    after a resume, 40 against 1,437 uninterrupted), so the summary says how many of them the
+    accuracies cover and how many a resume dropped (client counts only)."""
+    attack = _run(tmp_path, noise=0.0, attack_noise=0.003, rounds=3, min_examples=300)
+    # the blocks end at rounds' ends: replay them from the in-memory rows
+    seen = published = clients = covered = 0
+    for r in sorted({h["round"] for h in attack.history}):
+        rows = [h for h in attack.history if h["round"] == r]
+        seen, clients = seen + sum(h["examples"] for h in rows), clients + len(rows)
+        if seen - published >= 300:
+            published, covered = int(seen), clients
+    assert 0 < covered < clients == attack.attacked_clients == 15  # the last round's block is open
+    summary = attack.summary()
+    assert summary["attacked_clients"] == 15 and summary["accuracy_clients"] == covered
+    assert summary["results"]["accuracy"]["counts"] == {"n": covered, "attacked_examples": published}
+    assert summary["clients_dropped_at_resume"] == 0
+    assert summary["accuracy_coverage"].startswith(f"the accuracies cover {published} examples of {covered} of "
+                                                   f"the 15 attacked clients; {15 - covered} attacked after")
+    resumed = FederatedLabelAttack(min_examples=300)
+    resumed.load_state_dict(attack.state_dict())
+    after = resumed.summary()
+    assert after["attacked_clients"] == 15 and after["accuracy_clients"] == covered
+    assert after["results"]["accuracy"]["counts"] == {"n": covered, "attacked_examples": published}
+    assert after["clients_dropped_at_resume"] == 15 - covered
+    assert f"; {15 - covered} attacked before a resume" in after["accuracy_coverage"]
+    assert "not published" not in after["accuracy_coverage"]
+    # no example count of the dropped clients (their dataset sizes) anywhere
+    assert str(int(seen - published)) not in after["accuracy_coverage"]
