@@ -30,10 +30,11 @@ are skipped with a reason. Clients with more examples than the last layer has co
 The accuracies are published over blocks of ``min_examples`` attacked examples, and a
 checkpoint keeps only the published sums, so a resumed fit drops the examples attacked after
 the checkpoint's last block. The summary's ``attacked_clients`` counts every client attacked
-(those included); ``accuracy_clients`` counts the clients whose examples the published
-accuracies cover, ``clients_dropped_at_resume`` those whose examples a resume dropped, and
-``accuracy_coverage`` says so in words (how many examples were dropped is not kept: with one
-client a round it would be that client's dataset size).
+(those included); the accuracy's ``counts`` say which of them it covers: ``n`` the clients whose
+examples the published accuracies cover, ``attacked_clients`` all, ``clients_dropped_at_resume``
+those whose examples a resume dropped; where a resume dropped any, the accuracy's status says
+so in words. Client counts only: how many examples were dropped is not kept (with one client a
+round it would be that client's dataset size).
 """
 
 from __future__ import annotations
@@ -421,38 +422,34 @@ class FederatedLabelAttack(FederatedAuditHooks, Callback):
         (None before the first block of ``min_examples``)."""
         return self._means()[names.ACCURACY]
 
-    def coverage(self) -> dict[str, Any]:
-        """Which attacked clients the published accuracies cover (client counts only, no
-        example count of the unpublished ones: that would be their dataset sizes).
+    def coverage(self) -> tuple[dict[str, int], str]:
+        """Which attacked clients the published accuracies cover: the accuracy's ``counts``
+        (client counts only, no example count of the unpublished clients: that would be their
+        dataset sizes) and its status.
 
-        ``accuracy_clients``: the clients whose examples are in the published sums;
-        ``clients_dropped_at_resume``: clients attacked after the last published block before a
-        checkpoint that a fit resumed from (a checkpoint keeps only the published sums, so
-        their examples are in no accuracy); ``accuracy_coverage``: the same in words, with the
-        clients of the block not yet complete (fewer than ``min_examples`` examples)."""
+        ``n``: the clients whose examples are in the published sums; ``attacked_clients``: every
+        client attacked; ``clients_dropped_at_resume``: clients attacked after the last published
+        block before a checkpoint that a fit resumed from (a checkpoint keeps only the published
+        sums, so their examples are in no accuracy). The rest were attacked after the last
+        complete block of ``min_examples`` examples (not yet published). The status is ``ok``,
+        or where a resume dropped clients, says how many of the attacked clients are covered."""
         covered = int(self.published[names.ATTACKED_CLIENTS])
-        open_block = int(self.totals[names.ATTACKED_CLIENTS]) - covered
         dropped = self.attacked_clients - int(self.totals[names.ATTACKED_CLIENTS])
-        words = (f"the accuracies cover {int(self.published['attacked_examples'])} examples of {covered} of the "
-                 f"{self.attacked_clients} attacked clients")
-        rest = []
-        if open_block:
-            rest.append(f"{open_block} attacked after the last complete block of min_examples = "
-                        f"{self.min_examples} examples (not published)")
-        if dropped:
-            rest.append(f"{dropped} attacked before a resume, after the checkpoint's last complete block: "
-                        f"their examples were dropped (a checkpoint keeps only the published sums)")
-        return {"accuracy_clients": covered, "clients_dropped_at_resume": dropped,
-                "accuracy_coverage": words + (f"; {'; '.join(rest)}" if rest else "")}
+        counts = {"n": covered, "attacked_examples": int(self.published["attacked_examples"]),
+                  names.ATTACKED_CLIENTS: self.attacked_clients, "clients_dropped_at_resume": dropped}
+        status = "ok" if not dropped else (
+            f"covers {covered} of the {self.attacked_clients} attacked clients: the examples of {dropped} attacked "
+            f"before a resume, after the checkpoint's last complete block, were dropped (a checkpoint keeps "
+            f"only the published sums)")
+        return counts, status
 
     def summary(self, pl_module: Any = None, status: str = "complete") -> dict[str, Any]:
         """The summary JSON's content (the one schema: :mod:`audit_callbacks.auditing.output`;
         the keys of before kept beside ``inputs`` and ``results``). ``attacked_clients`` counts
-        every client attacked in the fit and the fits it resumed; the accuracy's ``counts``
-        (``n`` clients, ``attacked_examples``) and :meth:`coverage`'s keys say which of them
-        the published accuracies cover."""
+        every client attacked in the fit and the fits it resumed; the accuracy's ``counts`` and
+        status (:meth:`coverage`) say which of them the published accuracies cover."""
         acc = self.accuracy
-        cover = self.coverage()
+        counts, coverage = self.coverage()
         delta = self.delta if self.delta is not None else float(getattr(pl_module, "delta", 1e-5) or 1e-5)
         noise = self.rounds[-1].get("noise_multiplier") if self.rounds else None
         single = self.rounds[-1].get(names.EPSILON_SINGLE_ROUND) if self.rounds else None
@@ -461,8 +458,7 @@ class FederatedLabelAttack(FederatedAuditHooks, Callback):
             names.ACCURACY: result_entry(acc, reason=none if not self.attacked_clients else
                                          f"fewer than min_examples = {self.min_examples} examples attacked",
                                          method="noise-free last-layer label attack", source=SOURCE,
-                                         counts={"n": cover["accuracy_clients"],
-                                                 "attacked_examples": int(self.published["attacked_examples"])}),
+                                         counts=counts, status=coverage),
             names.EPSILON_LOWER_BOUND_MAX: result_entry(
                 self.running_max if self.attacked_clients else None, reason=none, delta=delta,
                 method="max over attacked clients", source=SOURCE, counts={"n": self.attacked_clients}),
@@ -477,7 +473,7 @@ class FederatedLabelAttack(FederatedAuditHooks, Callback):
             results=results,
             threat_model="server without secure aggregation sees each FedSGD client's clipped update, the "
                          "global model and the client's features",
-            attacked_clients=self.attacked_clients, accuracy=acc, **cover, delta=delta, noise_multiplier=noise,
+            attacked_clients=self.attacked_clients, accuracy=acc, delta=delta, noise_multiplier=noise,
             noise_multiplier_is_the_release=self.noise_multiplier is None or float(self.noise_multiplier) == float(
                 getattr(pl_module, "noise_multiplier", float("nan"))),
             epsilon_lower_bound_max=self.running_max, flipped_clip_factors=self.flipped_clip,

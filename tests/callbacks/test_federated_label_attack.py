@@ -1,6 +1,7 @@
 """FederatedLabelAttack: label reconstruction from FedSGD client updates in DPFedAvg (digits)."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -304,18 +305,19 @@ def test_the_summary_says_which_attacked_clients_the_accuracies_cover(tmp_path):
             published, covered = int(seen), clients
     assert 0 < covered < clients == attack.attacked_clients == 15  # the last round's block is open
     summary = attack.summary()
-    assert summary["attacked_clients"] == 15 and summary["accuracy_clients"] == covered
-    assert summary["results"]["accuracy"]["counts"] == {"n": covered, "attacked_examples": published}
-    assert summary["clients_dropped_at_resume"] == 0
-    assert summary["accuracy_coverage"].startswith(f"the accuracies cover {published} examples of {covered} of "
-                                                   f"the 15 attacked clients; {15 - covered} attacked after")
+    entry = summary["results"]["accuracy"]
+    assert summary["attacked_clients"] == 15 and entry["status"] == "ok"
+    assert entry["counts"] == {"n": covered, "attacked_examples": published, "attacked_clients": 15,
+                               "clients_dropped_at_resume": 0}
     resumed = FederatedLabelAttack(min_examples=300)
     resumed.load_state_dict(attack.state_dict())
     after = resumed.summary()
-    assert after["attacked_clients"] == 15 and after["accuracy_clients"] == covered
-    assert after["results"]["accuracy"]["counts"] == {"n": covered, "attacked_examples": published}
-    assert after["clients_dropped_at_resume"] == 15 - covered
-    assert f"; {15 - covered} attacked before a resume" in after["accuracy_coverage"]
-    assert "not published" not in after["accuracy_coverage"]
-    # no example count of the dropped clients (their dataset sizes) anywhere
-    assert str(int(seen - published)) not in after["accuracy_coverage"]
+    entry = after["results"]["accuracy"]
+    assert after["attacked_clients"] == 15 and entry["value"] == summary["results"]["accuracy"]["value"]
+    assert entry["counts"] == {"n": covered, "attacked_examples": published, "attacked_clients": 15,
+                               "clients_dropped_at_resume": 15 - covered}
+    assert entry["status"].startswith(f"covers {covered} of the 15 attacked clients: the examples of "
+                                      f"{15 - covered} attacked before a resume")
+    # no example count of the dropped clients (their dataset sizes) in the counts or the status
+    numbers = {*entry["counts"].values(), *(int(t) for t in re.findall(r"\d+", entry["status"]))}
+    assert int(seen - published) not in numbers
