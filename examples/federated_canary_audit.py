@@ -164,15 +164,18 @@ def main(argv: list[str] | None = None) -> dict:
     est = summary["results"] or {}
 
     def row(name: str, key: str, reference: str | None = None) -> str:
-        e = est.get(key)
-        if not e or e.get("status") != "ok":
-            why = (e or {}).get("status", "-")
-            return f"  {name:<40} {'-':>9}  ({why})"
+        # the summary's number with its status where not ok ("too few canaries (k = 19)": to be
+        # read with that caveat); "-" and the reason only where the summary holds no number
+        e = est.get(key) or {}
+        status = e.get("status", "not in the summary")
+        if e.get("value") is None:
+            return f"  {name:<40} {'-':>9}  ({status})"
         lo, hi = e.get("lower"), e.get("upper")
         ci = f" [{lo:.3g}, {hi:.3g}]" if lo is not None and hi is not None else ""
         ref = summary.get(reference) if reference else None
         ratio = f"   {e['value'] / ref:.2f} of the reference" if ref and ref != float("inf") else ""
-        return f"  {name:<40} {e['value']:>9.3f}{ci}{ratio}"
+        note = "" if status == "ok" else f"  ({status})"
+        return f"  {name:<40} {e['value']:>9.3f}{ci}{ratio}{note}"
 
     def value(key: str) -> str:
         v = summary.get(key)

@@ -44,6 +44,7 @@ SLOW: tuple[str, ...] = (
     "tests/flower/test_flower_deployment.py",
     "tests/callbacks/test_screenshots.py",
     "tests/examples/test_flower_example.py",
+    "tests/examples/test_examples_flags.py::test_the_federated_demo_prints_a_number_under_too_few_canaries",
     "tests/examples/test_examples_srr.py",
     "tests/examples/test_examples_dpsgd_label.py",
     "tests/examples/test_examples_ldp_audit.py",

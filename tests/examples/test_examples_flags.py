@@ -40,3 +40,22 @@ def test_quick_shortens_the_federated_demo():
     assert module.parse_args([]).rounds == 50
     assert module.parse_args(["--quick"]).rounds == 10
     assert module.parse_args(["--quick", "--rounds", "5"]).rounds == 5
+
+
+def test_the_federated_demo_prints_a_number_under_too_few_canaries(tmp_path, capsys):
+    """A summary number with a caveat ("too few canaries (k = 12)") is printed with it, not as
+    '-' (the summary, the report and the log line hold it)."""
+    import json
+    import warnings
+
+    module = _load(EXAMPLES / "federated_canary_audit.py", "example_federated_few_canaries")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        module.main(["--quick", "--rounds", "4", "--canaries", "12", "--clients", "60",
+                     "--clients-per-round", "20", "--log-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    (path,) = list(tmp_path.rglob("audit_summary.json"))
+    entry = json.loads(path.read_text())["results"]["epsilon_all_iterates"]
+    assert entry["status"].startswith("too few canaries") and entry["value"] is not None
+    line = next(ln for ln in out.splitlines() if "the number to read" in ln)
+    assert f"{entry['value']:.3f}" in line and f"({entry['status']})" in line, line
