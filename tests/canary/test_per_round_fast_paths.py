@@ -256,7 +256,9 @@ def test_known_rounds_checkpoint_keeps_its_format_and_resumes_bit_for_bit():
     resumed, _, _ = _known_rounds_run(5000, 0.9, 0.7, rounds=9, reload_at=4)
     state = straight.state_dict()
     assert set(state) == {"sums", "counts", "un_squares", "momentum_sums", "decay", "decay_squares",
-                          "rounds", "skipped", "previous"}
+                          "rounds", "skipped", "previous",
+                          # the release's settings, which a resume must keep
+                          "noise_multiplier", "clip_norm", "divisor", "server_lr", "server_momentum"}
     assert state["sums"].dtype == torch.float64 and state["counts"].dtype == torch.int64
     assert state["previous"].dtype == torch.float64 and state["previous"].shape == (5000,)
     assert isinstance(state["un_squares"], float) and isinstance(state["rounds"], int)
