@@ -304,11 +304,12 @@ def test_dpsgd_noise_seed_is_an_integer_or_none(value):
 
 
 def test_label_attack_min_examples_is_a_count():
-    from audit_callbacks.callbacks import LabelReconstructionAttack
+    from audit_callbacks.callbacks import LabelDPLowerBound, LabelReconstructionAttack
 
-    for value in (0, 2.5, "100", True, None):
-        with pytest.raises(ValueError, match="min_examples"):
-            LabelReconstructionAttack(min_examples=value)
+    for cls in (LabelReconstructionAttack, LabelDPLowerBound):
+        for value in (0, 2.5, "100", True, None):
+            with pytest.raises(ValueError, match="min_examples"):
+                cls(min_examples=value)
 
 
 def test_check_summary_filename():
