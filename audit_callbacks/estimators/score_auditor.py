@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import warnings
 from typing import Any, Literal
 
 import numpy as np
@@ -709,9 +708,14 @@ def _upper_hull(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _pvalue(test: Any, *args: Any, **kwargs: Any) -> float | None:
-    """A scipy test's p-value; None where it is undefined (e.g. no spread within a group)."""
-    with warnings.catch_warnings(), np.errstate(all="ignore"):
-        warnings.simplefilter("ignore")
+    """A scipy test's p-value; None where it is undefined: a sample without spread is refused
+    before the test runs (where scipy would warn and answer NaN, or 1 for Shapiro-Wilk). No
+    ``warnings.catch_warnings`` here: it runs at every estimate, and changing the warning
+    filters resets Python's once-per-location record, so other libraries' warnings (torch's
+    backward-hook warning under Opacus) were shown again at every estimate."""
+    if any(not np.ptp(np.asarray(sample, dtype=float)) > 0 for sample in args):
+        return None
+    with np.errstate(all="ignore"):
         p = float(test(*args, **kwargs).pvalue)
     return p if math.isfinite(p) else None
 

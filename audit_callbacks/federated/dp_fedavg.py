@@ -33,7 +33,6 @@ from __future__ import annotations
 import copy
 import math
 import secrets
-import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -96,6 +95,10 @@ class _VirtualBlock:
             owner, name, start, count, schedule,
         )
         self.gives_sum = gives_sum
+
+
+def _no_log(*args: Any, **kwargs: Any) -> None:
+    """A LightningModule worker's ``log`` / ``log_dict`` while a client trains."""
 
 
 def _sub_round(fl_round: FederatedRound, rows: torch.Tensor, ids: np.ndarray, owner: int) -> FederatedRound:
@@ -488,9 +491,16 @@ class DPFedAvgMixin:
 
     def _client_loss(self, worker: nn.Module, x: torch.Tensor, y: torch.Tensor, i: int) -> torch.Tensor:
         if is_lightning_module(worker):
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # self.log outside a trainer
+            # the worker's self.log / self.log_dict as no-ops while a client trains: outside a
+            # Trainer Lightning warns at every call, and a client's loss is not to be logged
+            # (docs/security.md). No warning filter is touched: changing the filters resets
+            # Python's once-per-location record, which repeated other libraries' warnings every
+            # round and hid the worker's own.
+            worker.log = worker.log_dict = _no_log
+            try:
                 out = worker.training_step((x, y), i)
+            finally:
+                del worker.log, worker.log_dict
             loss = out["loss"] if isinstance(out, dict) else out
         else:
             loss = self.loss_fn(worker(x), y)

@@ -87,6 +87,25 @@ def test_gdp_gate_level() -> None:
     assert tight.value == r.value
 
 
+def test_an_estimate_leaves_other_warnings_shown_once() -> None:
+    """The goodness-of-fit and equal-variance tests run at every estimate without touching the
+    warning filters: a warnings.catch_warnings there reset Python's once-per-location record, so
+    another library's warning (torch's backward-hook warning under Opacus) was shown again at
+    every estimate."""
+    import warnings
+
+    def other_library():
+        warnings.warn("another library's warning", UserWarning)
+
+    x, y = _gauss(1.0, 200, 5)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("default")
+        for _ in range(3):
+            other_library()
+            CanaryScoreAuditor(x, y).epsilon_gdp_lower_bound(0.05, DELTA)
+    assert [str(w.message) for w in seen] == ["another library's warning"]
+
+
 def test_clopper_pearson_fixed_threshold_hand_computed() -> None:
     x, y = [1.0, 2.0, 3.0, 4.0], [0.0, 0.5, 1.5, 2.5]
     r = CanaryScoreAuditor(x, y).epsilon_lower_bound(alpha=0.1, delta=0.0, threshold=2.0)

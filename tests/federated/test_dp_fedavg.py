@@ -1,4 +1,5 @@
 import math
+import warnings
 
 import lightning.pytorch as pl
 import numpy as np
@@ -171,12 +172,22 @@ def test_lightning_module_as_client_model():
             x, y = batch
             loss = nn.functional.cross_entropy(self(x), y)
             self.log("inner", loss)
+            warnings.warn("the worker's own warning", UserWarning)
             return {"loss": loss}
 
-    module = DPFedAvg(Lit(), clients_per_round=2, noise_multiplier=0.0, clip_norm=10.0)
+    worker = Lit()
+    module = DPFedAvg(worker, clients_per_round=2, noise_multiplier=0.0, clip_norm=10.0)
     before = module.flat_parameters()
-    trainer(2).fit(module, datamodule=Ticks(make_clients(3)))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("default")  # Python's own: once per location
+        trainer(2).fit(module, datamodule=Ticks(make_clients(3)))
     assert not torch.equal(before, module.flat_parameters())
+    # the worker's own warning shown once (it was hidden), Lightning's "self.log outside a
+    # Trainer" never (the worker's log is a no-op while a client trains)
+    messages = [str(w.message) for w in seen]
+    assert messages.count("the worker's own warning") == 1, messages
+    assert not any("self.log" in m for m in messages), messages
+    assert "log" not in vars(worker) and "log_dict" not in vars(worker)  # its own methods again
 
 
 def test_bad_inputs_raise_clear_errors():
