@@ -95,7 +95,7 @@ def test_an_estimate_leaves_other_warnings_shown_once() -> None:
     import warnings
 
     def other_library():
-        warnings.warn("another library's warning", UserWarning)
+        warnings.warn("another library's warning", UserWarning, stacklevel=1)
 
     x, y = _gauss(1.0, 200, 5)
     with warnings.catch_warnings(record=True) as seen:

@@ -172,7 +172,7 @@ def test_lightning_module_as_client_model():
             x, y = batch
             loss = nn.functional.cross_entropy(self(x), y)
             self.log("inner", loss)
-            warnings.warn("the worker's own warning", UserWarning)
+            warnings.warn("the worker's own warning", UserWarning, stacklevel=1)
             return {"loss": loss}
 
     worker = Lit()
