@@ -30,6 +30,7 @@ examples: $(STAMP)
 	PYTHONPATH=. $(PY) examples/dpsgd_label_audit.py
 	PYTHONPATH=. $(PY) examples/ldp_audit.py
 	PYTHONPATH=. $(PY) examples/srr_vs_two_point.py
+	PYTHONPATH=. $(PY) examples/flower_canary_audit.py
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

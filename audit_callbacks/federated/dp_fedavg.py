@@ -774,8 +774,15 @@ class DPFedAvgMixin:
         eps = self.analytic_epsilon()
         if eps == math.inf and not self._warned_no_noise:
             self._warned_no_noise = True
-            rank_zero_warn("DPFedAvg: noise_multiplier = 0: no DP noise, the analytic epsilon "
-                           "is infinite (logged as inf)", category=UserWarning)
+            if self.randomizer is None:
+                rank_zero_warn("DPFedAvg: noise_multiplier = 0: no DP noise, the analytic epsilon "
+                               "is infinite (logged as inf)", category=UserWarning)
+            else:  # local DP: the central Gaussian mechanism's epsilon is inf, not the clients'
+                rank_zero_warn(f"DPFedAvg: noise_multiplier = 0: no central Gaussian noise, so the "
+                               f"central analytic epsilon is infinite (logged as inf); each client's "
+                               f"update is protected by its local randomizer instead "
+                               f"({type(self.randomizer).__name__}: LDPAudit measures its epsilon0)",
+                               category=UserWarning)
         if eps is not None:
             self.log(tag(FAMILY_PRIVACY, EPSILON_ANALYTIC), eps, on_step=True, on_epoch=False, batch_size=1)
 

@@ -245,7 +245,14 @@ def test_local_randomizer_plugin_is_debiased_by_the_server():
         return module.flat_parameters()
 
     spy = Spy()
-    assert torch.allclose(run(Doubler(), [spy]), run(None), atol=1e-6)
+    with pytest.warns(UserWarning, match="no central Gaussian noise.*local randomizer") as local:
+        with_randomizer = run(Doubler(), [spy])
+    with pytest.warns(UserWarning, match="no DP noise") as central:
+        assert torch.allclose(with_randomizer, run(None), atol=1e-6)
+    # once each; the local-DP run is not told it has no DP at all
+    assert sum("noise_multiplier = 0" in str(w.message) for w in local) == 1
+    assert not any("no DP noise" in str(w.message) for w in local)
+    assert sum("noise_multiplier = 0" in str(w.message) for w in central) == 1
     assert spy.rows == [torch.Size([2, 15])] * 3
     for bad in (object(), 3):
         with pytest.raises(ValueError, match="randomizer"):
