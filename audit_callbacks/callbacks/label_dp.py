@@ -318,7 +318,8 @@ class LabelDPLowerBound(StepAuditCallback):
         n_e = max(2, int(round(float(optimizer.expected_batch_size))))
         # the step's results by name but P0's mean (a label oracle: summed, published by blocks
         # of min_examples), then the run's running values
-        p0 = res.results().pop(names.EXPECTED_ATTACK_ACCURACY, None)
+        results = res.results()
+        p0 = results.pop(names.EXPECTED_ATTACK_ACCURACY, None)
         if p0 is not None:
             self.p0_history.append((self.steps, float(p0.value), n))
             t = self._p0_totals
@@ -326,8 +327,7 @@ class LabelDPLowerBound(StepAuditCallback):
             t["attacked"] += n
             if t["attacked"] - self._p0_published["attacked"] >= self.min_examples:
                 self._p0_published = dict(t)
-        record = {"step": float(self.steps),
-                  **{k: r.value for k, r in res.results().items() if k != names.EXPECTED_ATTACK_ACCURACY},
+        record = {"step": float(self.steps), **{k: r.value for k, r in results.items()},
                   names.EPSILON_LOWER_BOUND_MAX: self.running_max,
                   names.EPSILON_LOWER_BOUND_EXTRAPOLATED:
                       self._sum / attacked * extrapolation_factor(attacked, n_e)}

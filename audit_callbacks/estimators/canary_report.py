@@ -257,11 +257,11 @@ def canary_estimates(
     est = dict(delta=delta, bootstrap=bootstrap, confidence=1 - alpha, seed=seed)
 
     def fitted(fit: str, auditor: CanaryScoreAuditor) -> AuditResult:
-        """A two-Gaussian estimate; with a bootstrap interval its ``alpha`` (1 - the
-        interval's confidence), as every interval of the summary states its level."""
+        """A two-Gaussian estimate; with a bootstrap interval its ``alpha`` stated as the
+        caller's own (the estimator's ``1 - confidence`` is off in the last bit: 0.05 would read
+        0.050000000000000044 in the summary)."""
         res = auditor.epsilon_estimate(fit=fit, **est)
-        has_interval = res.lower is not None or res.upper is not None
-        return replace(res, alpha=alpha) if has_interval and res.alpha is None else res
+        return replace(res, alpha=alpha) if res.alpha is not None else res
 
     if bootstrap:  # the final-model and max-cosine estimates resample with the same indices
         share_bootstrap([fa] if ca is None else [fa, ca], bootstrap, seed)

@@ -293,6 +293,7 @@ class CanaryScoreAuditor:
             counts=self._counts(),
             lower=est.lower,
             upper=est.upper,
+            alpha=est.alpha,  # 1 - confidence with a bootstrap interval, else None
             details={
                 "shift": ex["shift"],
                 "sd_ratio": ex["sd_ratio"],

@@ -228,6 +228,9 @@ def test_equal_fit_estimate_near_truth_and_affine_invariant() -> None:
     assert r2.value == pytest.approx(r.value, rel=1e-9)
     ru = CanaryScoreAuditor(x, y).epsilon_estimate(DELTA, fit="unequal", bootstrap=50)
     assert ru.lower is not None and ru.lower <= ru.upper
+    # an interval states its level (1 - confidence); a point estimate has none
+    assert ru.alpha == pytest.approx(0.05) and r.alpha is None
+    assert CanaryScoreAuditor(x, y).epsilon_estimate(DELTA, bootstrap=50, confidence=0.9).alpha == pytest.approx(0.1)
 
 
 def test_exact_cosine_null_with_dim() -> None:
